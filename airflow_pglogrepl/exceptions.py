@@ -1,0 +1,120 @@
+"""The project's error tree: every failure names the object involved and the fix.
+
+Callers catch the specific class (``SlotNotFoundError``, ``SlotInUseError`` ...), never a bare
+``Exception``. Nothing here imports Airflow or psycopg, so the pure parts of the package (the LSN
+type, the decoder) can raise these inside Spark executors too.
+"""
+
+from __future__ import annotations
+
+
+class PgLogReplError(Exception):
+    """Base class of every error raised by airflow-pglogrepl."""
+
+
+class InvalidLSNError(PgLogReplError, ValueError):
+    """Text or a number that is not a valid PostgreSQL LSN (``pg_lsn``)."""
+
+    def __init__(self, text: object, reason: str = "") -> None:
+        self.text = text
+        detail = f": {reason}" if reason else ""
+        super().__init__(
+            f"invalid LSN {text!r}{detail}; expected two hexadecimal halves of at most "
+            f"8 digits each, as PostgreSQL prints them (for example '16/B374D848')"
+        )
+
+
+class ConnectionFailedError(PgLogReplError):
+    """A PostgreSQL server could not be reached or refused the login.
+
+    The message carries the server's reason with any password removed; it never includes the DSN.
+    """
+
+
+class ServerNotConfiguredError(PgLogReplError):
+    """The server lacks a setting that logical replication needs (``wal_level`` and friends)."""
+
+    def __init__(self, setting: str, current: str, required: str, fix: str) -> None:
+        self.setting = setting
+        self.current = current
+        self.required = required
+        super().__init__(
+            f"the server is not configured for logical replication: {setting} is "
+            f"{current!r}, it must be {required}. Fix: {fix}"
+        )
+
+
+class SlotError(PgLogReplError):
+    """Something is wrong with a named replication slot."""
+
+    def __init__(self, slot: str, message: str) -> None:
+        self.slot = slot
+        super().__init__(message)
+
+
+class InvalidSlotNameError(SlotError, ValueError):
+    """A slot name PostgreSQL would reject; caught before anything is sent to the server."""
+
+    def __init__(self, slot: str) -> None:
+        super().__init__(
+            slot,
+            f"invalid replication slot name {slot!r}: PostgreSQL allows only lower-case letters, "
+            f"digits and '_' (1 to 63 characters). Fix: choose a name such as "
+            f"'airflow_drain_orders'",
+        )
+
+
+class SlotNotFoundError(SlotError):
+    """The slot does not exist on this server (or in this database)."""
+
+    def __init__(self, slot: str, database: str | None = None) -> None:
+        where = f" on database {database!r}" if database else ""
+        super().__init__(
+            slot,
+            f"replication slot {slot!r} does not exist{where}. Fix: create it (for example with "
+            f"CreateReplicationSlotOperator or pg_create_logical_replication_slot) or correct "
+            f"the slot name",
+        )
+
+
+class SlotAlreadyExistsError(SlotError):
+    """Creating a slot whose name is taken."""
+
+    def __init__(self, slot: str) -> None:
+        super().__init__(
+            slot,
+            f"replication slot {slot!r} already exists. Fix: reuse it, drop it first if it is "
+            f"abandoned (it retains WAL until dropped), or choose another name",
+        )
+
+
+class SlotInUseError(SlotError):
+    """Another session is streaming from (or advancing) the slot right now."""
+
+    def __init__(self, slot: str, active_pid: int | None = None) -> None:
+        self.active_pid = active_pid
+        who = f"backend PID {active_pid}" if active_pid else "another session"
+        super().__init__(
+            slot,
+            f"replication slot {slot!r} is active in {who}; a slot has one consumer at a time. "
+            f"Fix: stop that consumer (see pg_stat_replication / pg_stat_activity for the PID) "
+            f"or use a different slot",
+        )
+
+
+class WrongPluginError(SlotError):
+    """The slot was created with an output plugin other than the one this task decodes."""
+
+    def __init__(self, slot: str, plugin: str | None, expected: str) -> None:
+        self.plugin = plugin
+        self.expected = expected
+        super().__init__(
+            slot,
+            f"replication slot {slot!r} uses output plugin {plugin!r}, this task needs "
+            f"{expected!r}. Fix: create a separate slot with plugin {expected!r}; a slot's "
+            f"plugin cannot be changed",
+        )
+
+
+class SlotAdvanceError(SlotError):
+    """A slot could not be moved to the requested LSN (for example, behind its current position)."""

@@ -1,0 +1,49 @@
+"""Provider metadata for Airflow's ProvidersManager (the ``apache_airflow_provider`` entry point).
+
+Airflow reads this without importing the modules it names, so it must stay a plain literal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_pglogrepl import __version__
+
+INTEGRATION = "PostgreSQL logical replication"
+
+
+def get_provider_info() -> dict[str, Any]:
+    """The provider's hooks, operators, sensors, triggers and connection type."""
+    return {
+        "package-name": "airflow-pglogrepl",
+        "name": "PostgreSQL logical replication",
+        "description": (
+            "Publications, subscriptions, preflight checks, readiness and lag sensors, "
+            "sensor-gated cutovers, and exactly-once slot drains into a Parquet lake on Spark."
+        ),
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": INTEGRATION,
+                "external-doc-url": "https://www.postgresql.org/docs/current/logical-replication.html",
+                "tags": ["software"],
+            }
+        ],
+        "hooks": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["airflow_pglogrepl.hooks.replication"],
+            }
+        ],
+        "operators": [],
+        "sensors": [],
+        "triggers": [],
+        "connection-types": [
+            {
+                "hook-class-name": "airflow_pglogrepl.hooks.replication.PgLogicalReplicationHook",
+                "hook-name": "PostgreSQL logical replication",
+                "connection-type": "pglogrepl",
+                "ui-field-behaviour": {"relabeling": {"schema": "Database"}},
+            }
+        ],
+    }

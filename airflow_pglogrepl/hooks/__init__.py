@@ -1,0 +1,1 @@
+"""Hooks: the only modules that speak SQL to PostgreSQL."""

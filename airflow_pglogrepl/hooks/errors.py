@@ -1,0 +1,96 @@
+"""Translate psycopg errors (by SQLSTATE class) into the project's exceptions.
+
+The server's messages are good but generic ("replication slot ... is active for PID 4242");
+ours name the object and the fix, and are classes callers can catch. The original psycopg error
+stays attached as ``__cause__`` for the full server detail.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from psycopg import errors as pgerr
+
+from airflow_pglogrepl.exceptions import (
+    InvalidSlotNameError,
+    ServerNotConfiguredError,
+    SlotAdvanceError,
+    SlotAlreadyExistsError,
+    SlotInUseError,
+    SlotNotFoundError,
+)
+
+_ACTIVE_PID = re.compile(r"active for PID (\d+)")
+WAL_LEVEL_FIX = (
+    "set wal_level = logical (ALTER SYSTEM SET wal_level = 'logical' or in postgresql.conf) "
+    "and restart PostgreSQL; wal_level only changes on restart"
+)
+
+
+def wal_level_error(current: str) -> ServerNotConfiguredError:
+    """The error for a server whose ``wal_level`` is below ``logical``."""
+    return ServerNotConfiguredError("wal_level", current, "'logical'", WAL_LEVEL_FIX)
+
+
+@contextmanager
+def slot_errors(slot: str, *, setting: Callable[[str], str]) -> Iterator[None]:
+    """Map errors raised by statements on ``slot``.
+
+    ``setting(name)`` reads a server setting; it is called only to enrich a configuration error
+    with the current value, on a connection that is still usable (autocommit).
+    """
+    try:
+        yield
+    except pgerr.UndefinedObject as exc:
+        raise SlotNotFoundError(slot) from exc
+    except pgerr.ObjectInUse as exc:
+        match = _ACTIVE_PID.search(str(exc))
+        raise SlotInUseError(slot, int(match.group(1)) if match else None) from exc
+    except pgerr.DuplicateObject as exc:
+        raise SlotAlreadyExistsError(slot) from exc
+    except pgerr.InvalidName as exc:
+        raise InvalidSlotNameError(slot) from exc
+    except pgerr.ObjectNotInPrerequisiteState as exc:
+        text = str(exc)
+        if "wal_level" in text:
+            raise wal_level_error(_safe(setting, "wal_level")) from exc
+        if "max_replication_slots" in text:
+            raise _slots_exhausted(_safe(setting, "max_replication_slots")) from exc
+        raise _advance_error(slot, exc) from exc
+    except pgerr.ConfigurationLimitExceeded as exc:
+        raise _slots_exhausted(_safe(setting, "max_replication_slots")) from exc
+    except pgerr.InvalidParameterValue as exc:
+        raise _advance_error(slot, exc) from exc
+
+
+def _advance_error(slot: str, exc: pgerr.Error) -> SlotAdvanceError:
+    # pg_replication_slot_advance: "cannot advance replication slot to X, minimum is Y", or a
+    # slot that has never reserved WAL.
+    return SlotAdvanceError(
+        slot,
+        f"replication slot {slot!r}: {_first_line(str(exc))}. A slot only moves forward; "
+        f"get_slot() shows its confirmed_flush_lsn",
+    )
+
+
+def _slots_exhausted(current: str) -> ServerNotConfiguredError:
+    return ServerNotConfiguredError(
+        "max_replication_slots",
+        current,
+        "larger than the number of slots in use",
+        "drop abandoned slots (see pg_replication_slots where active is false) or raise "
+        "max_replication_slots and restart PostgreSQL",
+    )
+
+
+def _safe(setting: Callable[[str], str], name: str) -> str:
+    try:
+        return setting(name)
+    except pgerr.Error:
+        return "unknown"
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text

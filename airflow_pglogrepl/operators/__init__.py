@@ -1,0 +1,1 @@
+"""Operators: orchestrate replication steps by calling the hook; they compose no SQL."""

@@ -1,0 +1,1 @@
+"""Sensors: poke the hook and decide; deferrable through the triggers package."""

@@ -1,0 +1,1 @@
+"""Triggers: async pollers for deferrable sensors; no blocking I/O in run()."""

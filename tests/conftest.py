@@ -1,0 +1,201 @@
+"""Session-wide test harness: live PostgreSQL clusters and a throwaway Airflow home.
+
+Airflow reads its configuration when first imported, so the Airflow home is set up in
+``pytest_configure``, before any test module (or the hook) imports Airflow.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airflow_pglogrepl.testing.pgcluster import (
+    LOGICAL_SETTINGS,
+    PgCluster,
+    find_bindir,
+    start_cluster,
+)
+
+TESTS = Path(__file__).resolve().parent
+_AIRFLOW_HOME: Path | None = None
+_CLUSTER_BASE: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _AIRFLOW_HOME, _CLUSTER_BASE
+    _AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="pglogrepl-airflow-"))
+    _CLUSTER_BASE = Path(tempfile.mkdtemp(prefix="pglogrepl-clusters-"))
+    os.chmod(_CLUSTER_BASE, 0o755)
+    os.environ.update(airflow_environment(_AIRFLOW_HOME))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for path in (_AIRFLOW_HOME, _CLUSTER_BASE):
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def airflow_environment(home: Path) -> dict[str, str]:
+    """Environment for an isolated Airflow: SQLite metadata DB, our test DAGs, no examples."""
+    return {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(TESTS / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        "AIRFLOW__API_AUTH__JWT_SECRET": "pglogrepl-tests-only-secret-0123456789abcdef",
+    }
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark tests by folder: tests/unit is ``unit``, tests/integration is ``live``."""
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(TESTS).parts
+        if parts[0] == "unit":
+            item.add_marker(pytest.mark.unit)
+        elif parts[0] == "integration":
+            item.add_marker(pytest.mark.live)
+
+
+# -- live clusters ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_bindir() -> Path:
+    """PostgreSQL server binaries; fails (never skips) with install instructions when absent."""
+    return find_bindir()
+
+
+def _cluster(name: str, bindir: Path, settings: dict[str, str]) -> Iterator[PgCluster]:
+    assert _CLUSTER_BASE is not None
+    cluster = start_cluster(name, _CLUSTER_BASE / name, settings, bindir)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def publisher(pg_bindir: Path) -> Iterator[PgCluster]:
+    """The publisher cluster (wal_level=logical), shared by the whole session."""
+    yield from _cluster("publisher", pg_bindir, LOGICAL_SETTINGS)
+
+
+@pytest.fixture(scope="session")
+def subscriber(pg_bindir: Path) -> Iterator[PgCluster]:
+    """The subscriber cluster (wal_level=logical), shared by the whole session."""
+    yield from _cluster("subscriber", pg_bindir, LOGICAL_SETTINGS)
+
+
+@pytest.fixture(scope="session")
+def replica_level_cluster(pg_bindir: Path) -> Iterator[PgCluster]:
+    """A cluster left at wal_level=replica: logical decoding must be refused there."""
+    yield from _cluster("replica-level", pg_bindir, {**LOGICAL_SETTINGS, "wal_level": "replica"})
+
+
+def set_airflow_connection(conn_id: str, uri: str) -> None:
+    """Define an Airflow connection through the environment (AIRFLOW_CONN_<ID>)."""
+    os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = uri
+
+
+@pytest.fixture(scope="session")
+def publisher_conn_id(publisher: PgCluster) -> str:
+    """Airflow connection id of the publisher's superuser."""
+    set_airflow_connection("pglogrepl_publisher", publisher.airflow_uri())
+    return "pglogrepl_publisher"
+
+
+@pytest.fixture(scope="session")
+def subscriber_conn_id(subscriber: PgCluster) -> str:
+    """Airflow connection id of the subscriber's superuser."""
+    set_airflow_connection("pglogrepl_subscriber", subscriber.airflow_uri())
+    return "pglogrepl_subscriber"
+
+
+_names = itertools.count(1)
+
+
+@pytest.fixture
+def slot_name(request: pytest.FixtureRequest) -> str:
+    """A slot name unique in the session (slots outlive a test unless dropped)."""
+    base = "".join(ch if ch.isalnum() else "_" for ch in request.node.name.lower())[:40]
+    return f"t{next(_names)}_{base}".strip("_")
+
+
+# -- Airflow ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def airflow_home() -> Path:
+    """The session's Airflow home; metadata DB migrated once, on first use."""
+    assert _AIRFLOW_HOME is not None
+    marker = _AIRFLOW_HOME / ".migrated"
+    if not marker.exists():
+        result = subprocess.run(
+            [sys.executable, "-m", "airflow", "db", "migrate"],
+            capture_output=True,
+            text=True,
+            env=os.environ.copy(),
+            check=False,
+        )
+        assert result.returncode == 0, f"airflow db migrate failed:\n{result.stderr[-4000:]}"
+        marker.touch()
+    return _AIRFLOW_HOME
+
+
+def airflow_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    """Run the ``airflow`` CLI with the session's environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "airflow", *args],
+        capture_output=True,
+        text=True,
+        env=os.environ.copy(),
+        timeout=timeout,
+        check=False,
+    )
+
+
+def run_dag(dag_id: str, conf: dict[str, object] | None = None) -> object:
+    """Run a DAG from the dags folder in-process with ``dag.test()``; return its DagRun.
+
+    ``dag.test()`` reports a failed run through the returned DagRun's state rather than by
+    raising, so callers assert ``run.state``.
+    """
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+    assert not bag.import_errors, bag.import_errors
+    dag = bag.get_dag(dag_id)
+    assert dag is not None, (
+        f"DAG {dag_id!r} not found in {os.environ['AIRFLOW__CORE__DAGS_FOLDER']}"
+    )
+    return dag.test(run_conf=conf or {})
+
+
+def xcom_value(dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> object:
+    """An XCom value a run pushed, read from the metadata database."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(XComModel.value).where(
+                XComModel.dag_id == dag_id,
+                XComModel.run_id == run_id,
+                XComModel.task_id == task_id,
+                XComModel.key == key,
+            )
+        ).all()
+    assert rows, f"no XCom {key!r} from {dag_id}.{task_id} in run {run_id}"
+    return rows[0][0]

@@ -1,0 +1,25 @@
+"""Airflow discovers the provider: ``airflow providers list`` and ``airflow providers hooks``."""
+
+from __future__ import annotations
+
+import json
+
+from airflow_pglogrepl import __version__
+from tests.conftest import airflow_cli
+
+
+def test_providers_list_shows_the_package() -> None:
+    result = airflow_cli("providers", "list", "--output", "json")
+    assert result.returncode == 0, result.stderr
+    providers = {p["package_name"]: p for p in json.loads(result.stdout)}
+    assert "airflow-pglogrepl" in providers
+    assert providers["airflow-pglogrepl"]["version"] == __version__
+
+
+def test_providers_hooks_shows_the_hook() -> None:
+    result = airflow_cli("providers", "hooks", "--output", "json")
+    assert result.returncode == 0, result.stderr
+    hooks = {h["connection_type"]: h for h in json.loads(result.stdout)}
+    assert hooks["pglogrepl"]["class"] == (
+        "airflow_pglogrepl.hooks.replication.PgLogicalReplicationHook"
+    )
