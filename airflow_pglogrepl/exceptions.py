@@ -118,3 +118,31 @@ class WrongPluginError(SlotError):
 
 class SlotAdvanceError(SlotError):
     """A slot could not be moved to the requested LSN (for example, behind its current position)."""
+
+
+class DecodeError(PgLogReplError):
+    """A logical decoding message could not be decoded (truncated, corrupt, or out of context).
+
+    ``message_type`` is the protocol byte as a character (``'I'``, ``'U'`` ...) or the
+    test_decoding line kind; ``offset`` is the byte (or character) offset where decoding stopped.
+    """
+
+    def __init__(self, message_type: str, offset: int, reason: str) -> None:
+        self.message_type = message_type
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"cannot decode {message_type!r} message at offset {offset}: {reason}")
+
+
+class UnknownRelationError(DecodeError):
+    """A data message refers to a relation OID no Relation message has described yet."""
+
+    def __init__(self, message_type: str, offset: int, relation_id: int) -> None:
+        self.relation_id = relation_id
+        super().__init__(
+            message_type,
+            offset,
+            f"relation OID {relation_id} has not been described by a Relation message; decoding "
+            f"must start at a transaction boundary of the slot (its confirmed_flush_lsn), where "
+            f"pgoutput resends Relation messages",
+        )

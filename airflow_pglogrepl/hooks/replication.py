@@ -8,14 +8,14 @@ parameter, so hostile names are data, never SQL.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from airflow_pglogrepl import conninfo
 from airflow_pglogrepl.exceptions import (
@@ -304,6 +304,46 @@ class PgLogicalReplicationHook(PostgresHook):
         end = LSN(row["end_lsn"])
         self.log.info("Advanced slot %s to %s (asked for %s)", name, end, target)
         return end
+
+    def peek_changes(
+        self,
+        slot: str,
+        *,
+        upto_lsn: LSN | str | None,
+        options: Mapping[str, str],
+        binary: bool = True,
+        upto_nchanges: int | None = None,
+        batch_rows: int = 5000,
+    ) -> Iterator[tuple[LSN, int | None, bytes | str]]:
+        """Stream ``(lsn, xid, data)`` rows from the slot without consuming it.
+
+        Uses ``pg_logical_slot_peek_binary_changes`` (pgoutput) or ``pg_logical_slot_peek_changes``
+        (text plugins) through a server-side cursor, so memory stays at ``batch_rows`` rows however
+        much the window holds. Only transactions that commit at or before ``upto_lsn`` come back,
+        whole. The slot does not move: advance it with ``advance_slot`` once what was read is
+        durably stored. Decoding restarts at the slot's ``restart_lsn`` on every call.
+        ``options`` are the output plugin's options (for pgoutput: ``proto_version``,
+        ``publication_names``, ``messages``, ``streaming``, ``binary``).
+        See https://www.postgresql.org/docs/15/functions-admin.html#FUNCTIONS-REPLICATION
+        """
+        validate_slot_name(slot)
+        function = sql.Identifier(
+            "pg_logical_slot_peek_binary_changes" if binary else "pg_logical_slot_peek_changes"
+        )
+        query = sql.SQL(
+            "SELECT lsn, xid::text::bigint AS xid, data FROM {}(%s, %s, %s, VARIADIC %s::text[])"
+        ).format(function)
+        flat = [item for pair in options.items() for item in pair]
+        target = None if upto_lsn is None else LSN(upto_lsn)
+        with self.session(autocommit=False) as conn:
+            with (
+                slot_errors(slot, setting=lambda s: _show(conn, s)),
+                conn.cursor(name="pglogrepl_peek", row_factory=tuple_row) as cur,
+            ):
+                cur.itersize = batch_rows
+                cur.execute(query, (slot, target, upto_nchanges, flat))
+                yield from cur
+            conn.rollback()  # read-only; nothing to keep
 
 
 def _show(conn: psycopg.Connection[dict[str, Any]], name: str) -> str:
