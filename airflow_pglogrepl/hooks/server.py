@@ -1,0 +1,84 @@
+"""Server-level facts: version, recovery state, replication settings, current WAL position."""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
+from airflow_pglogrepl.hooks.errors import wal_level_error
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.records import ServerFacts
+
+# The settings ServerFacts reports; sizes are converted to bytes from pg_settings' unit.
+_SETTINGS = (
+    "wal_level",
+    "max_replication_slots",
+    "max_wal_senders",
+    "max_logical_replication_workers",
+    "max_worker_processes",
+    "max_sync_workers_per_subscription",
+    "logical_decoding_work_mem",
+    "max_slot_wal_keep_size",
+)
+_UNIT_BYTES = {"B": 1, "kB": 1024, "8kB": 8192, "MB": 1024**2, "16MB": 16 * 1024**2, "GB": 1024**3}
+
+# Where the server's WAL is now; on a standby (PostgreSQL 16+ can decode there) the replay point.
+CURRENT_LSN = sql.SQL(
+    "CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END"
+)
+
+
+class ServerMixin(PgSessionHook):
+    """Version and settings of the server."""
+
+    def server_facts(self, *, conn: Conn | None = None) -> ServerFacts:
+        """Version, recovery state and the replication settings, sizes in bytes."""
+        with self._use(conn) as c:
+            head = c.execute(
+                "SELECT current_setting('server_version_num')::int AS version_num,"
+                " current_setting('server_version') AS version,"
+                " pg_is_in_recovery() AS in_recovery"
+            ).fetchone()
+            rows = c.execute(
+                "SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%s)",
+                (list(_SETTINGS),),
+            ).fetchall()
+        assert head is not None
+        values = {row["name"]: _setting_value(row["setting"], row["unit"]) for row in rows}
+        keep = values.get("max_slot_wal_keep_size")
+        return ServerFacts(
+            version_num=head["version_num"],
+            version=head["version"],
+            in_recovery=head["in_recovery"],
+            wal_level=str(values["wal_level"]),
+            max_replication_slots=int(values["max_replication_slots"]),
+            max_wal_senders=int(values["max_wal_senders"]),
+            max_logical_replication_workers=int(values["max_logical_replication_workers"]),
+            max_worker_processes=int(values["max_worker_processes"]),
+            max_sync_workers_per_subscription=int(values["max_sync_workers_per_subscription"]),
+            logical_decoding_work_mem=int(values["logical_decoding_work_mem"]),
+            max_slot_wal_keep_size=None if keep is None or int(keep) < 0 else int(keep),
+        )
+
+    def require_logical_decoding(self, *, conn: Conn | None = None) -> ServerFacts:
+        """Server facts, or ``ServerNotConfiguredError`` naming ``wal_level`` when not logical."""
+        facts = self.server_facts(conn=conn)
+        if facts.wal_level != "logical":
+            raise wal_level_error(facts.wal_level)
+        return facts
+
+    def current_wal_lsn(self, *, conn: Conn | None = None) -> LSN:
+        """The server's current WAL write position (replay position on a standby)."""
+        with self._use(conn) as c:
+            row = c.execute(sql.SQL("SELECT {} AS lsn").format(CURRENT_LSN)).fetchone()
+        assert row is not None
+        return LSN(row["lsn"])
+
+
+def _setting_value(setting: str, unit: str | None) -> str | int:
+    if unit is None:
+        return setting
+    number = int(setting)
+    if number < 0 or unit not in _UNIT_BYTES:
+        return number
+    return number * _UNIT_BYTES[unit]

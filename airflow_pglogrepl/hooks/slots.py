@@ -1,0 +1,220 @@
+"""Logical replication slots: create, read, list, advance, drop, and peek at their changes."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from psycopg import sql
+from psycopg.rows import tuple_row
+
+from airflow_pglogrepl.exceptions import SlotAdvanceError, SlotNotFoundError, WrongPluginError
+from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, show
+from airflow_pglogrepl.hooks.errors import slot_errors
+from airflow_pglogrepl.hooks.server import CURRENT_LSN
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.names import validate_slot_name
+from airflow_pglogrepl.records import SlotCreated, SlotInfo
+
+OUTPUT_PLUGINS = ("pgoutput", "test_decoding", "wal2json")
+
+# to_jsonb(s) keeps this one query valid across versions: columns added later (inactive_since in
+# 17, two_phase in 14) are simply absent on older servers.
+_SLOTS_QUERY = sql.SQL(
+    "SELECT to_jsonb(s) AS slot, {lsn} AS current_lsn,"
+    " pg_wal_lsn_diff({lsn}, s.restart_lsn)::bigint AS retained_bytes"
+    " FROM pg_replication_slots s"
+).format(lsn=CURRENT_LSN)
+
+
+class SlotsMixin(PgSessionHook):
+    """Replication slots on the connected database."""
+
+    def create_logical_slot(
+        self,
+        name: str,
+        *,
+        plugin: str = "pgoutput",
+        temporary: bool = False,
+        two_phase: bool = False,
+        conn: Conn | None = None,
+    ) -> SlotCreated:
+        """Create a logical slot; decoding through it starts at the returned consistent point.
+
+        A temporary slot is dropped when its session ends, so it needs ``conn=`` (a session the
+        caller keeps open). Raises ``SlotAlreadyExistsError``, ``ServerNotConfiguredError``
+        (``wal_level`` below ``logical``, no free slot) or ``InvalidSlotNameError``.
+        """
+        validate_slot_name(name)
+        if plugin not in OUTPUT_PLUGINS:
+            raise ValueError(
+                f"unknown output plugin {plugin!r} for slot {name!r}; use one of {OUTPUT_PLUGINS}"
+            )
+        if temporary and conn is None:
+            raise ValueError(
+                f"temporary slot {name!r} would be dropped as soon as the hook's own session "
+                f"closes; pass conn= (a session you keep open) or create a permanent slot"
+            )
+        args = [sql.SQL("slot_name => %s"), sql.SQL("plugin => %s"), sql.SQL("temporary => %s")]
+        params: list[Any] = [name, plugin, temporary]
+        if two_phase:  # the parameter exists from PostgreSQL 14; only name it when asked for
+            args.append(sql.SQL("two_phase => %s"))
+            params.append(True)
+        query = sql.SQL("SELECT slot_name, lsn FROM pg_create_logical_replication_slot({})").format(
+            sql.SQL(", ").join(args)
+        )
+        with self._use(conn) as c, slot_errors(name, setting=lambda s: show(c, s)):
+            row = c.execute(query, params).fetchone()
+        assert row is not None
+        self.log.info("Created logical slot %s (plugin %s) at %s", name, plugin, row["lsn"])
+        return SlotCreated(name=row["slot_name"], lsn=row["lsn"], plugin=plugin)
+
+    def drop_slot(
+        self,
+        name: str,
+        *,
+        missing_ok: bool = False,
+        conn: Conn | None = None,
+    ) -> bool:
+        """Drop a slot (it stops retaining WAL). Returns False when absent and ``missing_ok``.
+
+        Raises ``SlotInUseError`` while a consumer is attached.
+        """
+        validate_slot_name(name)
+        try:
+            with self._use(conn) as c, slot_errors(name, setting=lambda s: show(c, s)):
+                c.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+        except SlotNotFoundError:
+            if missing_ok:
+                return False
+            raise
+        self.log.info("Dropped replication slot %s", name)
+        return True
+
+    def get_slot(
+        self,
+        name: str,
+        *,
+        plugin: str | None = None,
+        conn: Conn | None = None,
+    ) -> SlotInfo:
+        """The slot's current record; ``SlotNotFoundError`` when absent.
+
+        With ``plugin=``, also ``WrongPluginError`` when the slot decodes with another plugin.
+        """
+        validate_slot_name(name)
+        with self._use(conn) as c:
+            row = c.execute(_SLOTS_QUERY + sql.SQL(" WHERE s.slot_name = %s"), (name,)).fetchone()
+        if row is None:
+            raise SlotNotFoundError(name)
+        slot = _slot_info(row)
+        if plugin is not None and slot.plugin != plugin:
+            raise WrongPluginError(name, slot.plugin, plugin)
+        return slot
+
+    def list_slots(
+        self,
+        *,
+        logical_only: bool = True,
+        conn: Conn | None = None,
+    ) -> list[SlotInfo]:
+        """All slots on the server (logical ones only by default), ordered by name."""
+        where = sql.SQL(" WHERE s.slot_type = 'logical'" if logical_only else "")
+        with self._use(conn) as c:
+            rows = c.execute(_SLOTS_QUERY + where + sql.SQL(" ORDER BY s.slot_name")).fetchall()
+        return [_slot_info(row) for row in rows]
+
+    def advance_slot(
+        self,
+        name: str,
+        upto: LSN | str,
+        *,
+        conn: Conn | None = None,
+    ) -> LSN:
+        """Move the slot's confirmed position forward to ``upto``; return where it really ended.
+
+        PostgreSQL stops at its flushed WAL position when ``upto`` is beyond it, so the result
+        can be lower than asked. The new position is made durable only at the next checkpoint:
+        after a crash the slot may be found behind it again (callers that need exactly-once keep
+        their own record of what they committed). Raises ``SlotInUseError`` while a consumer is
+        attached, ``SlotAdvanceError`` when ``upto`` is behind the slot.
+        """
+        validate_slot_name(name)
+        target = LSN(upto)
+        if int(target) == 0:  # InvalidXLogRecPtr; the server answers with an internal error
+            raise SlotAdvanceError(name, f"cannot advance replication slot {name!r} to 0/0")
+        with self._use(conn) as c, slot_errors(name, setting=lambda s: show(c, s)):
+            row = c.execute(
+                "SELECT end_lsn FROM pg_replication_slot_advance(%s, %s)", (name, target)
+            ).fetchone()
+        assert row is not None
+        end = LSN(row["end_lsn"])
+        self.log.info("Advanced slot %s to %s (asked for %s)", name, end, target)
+        return end
+
+    def peek_changes(
+        self,
+        slot: str,
+        *,
+        upto_lsn: LSN | str | None,
+        options: Mapping[str, str],
+        binary: bool = True,
+        upto_nchanges: int | None = None,
+        batch_rows: int = 5000,
+    ) -> Iterator[tuple[LSN, int | None, bytes | str]]:
+        """Stream ``(lsn, xid, data)`` rows from the slot without consuming it.
+
+        Uses ``pg_logical_slot_peek_binary_changes`` (pgoutput) or ``pg_logical_slot_peek_changes``
+        (text plugins) through a server-side cursor, so memory stays at ``batch_rows`` rows however
+        much the window holds. Only transactions that commit at or before ``upto_lsn`` come back,
+        whole. The slot does not move: advance it with ``advance_slot`` once what was read is
+        durably stored. Decoding restarts at the slot's ``restart_lsn`` on every call.
+        ``options`` are the output plugin's options (for pgoutput: ``proto_version``,
+        ``publication_names``, ``messages``, ``streaming``, ``binary``).
+        See https://www.postgresql.org/docs/15/functions-admin.html#FUNCTIONS-REPLICATION
+        """
+        validate_slot_name(slot)
+        function = sql.Identifier(
+            "pg_logical_slot_peek_binary_changes" if binary else "pg_logical_slot_peek_changes"
+        )
+        query = sql.SQL(
+            "SELECT lsn, xid::text::bigint AS xid, data FROM {}(%s, %s, %s, VARIADIC %s::text[])"
+        ).format(function)
+        flat = [item for pair in options.items() for item in pair]
+        target = None if upto_lsn is None else LSN(upto_lsn)
+        with self.session(autocommit=False) as conn:
+            with (
+                slot_errors(slot, setting=lambda s: show(conn, s)),
+                conn.cursor(name="pglogrepl_peek", row_factory=tuple_row) as cur,
+            ):
+                cur.itersize = batch_rows
+                cur.execute(query, (slot, target, upto_nchanges, flat))
+                yield from cur
+            conn.rollback()  # read-only; nothing to keep
+
+
+def _lsn_or_none(text: str | None) -> LSN | None:
+    return None if text is None else LSN(text)
+
+
+def _slot_info(row: dict[str, Any]) -> SlotInfo:
+    s = row["slot"]  # jsonb: psycopg's default loader gives a dict
+    since = s.get("inactive_since")
+    return SlotInfo(
+        name=s["slot_name"],
+        plugin=s.get("plugin"),
+        slot_type=s["slot_type"],
+        database=s.get("database"),
+        temporary=bool(s.get("temporary")),
+        active=bool(s.get("active")),
+        active_pid=s.get("active_pid"),
+        restart_lsn=_lsn_or_none(s.get("restart_lsn")),
+        confirmed_flush_lsn=_lsn_or_none(s.get("confirmed_flush_lsn")),
+        wal_status=s.get("wal_status"),
+        safe_wal_size=s.get("safe_wal_size"),
+        two_phase=s.get("two_phase"),
+        retained_bytes=row["retained_bytes"],
+        current_lsn=row["current_lsn"],
+        inactive_since=dt.datetime.fromisoformat(since) if since else None,
+    )
