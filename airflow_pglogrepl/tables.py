@@ -23,7 +23,7 @@ class TableRef:
 
     @classmethod
     def parse(cls, text: str | TableRef | tuple[str, str]) -> TableRef:
-        """``"orders"``, ``"sales.orders"``, ``'"My Schema"."Orders"'``, or a (schema, name) pair."""
+        """Parse ``orders``, ``sales.orders``, ``"My Schema"."Orders"`` or a (schema, name) pair."""
         if isinstance(text, TableRef):
             return text
         if isinstance(text, tuple):
