@@ -146,3 +146,29 @@ class UnknownRelationError(DecodeError):
             f"must start at a transaction boundary of the slot (its confirmed_flush_lsn), where "
             f"pgoutput resends Relation messages",
         )
+
+
+class DefinitionConflictError(PgLogReplError):
+    """An object exists with a definition this task cannot reconcile without destroying it."""
+
+    def __init__(self, kind: str, name: str, difference: str, fix: str) -> None:
+        self.kind = kind
+        self.name = name
+        super().__init__(f"{kind} {name!r} exists but {difference}. Fix: {fix}")
+
+
+class ObjectNotFoundError(PgLogReplError):
+    """A publication or subscription that the task needs does not exist."""
+
+    def __init__(self, kind: str, name: str, fix: str) -> None:
+        self.kind = kind
+        self.name = name
+        super().__init__(f"{kind} {name!r} does not exist. Fix: {fix}")
+
+
+class UnsupportedFeatureError(PgLogReplError):
+    """The server version lacks a feature the task asks for."""
+
+
+class ReplicationFailedError(PgLogReplError):
+    """Replication is failing (table sync or apply errors) and will not heal by waiting."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.tables import TableRef
 
 
 def _jsonable(value: Any) -> Any:
@@ -102,3 +103,137 @@ class ServerFacts(_Record):
     def major_version(self) -> int:
         """15 for 15.x, and so on."""
         return self.version_num // 10000
+
+
+@dataclass(frozen=True)
+class PublishedTable(_Record):
+    """One table in a publication, with its optional column list and row filter (PG 15+)."""
+
+    table: TableRef
+    columns: tuple[str, ...] | None = None
+    row_filter: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "table": str(self.table),
+            "columns": list(self.columns) if self.columns is not None else None,
+            "row_filter": self.row_filter,
+        }
+
+
+@dataclass(frozen=True)
+class PublicationInfo(_Record):
+    """A publication as the server normalises it (row filters as ``pg_get_expr`` prints them)."""
+
+    name: str
+    all_tables: bool
+    publish: tuple[str, ...]
+    via_root: bool
+    tables: tuple[PublishedTable, ...]
+    schemas: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "all_tables": self.all_tables,
+            "publish": list(self.publish),
+            "via_root": self.via_root,
+            "tables": [t.to_dict() for t in self.tables],
+            "schemas": list(self.schemas),
+        }
+
+
+@dataclass(frozen=True)
+class Reconciled(_Record):
+    """What making an object match its definition did: ``created``, ``changed`` or ``unchanged``."""
+
+    kind: str
+    name: str
+    action: str
+    details: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "action": self.action,
+                "details": list(self.details)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SubscriptionInfo(_Record):
+    """A subscription's definition; the publisher's address only, never its password."""
+
+    name: str
+    enabled: bool
+    slot_name: str | None
+    publications: tuple[str, ...]
+    binary: bool
+    streaming: str
+    synchronous_commit: str
+    target: dict[str, str]  # host, port, dbname, user of the publisher (from subconninfo)
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data["publications"] = list(self.publications)
+        return data
+
+
+# pg_subscription_rel.srsubstate: https://www.postgresql.org/docs/15/catalog-pg-subscription-rel.html
+REL_STATES = {
+    "i": "initialize",
+    "d": "copying data",
+    "f": "finished copy",
+    "s": "synchronized",
+    "r": "ready",
+}
+
+
+@dataclass(frozen=True)
+class RelState(_Record):
+    """One table of a subscription in ``pg_subscription_rel`` and its sync state."""
+
+    table: TableRef
+    state: str
+    lsn: LSN | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"table": str(self.table), "state": self.state,
+                "lsn": str(self.lsn) if self.lsn else None}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SubscriptionStatus(_Record):
+    """What the subscriber says about a subscription's progress and health right now.
+
+    ``apply_error_count``/``sync_error_count`` come from ``pg_stat_subscription_stats``
+    (PostgreSQL 15+; ``None`` before). ``workers`` counts running apply and table-sync workers.
+    """
+
+    name: str
+    exists: bool
+    enabled: bool = False
+    relations: tuple[RelState, ...] = ()
+    workers: int = 0
+    apply_worker: bool = False
+    received_lsn: LSN | None = None
+    latest_end_lsn: LSN | None = None
+    apply_error_count: int | None = None
+    sync_error_count: int | None = None
+
+    @property
+    def state_counts(self) -> dict[str, int]:
+        """How many tables are in each state (``{"r": 3, "d": 1}``)."""
+        counts: dict[str, int] = {}
+        for rel in self.relations:
+            counts[rel.state] = counts.get(rel.state, 0) + 1
+        return counts
+
+    @property
+    def not_ready(self) -> tuple[RelState, ...]:
+        """Tables not yet in state ``r``."""
+        return tuple(rel for rel in self.relations if rel.state != "r")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data["relations"] = [rel.to_dict() for rel in self.relations]
+        data["state_counts"] = self.state_counts
+        return data

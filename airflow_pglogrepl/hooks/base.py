@@ -7,12 +7,13 @@ the Spark applications, which receive a DSN through the environment.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeAlias
 
 import psycopg
 from airflow.providers.postgres.hooks.postgres import PostgresHook
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from airflow_pglogrepl import conninfo
@@ -20,6 +21,7 @@ from airflow_pglogrepl.exceptions import ConnectionFailedError
 from airflow_pglogrepl.hooks.lsn_adapters import register_lsn_adapters
 
 Conn: TypeAlias = psycopg.Connection[dict[str, Any]]
+AsyncConn: TypeAlias = psycopg.AsyncConnection[dict[str, Any]]
 
 
 class PgSessionHook(PostgresHook):
@@ -27,7 +29,13 @@ class PgSessionHook(PostgresHook):
 
     def connection_params(self) -> dict[str, str]:
         """libpq keyword parameters for this hook's connection (contains the password)."""
-        conn = self.connection
+        return self._params_from(self.connection)
+
+    async def aconnection_params(self) -> dict[str, str]:
+        """``connection_params`` for triggers: the connection is looked up without blocking."""
+        return self._params_from(await self.aget_connection(self.get_conn_id()))
+
+    def _params_from(self, conn: Any) -> dict[str, str]:
         login, password, port = conn.login, conn.password, conn.port
         if conn.extra_dejson.get("iam", False):
             login, password, port = self.get_iam_token(conn)
@@ -59,16 +67,35 @@ class PgSessionHook(PostgresHook):
                 cursor_factory=psycopg.ClientCursor if replication else psycopg.Cursor,
             )
         except psycopg.OperationalError as exc:
-            reason = conninfo.redact(str(exc).strip(), conninfo.secrets_of(params))
-            raise ConnectionFailedError(
-                f"cannot connect to PostgreSQL {conninfo.describe(params)} "
-                f"(Airflow connection {self.get_conn_id()!r}): {reason}. Fix: check host, port, "
-                f"login and password of that connection and that the server accepts it "
-                f"(pg_hba.conf)"
-            ) from None
+            raise self._connect_error(params, exc) from None
         register_lsn_adapters(conn)
         with conn:
             yield conn
+
+    @asynccontextmanager
+    async def asession(self) -> AsyncIterator[AsyncConn]:
+        """``session()`` for triggers: an autocommit ``psycopg.AsyncConnection``."""
+        params = await self.aconnection_params()
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                conninfo.make_dsn(params), autocommit=True, row_factory=dict_row
+            )
+        except psycopg.OperationalError as exc:
+            raise self._connect_error(params, exc) from None
+        register_lsn_adapters(conn)
+        async with conn:
+            yield conn
+
+    def _connect_error(
+        self, params: dict[str, str], exc: psycopg.OperationalError
+    ) -> ConnectionFailedError:
+        reason = conninfo.redact(str(exc).strip(), conninfo.secrets_of(params))
+        return ConnectionFailedError(
+            f"cannot connect to PostgreSQL {conninfo.describe(params)} "
+            f"(Airflow connection {self.get_conn_id()!r}): {reason}. Fix: check host, port, "
+            f"login and password of that connection and that the server accepts it "
+            f"(pg_hba.conf)"
+        )
 
     @contextmanager
     def _use(self, conn: Conn | None) -> Iterator[Conn]:
@@ -83,3 +110,13 @@ def show(conn: Conn, name: str) -> str:
     """A server setting's current value (``current_setting``) as text."""
     row = conn.execute("SELECT current_setting(%s) AS value", (name,)).fetchone()
     return str(row["value"]) if row else "unknown"
+
+
+def run_ddl(conn: Conn, statement: sql.Composed | sql.SQL) -> None:
+    """Execute one DDL statement through the extended query protocol.
+
+    DDL cannot take bound parameters, so values in it are ``sql.Literal``s; some definitions also
+    carry SQL the DAG author wrote (publication row filters). ``binary=True`` makes psycopg use
+    the extended protocol, which accepts exactly one statement: nothing can be stacked after it.
+    """
+    conn.execute(statement, binary=True)

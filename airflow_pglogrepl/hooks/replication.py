@@ -12,11 +12,14 @@ from airflow_pglogrepl.hooks.catalog import CatalogMixin
 from airflow_pglogrepl.hooks.publications import PublicationsMixin
 from airflow_pglogrepl.hooks.server import ServerMixin
 from airflow_pglogrepl.hooks.slots import OUTPUT_PLUGINS, SlotsMixin
+from airflow_pglogrepl.hooks.subscriptions import SubscriptionsMixin
 
 __all__ = ["OUTPUT_PLUGINS", "PgLogicalReplicationHook"]
 
 
-class PgLogicalReplicationHook(CatalogMixin, PublicationsMixin, SlotsMixin, ServerMixin):
+class PgLogicalReplicationHook(
+    CatalogMixin, PublicationsMixin, SubscriptionsMixin, SlotsMixin, ServerMixin
+):
     """Logical replication on one PostgreSQL server, through an Airflow Postgres connection.
 
     Takes the same connections as ``PostgresHook`` (``conn_type`` ``postgres`` or

@@ -67,6 +67,22 @@ class ServerMixin(PgSessionHook):
             raise wal_level_error(facts.wal_level)
         return facts
 
+    def instance_identity(self, *, conn: Conn | None = None) -> tuple[str, str]:
+        """(postmaster start time, port): equal for two connections to one running server.
+
+        Publisher and subscriber on one instance need special handling (the slot must exist
+        before ``CREATE SUBSCRIPTION``, or it waits for itself). These two need no privilege,
+        unlike ``pg_control_system()``, and tell instances apart even when reached through
+        different host names.
+        """
+        with self._use(conn) as c:
+            row = c.execute(
+                "SELECT pg_postmaster_start_time()::text AS started,"
+                " current_setting('port') AS port"
+            ).fetchone()
+        assert row is not None
+        return row["started"], row["port"]
+
     def current_wal_lsn(self, *, conn: Conn | None = None) -> LSN:
         """The server's current WAL write position (replay position on a standby)."""
         with self._use(conn) as c:

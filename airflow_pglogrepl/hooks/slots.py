@@ -113,6 +113,14 @@ class SlotsMixin(PgSessionHook):
             raise WrongPluginError(name, slot.plugin, plugin)
         return slot
 
+    async def aget_slot(self, name: str) -> SlotInfo | None:
+        """The slot's record for triggers (non-blocking); ``None`` when absent."""
+        validate_slot_name(name)
+        async with self.asession() as conn:
+            cur = await conn.execute(_SLOTS_QUERY + sql.SQL(" WHERE s.slot_name = %s"), (name,))
+            row = await cur.fetchone()
+        return None if row is None else _slot_info(row)
+
     def list_slots(
         self,
         *,

@@ -1,0 +1,414 @@
+"""Subscriptions on the subscriber: create, reconcile, alter, drop, and read their progress.
+
+The ``CONNECTION`` clause carries the publisher's password. It is sent as an ``sql.Literal`` in a
+session that first turns statement logging off (superusers may), so a failing
+``CREATE SUBSCRIPTION`` does not leave the password in the subscriber's server log; our own logs
+and errors never contain it (errors are redacted). See
+https://www.postgresql.org/docs/15/sql-createsubscription.html
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import errors as pgerr
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from airflow_pglogrepl import conninfo
+from airflow_pglogrepl.exceptions import DefinitionConflictError, PgLogReplError
+from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.records import (
+    Reconciled,
+    RelState,
+    SubscriptionInfo,
+    SubscriptionStatus,
+)
+from airflow_pglogrepl.tables import TableRef
+
+# Options CREATE SUBSCRIPTION takes (PostgreSQL 15); those ALTER SUBSCRIPTION ... SET accepts.
+CREATE_OPTIONS = frozenset(
+    {"copy_data", "create_slot", "enabled", "connect", "slot_name", "synchronous_commit",
+     "streaming", "binary", "two_phase", "disable_on_error", "origin"}
+)  # fmt: skip
+SETTABLE_OPTIONS = frozenset(
+    {"slot_name", "synchronous_commit", "streaming", "binary", "disable_on_error", "origin"}
+)
+TARGET_KEYS = ("host", "port", "dbname", "user")
+
+_THIS_DB = sql.SQL("s.subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())")
+_INFO = sql.SQL(
+    "SELECT s.subname, s.subenabled, s.subslotname, s.subpublications, s.subbinary,"
+    " s.substream::text AS substream, s.subsynccommit, s.subconninfo"
+    " FROM pg_subscription s WHERE s.subname = %s AND {this_db}"
+).format(this_db=_THIS_DB)
+_RELS = sql.SQL(
+    "SELECT n.nspname AS schema, c.relname AS name, sr.srsubstate::text AS state,"
+    " sr.srsublsn AS lsn FROM pg_subscription_rel sr"
+    " JOIN pg_subscription s ON s.oid = sr.srsubid JOIN pg_class c ON c.oid = sr.srrelid"
+    " JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE s.subname = %s AND {this_db} ORDER BY 1, 2"
+).format(this_db=_THIS_DB)
+_STATUS = sql.SQL(
+    "SELECT s.subenabled AS enabled,"
+    " (SELECT count(*) FROM pg_stat_subscription w"
+    "  WHERE w.subid = s.oid AND w.pid IS NOT NULL)::int AS workers,"
+    " (SELECT count(*) FROM pg_stat_subscription w"
+    "  WHERE w.subid = s.oid AND w.pid IS NOT NULL AND w.relid IS NULL)::int AS apply_workers,"
+    " (SELECT max(w.received_lsn) FROM pg_stat_subscription w"
+    "  WHERE w.subid = s.oid AND w.relid IS NULL) AS received_lsn,"
+    " (SELECT max(w.latest_end_lsn) FROM pg_stat_subscription w"
+    "  WHERE w.subid = s.oid AND w.relid IS NULL) AS latest_end_lsn,"
+    " {errors}"
+    " FROM pg_subscription s WHERE s.subname = %s AND {this_db}"
+)
+_ERRORS_15 = sql.SQL(
+    "(SELECT st.apply_error_count FROM pg_stat_subscription_stats st"
+    "  WHERE st.subid = s.oid)::int AS apply_error_count,"
+    " (SELECT st.sync_error_count FROM pg_stat_subscription_stats st"
+    "  WHERE st.subid = s.oid)::int AS sync_error_count"
+)
+_ERRORS_OLD = sql.SQL("NULL::int AS apply_error_count, NULL::int AS sync_error_count")
+
+
+@dataclass(frozen=True)
+class DropResult:
+    """What dropping a subscription did; ``slot_left_behind``: a slot left on the publisher."""
+
+    dropped: bool
+    slot_left_behind: str | None = None
+    reason: str | None = None
+
+
+class SubscriptionsMixin(PgSessionHook):
+    """Subscriptions of the connected database (the subscriber side)."""
+
+    # -- definition -----------------------------------------------------------------------
+
+    def get_subscription(self, name: str, *, conn: Conn | None = None) -> SubscriptionInfo | None:
+        """The subscription's definition (without the password), or ``None``."""
+        with self._use(conn) as c:
+            row = c.execute(_INFO, (name,)).fetchone()
+        if row is None:
+            return None
+        target = conninfo_to_dict(row["subconninfo"])
+        return SubscriptionInfo(
+            name=row["subname"],
+            enabled=row["subenabled"],
+            slot_name=row["subslotname"],
+            publications=tuple(row["subpublications"]),
+            binary=row["subbinary"],
+            streaming={"f": "off", "t": "on", "p": "parallel"}.get(row["substream"], "off"),
+            synchronous_commit=row["subsynccommit"],
+            target={key: str(target[key]) for key in TARGET_KEYS if target.get(key) is not None},
+        )
+
+    def ensure_subscription(
+        self,
+        name: str,
+        *,
+        publisher_params: Mapping[str, str],
+        publications: Sequence[str],
+        options: Mapping[str, Any],
+    ) -> Reconciled:
+        """Create the subscription, or make an existing one match (a no-op when it does).
+
+        ``publisher_params`` are libpq parameters as the *subscriber's server* will use them.
+        An existing subscription pointing at another publisher (host, port, database or user)
+        raises ``DefinitionConflictError``; a changed password is applied in place.
+        Publications and settable options are reconciled; ``enabled`` is left as it is (use
+        ``enable_subscription``), because re-running a DAG must not undo a DBA's deliberate
+        ``DISABLE``.
+        """
+        unknown = set(options) - CREATE_OPTIONS
+        if unknown:
+            raise ValueError(
+                f"subscription {name!r}: unknown options {sorted(unknown)}; "
+                f"known: {sorted(CREATE_OPTIONS)}"
+            )
+        if not publications:
+            raise ValueError(f"subscription {name!r}: name at least one publication")
+        dsn = conninfo.make_dsn(publisher_params)
+        secrets = conninfo.secrets_of(publisher_params)
+        with self.session() as conn, _redacted(secrets):
+            _quiet_statement_log(conn)
+            current = self.get_subscription(name, conn=conn)
+            if current is None:
+                run_ddl(conn, _create_statement(name, dsn, publications, options))
+                return self._reconciled(name, "created", (f"publications {list(publications)}",))
+            details = self._reconcile(conn, current, publisher_params, publications, options)
+        return self._reconciled(name, "changed" if details else "unchanged", details)
+
+    def _reconcile(
+        self,
+        conn: Conn,
+        current: SubscriptionInfo,
+        publisher_params: Mapping[str, str],
+        publications: Sequence[str],
+        options: Mapping[str, Any],
+    ) -> tuple[str, ...]:
+        name = current.name
+        wanted = {k: str(publisher_params[k]) for k in TARGET_KEYS if publisher_params.get(k)}
+        if wanted != current.target:
+            raise DefinitionConflictError(
+                "subscription",
+                name,
+                f"points at {_target(current.target)} while this task asks for {_target(wanted)}",
+                "drop it first (DropSubscriptionOperator) if the publisher really moved, or "
+                "correct the publisher connection",
+            )
+        details: list[str] = []
+        stored = conn.execute(
+            sql.SQL("SELECT subconninfo FROM pg_subscription s WHERE s.subname = %s AND {}").format(
+                _THIS_DB
+            ),
+            (name,),
+        ).fetchone()
+        assert stored is not None
+        if conninfo_to_dict(stored["subconninfo"]) != dict(publisher_params):
+            run_ddl(
+                conn,
+                sql.SQL("ALTER SUBSCRIPTION {} CONNECTION {}").format(
+                    sql.Identifier(name), sql.Literal(conninfo.make_dsn(publisher_params))
+                ),
+            )
+            details.append("connection options updated (values not shown)")
+        if sorted(current.publications) != sorted(publications):
+            refresh = current.enabled
+            run_ddl(
+                conn,
+                sql.SQL("ALTER SUBSCRIPTION {} SET PUBLICATION {} WITH (refresh = {}{})").format(
+                    sql.Identifier(name),
+                    sql.SQL(", ").join(sql.Identifier(p) for p in publications),
+                    sql.Literal(refresh),
+                    sql.SQL(", copy_data = {}").format(
+                        sql.Literal(bool(options.get("copy_data", True)))
+                    )
+                    if refresh
+                    else sql.SQL(""),
+                ),
+            )
+            details.append(f"publications {list(current.publications)} -> {list(publications)}")
+        settable = {k: v for k, v in options.items() if k in SETTABLE_OPTIONS}
+        changed = {k: v for k, v in settable.items() if _differs(current, k, v)}
+        if changed:
+            run_ddl(
+                conn,
+                sql.SQL("ALTER SUBSCRIPTION {} SET ({})").format(
+                    sql.Identifier(name), _option_list(changed)
+                ),
+            )
+            details += [f"{k} -> {v}" for k, v in changed.items()]
+        if not current.enabled:
+            self.log.warning(
+                "Subscription %s is disabled; left as it is (AlterSubscriptionOperator "
+                "action='enable' turns it on)",
+                name,
+            )
+        return tuple(details)
+
+    def _reconciled(self, name: str, action: str, details: tuple[str, ...]) -> Reconciled:
+        self.log.info("Subscription %s %s%s", name, action, "".join(f"\n  {d}" for d in details))
+        return Reconciled("subscription", name, action, details)
+
+    # -- alter ----------------------------------------------------------------------------
+
+    def enable_subscription(self, name: str) -> None:
+        """``ALTER SUBSCRIPTION ... ENABLE``: the apply worker starts."""
+        self._alter(name, sql.SQL("ENABLE"))
+
+    def disable_subscription(self, name: str) -> None:
+        """``ALTER SUBSCRIPTION ... DISABLE``: the apply worker stops; the slot keeps WAL."""
+        self._alter(name, sql.SQL("DISABLE"))
+
+    def refresh_subscription(self, name: str, *, copy_data: bool = True) -> None:
+        """``REFRESH PUBLICATION``: pick up tables added to (or dropped from) the publications."""
+        self._alter(
+            name,
+            sql.SQL("REFRESH PUBLICATION WITH (copy_data = {})").format(sql.Literal(copy_data)),
+        )
+
+    def _alter(self, name: str, action: sql.Composable) -> None:
+        with self.session() as conn:
+            self._require(conn, name)
+            run_ddl(conn, sql.SQL("ALTER SUBSCRIPTION {} {}").format(sql.Identifier(name), action))
+        self.log.info("ALTER SUBSCRIPTION %s %s done", name, action.as_string(None))
+
+    def _require(self, conn: Conn, name: str) -> SubscriptionInfo:
+        from airflow_pglogrepl.exceptions import ObjectNotFoundError
+
+        info = self.get_subscription(name, conn=conn)
+        if info is None:
+            raise ObjectNotFoundError(
+                "subscription",
+                name,
+                "create it first (CreateSubscriptionOperator) or check the subscriber connection "
+                "and database",
+            )
+        return info
+
+    # -- drop -----------------------------------------------------------------------------
+
+    def drop_subscription(self, name: str) -> DropResult:
+        """Drop the subscription and, when the publisher answers, its slot there.
+
+        When the publisher cannot be reached the subscription is detached from its slot
+        (``DISABLE``, ``SET (slot_name = NONE)``) and dropped; the remote slot is returned as
+        ``slot_left_behind``: it retains WAL on the publisher until someone drops it.
+        """
+        with self.session() as conn:
+            info = self.get_subscription(name, conn=conn)
+            if info is None:
+                self.log.info("Subscription %s does not exist; nothing to drop", name)
+                return DropResult(dropped=False)
+            drop = sql.SQL("DROP SUBSCRIPTION {}").format(sql.Identifier(name))
+            try:
+                run_ddl(conn, drop)
+            except pgerr.Error as exc:
+                if info.slot_name is None or not _publisher_unreachable(exc):
+                    raise
+                reason = str(exc).strip().splitlines()[0]
+                self.log.warning(
+                    "Publisher unreachable while dropping subscription %s (%s); detaching its "
+                    "slot %s and dropping the subscription without it",
+                    name,
+                    reason,
+                    info.slot_name,
+                )
+                ident = sql.Identifier(name)
+                if info.enabled:
+                    run_ddl(conn, sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(ident))
+                run_ddl(conn, sql.SQL("ALTER SUBSCRIPTION {} SET (slot_name = NONE)").format(ident))
+                run_ddl(conn, drop)
+                self.log.warning(
+                    "Replication slot %s is left on the publisher and retains WAL until dropped "
+                    "there: SELECT pg_drop_replication_slot('%s')",
+                    info.slot_name,
+                    info.slot_name,
+                )
+                return DropResult(dropped=True, slot_left_behind=info.slot_name, reason=reason)
+        self.log.info("Dropped subscription %s (and its slot %s)", name, info.slot_name)
+        return DropResult(dropped=True)
+
+    # -- progress -------------------------------------------------------------------------
+
+    def subscription_status(self, name: str) -> SubscriptionStatus:
+        """Sync states of every table, worker presence, received LSNs and error counters."""
+        with self.session() as conn:
+            errors = _ERRORS_15 if conn.info.server_version >= 150000 else _ERRORS_OLD
+            head = conn.execute(_STATUS.format(errors=errors, this_db=_THIS_DB), (name,)).fetchone()
+            rels = conn.execute(_RELS, (name,)).fetchall() if head else []
+        return _status(name, head, rels)
+
+    async def asubscription_status(self, name: str) -> SubscriptionStatus:
+        """``subscription_status`` for triggers (non-blocking)."""
+        async with self.asession() as conn:
+            errors = _ERRORS_15 if conn.info.server_version >= 150000 else _ERRORS_OLD
+            cur = await conn.execute(_STATUS.format(errors=errors, this_db=_THIS_DB), (name,))
+            head = await cur.fetchone()
+            rels = await (await conn.execute(_RELS, (name,))).fetchall() if head else []
+        return _status(name, head, rels)
+
+
+def _status(
+    name: str, head: dict[str, Any] | None, rels: Sequence[dict[str, Any]]
+) -> SubscriptionStatus:
+    if head is None:
+        return SubscriptionStatus(name=name, exists=False)
+    return SubscriptionStatus(
+        name=name,
+        exists=True,
+        enabled=head["enabled"],
+        relations=tuple(
+            RelState(TableRef(r["schema"], r["name"]), r["state"], r["lsn"]) for r in rels
+        ),
+        workers=head["workers"],
+        apply_worker=head["apply_workers"] > 0,
+        received_lsn=head["received_lsn"],
+        latest_end_lsn=head["latest_end_lsn"],
+        apply_error_count=head["apply_error_count"],
+        sync_error_count=head["sync_error_count"],
+    )
+
+
+def _target(target: Mapping[str, str]) -> str:
+    return (
+        f"{target.get('user', '?')}@{target.get('host', 'localhost')}:"
+        f"{target.get('port', '5432')}/{target.get('dbname', '?')}"
+    )
+
+
+def _option_value(value: Any) -> sql.Composable:
+    if value is None:
+        return sql.SQL("NONE")  # slot_name = NONE detaches the slot
+    return sql.Literal(value)
+
+
+def _option_list(options: Mapping[str, Any]) -> sql.Composable:
+    return sql.SQL(", ").join(
+        sql.SQL("{} = {}").format(sql.Identifier(key), _option_value(value))
+        for key, value in options.items()
+    )
+
+
+def _create_statement(
+    name: str, dsn: str, publications: Sequence[str], options: Mapping[str, Any]
+) -> sql.Composed:
+    statement = sql.SQL("CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {}").format(
+        sql.Identifier(name),
+        sql.Literal(dsn),
+        sql.SQL(", ").join(sql.Identifier(p) for p in publications),
+    )
+    if options:
+        statement = statement + sql.SQL(" WITH ({})").format(_option_list(options))
+    return statement
+
+
+def _differs(current: SubscriptionInfo, key: str, value: Any) -> bool:
+    have: dict[str, Any] = {
+        "slot_name": current.slot_name,
+        "synchronous_commit": current.synchronous_commit,
+        "binary": current.binary,
+        "streaming": current.streaming,
+    }
+    if key not in have:
+        return True
+    if key == "streaming":
+        wanted = {True: "on", False: "off"}.get(value, str(value))
+        return bool(wanted != have[key])
+    return bool(have[key] != value)
+
+
+def _quiet_statement_log(conn: Conn) -> None:
+    """Keep the publisher's password out of the subscriber's server log for this session."""
+    for setting in ("log_statement", "log_min_error_statement"):
+        value = "none" if setting == "log_statement" else "panic"
+        with suppress(pgerr.InsufficientPrivilege):  # not a superuser: server settings apply
+            conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(setting), sql.Literal(value)))
+
+
+def _publisher_unreachable(exc: Exception) -> bool:
+    text = str(exc)
+    return isinstance(exc, pgerr.ConnectionFailure | pgerr.ConnectionException) or (
+        "could not connect to publisher" in text
+    )
+
+
+@contextmanager
+def _redacted(secrets: Sequence[str]) -> Iterator[None]:
+    """Re-raise psycopg errors with every secret removed from the message."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        text = conninfo.redact(str(exc).strip(), secrets)
+        raise PgLogReplError(f"subscription statement failed: {text}") from None
+
+
+def lsn_or_none(value: Any) -> LSN | None:
+    """An ``LSN`` from a ``pg_lsn`` column value (already adapted) or ``None``."""
+    return None if value is None else LSN(value)

@@ -1,0 +1,185 @@
+"""Create, drop and health-check logical replication slots."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+
+from airflow_pglogrepl.operators._hooks import replication_hook
+
+
+class CreateReplicationSlotOperator(BaseOperator):
+    """Create a logical slot; a no-op when it exists with the same plugin.
+
+    Pushes ``{"slot", "plugin", "lsn", "created"}``: ``lsn`` is the consistent point for a new
+    slot (changes committed after it are decoded), the confirmed position for an existing one.
+
+    :param slot_name: slot name (``[a-z0-9_]``, at most 63 characters).
+    :param postgres_conn_id: the publisher's Airflow connection.
+    :param plugin: output plugin (``pgoutput`` or ``test_decoding``).
+    :param two_phase: decode prepared transactions at PREPARE.
+    :param database: the database the slot belongs to, when not the connection's.
+    """
+
+    template_fields: Sequence[str] = ("slot_name", "postgres_conn_id", "database")
+
+    def __init__(
+        self,
+        *,
+        slot_name: str,
+        postgres_conn_id: str,
+        plugin: str = "pgoutput",
+        two_phase: bool = False,
+        database: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.slot_name = slot_name
+        self.postgres_conn_id = postgres_conn_id
+        self.plugin = plugin
+        self.two_phase = two_phase
+        self.database = database
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_pglogrepl.exceptions import SlotNotFoundError
+
+        hook = replication_hook(self.postgres_conn_id, self.database)
+        try:
+            slot = hook.get_slot(self.slot_name, plugin=self.plugin)  # WrongPluginError if not
+            self.log.info("Slot %s exists (plugin %s); nothing to do", self.slot_name, slot.plugin)
+            return {"slot": self.slot_name, "plugin": slot.plugin, "created": False,
+                    "lsn": str(slot.confirmed_flush_lsn)}  # fmt: skip
+        except SlotNotFoundError:
+            created = hook.create_logical_slot(
+                self.slot_name, plugin=self.plugin, two_phase=self.two_phase
+            )
+            return {"slot": created.name, "plugin": created.plugin, "created": True,
+                    "lsn": str(created.lsn)}  # fmt: skip
+
+
+class DropReplicationSlotOperator(BaseOperator):
+    """Drop a slot so it stops retaining WAL; succeeds when it is already gone.
+
+    :param slot_name: slot name.
+    :param postgres_conn_id: the publisher's Airflow connection.
+    :param database: the database of the slot, when not the connection's.
+    """
+
+    template_fields: Sequence[str] = ("slot_name", "postgres_conn_id", "database")
+
+    def __init__(
+        self,
+        *,
+        slot_name: str,
+        postgres_conn_id: str,
+        database: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.slot_name = slot_name
+        self.postgres_conn_id = postgres_conn_id
+        self.database = database
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        hook = replication_hook(self.postgres_conn_id, self.database)
+        dropped = hook.drop_slot(self.slot_name, missing_ok=True)
+        return {"slot": self.slot_name, "dropped": dropped}
+
+
+class SlotHealthCheckOperator(BaseOperator):
+    """Fail loudly when a slot is unusable or endangers the publisher's disk.
+
+    Checks: ``wal_status`` ``lost`` (unusable) or ``unreserved`` (about to be), retained WAL
+    above ``max_retained_bytes`` or above ``max_retained_fraction`` of ``max_slot_wal_keep_size``,
+    inactive longer than ``max_inactive``, and optionally the plugin and whether another session
+    holds it. The slot record is pushed to XCom (``return_value``) either way, with
+    ``problems`` listing what failed.
+
+    Inactivity: PostgreSQL 17 reports ``inactive_since``; on older servers the task carries the
+    moment it first saw the slot inactive forward from its previous run's XCom.
+
+    :param slot_name: slot name.
+    :param postgres_conn_id: the publisher's Airflow connection.
+    :param max_retained_bytes: fail above this many bytes of retained WAL.
+    :param max_retained_fraction: fail above this fraction of ``max_slot_wal_keep_size``.
+    :param max_inactive: fail when inactive longer than this.
+    :param plugin: fail unless the slot uses this output plugin.
+    :param allow_active: when False, fail if another session is consuming the slot.
+    :param database: the database of the slot, when not the connection's.
+    """
+
+    template_fields: Sequence[str] = ("slot_name", "postgres_conn_id", "database")
+
+    def __init__(
+        self,
+        *,
+        slot_name: str,
+        postgres_conn_id: str,
+        max_retained_bytes: int | None = None,
+        max_retained_fraction: float | None = None,
+        max_inactive: dt.timedelta | None = None,
+        plugin: str | None = None,
+        allow_active: bool = True,
+        database: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.slot_name = slot_name
+        self.postgres_conn_id = postgres_conn_id
+        self.max_retained_bytes = max_retained_bytes
+        self.max_retained_fraction = max_retained_fraction
+        self.max_inactive = max_inactive
+        self.plugin = plugin
+        self.allow_active = allow_active
+        self.database = database
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from airflow_pglogrepl.verdicts import HealthPolicy, slot_health
+
+        hook = replication_hook(self.postgres_conn_id, self.database)
+        slot = hook.get_slot(self.slot_name)
+        facts = hook.server_facts()
+        now = dt.datetime.now(dt.UTC)
+        inactive_since = slot.inactive_since or self._first_seen_inactive(context, slot.active, now)
+        policy = HealthPolicy(
+            plugin=self.plugin,
+            max_retained_bytes=self.max_retained_bytes,
+            max_retained_fraction=self.max_retained_fraction,
+            max_inactive=self.max_inactive,
+            allow_active=self.allow_active,
+        )
+        problems = slot_health(
+            slot,
+            policy,
+            max_slot_wal_keep_size=facts.max_slot_wal_keep_size,
+            inactive_since=inactive_since,
+            now=now,
+        )
+        record = {
+            **slot.to_dict(),
+            "observed_inactive_since": inactive_since.isoformat() if inactive_since else None,
+            "problems": problems,
+        }
+        self.log.info(
+            "Slot %s: wal_status=%s retained=%s bytes active=%s confirmed_flush_lsn=%s",
+            slot.name, slot.wal_status, slot.retained_bytes, slot.active,
+            slot.confirmed_flush_lsn,
+        )  # fmt: skip
+        if problems:
+            context["ti"].xcom_push(key="return_value", value=record)
+            raise AirflowFailException("slot health check failed:\n- " + "\n- ".join(problems))
+        return record
+
+    def _first_seen_inactive(
+        self, context: Context, active: bool, now: dt.datetime
+    ) -> dt.datetime | None:
+        if active:
+            return None
+        previous = context["ti"].xcom_pull(task_ids=self.task_id, include_prior_dates=True)
+        seen = previous.get("observed_inactive_since") if isinstance(previous, dict) else None
+        return dt.datetime.fromisoformat(seen) if seen else now
