@@ -1,8 +1,9 @@
-"""Publication -> subscription -> ready sensor -> lag sensor, run in Airflow against live clusters."""
+"""Publication -> subscription -> ready -> lag sensors, run in Airflow on live clusters."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -162,11 +163,9 @@ def test_wrong_password_is_clear_and_never_logged(
         "flow_bad_pub", publisher.airflow_uri(flow.pub_db).replace(publisher.password, wrong)
     )
     flow.both("CREATE TABLE t_pw (id int PRIMARY KEY)")
-    result = airflow_cli(
-        "dags", "test", "pglogrepl_setup", "-c",
-        '{"publisher_conn_id": "flow_bad_pub", "subscriber_conn_id": "%s", "tables": ["t_pw"]}'
-        % flow.sub_conn,
-    )  # fmt: skip
+    conf = {"publisher_conn_id": "flow_bad_pub", "subscriber_conn_id": flow.sub_conn,
+            "tables": ["t_pw"]}  # fmt: skip
+    result = airflow_cli("dags", "test", "pglogrepl_setup", "-c", json.dumps(conf))
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "password authentication failed" in output
