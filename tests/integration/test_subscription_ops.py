@@ -1,0 +1,168 @@
+"""Subscription life cycle edges: alter actions, drop with an unreachable publisher, slot health."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
+from airflow_pglogrepl.operators.publication import (
+    CreatePublicationOperator,
+    DropPublicationOperator,
+)
+from airflow_pglogrepl.operators.slots import (
+    CreateReplicationSlotOperator,
+    DropReplicationSlotOperator,
+    SlotHealthCheckOperator,
+)
+from airflow_pglogrepl.operators.subscription import (
+    AlterSubscriptionOperator,
+    CreateSubscriptionOperator,
+    DropSubscriptionOperator,
+)
+from airflow_pglogrepl.testing.pgcluster import PgCluster, local_cluster
+from airflow_pglogrepl.testing.wait import wait_until
+from tests.conftest import set_airflow_connection
+
+
+class FakeTI:
+    """Just enough of a TaskInstance for operators that push and pull XCom."""
+
+    def __init__(self, previous: Any = None) -> None:
+        self.pushed: dict[str, Any] = {}
+        self.previous = previous
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.pushed[key] = value
+
+    def xcom_pull(self, **kwargs: Any) -> Any:
+        return self.previous
+
+
+def _ctx(ti: FakeTI | None = None) -> Any:
+    return {"ti": ti or FakeTI()}
+
+
+@pytest.fixture
+def lonely_publisher() -> Iterator[PgCluster]:
+    """A publisher of its own, so the test may stop it."""
+    with local_cluster("lonely-publisher") as cluster:
+        set_airflow_connection("lonely_pub", cluster.airflow_uri())
+        yield cluster
+
+
+def _subscribe(publisher_conn: str, subscriber: PgCluster, name: str) -> None:
+    subscriber.execute("CREATE TABLE IF NOT EXISTS ops_t (id int PRIMARY KEY)")
+    CreatePublicationOperator(
+        task_id="p", publication="ops_pub", postgres_conn_id=publisher_conn, tables=["ops_t"]
+    ).execute(_ctx())
+    CreateSubscriptionOperator(
+        task_id="s", subscription=name, publications=["ops_pub"],
+        publisher_conn_id=publisher_conn, subscriber_conn_id="pglogrepl_subscriber",
+    ).execute(_ctx())  # fmt: skip
+
+
+def test_drop_with_unreachable_publisher_detaches_and_names_the_slot(
+    lonely_publisher: PgCluster, subscriber: PgCluster, subscriber_conn_id: str
+) -> None:
+    lonely_publisher.execute("CREATE TABLE ops_t (id int PRIMARY KEY)")
+    _subscribe("lonely_pub", subscriber, "ops_unreachable")
+    lonely_publisher.stop()
+    result = DropSubscriptionOperator(
+        task_id="d", subscription="ops_unreachable", subscriber_conn_id=subscriber_conn_id
+    ).execute(_ctx())
+    assert result["dropped"] is True
+    assert result["slot_left_behind"] == "ops_unreachable"
+    assert "could not connect" in (result["reason"] or "")
+    hook = PgLogicalReplicationHook(postgres_conn_id=subscriber_conn_id)
+    assert hook.get_subscription("ops_unreachable") is None
+    lonely_publisher.start()
+    slots = PgLogicalReplicationHook(postgres_conn_id="lonely_pub").list_slots()
+    assert [s.name for s in slots] == ["ops_unreachable"]  # really left behind, as reported
+
+
+def test_drop_when_reachable_takes_the_slot_and_is_idempotent(
+    publisher: PgCluster, publisher_conn_id: str, subscriber: PgCluster, subscriber_conn_id: str
+) -> None:
+    publisher.execute("CREATE TABLE IF NOT EXISTS ops_t (id int PRIMARY KEY)")
+    _subscribe(publisher_conn_id, subscriber, "ops_reachable")
+    pub_hook = PgLogicalReplicationHook(postgres_conn_id=publisher_conn_id)
+    assert "ops_reachable" in [s.name for s in pub_hook.list_slots()]
+    drop = DropSubscriptionOperator(
+        task_id="d", subscription="ops_reachable", subscriber_conn_id=subscriber_conn_id
+    )
+    assert drop.execute(_ctx())["slot_left_behind"] is None
+    assert "ops_reachable" not in [s.name for s in pub_hook.list_slots()]
+    assert drop.execute(_ctx())["dropped"] is False
+    assert DropPublicationOperator(
+        task_id="x", publication="ops_pub", postgres_conn_id=publisher_conn_id
+    ).execute(_ctx()) == {"publication": "ops_pub", "dropped": True}
+
+
+def test_alter_actions(
+    publisher: PgCluster, publisher_conn_id: str, subscriber: PgCluster, subscriber_conn_id: str
+) -> None:
+    publisher.execute("CREATE TABLE IF NOT EXISTS ops_t (id int PRIMARY KEY)")
+    _subscribe(publisher_conn_id, subscriber, "ops_alter")
+    hook = PgLogicalReplicationHook(postgres_conn_id=subscriber_conn_id)
+
+    def alter(action: str) -> None:
+        AlterSubscriptionOperator(
+            task_id=action, subscription="ops_alter", subscriber_conn_id=subscriber_conn_id,
+            action=action,  # type: ignore[arg-type]
+        ).execute(_ctx())  # fmt: skip
+
+    alter("disable")
+    info = hook.get_subscription("ops_alter")
+    assert info is not None and info.enabled is False
+    wait_until(lambda: hook.subscription_status("ops_alter").workers == 0, what="worker stopped")
+    alter("enable")
+    wait_until(lambda: hook.subscription_status("ops_alter").apply_worker, what="worker back")
+    # refresh picks up a table added to the publication
+    for cluster in (publisher, subscriber):
+        cluster.execute("CREATE TABLE ops_added (id int PRIMARY KEY)")
+    publisher.execute("INSERT INTO ops_added SELECT generate_series(1, 10)")
+    CreatePublicationOperator(
+        task_id="p", publication="ops_pub", postgres_conn_id=publisher_conn_id,
+        tables=["ops_t", "ops_added"],
+    ).execute(_ctx())  # fmt: skip
+    alter("refresh")
+    wait_until(lambda: subscriber.execute("SELECT count(*) FROM ops_added") == [(10,)],
+               what="ops_added copied")  # fmt: skip
+    hook.drop_subscription("ops_alter")
+    with pytest.raises(Exception, match="does not exist"):
+        alter("enable")
+
+
+def test_slot_operators_and_health(publisher: PgCluster, publisher_conn_id: str) -> None:
+    create = CreateReplicationSlotOperator(
+        task_id="c", slot_name="ops_health", postgres_conn_id=publisher_conn_id
+    )
+    first, second = create.execute(_ctx()), create.execute(_ctx())
+    assert first["created"] is True and second["created"] is False
+    publisher.execute("CREATE TABLE IF NOT EXISTS ops_wal (x text)")
+    publisher.execute("INSERT INTO ops_wal SELECT repeat('x', 1000) FROM generate_series(1, 200)")
+
+    healthy = SlotHealthCheckOperator(
+        task_id="h", slot_name="ops_health", postgres_conn_id=publisher_conn_id,
+        plugin="pgoutput", max_retained_bytes=10**9, max_inactive=dt.timedelta(hours=1),
+    ).execute(_ctx())  # fmt: skip
+    assert healthy["problems"] == [] and healthy["retained_bytes"] > 100_000
+    assert healthy["observed_inactive_since"] is not None
+
+    ti = FakeTI(previous={"observed_inactive_since": "2020-01-01T00:00:00+00:00"})
+    with pytest.raises(Exception, match="slot health check failed") as info:
+        SlotHealthCheckOperator(
+            task_id="h", slot_name="ops_health", postgres_conn_id=publisher_conn_id,
+            plugin="test_decoding", max_retained_bytes=1000, max_inactive=dt.timedelta(hours=1),
+        ).execute(_ctx(ti))  # fmt: skip
+    text = str(info.value)
+    assert "uses plugin 'pgoutput'" in text and "retains" in text and "inactive for" in text
+    assert len(ti.pushed["return_value"]["problems"]) == 3
+
+    assert DropReplicationSlotOperator(
+        task_id="d", slot_name="ops_health", postgres_conn_id=publisher_conn_id
+    ).execute(_ctx()) == {"slot": "ops_health", "dropped": True}
