@@ -35,9 +35,31 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_pglogrepl.hooks.replication"],
             }
         ],
-        "operators": [],
-        "sensors": [],
-        "triggers": [],
+        "operators": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": [
+                    "airflow_pglogrepl.operators.publication",
+                    "airflow_pglogrepl.operators.subscription",
+                    "airflow_pglogrepl.operators.slots",
+                ],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": [
+                    "airflow_pglogrepl.sensors.subscription",
+                    "airflow_pglogrepl.sensors.progress",
+                ],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["airflow_pglogrepl.triggers.replication"],
+            }
+        ],
         "connection-types": [
             {
                 "hook-class-name": "airflow_pglogrepl.hooks.replication.PgLogicalReplicationHook",

@@ -53,3 +53,13 @@ def test_package_import_is_light() -> None:
 def test_hook_import_does_not_pull_pyspark() -> None:
     loaded = _modules_after("import airflow_pglogrepl.hooks.replication")
     assert "pyspark" not in loaded
+
+
+def test_operator_modules_do_not_pull_pyspark_or_connect() -> None:
+    loaded = _modules_after(
+        "import airflow_pglogrepl.operators.publication, airflow_pglogrepl.operators.subscription,"
+        " airflow_pglogrepl.operators.slots, airflow_pglogrepl.sensors.subscription,"
+        " airflow_pglogrepl.sensors.progress"
+    )
+    assert "pyspark" not in loaded
+    assert "psycopg" not in loaded, "operator modules should import psycopg only when they run"
