@@ -42,6 +42,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_pglogrepl.operators.publication",
                     "airflow_pglogrepl.operators.subscription",
                     "airflow_pglogrepl.operators.slots",
+                    "airflow_pglogrepl.operators.preflight",
                 ],
             }
         ],

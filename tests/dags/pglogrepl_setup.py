@@ -1,4 +1,4 @@
-"""Test DAGs: publication -> subscription -> ready sensor -> lag sensor, poke and deferrable.
+"""Test DAGs: preflight -> publication -> subscription -> ready -> lag, poke and deferrable.
 
 Everything comes from params so tests can point the same DAG at different clusters, databases
 and (hostile) names.
@@ -10,6 +10,7 @@ from typing import Any
 
 from airflow.sdk import DAG
 
+from airflow_pglogrepl.operators.preflight import ReplicationPreflightOperator
 from airflow_pglogrepl.operators.publication import CreatePublicationOperator
 from airflow_pglogrepl.operators.subscription import CreateSubscriptionOperator
 from airflow_pglogrepl.sensors.progress import ReplicationLagSensor
@@ -32,6 +33,13 @@ def build(dag_id: str, deferrable: bool) -> DAG:
         params=PARAMS,
         render_template_as_native_obj=True,
     ) as dag:
+        preflight = ReplicationPreflightOperator(
+            task_id="preflight",
+            publisher_conn_id="{{ params.publisher_conn_id }}",
+            subscriber_conn_id="{{ params.subscriber_conn_id }}",
+            publication="{{ params.publication }}",
+            tables="{{ params.tables }}",
+        )
         publication = CreatePublicationOperator(
             task_id="create_publication",
             publication="{{ params.publication }}",
@@ -63,7 +71,7 @@ def build(dag_id: str, deferrable: bool) -> DAG:
             timeout=300,
             deferrable=deferrable,
         )
-        publication >> subscription >> ready >> lag
+        preflight >> publication >> subscription >> ready >> lag
     return dag
 
 
