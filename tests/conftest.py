@@ -199,3 +199,16 @@ def xcom_value(dag_id: str, run_id: str, task_id: str, key: str = "return_value"
         ).all()
     assert rows, f"no XCom {key!r} from {dag_id}.{task_id} in run {run_id}"
     return rows[0][0]
+
+
+# -- Spark ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local Spark session for the whole test session (a JVM is expensive to start)."""
+    from airflow_pglogrepl.spark.session import local_session
+
+    session = local_session("pglogrepl-tests")
+    yield session
+    session.stop()
