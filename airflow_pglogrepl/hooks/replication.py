@@ -33,3 +33,29 @@ class PgLogicalReplicationHook(
 
     conn_type = "pglogrepl"
     hook_name = "PostgreSQL logical replication"
+
+
+class DsnReplicationHook(PgLogicalReplicationHook):
+    """The same hook for a libpq DSN instead of an Airflow connection.
+
+    The Spark applications run outside Airflow (under spark-submit) and receive the source as
+    ``PGLOGREPL_SOURCE_DSN`` in their environment, never on the command line.
+    """
+
+    def __init__(self, dsn: str, *, label: str = "PGLOGREPL_SOURCE_DSN") -> None:
+        super().__init__(postgres_conn_id=label)
+        from psycopg.conninfo import conninfo_to_dict
+
+        params = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None}
+        params.setdefault("application_name", "airflow-pglogrepl")
+        self._dsn_params = params
+        self._label = label
+
+    def connection_params(self) -> dict[str, str]:
+        return dict(self._dsn_params)
+
+    async def aconnection_params(self) -> dict[str, str]:
+        return dict(self._dsn_params)
+
+    def get_conn_id(self) -> str:
+        return self._label

@@ -83,6 +83,20 @@ class ServerMixin(PgSessionHook):
         assert row is not None
         return row["started"], row["port"]
 
+    def flush_lsn(self, *, conn: Conn | None = None) -> LSN:
+        """WAL flushed to disk: the furthest logical decoding can read.
+
+        A drain window must end at or before it; a window ending beyond would let the slot
+        confirm transactions that were never decoded.
+        """
+        with self._use(conn) as c:
+            row = c.execute(
+                "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()"
+                " ELSE pg_current_wal_flush_lsn() END AS lsn"
+            ).fetchone()
+        assert row is not None
+        return LSN(row["lsn"])
+
     def current_wal_lsn(self, *, conn: Conn | None = None) -> LSN:
         """The server's current WAL write position (replay position on a standby)."""
         with self._use(conn) as c:

@@ -6,10 +6,12 @@ import os
 import sys
 from typing import Any
 
-# Timestamps are stored and compared in UTC whatever the machine's zone; Arrow makes the
-# Python <-> JVM hand-over columnar instead of row by row.
+# Timestamps are stored and compared in UTC whatever the machine's zone, and PostgreSQL's
+# ``timestamp`` (no zone) stays a zone-less TIMESTAMP_NTZ instead of being read as UTC; Arrow makes
+# the Python <-> JVM hand-over columnar instead of row by row.
 SINK_CONF = {
     "spark.sql.session.timeZone": "UTC",
+    "spark.sql.timestampType": "TIMESTAMP_NTZ",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.sources.partitionOverwriteMode": "dynamic",

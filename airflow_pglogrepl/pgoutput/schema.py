@@ -1,0 +1,147 @@
+"""Arrow (and so Parquet/Spark) types for the decoded columns, from the same type table.
+
+The drain writes typed Parquet: a table's Arrow schema follows from its ``TableInfo`` (type OIDs
+and modifiers from the Relation message), and ``arrow_value`` turns what ``values`` produced into
+what ``pyarrow.array`` accepts for that type. Choices where Arrow has no exact match:
+
+- ``numeric(p, s)`` is ``decimal128(p, s)`` (``decimal256`` above 38 digits); unconstrained
+  ``numeric``, and any that cannot be a decimal, is ``string`` holding the exact text. NaN and
+  infinities cannot be stored in a decimal column and are rejected, loudly;
+- ``interval`` is ``struct<months int32, days int32, microseconds int64>``: Parquet cannot store
+  Arrow's month-day-nano interval, and months and days are not fixed lengths of time;
+- ``uuid``, ``inet``, ``cidr``, ``json`` and ``jsonb`` are ``string`` (what Spark can read);
+- arrays are ``list<element>`` (one dimension; PostgreSQL does not type the dimension count);
+- types without a converter stay ``string``.
+
+pyarrow is imported inside the functions, so importing the decoder stays light.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import ipaddress
+import json
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from airflow_pglogrepl.pgoutput.values import ARRAY_ELEMENT, OID, Interval
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+
+    from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
+
+__all__ = ["arrow_field", "arrow_schema", "arrow_type", "arrow_value", "numeric_precision_scale"]
+
+_VARHDRSZ = 4
+_DECIMAL128_MAX = 38
+_DECIMAL256_MAX = 76
+
+
+def numeric_precision_scale(type_modifier: int) -> tuple[int, int] | None:
+    """``(precision, scale)`` of a ``numeric(p, s)`` type modifier; None when unconstrained.
+
+    The modifier is ``((p << 16) | (s & 0x7ff)) + 4``, the scale an 11-bit signed number
+    (PostgreSQL 15 allows negative scales and scales above the precision).
+    """
+    if type_modifier < _VARHDRSZ:
+        return None
+    packed = type_modifier - _VARHDRSZ
+    precision = (packed >> 16) & 0xFFFF
+    scale = ((packed & 0x7FF) ^ 0x400) - 0x400
+    return precision, scale
+
+
+def arrow_type(type_oid: int | None, type_modifier: int = -1) -> pa.DataType:
+    """The Arrow type for values of a built-in type (``string`` for any other)."""
+    import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+
+    element = ARRAY_ELEMENT.get(type_oid) if type_oid is not None else None
+    if element is not None:
+        return pa.list_(arrow_type(element, type_modifier))
+    if type_oid == OID.NUMERIC:
+        bounds = numeric_precision_scale(type_modifier)
+        if bounds is not None:
+            precision, scale = bounds
+            if 0 <= scale <= precision <= _DECIMAL128_MAX:
+                return pa.decimal128(precision, scale)
+            if 0 <= scale <= precision <= _DECIMAL256_MAX:
+                return pa.decimal256(precision, scale)
+        return pa.string()
+    simple = {
+        OID.BOOL: pa.bool_(),
+        OID.BYTEA: pa.binary(),
+        OID.INT2: pa.int16(),
+        OID.INT4: pa.int32(),
+        OID.INT8: pa.int64(),
+        OID.FLOAT4: pa.float32(),
+        OID.FLOAT8: pa.float64(),
+        OID.DATE: pa.date32(),
+        OID.TIME: pa.time64("us"),
+        OID.TIMESTAMP: pa.timestamp("us"),
+        OID.TIMESTAMPTZ: pa.timestamp("us", tz="UTC"),
+        OID.INTERVAL: pa.struct(
+            [("months", pa.int32()), ("days", pa.int32()), ("microseconds", pa.int64())]
+        ),
+    }
+    return simple.get(type_oid, pa.string()) if type_oid is not None else pa.string()
+
+
+def arrow_field(column: ColumnInfo) -> pa.Field:
+    """A nullable Arrow field for one column, typed by the type its values are converted as."""
+    import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+
+    return pa.field(column.name, arrow_type(column.value_type_oid, column.type_modifier))
+
+
+def arrow_schema(table: TableInfo) -> pa.Schema:
+    """The Arrow schema of a table's rows, columns in table order."""
+    import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+
+    metadata = {b"postgres.relation": f"{table.schema}.{table.table}".encode()}
+    return pa.schema([arrow_field(c) for c in table.columns], metadata=metadata)
+
+
+def arrow_value(value: Any, type_oid: int | None, type_modifier: int = -1) -> Any:
+    """A decoded value as ``pyarrow.array`` takes it for ``arrow_type(type_oid, type_modifier)``.
+
+    :raises ValueError: the value has no representation in that Arrow type (NaN in a decimal
+        column; 'infinity', BC or year > 9999 in a date/time column; a multi-dimensional array).
+    """
+    if value is None:
+        return None
+    element = ARRAY_ELEMENT.get(type_oid) if type_oid is not None else None
+    if element is not None:
+        if any(isinstance(item, list) for item in value):
+            raise ValueError("multi-dimensional arrays do not fit Arrow list<element> columns")
+        return [arrow_value(item, element, type_modifier) for item in value]
+    if type_oid == OID.NUMERIC:
+        bounds = numeric_precision_scale(type_modifier)
+        is_decimal = bounds is not None and 0 <= bounds[1] <= bounds[0] <= _DECIMAL256_MAX
+        if not is_decimal:
+            return str(value)
+        if not isinstance(value, decimal.Decimal) or not value.is_finite():
+            raise ValueError(f"numeric {value!r} cannot be stored in an Arrow decimal column")
+        return value
+    if isinstance(value, Interval):
+        return {"months": value.months, "days": value.days, "microseconds": value.microseconds}
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, ipaddress.IPv4Interface | ipaddress.IPv6Interface):
+        full = value.network.prefixlen == value.max_prefixlen
+        return str(value.ip) if full else str(value)  # as inet_out prints it
+    if isinstance(value, ipaddress.IPv4Network | ipaddress.IPv6Network):
+        return str(value)
+    if type_oid in (OID.JSON, OID.JSONB):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, str) and type_oid in (
+        OID.DATE,
+        OID.TIME,
+        OID.TIMESTAMP,
+        OID.TIMESTAMPTZ,
+    ):
+        raise ValueError(f"{value!r} is outside what Arrow/Python date and time types hold")
+    if isinstance(value, dt.datetime) and type_oid == OID.TIMESTAMPTZ:
+        return value.astimezone(dt.UTC)
+    return value

@@ -1,0 +1,285 @@
+"""Drain one logical slot into the sink in bounded LSN windows, exactly once.
+
+Window ``[start, end)`` holds the transactions whose commit record starts before ``end``:
+``pg_logical_slot_peek_binary_changes(slot, end, ...)`` decodes WAL records until one reaches
+``end`` and returns whole transactions, and after the slot is advanced to ``end`` the server skips
+exactly those commits (their commit starts before ``confirmed_flush_lsn``). So consecutive
+windows neither overlap nor leave gaps, and an empty window (no published change, or a
+transaction still open across ``end``) may still advance the slot: an idle publication never pins
+WAL. A transaction bigger than a window comes back whole in the window holding its commit.
+
+Order of durability, which is what makes it exactly once:
+
+1. the window's changes are written by Spark to staging (``Sink``), batch by batch;
+2. the commit record is written atomically (the commit point) and the files published;
+3. only then is the slot advanced (``pg_replication_slot_advance``).
+
+At start the sink's last commit is compared with the slot's ``confirmed_flush_lsn``: sink ahead
+means an advance was lost (PostgreSQL persists an advanced position only at the next checkpoint),
+so the slot is moved up to the sink; slot ahead means someone else consumed changes the sink never
+saw, and the run stops, naming both LSNs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from airflow_pglogrepl.exceptions import PgLogReplError, SlotInUseError
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
+from airflow_pglogrepl.spark.batch import ChangelogBatch
+from airflow_pglogrepl.spark.sink import CommitRecord, Sink, table_dir, window_id
+
+if TYPE_CHECKING:
+    from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
+    from airflow_pglogrepl.records import SlotInfo
+
+log = logging.getLogger("airflow_pglogrepl.drain")
+
+FAULT_ENV = "PGLOGREPL_FAULT"  # tests only: die abruptly at a named point (see _fault)
+
+
+class SlotAheadOfSinkError(PgLogReplError):
+    """The slot confirmed changes the sink never committed: they are lost to this sink."""
+
+    def __init__(self, slot: str, slot_lsn: LSN, sink_lsn: LSN, sink: str) -> None:
+        self.slot_lsn = slot_lsn
+        self.sink_lsn = sink_lsn
+        super().__init__(
+            f"replication slot {slot!r} is at confirmed_flush_lsn {slot_lsn}, ahead of the "
+            f"sink {sink} (last committed window ends at {sink_lsn}): the changes between "
+            f"{sink_lsn} and {slot_lsn} were consumed by someone else and are not in the sink. "
+            f"Nothing was drained. Fix: find what advanced the slot; rebuild the sink from a new "
+            f"initial snapshot, or accept the gap explicitly by recording it"
+        )
+
+
+@dataclass
+class WindowStats:
+    """One committed window."""
+
+    start: LSN
+    end: LSN
+    transactions: int = 0
+    changes: int = 0
+    seconds: float = 0.0
+    tables: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class DrainResult:
+    """What a run did; ``to_dict`` is the JSON line the application prints last."""
+
+    slot: str
+    windows: list[WindowStats]
+    confirmed_before: LSN | None
+    confirmed_after: LSN | None
+    run_end: LSN
+    startup_s: float
+    lag_bytes_left: int
+
+    def to_dict(self) -> dict[str, Any]:
+        changes = sum(w.changes for w in self.windows)
+        window_s = sum(w.seconds for w in self.windows)
+        first = self.windows[0].start if self.windows else self.confirmed_after
+        last = self.windows[-1].end if self.windows else self.confirmed_after
+        return {
+            "slot": self.slot,
+            "windows": len(self.windows),
+            "window_start_lsn": str(first) if first else None,
+            "window_end_lsn": str(last) if last else None,
+            "confirmed_flush_lsn_before": str(self.confirmed_before)
+            if self.confirmed_before
+            else None,
+            "confirmed_flush_lsn_after": str(self.confirmed_after)
+            if self.confirmed_after
+            else None,
+            "transactions": sum(w.transactions for w in self.windows),
+            "changes": changes,
+            "wal_bytes": (last - first) if first and last else 0,
+            "lag_bytes_left": self.lag_bytes_left,
+            "startup_s": round(self.startup_s, 3),
+            "changes_per_s": round(changes / window_s, 1) if window_s > 0 else 0.0,
+            "tables": _sum_tables(self.windows),
+        }
+
+
+def _sum_tables(windows: Sequence[WindowStats]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for window in windows:
+        for name, count in window.tables.items():
+            total[name] = total.get(name, 0) + count
+    return total
+
+
+class Drain:
+    """The drain loop. ``writer(arrow_table, path)`` appends Parquet under ``path`` (Spark)."""
+
+    def __init__(
+        self,
+        *,
+        source: PgLogicalReplicationHook,
+        sink: Sink,
+        writer: Any,
+        slot: str,
+        publications: Sequence[str],
+        max_window_bytes: int,
+        max_windows: int | None = None,
+        batch_rows: int = 200_000,
+    ) -> None:
+        if max_window_bytes <= 0:
+            raise ValueError("max_window_bytes must be positive")
+        self.source = source
+        self.sink = sink
+        self.writer = writer
+        self.slot = slot
+        self.publications = list(publications)
+        self.max_window_bytes = max_window_bytes
+        self.max_windows = max_windows
+        self.batch_rows = batch_rows
+        self.options = {
+            "proto_version": "1",
+            "publication_names": ",".join(_quote_publication(p) for p in self.publications),
+            "messages": "false",
+        }
+
+    def run(self, started: float) -> DrainResult:
+        """Recover the sink, reconcile it with the slot, then drain window by window."""
+        last = self.sink.recover()
+        slot = check_slot(self.source, self.slot)
+        before = slot.confirmed_flush_lsn
+        assert before is not None, "a logical slot always has confirmed_flush_lsn"
+        start = self._reconcile(before, last.end if last else None)
+        run_end = self.source.flush_lsn()
+        startup = time.monotonic() - started
+        windows: list[WindowStats] = []
+        while start < run_end and (self.max_windows is None or len(windows) < self.max_windows):
+            end = min(run_end, start + self.max_window_bytes)
+            stats = self._window(start, end)
+            windows.append(stats)
+            log.info(
+                "window %s..%s: %d transactions, %d changes, %d WAL bytes, %.2fs, lag left %d",
+                stats.start, stats.end, stats.transactions, stats.changes, end - start,
+                stats.seconds, run_end - end,
+            )  # fmt: skip
+            start = end
+        after = self.source.get_slot(self.slot).confirmed_flush_lsn
+        return DrainResult(
+            slot=self.slot,
+            windows=windows,
+            confirmed_before=before,
+            confirmed_after=after,
+            run_end=run_end,
+            startup_s=startup,
+            lag_bytes_left=max(0, self.source.flush_lsn() - (after or run_end)),
+        )
+
+    def _reconcile(self, slot_lsn: LSN, sink_lsn: LSN | None) -> LSN:
+        if sink_lsn is None:
+            log.info("empty sink: starting at the slot's confirmed_flush_lsn %s", slot_lsn)
+            return slot_lsn
+        if sink_lsn > slot_lsn:
+            log.warning(
+                "sink is ahead of slot %s (%s > %s): the last advance was lost; advancing the "
+                "slot to the sink, committed changes are not drained again",
+                self.slot, sink_lsn, slot_lsn,
+            )  # fmt: skip
+            self.source.advance_slot(self.slot, sink_lsn)
+            return sink_lsn
+        if slot_lsn > sink_lsn:
+            raise SlotAheadOfSinkError(self.slot, slot_lsn, sink_lsn, self.sink.root)
+        return slot_lsn
+
+    def _window(self, start: LSN, end: LSN) -> WindowStats:
+        began = time.monotonic()
+        stats = WindowStats(start=start, end=end)
+        window = window_id(end)
+        batches: dict[int, ChangelogBatch] = {}
+        described: dict[str, dict[str, Any]] = {}
+        stream = PgOutputStream.from_options(self.options)
+        rows = self.source.peek_changes(
+            self.slot, upto_lsn=end, options=self.options, batch_rows=self.batch_rows
+        )
+        for event in _events(stream, rows):
+            if event.__class__ is Change:
+                change: Change = event
+                batch = batches.get(id(change.table))
+                if batch is None:
+                    batch = batches[id(change.table)] = ChangelogBatch(change.table)
+                    described[table_dir(batch.ref)] = batch.describe()
+                batch.add(change, change.seq)
+                stats.changes += 1
+                name = str(batch.ref)
+                stats.tables[name] = stats.tables.get(name, 0) + 1
+                if len(batch) >= self.batch_rows:
+                    self._flush(window, batch)
+                    batches[id(change.table)] = ChangelogBatch(change.table)
+            elif event.__class__ is TransactionCommit:
+                stats.transactions += 1
+        for batch in batches.values():
+            if len(batch):
+                self._flush(window, batch)
+        _fault("after_write")
+        record = CommitRecord(
+            kind="window",
+            slot=self.slot,
+            start_lsn=str(start),
+            end_lsn=str(end),
+            transactions=stats.transactions,
+            changes=stats.changes,
+            files=self.sink.staged_files(window),
+            tables=described,
+        )
+        self.sink.commit(record)
+        _fault("after_commit")
+        # The window is durable in the sink: only now may the slot forget it.
+        self.source.advance_slot(self.slot, end)
+        stats.seconds = time.monotonic() - began
+        return stats
+
+    def _flush(self, window: str, batch: ChangelogBatch) -> None:
+        self.writer(batch.to_arrow(), self.sink.staging_dir(window, batch.ref))
+        _fault("mid_write")
+
+
+def check_slot(source: PgLogicalReplicationHook, slot_name: str) -> SlotInfo:
+    """The slot, if it can be drained now: exists, pgoutput, not lost, not in use elsewhere."""
+    slot = source.get_slot(slot_name, plugin="pgoutput")
+    if slot.active:
+        raise SlotInUseError(slot_name, slot.active_pid)
+    if slot.wal_status == "lost":
+        raise PgLogReplError(
+            f"replication slot {slot_name!r} is lost (wal_status = lost): the WAL it needed "
+            f"was removed. Fix: drop it and start again from a new initial snapshot"
+        )
+    return slot
+
+
+def _events(stream: PgOutputStream, rows: Iterator[Any]) -> Iterator[Any]:
+    yield from stream.decode(rows)
+
+
+def _quote_publication(name: str) -> str:
+    # publication_names is parsed as a list of identifiers (SplitIdentifierString): quote each.
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _fault(point: str) -> None:
+    """Tests inject crashes here: ``PGLOGREPL_FAULT=<point>[:<n>]`` kills the process abruptly
+    the n-th time (default first) the drain passes ``point``; nothing is cleaned up."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    name, _, nth = spec.partition(":")
+    if name != point:
+        return
+    counter = f"_PGLOGREPL_FAULT_COUNT_{point}"
+    count = int(os.environ.get(counter, "0")) + 1
+    os.environ[counter] = str(count)
+    if count >= int(nth or "1"):
+        os._exit(137)

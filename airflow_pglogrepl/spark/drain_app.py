@@ -1,0 +1,158 @@
+"""Spark application: drain a logical slot into a Parquet lake in bounded LSN windows.
+
+Run it as ``spark-submit drain_app.py ARGS`` (any master) or ``python -m
+airflow_pglogrepl.spark.drain_app ARGS`` (local Spark). The source database comes from the
+environment variable ``PGLOGREPL_SOURCE_DSN`` (libpq conninfo or URI), never from the command
+line, where ``ps`` and Spark's UI would show it. The last line on stdout is one JSON object with
+what the run did; a failure exits non-zero with the reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+DSN_ENV = "PGLOGREPL_SOURCE_DSN"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="drain_app",
+        description="Drain a logical replication slot into a Parquet lake, exactly once. "
+        f"The source connection is read from ${DSN_ENV}.",
+    )
+    parser.add_argument("--slot", required=True, help="logical slot (plugin pgoutput)")
+    parser.add_argument(
+        "--publication", required=True, nargs="+", action="extend", help="publication name(s)"
+    )
+    parser.add_argument("--sink", required=True, help="lake root: a path or a URI Spark writes")
+    parser.add_argument(
+        "--max-window-bytes", type=int, default=64 * 1024 * 1024, help="WAL bytes per window"
+    )
+    parser.add_argument(
+        "--max-windows", type=int, default=None, help="stop after this many windows"
+    )
+    parser.add_argument(
+        "--no-materialize", action="store_true", help="skip merging changes into state/"
+    )
+    parser.add_argument(
+        "--batch-rows", type=int, default=200_000, help="rows per table per Spark write"
+    )
+    return parser.parse_args(argv)
+
+
+def spark_session() -> Any:
+    """The session spark-submit prepared (its master), or a local one under ``python -m``."""
+    from airflow_pglogrepl.spark.session import configure, local_session
+
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit
+        from pyspark.sql import SparkSession
+
+        return configure(SparkSession.builder.appName("pglogrepl-drain")).getOrCreate()
+    return local_session("pglogrepl-drain", cores=os.cpu_count() or 2)
+
+
+def parquet_writer(spark: Any, sink: str) -> Any:
+    """How staged changelog batches are written.
+
+    Local sinks: pyarrow writes the file straight from the driver's Arrow batch and fsyncs it
+    (the commit record that follows must not point at data still in the page cache); handing the
+    batch to the JVM first would only add a copy. Any other URI: Spark writes it, through the
+    Hadoop filesystem it is configured for.
+    """
+    from airflow_pglogrepl.spark.storage import is_local, local_path
+
+    if is_local(sink):
+        import uuid
+
+        import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
+
+        def write_local(table: Any, path: str) -> None:
+            directory = local_path(path)
+            os.makedirs(directory, exist_ok=True)
+            target = os.path.join(directory, f"part-{uuid.uuid4().hex}.parquet")
+            pq.write_table(table, target, compression="snappy")
+            fd = os.open(target, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        return write_local
+
+    def write_spark(table: Any, path: str) -> None:
+        spark.createDataFrame(table).write.mode("append").parquet(path)
+
+    return write_spark
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    started = time.monotonic()
+    args = parse_args(argv)
+    # Everything but the summary goes to stderr: Spark, py4j and Airflow's logging all write to
+    # stdout, some of it at interpreter exit. The summary is written to the saved real stdout.
+    sys.stdout.flush()
+    summary_fd = os.dup(1)
+    os.dup2(2, 1)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+    )
+    dsn = os.environ.get(DSN_ENV)
+    if not dsn:
+        print(
+            f"drain_app: ${DSN_ENV} is not set; it must hold the source's libpq conninfo or URI "
+            f"(SlotDrainOperator sets it from the Airflow connection)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        result = run(args, dsn, started)
+    except Exception as exc:  # one clear line for the task log; the traceback follows it
+        logging.getLogger("airflow_pglogrepl.drain").exception("drain failed")
+        print(f"drain_app: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    os.write(summary_fd, (json.dumps(result) + "\n").encode())
+    os.close(summary_fd)
+    return 0
+
+
+def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
+    from airflow_pglogrepl.hooks.replication import DsnReplicationHook
+    from airflow_pglogrepl.spark.drain import Drain, check_slot
+    from airflow_pglogrepl.spark.sink import Sink
+    from airflow_pglogrepl.spark.storage import storage_for
+
+    source = DsnReplicationHook(dsn)
+    check_slot(source, args.slot)  # fail before starting a JVM
+    spark = spark_session()
+    try:
+        sink = Sink(args.sink, storage_for(args.sink, spark))
+
+        drain = Drain(
+            source=source,
+            sink=sink,
+            writer=parquet_writer(spark, args.sink),
+            slot=args.slot,
+            publications=args.publication,
+            max_window_bytes=args.max_window_bytes,
+            max_windows=args.max_windows,
+            batch_rows=args.batch_rows,
+        )
+        result = drain.run(started).to_dict()
+        if not args.no_materialize:
+            from airflow_pglogrepl.spark.state import materialize
+
+            result["materialized"] = materialize(spark, sink)
+        return result
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""The drain against a live cluster and real Spark: correctness, exactly once under crashes."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_pglogrepl.hooks.replication import DsnReplicationHook
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.spark.drain import Drain, SlotAheadOfSinkError
+from airflow_pglogrepl.spark.drain_app import parquet_writer
+from airflow_pglogrepl.spark.sink import Sink
+from airflow_pglogrepl.spark.state import materialize
+from airflow_pglogrepl.spark.storage import LocalStorage
+from airflow_pglogrepl.tables import TableRef
+from airflow_pglogrepl.testing.pgcluster import PgCluster
+from tests.drain_support import (
+    TYPED_TABLE,
+    all_changelog_keys,
+    changelog,
+    insert_sql,
+    lake_rows,
+    random_row,
+    source_rows,
+)
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class Source:
+    cluster: PgCluster
+    db: str
+    slot: str
+    publication: str
+
+    @property
+    def dsn(self) -> str:
+        return self.cluster.dsn(self.db)
+
+    def sql(self, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
+        return self.cluster.execute(statement, params, dbname=self.db)
+
+    def hook(self) -> DsnReplicationHook:
+        return DsnReplicationHook(self.dsn)
+
+
+@pytest.fixture
+def source(publisher: PgCluster) -> Iterator[Source]:
+    """A database of its own with a pgoutput slot created before any table."""
+    n = next(_ids)
+    db = f"drain_{n}"
+    publisher.create_database(db)
+    src = Source(publisher, db, f"lake_{n}", "lake_pub")
+    src.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (src.slot,))
+    yield src
+    src.sql("SELECT pg_drop_replication_slot(%s)", (src.slot,))
+
+
+def drain_in_process(
+    spark: Any, src: Source, sink: str, *, window: int, batch_rows: int = 200_000
+) -> dict[str, Any]:
+    """One drain run on the session's Spark (no JVM start), then materialize."""
+    lake = Sink(sink, LocalStorage())
+    result = Drain(
+        source=src.hook(), sink=lake, writer=parquet_writer(spark, sink), slot=src.slot,
+        publications=[src.publication], max_window_bytes=window, batch_rows=batch_rows,
+    ).run(time.monotonic()).to_dict()  # fmt: skip
+    result["materialized"] = materialize(spark, lake)
+    return result
+
+
+def drain_app(src: Source, sink: str, *args: str, fault: str | None = None) -> Any:
+    """The application as a real process (its own JVM), as spark-submit would run it."""
+    env = {**os.environ, "PGLOGREPL_SOURCE_DSN": src.dsn}
+    env.pop("PGLOGREPL_FAULT", None)
+    if fault:
+        env["PGLOGREPL_FAULT"] = fault
+    command = [sys.executable, "-m", "airflow_pglogrepl.spark.drain_app", "--slot", src.slot,
+               "--publication", src.publication, "--sink", sink, *args]  # fmt: skip
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def summary(result: Any) -> dict[str, Any]:
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+TABLES = [TableRef("public", name) for name in ("typed_a", "typed_b", "plain_c", "full_d")]
+
+
+def workload(src: Source, seed: int) -> int:
+    """Random DML on published tables (and noise elsewhere); returns the row changes made."""
+    rng = random.Random(seed)
+    for name in ("typed_a", "typed_b"):
+        src.sql(TYPED_TABLE.format(name=name))
+    src.sql("CREATE TABLE plain_c (id int PRIMARY KEY, v text)")
+    src.sql("CREATE TABLE full_d (a int, b text)")  # no key at all
+    src.sql("ALTER TABLE full_d REPLICA IDENTITY FULL")
+    src.sql("CREATE TABLE noise (x int)")
+    src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE typed_a, typed_b, plain_c, full_d")
+    changes = 0
+    with src.cluster.connect(src.db) as conn:
+
+        def run(statement: str, params: Any = None) -> None:
+            nonlocal changes
+            changes += conn.execute(statement, params).rowcount
+
+        keys = {"typed_a": list(range(1, 121)), "typed_b": list(range(1, 61))}
+        with conn.transaction():
+            for table, ids in keys.items():
+                for key in ids:
+                    run(insert_sql(table), random_row(rng, key, big=key % 10 == 0))
+        run("INSERT INTO plain_c SELECT g, 'c' || g FROM generate_series(1, 200) g")
+        run("INSERT INTO full_d VALUES (1, 'dup'), (1, 'dup'), (2, 'x'), (3, NULL)")
+        run("INSERT INTO noise SELECT generate_series(1, 500)")
+        changes -= 500  # noise is not published
+        for step in range(40):
+            table = rng.choice(["typed_a", "typed_b"])
+            with conn.transaction():
+                kind = rng.random()
+                if kind < 0.35:  # update non-TOAST columns: big stays unchanged (u in pgoutput)
+                    run(f"UPDATE {table} SET i = %s, t = NULL WHERE id %% 7 = %s",
+                        (rng.randrange(1000), step % 7))  # fmt: skip
+                elif kind < 0.5:  # key-changing update
+                    run(f"UPDATE {table} SET id = id + 100000 WHERE id = %s",
+                        (rng.choice(keys[table]),))  # fmt: skip
+                elif kind < 0.65:
+                    run(f"DELETE FROM {table} WHERE id = %s", (rng.choice(keys[table]),))
+                elif kind < 0.85:
+                    key = 1000 + step
+                    run(insert_sql(table), random_row(rng, key, big=step % 3 == 0))
+                else:
+                    run(f"UPDATE {table} SET n = n + 1, big = big WHERE id %% 11 = %s",
+                        (step % 11,))  # fmt: skip
+        run("UPDATE full_d SET b = 'one' WHERE ctid = (SELECT min(ctid) FROM full_d WHERE a = 1)")
+        run("DELETE FROM full_d WHERE a = 3")
+        with conn.transaction():
+            run("DELETE FROM plain_c WHERE id > 150")
+            conn.execute("TRUNCATE plain_c")
+            changes += 1  # one T row for plain_c
+            run(
+                "INSERT INTO plain_c SELECT g, 'after truncate ' || g FROM generate_series(1, 30) g"
+            )
+        run("UPDATE plain_c SET id = -id WHERE id <= 5")
+    return changes
+
+
+def test_random_dml_in_many_windows_lands_exactly(
+    spark: Any, source: Source, tmp_path: Path
+) -> None:
+    expected_changes = workload(source, seed=20261122)
+    sink = str(tmp_path / "lake")
+    result = drain_in_process(spark, source, sink, window=32 * 1024)
+    assert result["windows"] > 10, result
+    assert result["changes"] == expected_changes
+    # state/ equals every source table, row for row
+    for ref in TABLES:
+        assert lake_rows(sink, ref) == source_rows(source.cluster, source.db, ref.name), ref
+    # the changelog holds every change once: (_commit_lsn, _seq) unique, counts add up
+    keys = all_changelog_keys(sink, TABLES)
+    assert len(keys) == expected_changes == len(set(keys))
+    assert not (Path(sink) / "changes" / "public.noise").exists()
+    # TOAST: an unchanged big value is flagged, not written as NULL
+    rows = changelog(sink, TableRef("public", "typed_a"))
+    assert any(r["_op"] == "U" and r["_unchanged"] == ["big"] for r in rows)
+    # the slot sits exactly at the sink's last commit
+    slot = source.hook().get_slot(source.slot)
+    assert slot.confirmed_flush_lsn == LSN(result["confirmed_flush_lsn_after"])
+    # a second run with nothing new drains zero changes and succeeds
+    again = drain_in_process(spark, source, sink, window=64 * 1024)
+    assert again["changes"] == 0
+
+
+def test_idle_publication_still_advances_the_slot(
+    spark: Any, source: Source, tmp_path: Path
+) -> None:
+    source.sql("CREATE TABLE published (id int PRIMARY KEY)")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE published")
+    source.sql("CREATE TABLE busy (x text)")
+    before = source.hook().get_slot(source.slot).confirmed_flush_lsn
+    source.sql("INSERT INTO busy SELECT repeat('w', 200) FROM generate_series(1, 5000)")
+    result = drain_in_process(spark, source, str(tmp_path / "lake"), window=256 * 1024)
+    assert result["changes"] == 0 and result["windows"] >= 2
+    after = source.hook().get_slot(source.slot).confirmed_flush_lsn
+    assert before is not None and after is not None and after - before > 1_000_000
+
+
+def test_slot_ahead_of_sink_fails_loudly(spark: Any, source: Source, tmp_path: Path) -> None:
+    source.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE t")
+    source.sql("INSERT INTO t VALUES (1)")
+    sink = str(tmp_path / "lake")
+    drain_in_process(spark, source, sink, window=1 << 20)
+    source.sql("INSERT INTO t VALUES (2)")
+    hook = source.hook()
+    hook.advance_slot(source.slot, hook.flush_lsn())  # someone else consumed the change
+    with pytest.raises(SlotAheadOfSinkError) as info:
+        drain_in_process(spark, source, sink, window=1 << 20)
+    text = str(info.value)
+    slot_lsn = hook.get_slot(source.slot).confirmed_flush_lsn
+    assert str(slot_lsn) in text and "ahead of the sink" in text
+
+
+@pytest.mark.parametrize("fault", ["mid_write:2", "after_write", "after_commit"])
+def test_crash_then_rerun_is_exactly_once(source: Source, tmp_path: Path, fault: str) -> None:
+    source.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE t")
+    for chunk in range(3):
+        source.sql(
+            "INSERT INTO t SELECT g, md5(g::text) FROM generate_series(%s::int, %s::int) g",
+            (chunk * 1000 + 1, chunk * 1000 + 1000),
+        )
+    source.sql("UPDATE t SET v = 'changed' WHERE id % 10 = 0")
+    sink = str(tmp_path / "lake")
+    args = ("--max-window-bytes", "100000", "--batch-rows", "400")
+    crashed = drain_app(source, sink, *args, fault=fault)
+    assert crashed.returncode == 137, crashed.stderr[-2000:]
+    done = summary(drain_app(source, sink, *args))
+    ref = TableRef("public", "t")
+    keys = all_changelog_keys(sink, [ref])
+    assert len(keys) == len(set(keys)) == 3300
+    assert lake_rows(sink, ref) == source_rows(source.cluster, source.db, "t")
+    assert done["lag_bytes_left"] < 100_000
+    assert not list((Path(sink) / "_pglogrepl" / "staging").glob("*"))
+
+
+def test_refuses_before_spark_starts(source: Source, tmp_path: Path, pg_bindir: Path) -> None:
+    sink = str(tmp_path / "lake")
+    missing = Source(source.cluster, source.db, "no_such_slot", "p")
+    result = drain_app(missing, sink)
+    assert result.returncode == 1 and "'no_such_slot' does not exist" in result.stderr
+    source.sql("SELECT pg_create_logical_replication_slot('td_slot', 'test_decoding')")
+    try:
+        wrong = drain_app(Source(source.cluster, source.db, "td_slot", "p"), sink)
+        assert wrong.returncode == 1 and "uses output plugin 'test_decoding'" in wrong.stderr
+    finally:
+        source.sql("SELECT pg_drop_replication_slot('td_slot')")
+    consumer = subprocess.Popen(
+        [str(pg_bindir / "pg_recvlogical"), "-d", source.dsn, "--slot", source.slot, "--start",
+         "--no-loop", "-o", "proto_version=1", "-o", "publication_names=p", "-f", os.devnull],
+    )  # fmt: skip
+    try:
+        from airflow_pglogrepl.testing.wait import wait_until
+
+        wait_until(lambda: source.hook().get_slot(source.slot).active, what="consumer attached")
+        busy = drain_app(source, sink)
+        assert busy.returncode == 1 and "is active in backend PID" in busy.stderr
+        assert "JVM" not in busy.stderr and "SparkContext" not in busy.stderr
+    finally:
+        consumer.terminate()
+        consumer.wait(timeout=30)
+        wait_until(lambda: not source.hook().get_slot(source.slot).active, what="released")
+    assert not Path(sink).exists()
