@@ -59,7 +59,7 @@ class SlotsMixin(PgSessionHook):
         args = [sql.SQL("slot_name => %s"), sql.SQL("plugin => %s"), sql.SQL("temporary => %s")]
         params: list[Any] = [name, plugin, temporary]
         if two_phase:  # the parameter exists from PostgreSQL 14; only name it when asked for
-            args.append(sql.SQL("two_phase => %s"))
+            args.append(sql.SQL("twophase => %s"))
             params.append(True)
         query = sql.SQL("SELECT slot_name, lsn FROM pg_create_logical_replication_slot({})").format(
             sql.SQL(", ").join(args)

@@ -30,7 +30,7 @@ from airflow_pglogrepl.pgoutput.values import (
 )
 
 if TYPE_CHECKING:
-    import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+    import pyarrow as pa
 
 __all__ = [
     "ABSENT",

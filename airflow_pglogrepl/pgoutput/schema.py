@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_pglogrepl.pgoutput.values import ARRAY_ELEMENT, OID, Interval
 
 if TYPE_CHECKING:
-    import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+    import pyarrow as pa
 
     from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
 
@@ -55,7 +55,7 @@ def numeric_precision_scale(type_modifier: int) -> tuple[int, int] | None:
 
 def arrow_type(type_oid: int | None, type_modifier: int = -1) -> pa.DataType:
     """The Arrow type for values of a built-in type (``string`` for any other)."""
-    import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+    import pyarrow as pa
 
     element = ARRAY_ELEMENT.get(type_oid) if type_oid is not None else None
     if element is not None:
@@ -90,14 +90,14 @@ def arrow_type(type_oid: int | None, type_modifier: int = -1) -> pa.DataType:
 
 def arrow_field(column: ColumnInfo) -> pa.Field:
     """A nullable Arrow field for one column, typed by the type its values are converted as."""
-    import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+    import pyarrow as pa
 
     return pa.field(column.name, arrow_type(column.value_type_oid, column.type_modifier))
 
 
 def arrow_schema(table: TableInfo) -> pa.Schema:
     """The Arrow schema of a table's rows, columns in table order."""
-    import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+    import pyarrow as pa
 
     metadata = {b"postgres.relation": f"{table.schema}.{table.table}".encode()}
     return pa.schema([arrow_field(c) for c in table.columns], metadata=metadata)

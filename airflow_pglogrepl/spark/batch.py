@@ -14,7 +14,7 @@ from airflow_pglogrepl.spark import changelog as cl
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
-    import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+    import pyarrow as pa
 
     from airflow_pglogrepl.pgoutput import Change, TableInfo
 
@@ -62,7 +62,7 @@ class ChangelogBatch:
 
     def schema(self) -> pa.Schema:
         """The table's columns (typed by the decoder's mapping) plus the metadata columns."""
-        import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+        import pyarrow as pa
 
         base = self.table.arrow_schema()
         return pa.schema(
@@ -80,7 +80,7 @@ class ChangelogBatch:
 
     def to_arrow(self) -> pa.Table:
         """The gathered rows as one Arrow table (then the batch can be dropped)."""
-        import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+        import pyarrow as pa
 
         schema = self.schema()
         arrays = [

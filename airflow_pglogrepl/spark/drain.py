@@ -106,7 +106,15 @@ class DrainResult:
             "startup_s": round(self.startup_s, 3),
             "changes_per_s": round(changes / window_s, 1) if window_s > 0 else 0.0,
             "tables": _sum_tables(self.windows),
+            "peak_rss_mb": _peak_rss_mb(),
         }
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory so far (Linux reports ``ru_maxrss`` in KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def _sum_tables(windows: Sequence[WindowStats]) -> dict[str, int]:
@@ -158,10 +166,16 @@ class Drain:
         run_end = self.source.flush_lsn()
         startup = time.monotonic() - started
         windows: list[WindowStats] = []
+        size = self.max_window_bytes
         while start < run_end and (self.max_windows is None or len(windows) < self.max_windows):
-            end = min(run_end, start + self.max_window_bytes)
+            end = min(run_end, start + size)
             stats = self._window(start, end)
             windows.append(stats)
+            # Every peek decodes again from the slot's restart_lsn, which an open transaction
+            # holds back. While windows come back without a single commit (a big transaction
+            # still being written, or only unpublished traffic), double the next one, so that
+            # reaching a commit N bytes ahead re-decodes O(N) WAL, not O(N^2 / window).
+            size = size * 2 if stats.transactions == 0 else self.max_window_bytes
             log.info(
                 "window %s..%s: %d transactions, %d changes, %d WAL bytes, %.2fs, lag left %d",
                 stats.start, stats.end, stats.transactions, stats.changes, end - start,

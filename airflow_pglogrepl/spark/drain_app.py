@@ -58,6 +58,75 @@ def spark_session() -> Any:
     return local_session("pglogrepl-drain", cores=os.cpu_count() or 2)
 
 
+class LazySpark:
+    """Starts Spark on first use.
+
+    A local sink needs no JVM to drain (pyarrow writes the changelog): Spark starts only for the
+    merge into ``state/``, so a run that fails its checks, crashes mid-window or runs with
+    ``--no-materialize`` pays nothing for it. Remote sinks start it at once (Spark's Hadoop
+    filesystem writes them).
+    """
+
+    def __init__(self) -> None:
+        self._session: Any = None
+        self.started_s: float | None = None
+        self.executors: list[dict[str, Any]] = []
+
+    def get(self) -> Any:
+        if self._session is None:
+            began = time.monotonic()
+            self._session = spark_session()
+            self.started_s = round(time.monotonic() - began, 3)
+            self.executors = check_executors(self._session)
+        return self._session
+
+    def stop(self) -> None:
+        if self._session is not None:
+            self._session.stop()
+            self._session = None
+
+
+def check_executors(spark: Any) -> list[dict[str, Any]]:
+    """On a cluster master, make sure executors can import this package (fail early if not).
+
+    Executors are separate processes, possibly on other machines, that do not have the package
+    installed: spark-submit must ship it (``--py-files``; ``SlotDrainOperator`` does). Finding
+    out at start-up with a clear message beats an ImportError deep in a job. Local masters share
+    the driver's installation and are not checked.
+    """
+    master = str(spark.sparkContext.master)
+    if master.startswith("local"):
+        return []
+    slots = max(2, int(spark.sparkContext.defaultParallelism))
+    try:
+        found = spark.sparkContext.parallelize(range(slots), slots).map(_executor_probe).collect()
+    except Exception as exc:
+        raise RuntimeError(
+            f"Spark executors of {master} cannot import airflow_pglogrepl "
+            f"({exc.__class__.__name__}). Fix: ship the package with spark-submit --py-files "
+            f"(SlotDrainOperator builds the zip itself) or install it on every worker"
+        ) from None
+    unique = {(p["host"], p["pid"]): p for p in found}
+    for probe in unique.values():
+        logging.getLogger("airflow_pglogrepl.drain").info(
+            "executor %s pid %s imports airflow_pglogrepl from %s",
+            probe["host"], probe["pid"], probe["package"],
+        )  # fmt: skip
+    return list(unique.values())
+
+
+def _executor_probe(_: int) -> dict[str, Any]:
+    import socket
+
+    import airflow_pglogrepl.pgoutput
+
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "package": os.path.dirname(airflow_pglogrepl.pgoutput.__file__),
+    }
+
+
 def parquet_writer(spark: Any, sink: str) -> Any:
     """How staged changelog batches are written.
 
@@ -71,7 +140,7 @@ def parquet_writer(spark: Any, sink: str) -> Any:
     if is_local(sink):
         import uuid
 
-        import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
+        import pyarrow.parquet as pq
 
         def write_local(table: Any, path: str) -> None:
             directory = local_path(path)
@@ -126,18 +195,19 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     from airflow_pglogrepl.hooks.replication import DsnReplicationHook
     from airflow_pglogrepl.spark.drain import Drain, check_slot
     from airflow_pglogrepl.spark.sink import Sink
-    from airflow_pglogrepl.spark.storage import storage_for
+    from airflow_pglogrepl.spark.storage import LocalStorage, is_local, storage_for
 
     source = DsnReplicationHook(dsn)
-    check_slot(source, args.slot)  # fail before starting a JVM
-    spark = spark_session()
+    check_slot(source, args.slot)  # refuse early: nothing started yet
+    spark = LazySpark()
     try:
-        sink = Sink(args.sink, storage_for(args.sink, spark))
-
+        local = is_local(args.sink)
+        storage = LocalStorage() if local else storage_for(args.sink, spark.get())
+        sink = Sink(args.sink, storage)
         drain = Drain(
             source=source,
             sink=sink,
-            writer=parquet_writer(spark, args.sink),
+            writer=parquet_writer(None if local else spark.get(), args.sink),
             slot=args.slot,
             publications=args.publication,
             max_window_bytes=args.max_window_bytes,
@@ -148,7 +218,13 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
         if not args.no_materialize:
             from airflow_pglogrepl.spark.state import materialize
 
-            result["materialized"] = materialize(spark, sink)
+            began = time.monotonic()
+            result["materialized"] = materialize(spark.get(), sink)
+            result["materialize_s"] = round(time.monotonic() - began, 3)
+        result["spark_start_s"] = spark.started_s
+        if spark.started_s is not None:
+            result["master"] = str(spark.get().sparkContext.master)
+            result["executors"] = spark.executors
         return result
     finally:
         spark.stop()

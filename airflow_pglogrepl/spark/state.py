@@ -93,6 +93,7 @@ def _materialize_table(
         key=info["key"],
         columns=info["columns"],
         full_identity=info.get("replica_identity") == "f",
+        table=f"{info.get('schema')}.{info.get('table')}",
     )
     target = sink.storage.join(sink.root, META, "state_next", table, window_id(last))
     merged.write.mode("overwrite").parquet(target)

@@ -117,6 +117,14 @@ def test_duplicate_slot(hook: PgLogicalReplicationHook, slot_name: str) -> None:
         hook.drop_slot(slot_name)
 
 
+def test_two_phase_slot(hook: PgLogicalReplicationHook, slot_name: str) -> None:
+    hook.create_logical_slot(slot_name, two_phase=True)  # PostgreSQL names it "twophase"
+    try:
+        assert hook.get_slot(slot_name).two_phase is True
+    finally:
+        hook.drop_slot(slot_name)
+
+
 def test_wrong_plugin(hook: PgLogicalReplicationHook, slot_name: str) -> None:
     hook.create_logical_slot(slot_name, plugin="test_decoding")
     try:

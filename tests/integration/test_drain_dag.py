@@ -1,0 +1,202 @@
+"""The incremental-drain DAG through ``airflow dags test``: spark-submit on a local master."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_pglogrepl.testing.pgcluster import PgCluster
+from tests.conftest import set_airflow_connection
+from tests.drain_support import lake_rows, source_rows
+
+REPO = Path(__file__).resolve().parents[2]
+DAG_ID = "pglogrepl_incremental_drain"
+
+
+def dags_test(conf: dict[str, Any], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``airflow dags test`` of the product's DAG (the repository's dags/ folder)."""
+    return subprocess.run(
+        [sys.executable, "-m", "airflow", "dags", "test", DAG_ID, "-c", json.dumps(conf)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"), **env},
+        timeout=600,
+        check=False,
+    )
+
+
+def latest_xcom(task_id: str, key: str = "return_value") -> Any:
+    """The newest XCom a task of the DAG pushed (``airflow dags test`` picks its own run id)."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        row = session.execute(
+            select(XComModel.value)
+            .where(XComModel.dag_id == DAG_ID, XComModel.task_id == task_id, XComModel.key == key)
+            .order_by(XComModel.timestamp.desc())
+            .limit(1)
+        ).first()
+    assert row is not None, f"no XCom {key!r} from {DAG_ID}.{task_id}"
+    return row[0]
+
+
+@pytest.fixture
+def drain_source(publisher: PgCluster) -> str:
+    """A database with a published table and a pgoutput slot; returns the connection id."""
+    db = "drain_dag"
+    publisher.create_database(db)
+    publisher.execute(
+        "SELECT pg_create_logical_replication_slot('lake_dag', 'pgoutput')", dbname=db
+    )
+    publisher.execute(
+        "CREATE TABLE orders (id int PRIMARY KEY, amount numeric(12, 2), note text)", dbname=db
+    )
+    publisher.execute("CREATE PUBLICATION lake_dag_pub FOR TABLE orders", dbname=db)
+    set_airflow_connection("drain_dag_source", publisher.airflow_uri(db))
+    return "drain_dag_source"
+
+
+def test_drain_dag_end_to_end_with_spark_submit(
+    airflow_home: Path, publisher: PgCluster, drain_source: str, tmp_path: Path
+) -> None:
+    db = "drain_dag"
+    publisher.execute(
+        "INSERT INTO orders SELECT g, g * 1.5, 'n' || g FROM generate_series(1, 3000) g", dbname=db
+    )
+    publisher.execute("UPDATE orders SET note = NULL WHERE id % 3 = 0", dbname=db)
+    publisher.execute("DELETE FROM orders WHERE id % 5 = 0", dbname=db)
+    sink = tmp_path / "lake"
+    env = {
+        "PGLOGREPL_SINK": str(sink),
+        "PGLOGREPL_SPARK_CONN_ID": "spark_local",
+        "AIRFLOW_CONN_SPARK_LOCAL": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+    }
+    conf = {
+        "postgres_conn_id": drain_source,
+        "slot": "lake_dag",
+        "publications": ["lake_dag_pub"],
+        "max_window_bytes": 64 * 1024,
+    }
+    first = dags_test(conf, env)
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    result = latest_xcom("drain")
+    assert result["changes"] == 3000 + 1000 + 600 and result["windows"] > 1, result
+    confirmed = latest_xcom("drain", "confirmed_flush_lsn")
+    assert confirmed == result["confirmed_flush_lsn_after"] != result["confirmed_flush_lsn_before"]
+    slot = publisher.execute(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'lake_dag'"
+    )
+    assert slot == [(confirmed,)]
+    report = latest_xcom("lag_report")
+    assert report["confirmed_flush_lsn"] == confirmed and report["wal_status"] == "reserved"
+    from airflow_pglogrepl.tables import TableRef
+
+    assert lake_rows(str(sink), TableRef("public", "orders")) == source_rows(
+        publisher, db, "orders"
+    )
+    # the DSN's password never reached the task log or XCom
+    password = publisher.params(db)["password"]
+    assert password not in first.stdout + first.stderr
+    assert password not in json.dumps(result)
+
+    again = dags_test(conf, env)
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
+    second = latest_xcom("drain")
+    assert second["changes"] == 0
+    assert second["confirmed_flush_lsn_before"] == confirmed
+
+
+@pytest.fixture(scope="module")
+def standalone_master(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A Spark standalone master and one worker (separate JVMs) on loopback, from pyspark."""
+    from airflow_pglogrepl.operators.drain import _spark_home_env
+    from airflow_pglogrepl.testing.pgcluster import free_port
+    from airflow_pglogrepl.testing.wait import wait_until
+
+    home = os.environ.get("SPARK_HOME") or _spark_home_env()["SPARK_HOME"]
+    spark_class = str(Path(home) / "bin" / "spark-class")
+    work = tmp_path_factory.mktemp("spark-standalone")
+    port, ui = free_port(), free_port()
+    env = {**os.environ, "SPARK_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1"}
+    logs = (work / "master.log").open("w"), (work / "worker.log").open("w")
+    master = subprocess.Popen(
+        [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+         "--port", str(port), "--webui-port", str(ui)],
+        env=env, stdout=logs[0], stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    worker = subprocess.Popen(
+        [spark_class, "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
+         "--host", "127.0.0.1", "--cores", "2", "--memory", "1g", "--webui-port",
+         str(free_port()), "--work-dir", str(work / "work")],
+        env=env, stdout=logs[1], stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+    def alive_workers() -> int:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as reply:
+                return int(json.load(reply).get("aliveworkers", 0))
+        except OSError:
+            return 0
+
+    try:
+        wait_until(lambda: alive_workers() >= 1, timeout=120, what="a Spark worker registered")
+        yield {"master": f"spark://127.0.0.1:{port}", "work": work / "work"}
+    finally:
+        for process in (worker, master):
+            process.terminate()
+        for process in (worker, master):
+            process.wait(timeout=60)
+        for log in logs:
+            log.close()
+
+
+def test_drain_on_a_standalone_cluster_ships_the_package(
+    airflow_home: Path, publisher: PgCluster, standalone_master: Any, tmp_path: Path
+) -> None:
+    db = "drain_standalone"
+    publisher.create_database(db)
+    publisher.execute("SELECT pg_create_logical_replication_slot('lake_sa', 'pgoutput')", dbname=db)
+    publisher.execute("CREATE TABLE items (id int PRIMARY KEY, v text)", dbname=db)
+    publisher.execute("CREATE PUBLICATION lake_sa_pub FOR TABLE items", dbname=db)
+    set_airflow_connection("drain_sa_source", publisher.airflow_uri(db))
+    publisher.execute(
+        "INSERT INTO items SELECT g, md5(g::text) FROM generate_series(1, 500) g", dbname=db
+    )
+    publisher.execute("UPDATE items SET id = id + 1000 WHERE id <= 10", dbname=db)
+    sink = tmp_path / "lake"
+    host, port = standalone_master["master"].removeprefix("spark://").split(":")
+    env = {
+        "PGLOGREPL_SINK": str(sink),
+        "PGLOGREPL_SPARK_CONN_ID": "spark_standalone",
+        "AIRFLOW_CONN_SPARK_STANDALONE": json.dumps(
+            {"conn_type": "spark", "host": f"spark://{host}", "port": int(port)}
+        ),
+    }
+    conf = {
+        "postgres_conn_id": "drain_sa_source",
+        "slot": "lake_sa",
+        "publications": ["lake_sa_pub"],
+        "max_window_bytes": 1 << 20,
+    }
+    run = dags_test(conf, env)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    result = latest_xcom("drain")
+    assert result["changes"] == 510 and result["master"] == standalone_master["master"]
+    # The executors are the worker's processes and import the package from the zip that
+    # spark-submit shipped (--py-files), not from this checkout.
+    executors = result["executors"]
+    assert executors and all(e["pid"] != os.getpid() for e in executors)
+    assert all("airflow_pglogrepl.zip" in e["package"] for e in executors), executors
+    from airflow_pglogrepl.tables import TableRef
+
+    assert lake_rows(str(sink), TableRef("public", "items")) == source_rows(publisher, db, "items")
