@@ -1,4 +1,5 @@
-# The two commands a new machine needs are `make test` (here) and, once the DAGs land, the demo.
+# The two commands a new machine needs: `make demo` (the main job on embedded local clusters) and
+# `make test` (the suite).
 # Each target installs what it needs first: system packages (scripts/bootstrap-system.sh) and a
 # virtual environment in .venv with the project and its test/dev extras.
 PYTHON ?= python3
@@ -6,7 +7,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test test-unit lint system venv clean
+.PHONY: demo test test-unit lint system venv clean
+
+demo: system venv
+	$(PY) scripts/demo.py $(DEMO_ARGS)
 
 test: system venv
 	$(PY) -m pytest $(PYTEST_ARGS)

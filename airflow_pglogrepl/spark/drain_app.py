@@ -147,11 +147,12 @@ def parquet_writer(spark: Any, sink: str) -> Any:
             os.makedirs(directory, exist_ok=True)
             target = os.path.join(directory, f"part-{uuid.uuid4().hex}.parquet")
             pq.write_table(table, target, compression="snappy")
-            fd = os.open(target, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            for synced in (target, directory):  # the file, and its name in the directory
+                fd = os.open(synced, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
 
         return write_local
 
