@@ -19,6 +19,28 @@ if TYPE_CHECKING:
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
 
 
+class WorkerlessClock:
+    """How long a subscription has had no worker, across polls of one sensor or trigger.
+
+    A missing worker for a moment is normal (the launcher restarts workers after an error, or
+    has not started them yet); only an absence longer than the grace period is a verdict.
+    """
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+
+    def observe(self, status: SubscriptionStatus) -> float:
+        """Seconds without any worker, as of this poll (0 while a worker runs)."""
+        import time
+
+        now = time.monotonic()
+        if status.workers == 0:
+            self._since = self._since if self._since is not None else now
+        else:
+            self._since = None
+        return now - self._since if self._since is not None else 0.0
+
+
 @dataclass(frozen=True)
 class ReadyProbe:
     """Every table of a subscription in state ``r`` (see ``verdicts.subscription_ready``)."""

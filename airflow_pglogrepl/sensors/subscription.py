@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_pglogrepl.probes import ReadyProbe
+from airflow_pglogrepl.probes import ReadyProbe, WorkerlessClock
 from airflow_pglogrepl.sensors._base import VerdictSensor
 from airflow_pglogrepl.verdicts import Verdict
 
@@ -46,7 +45,7 @@ class SubscriptionReadySensor(VerdictSensor):
         self.subscriber_database = subscriber_database
         self.max_sync_errors = max_sync_errors
         self.worker_grace_period = worker_grace_period
-        self._workerless_since: float | None = None
+        self._workerless = WorkerlessClock()
 
     def _probe(self) -> ReadyProbe:
         return ReadyProbe(
@@ -60,13 +59,7 @@ class SubscriptionReadySensor(VerdictSensor):
     def verdict(self) -> Verdict:
         probe = self._probe()
         status = probe.fetch()
-        now = time.monotonic()
-        if status.workers == 0:
-            self._workerless_since = self._workerless_since or now
-        else:
-            self._workerless_since = None
-        workerless = now - self._workerless_since if self._workerless_since else 0.0
-        return probe.verdict(status, workerless)
+        return probe.verdict(status, self._workerless.observe(status))
 
     def trigger(self) -> Any:
         from airflow_pglogrepl.triggers.replication import SubscriptionReadyTrigger

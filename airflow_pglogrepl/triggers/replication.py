@@ -7,13 +7,12 @@ Events carry ``status``: ``success`` (condition holds; ``data`` has what was see
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_pglogrepl.probes import ProgressProbe, ReadyProbe
+from airflow_pglogrepl.probes import ProgressProbe, ReadyProbe, WorkerlessClock
 from airflow_pglogrepl.verdicts import Verdict
 
 SUCCESS, FAILED, ERROR = "success", "failed", "error"
@@ -63,17 +62,11 @@ class SubscriptionReadyTrigger(_PollingTrigger):
     def __init__(self, *, poll_interval: float, **probe: Any) -> None:
         super().__init__(poll_interval=poll_interval, **probe)
         self.probe = ReadyProbe(**probe)
-        self._workerless_since: float | None = None
+        self._workerless = WorkerlessClock()
 
     async def check(self) -> Verdict:
         status = await self.probe.afetch()
-        now = time.monotonic()
-        if status.workers == 0:
-            self._workerless_since = self._workerless_since or now
-        else:
-            self._workerless_since = None
-        workerless = now - self._workerless_since if self._workerless_since else 0.0
-        return self.probe.verdict(status, workerless)
+        return self.probe.verdict(status, self._workerless.observe(status))
 
 
 class ReplicationProgressTrigger(_PollingTrigger):
