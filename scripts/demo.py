@@ -271,8 +271,12 @@ def main(argv: list[str] | None = None) -> int:
             {"slot": "lake_shop", "publications": ["lake_pub"], "max_window_bytes": 4 << 20},
         )
         summary["lake_rows"] = lake_rows(demo.lake)
+        from psycopg import sql
+
+        count = sql.SQL("SELECT count(*) FROM {}")
         summary["source_rows"] = {
-            f"public.{t}": old.execute(f"SELECT count(*) FROM {t}", dbname=DB)[0][0] for t in TABLES
+            f"public.{t}": old.execute(count.format(sql.Identifier(t)), dbname=DB)[0][0]
+            for t in TABLES
         }
         print_summary(summary)
     except Exception as exc:
