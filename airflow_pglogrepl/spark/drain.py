@@ -166,22 +166,24 @@ class Drain:
         run_end = self.source.flush_lsn()
         startup = time.monotonic() - started
         windows: list[WindowStats] = []
-        size = self.max_window_bytes
+        next_commit = False
         while start < run_end and (self.max_windows is None or len(windows) < self.max_windows):
-            end = min(run_end, start + size)
-            stats = self._window(start, end)
+            end = run_end if next_commit else min(run_end, start + self.max_window_bytes)
+            stats = self._window(start, end, next_commit=next_commit)
             windows.append(stats)
-            # Every peek decodes again from the slot's restart_lsn, which an open transaction
-            # holds back. While windows come back without a single commit (a big transaction
-            # still being written, or only unpublished traffic), double the next one, so that
-            # reaching a commit N bytes ahead re-decodes O(N) WAL, not O(N^2 / window).
-            size = size * 2 if stats.transactions == 0 else self.max_window_bytes
             log.info(
                 "window %s..%s: %d transactions, %d changes, %d WAL bytes, %.2fs, lag left %d",
-                stats.start, stats.end, stats.transactions, stats.changes, end - start,
-                stats.seconds, run_end - end,
+                stats.start, stats.end, stats.transactions, stats.changes, stats.end - start,
+                stats.seconds, run_end - stats.end,
             )  # fmt: skip
-            start = end
+            # A window without a single commit means the next commit is further away: a big
+            # transaction still being written at the window's end, or only unpublished traffic.
+            # Every peek decodes again from the slot's restart_lsn, which an open transaction
+            # holds back, so stepping towards that commit window by window would re-decode the
+            # transaction once per window. The next window is instead "up to the next commit":
+            # exactly one transaction, however big, streamed through in batches.
+            next_commit = stats.transactions == 0
+            start = stats.end
         after = self.source.get_slot(self.slot).confirmed_flush_lsn
         return DrainResult(
             slot=self.slot,
@@ -209,7 +211,9 @@ class Drain:
             raise SlotAheadOfSinkError(self.slot, slot_lsn, sink_lsn, self.sink.root)
         return slot_lsn
 
-    def _window(self, start: LSN, end: LSN) -> WindowStats:
+    def _window(self, start: LSN, end: LSN, *, next_commit: bool = False) -> WindowStats:
+        """Drain ``[start, end)``; with ``next_commit``, only the first transaction that commits
+        before ``end``, and the window ends just past its commit record."""
         began = time.monotonic()
         stats = WindowStats(start=start, end=end)
         window = window_id(end)
@@ -217,8 +221,13 @@ class Drain:
         described: dict[str, dict[str, Any]] = {}
         stream = PgOutputStream.from_options(self.options)
         rows = self.source.peek_changes(
-            self.slot, upto_lsn=end, options=self.options, batch_rows=self.batch_rows
+            self.slot,
+            upto_lsn=end,
+            options=self.options,
+            batch_rows=self.batch_rows,
+            upto_nchanges=1 if next_commit else None,
         )
+        last_commit: LSN | None = None
         for event in _events(stream, rows):
             if event.__class__ is Change:
                 change: Change = event
@@ -235,9 +244,16 @@ class Drain:
                     batches[id(change.table)] = ChangelogBatch(change.table)
             elif event.__class__ is TransactionCommit:
                 stats.transactions += 1
+                last_commit = event.end_lsn
         for batch in batches.values():
             if len(batch):
                 self._flush(window, batch)
+        if next_commit and last_commit is not None and last_commit < end:
+            # The window ends just past the one commit it holds; its staging follows the name.
+            end = stats.end = last_commit
+            staged, window = self.sink.staging_dir(window), window_id(end)
+            if self.sink.storage.exists(staged):
+                self.sink.storage.move(staged, self.sink.staging_dir(window))
         _fault("after_write")
         record = CommitRecord(
             kind="window",

@@ -162,7 +162,7 @@ def test_random_dml_in_many_windows_lands_exactly(
 ) -> None:
     expected_changes = workload(source, seed=20261122)
     sink = str(tmp_path / "lake")
-    result = drain_in_process(spark, source, sink, window=32 * 1024)
+    result = drain_in_process(spark, source, sink, window=12 * 1024)
     assert result["windows"] > 10, result
     assert result["changes"] == expected_changes
     # state/ equals every source table, row for row
