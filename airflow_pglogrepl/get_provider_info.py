@@ -43,6 +43,11 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_pglogrepl.operators.subscription",
                     "airflow_pglogrepl.operators.slots",
                     "airflow_pglogrepl.operators.preflight",
+                    "airflow_pglogrepl.operators.fence",
+                    "airflow_pglogrepl.operators.sequences",
+                    "airflow_pglogrepl.operators.parity",
+                    "airflow_pglogrepl.operators.conflicts",
+                    "airflow_pglogrepl.operators.finalize",
                 ],
             }
         ],

@@ -9,6 +9,7 @@ parameter, so hostile names are data, never SQL. The methods live in one mixin p
 from __future__ import annotations
 
 from airflow_pglogrepl.hooks.catalog import CatalogMixin
+from airflow_pglogrepl.hooks.cutover import CutoverMixin
 from airflow_pglogrepl.hooks.publications import PublicationsMixin
 from airflow_pglogrepl.hooks.server import ServerMixin
 from airflow_pglogrepl.hooks.slots import OUTPUT_PLUGINS, SlotsMixin
@@ -18,7 +19,7 @@ __all__ = ["OUTPUT_PLUGINS", "PgLogicalReplicationHook"]
 
 
 class PgLogicalReplicationHook(
-    CatalogMixin, PublicationsMixin, SubscriptionsMixin, SlotsMixin, ServerMixin
+    CutoverMixin, CatalogMixin, PublicationsMixin, SubscriptionsMixin, SlotsMixin, ServerMixin
 ):
     """Logical replication on one PostgreSQL server, through an Airflow Postgres connection.
 

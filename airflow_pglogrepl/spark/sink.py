@@ -13,6 +13,12 @@ is written atomically (this is the commit point: durable before anything else ha
 files are moved into ``changes/``. Only after that may the slot advance. On restart,
 ``recover()`` finishes the moves of committed windows and deletes staging that has no record:
 after any crash, ``changes/`` holds whole committed windows only, each once.
+
+An initial snapshot (``kind="snapshot"``, ``spark/snapshot.py``) is committed the same way at the
+slot's consistent point, with ``start_lsn == end_lsn`` and no changelog files: its staged
+directories replace ``state/<schema>.<table>/`` whole and each table's state record
+(``_pglogrepl/state/<table>.json``) is set to the consistent point, idempotently, so a crash
+before the record leaves ``state/`` untouched and one after it is finished by ``recover()``.
 """
 
 from __future__ import annotations
@@ -108,6 +114,11 @@ class Sink:
     def _commits_dir(self) -> str:
         return self.storage.join(self.root, META, "commits")
 
+    def state_record_path(self, table: TableRef | str) -> str:
+        """Where a table's state record (the LSN its ``state/`` includes) lives."""
+        name = table if isinstance(table, str) else table_dir(table)
+        return self.storage.join(self.root, META, "state", f"{name}.json")
+
     # -- reading ----------------------------------------------------------------------------
 
     def commits(self) -> list[CommitRecord]:
@@ -146,6 +157,9 @@ class Sink:
         self._publish(record)
 
     def _publish(self, record: CommitRecord) -> None:
+        if record.kind == "snapshot":
+            self._publish_snapshot(record)
+            return
         window = record.window
         for table, names in record.files.items():
             for name in names:
@@ -159,6 +173,31 @@ class Sink:
                         f"committed but its file {table}/{name} is neither staged nor published;"
                         f" the sink was modified by hand. Restore the file or re-create the sink"
                     )
+        self.storage.delete(self.staging_dir(window))
+
+    def _publish_snapshot(self, record: CommitRecord) -> None:
+        """Swap each staged table directory in as ``state/``, then point its state record at
+        the snapshot. Every step can be repeated; a state record already past the snapshot
+        (merged further) is never moved back."""
+        window = record.window
+        for table in record.tables:
+            staged = self.staging_dir(window, table)
+            target = self.state_dir(table)
+            if self.storage.exists(staged):
+                self.storage.delete(target)
+                self.storage.move(staged, target)
+            elif not self.storage.exists(target):
+                raise RuntimeError(
+                    f"sink {self.root}: the snapshot at {record.end_lsn} is committed but the "
+                    f"state of {table} is neither staged nor published; the sink was modified "
+                    f"by hand. Re-create the sink from a new initial snapshot"
+                )
+            path = self.state_record_path(table)
+            current = self.storage.read_text(path) if self.storage.exists(path) else None
+            if current is None or LSN(json.loads(current)["lsn"]) < record.end:
+                self.storage.write_text_atomic(
+                    path, json.dumps({"lsn": record.end_lsn, "next": None})
+                )
         self.storage.delete(self.staging_dir(window))
 
     def recover(self) -> CommitRecord | None:

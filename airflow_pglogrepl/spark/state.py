@@ -7,6 +7,12 @@ the state record pointing at it is written atomically (the commit point); the di
 swapped into ``state/``. A crash before the record leaves the old state in force (the next run
 merges again); after it, the next run finishes the swap. Tables are merged in parallel: Spark
 runs jobs from several driver threads side by side.
+
+A state record's LSN is an exclusive bound: the state includes every change whose transaction
+commits before it (``_commit_lsn`` < LSN), and only those. A window end and an initial snapshot's
+consistent point both mean exactly that. A table re-snapshotted alone (``install_state``) gets
+the consistent point of its own snapshot, which may fall inside a committed window: merging then
+takes only the changes at or after it, and a state record is never moved back.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ log = logging.getLogger("airflow_pglogrepl.drain")
 
 
 def _record_path(sink: Sink, table: str) -> str:
-    return sink.storage.join(sink.root, META, "state", f"{table}.json")
+    return sink.state_record_path(table)
 
 
 def _read_record(sink: Sink, table: str) -> dict[str, Any] | None:
@@ -78,12 +84,20 @@ def _materialize_table(
     ]
     last = commits[-1].end
     if not files:
-        if record is None or state_lsn != last:
+        if state_lsn is None or last > state_lsn:
             sink.storage.write_text_atomic(
                 _record_path(sink, table), json.dumps({"lsn": str(last), "next": None})
             )
         return str(last)
     changes = spark.read.option("mergeSchema", "true").parquet(*files)
+    if state_lsn is not None:
+        # A no-op after a window end; after a table's own snapshot inside a window, the changes
+        # before its consistent point are in the state already.
+        from pyspark.sql import functions as sf
+
+        from airflow_pglogrepl.spark.changelog import COMMIT_LSN
+
+        changes = changes.filter(sf.col(COMMIT_LSN) >= sf.lit(int(state_lsn)))
     previous = None
     if state_lsn is not None and sink.storage.exists(sink.state_dir(table)):
         previous = spark.read.parquet(sink.state_dir(table))
@@ -102,3 +116,22 @@ def _materialize_table(
     _finish_swap(sink, table, new_record)
     log.info("state of %s materialized up to %s (%d changelog files)", table, last, len(files))
     return str(last)
+
+
+def state_lsn(sink: Sink, table: str) -> LSN | None:
+    """The LSN a table's ``state/`` includes (its state record), or None when it has none."""
+    record = _read_record(sink, table)
+    return LSN(record["lsn"]) if record else None
+
+
+def install_state(sink: Sink, table: str, lsn: LSN, staged: str) -> None:
+    """Make ``staged`` (a directory Spark wrote) the table's state as of ``lsn``, crash-safely.
+
+    The state record pointing at it is the commit point, as for a merge; the swap follows and is
+    finished by the next ``materialize`` if a crash interrupts it. Used to re-snapshot one table
+    without touching the others.
+    """
+    record = {"lsn": str(lsn), "next": staged}
+    sink.storage.write_text_atomic(_record_path(sink, table), json.dumps(record))
+    _finish_swap(sink, table, record)
+    log.info("state of %s replaced by its snapshot at %s", table, lsn)

@@ -1,0 +1,378 @@
+"""``InitialSnapshotOperator``: the lake's consistent starting point, copied by Spark.
+
+The operator creates the drain's slot with an exported snapshot over a replication session and
+keeps that session open, idle, while spark-submit runs the snapshot application, whose tasks
+import the snapshot and copy the published tables in parallel. The application commits the copy
+in the sink at the slot's consistent point, so the drain continues at the slot's first change.
+If the job fails before that commit, the operator drops the slot it created and the sink keeps
+no partial ``state/``; if the job died after it, the snapshot stands and the operator finishes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Context
+
+from airflow_pglogrepl.operators.drain import (
+    DSN_ENV,
+    PACKAGE_DIR,
+    _CapturingSparkSubmitHook,
+    _mask,
+    _package_zip,
+    _spark_home_env,
+    _spark_submit_binary,
+    sink_asset,
+)
+
+if TYPE_CHECKING:
+    from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
+    from airflow_pglogrepl.hooks.snapshot import ExportedSnapshot, SnapshotMixin
+
+    class _SnapshotHook(SnapshotMixin, PgLogicalReplicationHook): ...
+
+
+SNAPSHOT_APP = str(PACKAGE_DIR / "spark" / "snapshot_app.py")
+
+
+class InitialSnapshotOperator(SparkSubmitOperator):
+    """Take the initial snapshot of a publication into a lake, at a new slot's start.
+
+    Creates ``slot_name`` (plugin ``pgoutput``) with an exported snapshot, holds the exporting
+    session during the Spark job, and has the snapshot application copy every published table
+    into ``<sink>/state/`` and commit it at the slot's consistent point (XCom
+    ``consistent_point``; the return value is the application's summary). The sink must hold no
+    commit yet. Running it again after success changes nothing (status ``exists``);
+    ``bootstrap=True`` also leaves a sink drained without a snapshot alone (status ``drained``).
+
+    With ``tables``, only those tables are re-snapshotted into a sink that already has commits
+    (a table added to the publication later), in a temporary slot's snapshot: the drain's slot
+    and the other tables are not touched. Run it while no drain of this sink runs.
+
+    :param postgres_conn_id: the publisher's Airflow connection (database of the slot).
+    :param slot_name: the drain's logical slot, created here.
+    :param publications: publications whose tables are copied.
+    :param sink: lake root (path or URI Spark can write).
+    :param tables: re-snapshot only these tables (``schema.table``).
+    :param tasks_per_table: at most this many ranges (Spark tasks) per table; default Spark's
+        default parallelism.
+    :param rows_per_task: about this many rows per range.
+    :param parallelism: tables copied at the same time.
+    :param replace_slot: when the slot already exists and the sink holds no commit at all (a
+        slot left by a killed run, or created for a drain that never ran), drop and re-create
+        it; never done when the sink holds commits.
+    :param bootstrap: the first task of a drain DAG: succeed without doing anything when the
+        sink already holds commits of an existing slot (its snapshot, or windows drained without
+        one), take the snapshot otherwise (``replace_slot`` implied).
+    :param database: the slot's database, when not the connection's.
+    :param conn_id: the Spark connection; it must exist.
+    """
+
+    template_fields: Sequence[str] = (
+        *SparkSubmitOperator.template_fields,
+        "postgres_conn_id", "slot_name", "publications", "sink", "tables", "database",
+        "tasks_per_table", "rows_per_task",
+    )  # fmt: skip
+    ui_color = "#d6eaf8"
+
+    def __init__(
+        self,
+        *,
+        postgres_conn_id: str,
+        slot_name: str,
+        publications: Sequence[str],
+        sink: str,
+        tables: Sequence[str] | None = None,
+        tasks_per_table: int | None = None,
+        rows_per_task: int = 1_000_000,
+        parallelism: int = 4,
+        replace_slot: bool = False,
+        bootstrap: bool = False,
+        database: str | None = None,
+        conn_id: str = "spark_default",
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("name", "pglogrepl-snapshot")
+        kwargs.setdefault("outlets", [sink_asset(sink)] if "{{" not in sink else [])
+        super().__init__(application=SNAPSHOT_APP, conn_id=conn_id, **kwargs)
+        self.postgres_conn_id = postgres_conn_id
+        self.slot_name = slot_name
+        self.publications = publications
+        self.sink = sink
+        self.tables = tables
+        self.tasks_per_table = tasks_per_table
+        self.rows_per_task = rows_per_task
+        self.parallelism = parallelism
+        self.replace_slot = replace_slot
+        self.bootstrap = bootstrap
+        self.database = database
+        self._exported: ExportedSnapshot | None = None
+
+    # -- execution ----------------------------------------------------------------------------
+
+    def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
+        from airflow_pglogrepl.conninfo import make_dsn
+
+        hook = self._source_hook()
+        _check_spark_connection(self._conn_id)
+        dsn = make_dsn(hook.connection_params())
+        _mask(dsn)
+        self.env_vars = {
+            **(self.env_vars or {}),
+            DSN_ENV: dsn,
+            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+            **_spark_home_env(),
+        }
+        if self._spark_binary is None:
+            self._spark_binary = _spark_submit_binary()
+        with tempfile.TemporaryDirectory(prefix="pglogrepl-pyfiles-") as tmp:
+            self.py_files = _package_zip(Path(tmp))
+            if self._table_list():
+                result = self._resnapshot(context, hook)
+            else:
+                result = self._initial(context, hook)
+        context["ti"].xcom_push(key="consistent_point", value=result["consistent_point"])
+        outlet_events = context.get("outlet_events")
+        for asset in self.outlets or []:
+            if outlet_events is not None:
+                outlet_events[asset].extra = {
+                    "slot": self.slot_name,
+                    "consistent_point": result["consistent_point"],
+                    "rows": result.get("rows", 0),
+                }
+        return result
+
+    def _initial(self, context: Context, hook: _SnapshotHook) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from airflow_pglogrepl.exceptions import SlotNotFoundError
+        from airflow_pglogrepl.spark.storage import is_local
+
+        try:
+            slot = hook.get_slot(self.slot_name)
+        except SlotNotFoundError:
+            slot = None
+        # A local sink is read here for free; a remote one only when the slot exists (it takes
+        # a Spark job), otherwise the application refuses a non-empty sink itself.
+        status = self._sink_status(context) if slot is not None or is_local(self.sink) else {}
+        if slot is not None and status.get("snapshot_lsn"):
+            self.log.info(
+                "Sink %s already holds the snapshot of slot %s at %s: nothing to do",
+                self.sink, self.slot_name, status["snapshot_lsn"],
+            )  # fmt: skip
+            return self._unchanged("exists", status["snapshot_lsn"])
+        if status.get("commits"):
+            if slot is not None and self.bootstrap:
+                self.log.info(
+                    "Sink %s is drained from slot %s without a snapshot: nothing to do",
+                    self.sink, self.slot_name,
+                )  # fmt: skip
+                return self._unchanged("drained", None)
+            raise AirflowFailException(
+                f"sink {self.sink} holds {status['commits']} commits "
+                + (
+                    f"but no snapshot of slot {self.slot_name!r}: it is drained without one"
+                    if slot is not None
+                    else f"and slot {self.slot_name!r} does not exist: the sink cannot continue"
+                )
+                + ". Nothing was changed. An initial snapshot starts a new, empty sink"
+            )
+        if slot is not None:
+            if not (self.replace_slot or self.bootstrap):
+                raise AirflowFailException(
+                    f"slot {self.slot_name!r} already exists and sink {self.sink} holds nothing: "
+                    f"a snapshot can only be exported when the slot is created. Fix: drop the "
+                    f"slot, or set replace_slot=True (nothing in the sink depends on it)"
+                )
+            self.log.warning(
+                "Dropping slot %s (sink empty) to re-create it with an exported snapshot",
+                self.slot_name,
+            )
+            hook.drop_slot(self.slot_name)
+        exported = hook.create_slot_with_snapshot(self.slot_name)
+        self._exported = exported
+        point = str(exported.consistent_point)
+        args = self._copy_args(exported)
+        try:
+            summary = self._submit(context, args)
+            if not summary or not summary.get("committed"):
+                raise RuntimeError(
+                    "the snapshot application finished without committing; see the log above"
+                )
+        except BaseException as exc:
+            # Only now may the session end: the job (and every task that imported the
+            # snapshot) is over, whether it failed or was killed.
+            exported.close()
+            self._exported = None
+            if self._settle(context, point) and isinstance(exc, Exception):
+                self.log.warning(
+                    "The snapshot job failed after its commit at %s: the snapshot stands and "
+                    "the sink was finished; slot %s is kept", point, self.slot_name,
+                )  # fmt: skip
+                return {"status": "committed", "committed": True, "mode": "initial",
+                        "slot": self.slot_name, "consistent_point": point, "recovered": True,
+                        "sink": self.sink}  # fmt: skip
+            raise
+        finally:
+            exported.close()
+            self._exported = None
+        self.log.info(
+            "Snapshot of %s committed at %s: %s rows in %s tables",
+            self.publications, point, summary.get("rows"), len(summary.get("tables", {})),
+        )  # fmt: skip
+        return {**summary, "sink": self.sink}
+
+    def _unchanged(self, status: str, point: str | None) -> dict[str, Any]:
+        return {"status": status, "committed": status == "exists", "mode": "initial",
+                "slot": self.slot_name, "consistent_point": point, "rows": 0,
+                "sink": self.sink}  # fmt: skip
+
+    def _resnapshot(self, context: Context, hook: _SnapshotHook) -> dict[str, Any]:
+        from airflow_pglogrepl.spark.snapshot import temporary_slot_name
+
+        hook.get_slot(self.slot_name, plugin="pgoutput")  # the drain's slot must exist
+        with hook.create_slot_with_snapshot(
+            temporary_slot_name(self.slot_name), temporary=True
+        ) as exported:
+            args = self._copy_args(exported)
+            args += [item for table in self._table_list() for item in ("--table", table)]
+            summary = self._submit(context, args)
+        if not summary or not summary.get("committed"):
+            raise RuntimeError("the re-snapshot finished without committing; see the log above")
+        return {**summary, "sink": self.sink}
+
+    def _settle(self, context: Context, point: str) -> bool:
+        """After a failed job: finish a committed snapshot (True) or undo it: drop the slot and
+        the staged files (False)."""
+        try:
+            committed = bool(self._sink_status(context, point).get("committed"))
+        except Exception:
+            # Cannot tell: keep the slot (dropping it under a committed snapshot would lose the
+            # hand-off); the next run's checks decide.
+            self.log.exception("could not read sink %s after the failure", self.sink)
+            return False
+        if not committed:
+            hook = self._source_hook()
+            dropped = hook.drop_slot(self.slot_name, missing_ok=True)
+            self.log.warning(
+                "Snapshot not committed: slot %s %s; nothing of it is left in %s",
+                self.slot_name, "dropped" if dropped else "was already gone", self.sink,
+            )  # fmt: skip
+        return committed
+
+    def on_kill(self) -> None:
+        super().on_kill()
+        exported = self._exported
+        if exported is not None:
+            exported.close()
+
+    # -- spark-submit -------------------------------------------------------------------------
+
+    def _copy_args(self, exported: ExportedSnapshot) -> list[str]:
+        args = ["--slot", str(self.slot_name), "--sink", str(self.sink)]
+        args += ["--publication", *[str(p) for p in self.publications]]
+        args += ["--snapshot-name", exported.snapshot_name]
+        args += ["--consistent-point", str(exported.consistent_point)]
+        args += ["--rows-per-task", str(int(str(self.rows_per_task)))]
+        args += ["--parallelism", str(int(self.parallelism))]
+        if str(self.tasks_per_table) not in ("None", ""):  # templated: may render as text
+            args += ["--tasks-per-table", str(int(str(self.tasks_per_table)))]
+        return args
+
+    def _submit(self, context: Context, args: list[str]) -> dict[str, Any] | None:
+        """Run the application with ``args``; its JSON summary, or None when it printed none."""
+        self.application_args = args
+        self._hook = None  # the hook takes the arguments when built
+        super().execute(context)
+        return _summary(getattr(self._hook, "captured", []))
+
+    def _sink_status(self, context: Context, point: str | None = None) -> dict[str, Any]:
+        """``spark.snapshot.resolve`` on the sink: in this process for a local sink, else by the
+        application (Spark's filesystems reach remote sinks)."""
+        from airflow_pglogrepl.spark.storage import is_local
+
+        if is_local(self.sink):
+            from airflow_pglogrepl.lsn import LSN
+            from airflow_pglogrepl.spark.sink import Sink
+            from airflow_pglogrepl.spark.snapshot import resolve
+            from airflow_pglogrepl.spark.storage import LocalStorage, local_path
+
+            sink = Sink(local_path(self.sink), LocalStorage())
+            return resolve(sink, self.slot_name, LSN(point) if point else None)
+        args = ["--slot", str(self.slot_name), "--sink", str(self.sink), "--resolve"]
+        if point:
+            args += ["--consistent-point", point]
+        status = self._submit(context, args)
+        if status is None:
+            raise RuntimeError(f"could not read the state of sink {self.sink}")
+        return status
+
+    def _get_hook(self) -> SparkSubmitHook:
+        base = super()._get_hook()
+        hook = _CapturingSparkSubmitHook.__new__(_CapturingSparkSubmitHook)
+        hook.__dict__.update(base.__dict__)
+        hook.captured = []
+        return hook
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _table_list(self) -> list[str]:
+        tables = self.tables
+        if tables is None or str(tables) in ("None", "", "[]"):
+            return []
+        if isinstance(tables, str):  # templated: may render as text
+            tables = json.loads(tables) if tables.startswith("[") else [tables]
+        return [str(t) for t in tables]
+
+    def _source_hook(self) -> _SnapshotHook:
+        from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
+        from airflow_pglogrepl.hooks.snapshot import SnapshotMixin
+
+        class SourceHook(SnapshotMixin, PgLogicalReplicationHook):
+            """The publisher, with the snapshot statements."""
+
+        if self.database:
+            return SourceHook(postgres_conn_id=self.postgres_conn_id, database=self.database)
+        return SourceHook(postgres_conn_id=self.postgres_conn_id)
+
+
+def _summary(lines: Sequence[str]) -> dict[str, Any] | None:
+    for line in reversed(lines):
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict) and ("committed" in value or "resolved" in value):
+                return value
+    return None
+
+
+def _check_spark_connection(conn_id: str) -> None:
+    """The Spark connection must exist and keep the DSN off command lines (as the drain's)."""
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowFailException
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:
+        raise AirflowFailException(
+            f"Spark connection {conn_id!r} is not defined; without it the Spark provider "
+            f"silently submits to YARN. Fix: define it, for local Spark e.g. "
+            f'AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "spark", "host": "local[*]"}}\''
+        ) from None
+    master = f"{conn.conn_type}://{conn.host or ''}"
+    if "yarn" in master or "k8s" in master or conn.extra_dejson.get("deploy-mode") == "cluster":
+        raise AirflowFailException(
+            f"Spark connection {conn_id!r} ({master}) would pass the source DSN on the "
+            f"spark-submit command line (YARN/Kubernetes/cluster mode turn environment "
+            f"variables into --conf arguments). Use a local or standalone master in client mode"
+        )

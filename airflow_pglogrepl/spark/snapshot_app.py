@@ -1,0 +1,281 @@
+"""Spark application: a consistent initial snapshot of published tables into a Parquet lake.
+
+Run it as ``spark-submit snapshot_app.py ARGS`` (any master) or ``python -m
+airflow_pglogrepl.spark.snapshot_app ARGS`` (local Spark). As with the drain application, the
+source database comes only from ``PGLOGREPL_SOURCE_DSN`` in the environment, and the last line on
+stdout is one JSON object with what the run did; a failure exits non-zero with the reason on
+stderr.
+
+Who holds the exporting session decides the mode:
+
+- standalone (no ``--snapshot-name``): this process creates the slot with an exported snapshot,
+  keeps that session open while Spark copies, and drops the slot again if the copy fails before
+  it is committed (``--replace-slot`` re-creates a slot left behind by a killed run);
+- handed a snapshot (``--snapshot-name`` and ``--consistent-point``, as ``InitialSnapshotOperator``
+  does): the caller created the slot and holds the session; this process only copies and
+  commits, and the caller cleans up on failure;
+- ``--table``: re-snapshot only these tables into a sink that already has commits, in a temporary
+  slot's snapshot (or one handed in), without touching the drain's slot or other tables;
+- ``--resolve [--consistent-point]``: recover the sink (after a run died: finish a snapshot that
+  was committed, remove what it staged) and print where it stands: how many commits, the
+  consistent point of its snapshot of ``--slot``, and whether the one at ``--consistent-point``
+  is committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_pglogrepl.spark.sink import Sink
+
+DSN_ENV = "PGLOGREPL_SOURCE_DSN"
+SNAPSHOT_ENV = "PGLOGREPL_SNAPSHOT_NAME"  # the exported snapshot's name, instead of the argument
+log = logging.getLogger("airflow_pglogrepl.snapshot")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="snapshot_app",
+        description="Copy published tables into a Parquet lake at a replication slot's "
+        f"consistent point. The source connection is read from ${DSN_ENV}.",
+    )
+    parser.add_argument("--slot", required=True, help="the drain's logical slot (pgoutput)")
+    parser.add_argument(
+        "--publication", nargs="+", action="extend", default=[], help="publication name(s)"
+    )
+    parser.add_argument("--sink", required=True, help="lake root: a path or a URI Spark writes")
+    parser.add_argument(
+        "--tasks-per-table", type=int, default=None, help="at most this many ranges per table "
+        "(default: Spark's default parallelism)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rows-per-task", type=int, default=1_000_000, help="about this many rows per range"
+    )
+    parser.add_argument("--parallelism", type=int, default=4, help="tables copied at once")
+    parser.add_argument(
+        "--snapshot-name", default=None,
+        help=f"exported snapshot held by the caller (or ${SNAPSHOT_ENV})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--consistent-point", default=None, help="the slot's consistent point (with a handed "
+        "snapshot, or with --resolve)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--table", action="append", default=None, help="re-snapshot only this table "
+        "(schema.table; repeatable)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--replace-slot", action="store_true", help="standalone: drop and re-create the slot "
+        "when it exists and the sink holds no commit yet (a slot left by a killed run)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--resolve", action="store_true", help="finish or undo an interrupted snapshot and "
+        "report the sink's state",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    args.snapshot_name = args.snapshot_name or os.environ.get(SNAPSHOT_ENV) or None
+    if not args.resolve and not args.publication:
+        parser.error("--publication is required")
+    if bool(args.snapshot_name) != bool(args.consistent_point) and not args.resolve:
+        parser.error("--snapshot-name and --consistent-point go together")
+    if args.replace_slot and (args.snapshot_name or args.table):
+        parser.error("--replace-slot only applies to a standalone initial snapshot")
+    return args
+
+
+def spark_session() -> Any:
+    """The session spark-submit prepared (its master), or a local one under ``python -m``."""
+    from airflow_pglogrepl.spark.session import configure, local_session
+
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit
+        from pyspark.sql import SparkSession
+
+        return configure(SparkSession.builder.appName("pglogrepl-snapshot")).getOrCreate()
+    return local_session("pglogrepl-snapshot", cores=os.cpu_count() or 2)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    started = time.monotonic()
+    args = parse_args(argv)
+    # Everything but the summary goes to stderr (Spark, py4j and Airflow all write to stdout).
+    sys.stdout.flush()
+    summary_fd = os.dup(1)
+    os.dup2(2, 1)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+    )
+    dsn = os.environ.get(DSN_ENV)
+    if not dsn:
+        print(
+            f"snapshot_app: ${DSN_ENV} is not set; it must hold the source's libpq conninfo or "
+            f"URI (InitialSnapshotOperator sets it from the Airflow connection)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        result = run(args, dsn, started)
+    except Exception as exc:  # one clear line for the task log; the traceback follows it
+        log.exception("snapshot failed")
+        print(f"snapshot_app: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    os.write(summary_fd, (json.dumps(result) + "\n").encode())
+    os.close(summary_fd)
+    return 0
+
+
+def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
+    from airflow_pglogrepl.hooks.replication import DsnReplicationHook
+    from airflow_pglogrepl.hooks.snapshot import SnapshotMixin
+    from airflow_pglogrepl.spark.sink import Sink
+    from airflow_pglogrepl.spark.storage import LocalStorage, is_local, storage_for
+
+    class SourceHook(SnapshotMixin, DsnReplicationHook):
+        """The source, with the snapshot statements."""
+
+    hook = SourceHook(dsn)
+    session: Any = None
+    spark_start_s = None
+
+    def spark() -> Any:
+        nonlocal session, spark_start_s
+        if session is None:
+            from airflow_pglogrepl.spark.drain_app import check_executors
+
+            began = time.monotonic()
+            session = spark_session()
+            spark_start_s = round(time.monotonic() - began, 3)
+            check_executors(session)
+        return session
+
+    try:
+        storage = LocalStorage() if is_local(args.sink) else storage_for(args.sink, spark())
+        sink = Sink(args.sink, storage)
+        if args.resolve:
+            from airflow_pglogrepl.lsn import LSN
+            from airflow_pglogrepl.spark.snapshot import resolve
+
+            point = LSN(args.consistent_point) if args.consistent_point else None
+            return {"resolved": True, **resolve(sink, args.slot, point)}
+        if args.table:
+            result = _tables(args, hook, sink, spark)
+        elif args.snapshot_name:
+            result = _handed(args, hook, sink, spark)
+        else:
+            result = _standalone(args, hook, sink, spark)
+        result["startup_s"] = round(time.monotonic() - started, 3)
+        result["spark_start_s"] = spark_start_s
+        if session is not None:
+            result["master"] = str(session.sparkContext.master)
+        return result
+    finally:
+        if session is not None:
+            session.stop()
+
+
+def _copy(args: argparse.Namespace, hook: Any, sink: Sink, spark: Any, point: Any) -> Any:
+    from airflow_pglogrepl.spark.snapshot import SnapshotCopy
+    from airflow_pglogrepl.tables import parse_tables
+
+    return SnapshotCopy(
+        spark=spark,
+        sink=sink,
+        reader_params=hook.connection_params(),
+        point=point,
+        publications=args.publication,
+        tables=parse_tables(args.table) if args.table else None,
+        tasks_per_table=args.tasks_per_table,
+        rows_per_task=args.rows_per_task,
+        parallelism=args.parallelism,
+    ).run()
+
+
+def _handed(args: argparse.Namespace, hook: Any, sink: Sink, spark: Any) -> dict[str, Any]:
+    """The caller holds the exporting session: copy and commit, nothing else."""
+    from airflow_pglogrepl.lsn import LSN
+    from airflow_pglogrepl.spark.snapshot import SnapshotPoint
+
+    point = SnapshotPoint(args.slot, LSN(args.consistent_point), args.snapshot_name)
+    slot = hook.get_slot(args.slot, plugin="pgoutput")
+    if slot.confirmed_flush_lsn != point.consistent_point:
+        raise ValueError(
+            f"slot {args.slot!r} is at {slot.confirmed_flush_lsn}, not at the consistent point "
+            f"{point.consistent_point} the snapshot was exported at: it is not the slot that "
+            f"exported this snapshot, or it was consumed since"
+        )
+    result: dict[str, Any] = _copy(args, hook, sink, spark(), point).to_dict()
+    return result
+
+
+def _standalone(args: argparse.Namespace, hook: Any, sink: Sink, spark: Any) -> dict[str, Any]:
+    """Create the slot and hold its exporting session here; drop the slot if the copy fails."""
+    from airflow_pglogrepl.exceptions import SlotNotFoundError
+    from airflow_pglogrepl.spark.snapshot import (
+        SnapshotPoint,
+        check_empty_sink,
+        existing_snapshot,
+        snapshot_commit,
+    )
+
+    try:
+        hook.get_slot(args.slot)
+        exists = True
+    except SlotNotFoundError:
+        exists = False
+    if exists:
+        done = existing_snapshot(sink, args.slot)
+        if done is not None:
+            log.info("sink already holds the snapshot of slot %s at %s", args.slot, done.end_lsn)
+            return {"status": "exists", "committed": True, "mode": "initial",
+                    "slot": args.slot, "consistent_point": done.end_lsn, "rows": 0}  # fmt: skip
+        check_empty_sink(sink)
+        if not args.replace_slot:
+            raise ValueError(
+                f"slot {args.slot!r} already exists and the sink holds no snapshot of it: an "
+                f"exported snapshot exists only when the slot is created. Fix: pass "
+                f"--replace-slot to drop and re-create it (nothing in the sink depends on it)"
+            )
+        hook.drop_slot(args.slot)
+    check_empty_sink(sink)
+    session = spark()  # started before the slot: the exporting session waits for nobody
+    exported = hook.create_slot_with_snapshot(args.slot)
+    point = SnapshotPoint(exported.slot, exported.consistent_point, exported.snapshot_name)
+    try:
+        result: dict[str, Any] = _copy(args, hook, sink, session, point).to_dict()
+    except BaseException:
+        exported.close()
+        if snapshot_commit(sink, args.slot, point.consistent_point) is None:
+            log.warning("snapshot failed before its commit: dropping slot %s", args.slot)
+            hook.drop_slot(args.slot, missing_ok=True)
+        raise
+    finally:
+        exported.close()
+    return result
+
+
+def _tables(args: argparse.Namespace, hook: Any, sink: Sink, spark: Any) -> dict[str, Any]:
+    """Re-snapshot some tables in a temporary slot's snapshot (or a handed one)."""
+    from airflow_pglogrepl.lsn import LSN
+    from airflow_pglogrepl.spark.snapshot import SnapshotPoint, temporary_slot_name
+
+    hook.get_slot(args.slot, plugin="pgoutput")  # the drain's slot must exist
+    if args.snapshot_name:
+        point = SnapshotPoint(args.slot, LSN(args.consistent_point), args.snapshot_name)
+        result: dict[str, Any] = _copy(args, hook, sink, spark(), point).to_dict()
+        return result
+    session = spark()
+    with hook.create_slot_with_snapshot(temporary_slot_name(args.slot), temporary=True) as held:
+        point = SnapshotPoint(args.slot, held.consistent_point, held.snapshot_name)
+        result = _copy(args, hook, sink, session, point).to_dict()
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

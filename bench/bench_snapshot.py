@@ -1,0 +1,156 @@
+"""Snapshot benchmark: rows/s and MB/s copying one table into the lake, 1 vs 2 Spark tasks.
+
+Loads a 5,000,000-row table (``bigint``, ``int``, ``text``, ``timestamptz``, the decoder
+benchmark's shape) into a throwaway cluster, then measures:
+
+- ``psql -c "COPY bench TO STDOUT" > /dev/null``: what the server and libpq deliver to one
+  client that does nothing with the rows, the yardstick;
+- ``CopyTask`` alone, one range, in this process: the session, COPY (CSV) and the conversion to
+  typed Arrow batches, without Spark;
+- ``SnapshotCopy`` on a ``local[2]`` Spark session with 1 and with 2 tasks for the table: the
+  whole snapshot (ranges, COPY, Arrow, Parquet written by Spark, footer count, commit), each in a
+  temporary slot's exported snapshot and a fresh sink.
+
+MB/s is the table's heap size (``pg_relation_size``) over the time, the same numerator for every
+line. Spark's Python workers are started by a warm-up run first. Each figure is the best of
+``--repeat`` runs. Not a test: ``python -m bench.bench_snapshot``; record results in
+docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, local_cluster
+
+
+def best_of(repeat: int, run: Callable[[], Any]) -> tuple[float, Any]:
+    """(shortest wall time, its result) over ``repeat`` runs."""
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        gc.collect()
+        start = time.perf_counter()
+        value = run()
+        elapsed = time.perf_counter() - start
+        if elapsed < best:
+            best, result = elapsed, value
+    return best, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+
+    from airflow_pglogrepl.hooks.replication import DsnReplicationHook
+    from airflow_pglogrepl.hooks.snapshot import SnapshotMixin, SnapshotReader
+    from airflow_pglogrepl.spark.session import local_session
+    from airflow_pglogrepl.spark.sink import Sink
+    from airflow_pglogrepl.spark.snapshot import BlockRange, CopyTask, SnapshotCopy, SnapshotPoint
+    from airflow_pglogrepl.spark.storage import LocalStorage
+
+    class Hook(SnapshotMixin, DsnReplicationHook):
+        pass
+
+    with local_cluster("bench-snapshot", LOGICAL_SETTINGS) as cluster:
+        with cluster.connect() as conn:
+            conn.execute(
+                "CREATE TABLE bench (id bigint PRIMARY KEY, qty int, label text, at timestamptz)"
+            )
+            conn.execute(
+                "INSERT INTO bench SELECT g, g %% 1000, 'label ' || g,"
+                " timestamptz '2026-01-01' + g * interval '1 second'"
+                " FROM generate_series(1, %s) g",
+                (args.rows,),
+            )
+            conn.execute("VACUUM ANALYZE bench")
+            conn.execute("CREATE PUBLICATION bench FOR TABLE bench")
+            heap = conn.execute("SELECT pg_relation_size('bench')").fetchone()[0]
+        mb = heap / 1e6
+        hook = Hook(cluster.dsn())
+        results: list[tuple[str, float]] = []
+
+        env = {**os.environ, "PGPASSWORD": cluster.password}
+        psql = [str(cluster.bindir / "psql"), "-h", cluster.host, "-p", str(cluster.port),
+                "-U", cluster.superuser, "-d", "postgres", "-X", "-q"]  # fmt: skip
+        text_bytes = len(
+            subprocess.run(
+                [*psql, "-c", "COPY bench TO STDOUT"], env=env, capture_output=True, check=True
+            ).stdout
+        )
+
+        def run_psql() -> None:
+            with open(os.devnull, "wb") as null:
+                subprocess.run([*psql, "-c", "COPY bench TO STDOUT"], env=env, stdout=null,
+                               check=True)  # fmt: skip
+
+        results.append(
+            ("psql `COPY bench TO STDOUT > /dev/null`", best_of(args.repeat, run_psql)[0])
+        )
+
+        def in_process() -> int:
+            with hook.create_slot_with_snapshot("bench_inproc", temporary=True) as held:
+                reader = SnapshotReader(hook.connection_params())
+                with reader.transaction(held.snapshot_name) as conn:
+                    (table,) = reader.published_tables(conn, ["bench"])
+                task = CopyTask(hook.connection_params(), held.snapshot_name, table)
+                return sum(batch.num_rows for batch in task.copy(BlockRange(0, None)))
+
+        seconds, rows = best_of(args.repeat, in_process)
+        assert rows == args.rows, rows
+        results.append(("`CopyTask` alone, 1 range, no Spark (COPY csv -> Arrow)", seconds))
+
+        spark = local_session("bench-snapshot", cores=2)
+        workdir = tempfile.mkdtemp(prefix="bench-snapshot-")
+
+        def snapshot(tasks: int) -> dict[str, Any]:
+            target = os.path.join(workdir, "lake")
+            shutil.rmtree(target, ignore_errors=True)
+            with hook.create_slot_with_snapshot("bench_spark", temporary=True) as held:
+                point = SnapshotPoint(held.slot, held.consistent_point, held.snapshot_name)
+                result = SnapshotCopy(
+                    spark=spark, sink=Sink(target, LocalStorage()),
+                    reader_params=hook.connection_params(), point=point, publications=["bench"],
+                    tasks_per_table=tasks, rows_per_task=1,
+                ).run()  # fmt: skip
+            summary = result.to_dict()
+            assert summary["rows"] == args.rows, summary
+            return summary
+
+        try:
+            began = time.perf_counter()
+            snapshot(2)  # starts the Python workers and warms the JVM
+            warmup = time.perf_counter() - began
+            for tasks in (1, 2):
+                seconds, summary = best_of(args.repeat, lambda t=tasks: snapshot(t))
+                results.append(
+                    (f"`SnapshotCopy`, local[2] Spark, {tasks} task(s) "
+                     f"(copy {summary['copy_s']:.2f} s)", seconds)
+                )  # fmt: skip
+        finally:
+            spark.stop()
+            shutil.rmtree(workdir, ignore_errors=True)
+
+        print(
+            f"\n{args.rows:,} rows, heap {mb:,.1f} MB, COPY text {text_bytes / 1e6:,.1f} MB; "
+            f"best of {args.repeat}; first Spark run (worker start-up) {warmup:.1f} s\n"
+        )
+        print("| | time | rows/s | MB/s (heap) |")
+        print("|---|---:|---:|---:|")
+        for label, seconds in results:
+            print(
+                f"| {label} | {seconds:.2f} s | {args.rows / seconds:,.0f} | {mb / seconds:.1f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

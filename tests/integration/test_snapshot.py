@@ -1,0 +1,380 @@
+"""The initial snapshot against a live cluster and real Spark: exact hand-off to the drain,
+clean failure, identities without a primary key, and types identical to the drain's."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_pglogrepl.hooks.replication import DsnReplicationHook
+from airflow_pglogrepl.hooks.snapshot import SnapshotMixin, SnapshotTable
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.spark.sink import CommitRecord, Sink, table_dir, window_id
+from airflow_pglogrepl.spark.snapshot import (
+    BlockRange,
+    SinkNotEmptyError,
+    SnapshotCopy,
+    SnapshotPoint,
+    check_empty_sink,
+    plan_ranges,
+    temporary_slot_name,
+)
+from airflow_pglogrepl.spark.storage import LocalStorage
+from airflow_pglogrepl.tables import TableRef
+from airflow_pglogrepl.testing.pgcluster import PgCluster
+from tests.conftest import set_airflow_connection
+from tests.drain_support import TYPED_TABLE, insert_sql, normalize, random_row
+from tests.integration.test_drain import Source, drain_in_process
+
+_ids = itertools.count(1)
+
+
+class SnapHook(SnapshotMixin, DsnReplicationHook):
+    """The source hook with the snapshot statements (as the application builds it)."""
+
+
+@pytest.fixture
+def src(publisher: PgCluster) -> Iterator[Source]:
+    """A database of its own; slots are created by the tests (dropped afterwards)."""
+    n = next(_ids)
+    db = f"snap_{n}"
+    publisher.create_database(db)
+    source = Source(publisher, db, f"snap_slot_{n}", "snap_pub")
+    yield source
+    source.sql(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+        " WHERE database = current_database() AND NOT active"
+    )
+
+
+def snapshot(spark: Any, source: Source, sink: str, **options: Any) -> dict[str, Any]:
+    """Create ``source.slot`` with an exported snapshot and copy in this process's Spark."""
+    hook = SnapHook(source.dsn)
+    with hook.create_slot_with_snapshot(source.slot) as exported:
+        point = SnapshotPoint(exported.slot, exported.consistent_point, exported.snapshot_name)
+        result = SnapshotCopy(
+            spark=spark, sink=Sink(sink, LocalStorage()), reader_params=hook.connection_params(),
+            point=point, publications=[source.publication], **options,
+        ).run()  # fmt: skip
+    return result.to_dict()
+
+
+def source_table(source: Source, table: str) -> list[tuple[Any, ...]]:
+    rows = source.sql(f"SELECT * FROM {table}")
+    return sorted((tuple(normalize(v) for v in row) for row in rows), key=repr)
+
+
+def lake_table(sink: str, table: str) -> list[tuple[Any, ...]]:
+    """``state/`` of a table as a multiset of normalized rows (NULL keys allowed)."""
+    import pyarrow.parquet as pq
+
+    path = Path(sink) / "state" / table_dir(TableRef("public", table))
+    data = pq.read_table(path)
+    rows = [tuple(normalize(row[n]) for n in data.column_names) for row in data.to_pylist()]
+    return sorted(rows, key=repr)
+
+
+# -- 1: concurrent writes, a table split across tasks, exact hand-off ---------------------------
+
+
+class Writer(threading.Thread):
+    """Inserts, updates (some changing the key) and deletes, one small transaction at a time."""
+
+    def __init__(self, source: Source) -> None:
+        super().__init__(daemon=True)
+        self.source = source
+        self.stop = threading.Event()
+        self.transactions = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        rng = random.Random(7)
+        next_id = itertools.count(1_000_000)
+        try:
+            with self.source.cluster.connect(self.source.db) as conn:
+                while not self.stop.is_set():
+                    with conn.transaction():
+                        for _ in range(rng.randrange(1, 4)):
+                            self._one(conn, rng, next_id)
+                    self.transactions += 1
+                    time.sleep(0.002)
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+
+    @staticmethod
+    def _one(conn: Any, rng: random.Random, next_id: Iterator[int]) -> None:
+        key = rng.randrange(1, 40_000)
+        kind = rng.random()
+        if kind < 0.3:
+            conn.execute(
+                "INSERT INTO big VALUES (%s, %s, md5(%s::text), %s, now())",
+                (next(next_id), key % 97, key, key / 100),
+            )
+        elif kind < 0.55:
+            conn.execute("UPDATE big SET v = 'upd ' || v, n = n + 1 WHERE id = %s", (key,))
+        elif kind < 0.65:
+            conn.execute("UPDATE big SET id = %s WHERE id = %s", (next(next_id), key))
+        elif kind < 0.8:
+            conn.execute("DELETE FROM big WHERE id = %s", (key,))
+        elif kind < 0.9:
+            conn.execute("UPDATE small SET v = v || '+' WHERE id = %s", (key % 500,))
+        else:
+            conn.execute("UPDATE typed_a SET i = %s, t = NULL WHERE id = %s", (key, key % 150))
+
+
+def test_snapshot_under_concurrent_writes_hands_off_to_the_drain_exactly(
+    spark: Any, src: Source, tmp_path: Path
+) -> None:
+    src.sql(
+        "CREATE TABLE big (id bigint PRIMARY KEY, grp int, v text, n numeric(12, 2),"
+        " at timestamptz)"
+    )
+    src.sql(
+        "INSERT INTO big SELECT g, g % 97, md5(g::text), g / 100.0, now() - g * interval '1 s'"
+        " FROM generate_series(1, 40000) g"
+    )
+    src.sql("CREATE TABLE small (id int PRIMARY KEY, v text)")
+    src.sql("INSERT INTO small SELECT g, 's' || g FROM generate_series(0, 499) g")
+    src.sql(TYPED_TABLE.format(name="typed_a"))
+    rng = random.Random(20261122)
+    for key in range(150):
+        src.sql(insert_sql("typed_a"), random_row(rng, key, big=key % 10 == 0))
+    src.sql("CREATE TABLE empty_e (id int PRIMARY KEY, v text)")
+    src.sql("ANALYZE")
+    src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE big, small, typed_a, empty_e")
+    sink = str(tmp_path / "lake")
+
+    writer = Writer(src)
+    writer.start()
+    try:
+        time.sleep(0.3)
+        before = writer.transactions
+        result = snapshot(spark, src, sink, tasks_per_table=4, rows_per_task=10_000)
+        during = writer.transactions - before
+        time.sleep(0.5)
+    finally:
+        writer.stop.set()
+        writer.join(timeout=30)
+    assert writer.error is None, writer.error
+    assert during > 20, "the writer must have committed while the snapshot ran"
+    assert result["committed"] and result["tables"]["public.big"]["tasks"] == 4, result
+    assert result["tables"]["public.empty_e"]["rows"] == 0
+
+    lake = Sink(sink, LocalStorage())
+    (record,) = lake.commits()
+    assert record.kind == "snapshot" and record.slot == src.slot
+    assert record.start_lsn == record.end_lsn == result["consistent_point"]
+    assert record.tables["public.big"]["key"] == ["id"]
+    # the slot starts exactly at the snapshot: the drain reconciles without a gap or a jump
+    assert src.hook().get_slot(src.slot).confirmed_flush_lsn == LSN(result["consistent_point"])
+    with pytest.raises(SinkNotEmptyError):
+        check_empty_sink(lake)
+
+    drained = drain_in_process(spark, src, sink, window=1 << 20)
+    assert drained["changes"] > 0
+    assert drained["window_start_lsn"] == result["consistent_point"]
+    for table in ("big", "small", "typed_a", "empty_e"):
+        assert lake_table(sink, table) == source_table(src, table), table
+    assert not list((Path(sink) / "_pglogrepl" / "staging").glob("*"))
+
+
+# -- 2: the job killed midway, through the operator --------------------------------------------
+
+
+class FakeTI:
+    def __init__(self) -> None:
+        self.xcom: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcom[key] = value
+
+
+def test_killed_snapshot_job_is_cleaned_up_and_a_rerun_is_exact(
+    spark: Any, src: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_pglogrepl.operators.snapshot import InitialSnapshotOperator
+
+    src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    src.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 20000) g")
+    src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE t")
+    conn_id = f"pg_{src.db}"
+    set_airflow_connection(conn_id, src.cluster.airflow_uri(src.db))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_SNAPSHOT", json.dumps({"conn_type": "spark", "host": "local[1]"})
+    )
+    sink = tmp_path / "lake"
+
+    def operator(**kwargs: Any) -> InitialSnapshotOperator:
+        return InitialSnapshotOperator(
+            task_id="snapshot", postgres_conn_id=conn_id, conn_id="spark_snapshot",
+            slot_name=src.slot, publications=[src.publication], sink=str(sink),
+            tasks_per_table=2, rows_per_task=5000, outlets=[], **kwargs,
+        )  # fmt: skip
+
+    # The application dies abruptly after Spark staged every range, before the commit record.
+    killed = operator(env_vars={"PGLOGREPL_FAULT": "after_copy"})
+    with pytest.raises(Exception, match=r"(?i)error code|spark"):
+        killed.execute({"ti": FakeTI()})  # type: ignore[arg-type]
+    assert src.sql("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
+                   (src.slot,)) == [(0,)]  # fmt: skip
+    assert not [p for p in (sink / "state").rglob("*") if p.is_file()]
+    assert not list((sink / "_pglogrepl" / "staging").glob("*"))
+    assert not list((sink / "_pglogrepl" / "commits").glob("*"))
+
+    src.sql("UPDATE t SET v = 'between' WHERE id <= 100")  # must be in the snapshot, once
+    ti = FakeTI()
+    result = operator().execute({"ti": ti})  # type: ignore[arg-type]
+    assert result["committed"] and result["rows"] == 20000, result
+    assert ti.xcom["consistent_point"] == result["consistent_point"]
+    slot = src.hook().get_slot(src.slot)
+    assert slot.confirmed_flush_lsn == LSN(result["consistent_point"])
+    # running it again is a no-op
+    again = operator().execute({"ti": FakeTI()})  # type: ignore[arg-type]
+    assert again["status"] == "exists" and again["consistent_point"] == result["consistent_point"]
+
+    src.sql("UPDATE t SET v = 'after' WHERE id % 7 = 0")
+    src.sql("DELETE FROM t WHERE id % 11 = 0")
+    drained = drain_in_process(spark, src, str(sink), window=1 << 20)
+    assert drained["changes"] == 20000 // 7 + 20000 // 11
+    assert lake_table(str(sink), "t") == source_table(src, "t")
+
+
+# -- 3: identities without a primary key; types identical to the drain's ----------------------
+
+
+def test_identity_full_and_unique_index_and_types_equal_the_drains(
+    spark: Any, src: Source, tmp_path: Path
+) -> None:
+    plain = Source(src.cluster, src.db, f"{src.slot}_plain", src.publication)
+    src.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (plain.slot,))
+    src.sql("CREATE TABLE nokey (a int, b text)")
+    src.sql("ALTER TABLE nokey REPLICA IDENTITY FULL")
+    src.sql("CREATE TABLE uidx (code text NOT NULL, n int NOT NULL, v text, d date)")
+    src.sql("CREATE UNIQUE INDEX uidx_code_n ON uidx (code, n)")
+    src.sql("ALTER TABLE uidx REPLICA IDENTITY USING INDEX uidx_code_n")
+    src.sql(TYPED_TABLE.format(name="typed"))
+    src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE nokey, uidx, typed")
+    src.sql("INSERT INTO nokey VALUES (1, 'dup'), (1, 'dup'), (1, 'dup'), (2, NULL), (NULL, 'x')")
+    src.sql("INSERT INTO uidx SELECT 'c' || (g % 7), g, 'v' || g, date '2024-01-01' + g"
+            " FROM generate_series(1, 300) g")  # fmt: skip
+    rng = random.Random(5)
+    for key in range(1, 81):
+        src.sql(insert_sql("typed"), random_row(rng, key, big=key % 9 == 0))
+
+    snap_sink, drain_sink = str(tmp_path / "snap"), str(tmp_path / "drained")
+    result = snapshot(spark, src, snap_sink)
+    assert result["tables"]["public.nokey"]["rows"] == 5
+    (record,) = Sink(snap_sink, LocalStorage()).commits()
+    assert record.tables["public.uidx"]["key"] == ["code", "n"]
+    assert record.tables["public.uidx"]["replica_identity"] == "i"
+    assert record.tables["public.nokey"]["replica_identity"] == "f"
+
+    # after the snapshot: one of three identical rows goes, another changes; keys move
+    src.sql("DELETE FROM nokey WHERE ctid = (SELECT min(ctid) FROM nokey WHERE a = 1)")
+    src.sql("UPDATE nokey SET b = 'one' WHERE ctid = (SELECT max(ctid) FROM nokey WHERE a = 1)")
+    src.sql("UPDATE uidx SET n = n + 1000 WHERE n % 10 = 0")
+    src.sql("UPDATE uidx SET v = NULL, d = NULL WHERE n % 3 = 0")
+    src.sql("DELETE FROM uidx WHERE n % 17 = 0")
+    src.sql("UPDATE typed SET i = 1, t = 'changed' WHERE id % 4 = 0")  # big stays unchanged
+    src.sql("DELETE FROM typed WHERE id % 5 = 0")
+    drain_in_process(spark, src, snap_sink, window=1 << 20)
+    drain_in_process(spark, plain, drain_sink, window=1 << 20)  # the same rows, all drained
+    for table in ("nokey", "uidx", "typed"):
+        assert lake_table(snap_sink, table) == source_table(src, table), table
+        assert _arrow_state(snap_sink, table) == _arrow_state(drain_sink, table), table
+
+    # a table published later is re-snapshotted alone, in a temporary slot's snapshot
+    src.sql("CREATE TABLE late (id int PRIMARY KEY, v text)")
+    src.sql("INSERT INTO late SELECT g, 'l' || g FROM generate_series(1, 1000) g")
+    src.sql(f"ALTER PUBLICATION {src.publication} ADD TABLE late")
+    src.sql("UPDATE late SET v = 'before snapshot' WHERE id <= 10")  # drained and in the copy
+    hook = SnapHook(src.dsn)
+    with hook.create_slot_with_snapshot(temporary_slot_name(src.slot), temporary=True) as held:
+        src.sql("UPDATE late SET v = 'after snapshot' WHERE id <= 5")  # drained only
+        SnapshotCopy(
+            spark=spark, sink=Sink(snap_sink, LocalStorage()),
+            reader_params=hook.connection_params(), publications=[src.publication],
+            point=SnapshotPoint(src.slot, held.consistent_point, held.snapshot_name),
+            tables=[TableRef("public", "late")],
+        ).run()  # fmt: skip
+    src.sql("DELETE FROM late WHERE id > 990")
+    src.sql("UPDATE uidx SET v = 'still drained' WHERE n = 1")
+    drain_in_process(spark, src, snap_sink, window=1 << 20)
+    for table in ("late", "uidx"):
+        assert lake_table(snap_sink, table) == source_table(src, table), table
+
+
+def _arrow_state(sink: str, table: str) -> tuple[str, list[dict[str, Any]]]:
+    """A table's state as Arrow sees it: exact types and values, in a stable order."""
+    import pyarrow.parquet as pq
+
+    data = pq.read_table(Path(sink) / "state" / table_dir(TableRef("public", table)))
+    rows = sorted(data.to_pylist(), key=repr)
+    return str(data.schema.remove_metadata()), rows
+
+
+# -- the commit protocol of a snapshot, and planning (no server) ------------------------------
+
+
+def test_a_snapshot_commit_interrupted_mid_publish_is_finished_by_recover(tmp_path: Path) -> None:
+    sink = Sink(str(tmp_path / "lake"), LocalStorage())
+    cp = "0/3000028"
+    window = window_id(LSN(cp))
+    for name in ("public.a", "public.b"):
+        staged = Path(sink.staging_dir(window, name))
+        staged.mkdir(parents=True)
+        (staged / "part-0.parquet").write_text(name)
+    Path(sink.staging_dir("00000000DEADBEEF", "public.a")).mkdir(parents=True)  # uncommitted
+    record = CommitRecord(
+        kind="snapshot", slot="s", start_lsn=cp, end_lsn=cp, transactions=0, changes=2,
+        tables={"public.a": {}, "public.b": {}},
+    )  # fmt: skip
+    # crash after the record and after moving one table, before the other and the records
+    sink.storage.write_text_atomic(
+        sink.storage.join(sink.root, "_pglogrepl", "commits", f"{window}.json"), record.to_json()
+    )
+    sink.storage.move(sink.staging_dir(window, "public.a"), sink.state_dir("public.a"))
+    assert sink.recover() == record
+    for name in ("public.a", "public.b"):
+        assert (Path(sink.state_dir(name)) / "part-0.parquet").read_text() == name
+        state = json.loads(Path(sink.state_record_path(name)).read_text())
+        assert state == {"lsn": cp, "next": None}
+    assert not list(Path(sink.staging_dir("x")).parent.glob("*"))
+    # a state record merged past the snapshot is never moved back by a repeated publish
+    sink.storage.write_text_atomic(sink.state_record_path("public.a"), '{"lsn": "0/4000000"}')
+    sink._publish(record)
+    assert json.loads(Path(sink.state_record_path("public.a")).read_text())["lsn"] == "0/4000000"
+
+
+def _table(blocks: int, reltuples: float, relpages: int, relkind: str = "r") -> SnapshotTable:
+    return SnapshotTable(
+        table=TableRef("public", "t"), relid=1, relkind=relkind, replica_identity="d",
+        columns=(), row_filter=None, blocks=blocks, reltuples=reltuples, relpages=relpages,
+        publications=("p",),
+    )  # fmt: skip
+
+
+def test_plan_ranges_cover_every_block_once() -> None:
+    ranges = plan_ranges(_table(1000, 100_000, 1000), max_tasks=4, rows_per_task=30_000)
+    assert ranges == [BlockRange(0, 250), BlockRange(250, 500), BlockRange(500, 750),
+                      BlockRange(750, None)]  # fmt: skip
+    assert plan_ranges(_table(1000, 100_000, 1000), max_tasks=8, rows_per_task=60_000) == [
+        BlockRange(0, 500), BlockRange(500, None)
+    ]  # fmt: skip
+    # never analyzed: sized from blocks; tiny and partitioned tables: one open range
+    assert len(plan_ranges(_table(100, -1, 0), max_tasks=8, rows_per_task=1000)) == 6
+    assert plan_ranges(_table(3, 300, 3), max_tasks=8, rows_per_task=1) == [
+        BlockRange(0, 1), BlockRange(1, 2), BlockRange(2, None)
+    ]  # fmt: skip
+    assert plan_ranges(_table(0, 0, 0), max_tasks=8, rows_per_task=1) == [BlockRange(0, None)]
+    assert plan_ranges(_table(0, 5e6, 0, "p"), max_tasks=8, rows_per_task=1) == [
+        BlockRange(0, None)
+    ]
