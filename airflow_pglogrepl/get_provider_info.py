@@ -48,6 +48,8 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_pglogrepl.operators.parity",
                     "airflow_pglogrepl.operators.conflicts",
                     "airflow_pglogrepl.operators.finalize",
+                    "airflow_pglogrepl.operators.drain",
+                    "airflow_pglogrepl.operators.snapshot",
                 ],
             }
         ],

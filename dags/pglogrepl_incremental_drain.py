@@ -1,4 +1,10 @@
-"""Scheduled incremental drain: slot health check -> drain into the lake -> lag report.
+"""Scheduled incremental drain: initial snapshot (first run) -> slot health -> drain -> lag report.
+
+The DAG bootstraps itself: while the sink holds nothing, ``initial_snapshot`` creates the slot
+with an exported snapshot and copies the published tables on Spark at exactly the slot's start
+(a slot that already exists next to an empty sink is re-created for that: nothing depends on it
+yet). Once the sink holds the snapshot, or windows drained without one, it does nothing and the
+drain continues from the slot.
 
 Everything comes from params (defaults below) and Airflow connections: the publisher
 (``postgres_conn_id``), and Spark (``PGLOGREPL_SPARK_CONN_ID``, default ``spark_local``; it must
@@ -18,6 +24,7 @@ from airflow.sdk import DAG, Param, task
 
 from airflow_pglogrepl.operators.drain import SlotDrainOperator
 from airflow_pglogrepl.operators.slots import SlotHealthCheckOperator
+from airflow_pglogrepl.operators.snapshot import InitialSnapshotOperator
 
 SINK = os.environ.get("PGLOGREPL_SINK", "/tmp/pglogrepl-lake")
 
@@ -35,9 +42,23 @@ with DAG(
         "max_window_bytes": Param(64 * 1024 * 1024, type="integer", minimum=1),
         "max_windows": Param(None, type=["null", "integer"]),
         "max_retained_bytes": Param(None, type=["null", "integer"]),
+        "snapshot_tasks_per_table": Param(None, type=["null", "integer"]),
+        "snapshot_rows_per_task": Param(1_000_000, type="integer", minimum=1),
     },
     tags=["pglogrepl"],
 ) as dag:
+    spark_conn_id = os.environ.get("PGLOGREPL_SPARK_CONN_ID", "spark_local")
+    snapshot = InitialSnapshotOperator(
+        task_id="initial_snapshot",
+        postgres_conn_id="{{ params.postgres_conn_id }}",
+        conn_id=spark_conn_id,
+        slot_name="{{ params.slot }}",
+        publications="{{ params.publications }}",
+        sink=SINK,
+        tasks_per_table="{{ params.snapshot_tasks_per_table }}",
+        rows_per_task="{{ params.snapshot_rows_per_task }}",
+        bootstrap=True,
+    )
     health = SlotHealthCheckOperator(
         task_id="slot_health",
         postgres_conn_id="{{ params.postgres_conn_id }}",
@@ -49,7 +70,7 @@ with DAG(
     drain = SlotDrainOperator(
         task_id="drain",
         postgres_conn_id="{{ params.postgres_conn_id }}",
-        conn_id=os.environ.get("PGLOGREPL_SPARK_CONN_ID", "spark_local"),
+        conn_id=spark_conn_id,
         slot_name="{{ params.slot }}",
         publications="{{ params.publications }}",
         sink=SINK,
@@ -72,4 +93,4 @@ with DAG(
         print(f"lag report: {report}")
         return report
 
-    health >> drain >> lag_report()
+    snapshot >> health >> drain >> lag_report()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the system pieces the project needs when they are missing: PostgreSQL server binaries
 # (initdb/pg_ctl; the tests and the demo start their own clusters), a Java 17+ runtime (Spark),
-# and an unprivileged OS user to run PostgreSQL as when we are root (initdb refuses root).
+# docker-compose (validates the compose file, no engine needed), and an unprivileged OS user to run PostgreSQL as when we are root (initdb refuses root).
 # Idempotent: does nothing on a machine that already has everything.
 set -euo pipefail
 
@@ -43,6 +43,12 @@ java_major() {
 if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
   echo "bootstrap: installing a Java 17 runtime for Spark"
   apt_install openjdk-17-jre-headless
+fi
+
+# Validates docker-compose.yaml in the tests without a Docker engine (`docker-compose config`).
+if ! command -v docker-compose >/dev/null 2>&1; then
+  echo "bootstrap: installing docker-compose (used offline, to validate docker-compose.yaml)"
+  apt_install docker-compose
 fi
 
 if [ "$(id -u)" -eq 0 ]; then

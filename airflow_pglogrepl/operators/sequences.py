@@ -85,7 +85,7 @@ class SyncSequencesOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "tables", "publication", "sequences", "publisher_conn_id", "subscriber_conn_id",
-        "publisher_database", "subscriber_database",
+        "publisher_database", "subscriber_database", "margin",
     )  # fmt: skip
 
     def __init__(
@@ -103,7 +103,7 @@ class SyncSequencesOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if margin < 0:
+        if isinstance(margin, int) and margin < 0:
             raise ValueError(f"margin must be zero or positive, not {margin}")
         if not tables and not publication and not sequences:
             raise ValueError("SyncSequencesOperator: give tables, a publication or sequences")

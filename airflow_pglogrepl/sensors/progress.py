@@ -13,7 +13,7 @@ from airflow_pglogrepl.verdicts import Verdict
 class _ProgressSensor(VerdictSensor):
     template_fields: Sequence[str] = (
         "slot_name", "subscription", "target_lsn", "publisher_conn_id", "subscriber_conn_id",
-        "publisher_database", "subscriber_database",
+        "publisher_database", "subscriber_database", "max_lag_bytes",
     )  # fmt: skip
 
     def __init__(

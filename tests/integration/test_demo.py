@@ -22,9 +22,16 @@ def test_demo_runs_and_reports(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     summary = json.loads(summary_file.read_text())
     assert "what happened" in result.stdout
+    cutover = summary["cutover"]
+    assert cutover["state"] == "success"
+    assert cutover["tasks"]["parity_check"]["result"]["passed"] is True
+    assert cutover["tasks"]["write_fence"]["result"]["fence_lsn"]
+    assert cutover["tasks"]["release_fence"]["state"] == "skipped"
     drain = summary["drain"]
     assert drain["state"] == "success"
-    assert drain["tasks"]["drain"]["result"]["changes"] > 100_000
+    assert summary["snapshot"]["tasks"]["initial_snapshot"]["result"]["committed"] is True
+    assert drain["tasks"]["initial_snapshot"]["result"]["status"] == "exists"
+    assert drain["tasks"]["drain"]["result"]["changes"] > 0
     # the lake holds exactly the old primary's rows, table by table
     assert summary["lake_rows"] == summary["source_rows"]
     assert summary["source_rows"]["public.pgbench_accounts"] == 100_000

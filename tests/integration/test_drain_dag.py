@@ -85,10 +85,30 @@ def test_drain_dag_end_to_end_with_spark_submit(
         "publications": ["lake_dag_pub"],
         "max_window_bytes": 64 * 1024,
     }
+    # First run: no slot, empty sink -> the initial snapshot creates the slot and copies the
+    # table at its start; the drain after it finds nothing new and succeeds with zero changes.
     first = dags_test(conf, env)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    snapshot = latest_xcom("initial_snapshot")
+    assert snapshot["committed"] is True, snapshot
+    assert latest_xcom("drain")["changes"] == 0
+    from airflow_pglogrepl.tables import TableRef
+
+    orders = TableRef("public", "orders")
+    assert lake_rows(str(sink), orders) == source_rows(publisher, db, "orders")
+    # Changes after the snapshot: the second run skips the snapshot and drains them.
+    publisher.execute(
+        "INSERT INTO orders SELECT g, g * 2.5, 'late' FROM generate_series(3001, 4000) g", dbname=db
+    )
+    publisher.execute("UPDATE orders SET note = 'upd' WHERE id % 7 = 0", dbname=db)
+    publisher.execute("DELETE FROM orders WHERE id % 11 = 0", dbname=db)
+    second = dags_test(conf, env)
+    assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
+    assert latest_xcom("initial_snapshot")["status"] == "exists"
     result = latest_xcom("drain")
-    assert result["changes"] == 3000 + 1000 + 600 and result["windows"] > 1, result
+    alive = [i for i in range(1, 4001) if not (i <= 3000 and i % 5 == 0)]
+    expected = 1000 + sum(i % 7 == 0 for i in alive) + sum(i % 11 == 0 for i in alive)
+    assert result["changes"] == expected and result["windows"] > 1, result
     confirmed = latest_xcom("drain", "confirmed_flush_lsn")
     assert confirmed == result["confirmed_flush_lsn_after"] != result["confirmed_flush_lsn_before"]
     slot = publisher.execute(
@@ -97,21 +117,12 @@ def test_drain_dag_end_to_end_with_spark_submit(
     assert slot == [(confirmed,)]
     report = latest_xcom("lag_report")
     assert report["confirmed_flush_lsn"] == confirmed and report["wal_status"] == "reserved"
-    from airflow_pglogrepl.tables import TableRef
-
-    assert lake_rows(str(sink), TableRef("public", "orders")) == source_rows(
-        publisher, db, "orders"
-    )
+    assert lake_rows(str(sink), orders) == source_rows(publisher, db, "orders")
     # the DSN's password never reached the task log or XCom
     password = publisher.params(db)["password"]
-    assert password not in first.stdout + first.stderr
-    assert password not in json.dumps(result)
-
-    again = dags_test(conf, env)
-    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
-    second = latest_xcom("drain")
-    assert second["changes"] == 0
-    assert second["confirmed_flush_lsn_before"] == confirmed
+    for run in (first, second):
+        assert password not in run.stdout + run.stderr
+    assert password not in json.dumps(result) + json.dumps(snapshot)
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +176,6 @@ def test_drain_on_a_standalone_cluster_ships_the_package(
 ) -> None:
     db = "drain_standalone"
     publisher.create_database(db)
-    publisher.execute("SELECT pg_create_logical_replication_slot('lake_sa', 'pgoutput')", dbname=db)
     publisher.execute("CREATE TABLE items (id int PRIMARY KEY, v text)", dbname=db)
     publisher.execute("CREATE PUBLICATION lake_sa_pub FOR TABLE items", dbname=db)
     set_airflow_connection("drain_sa_source", publisher.airflow_uri(db))
@@ -191,7 +201,9 @@ def test_drain_on_a_standalone_cluster_ships_the_package(
     run = dags_test(conf, env)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     result = latest_xcom("drain")
-    assert result["changes"] == 510 and result["master"] == standalone_master["master"]
+    # the snapshot copied the rows on the cluster's executors; the drain found nothing newer
+    assert latest_xcom("initial_snapshot")["committed"] is True
+    assert result["changes"] == 0 and result["master"] == standalone_master["master"]
     # The executors are the worker's processes and import the package from the zip that
     # spark-submit shipped (--py-files), not from this checkout.
     executors = result["executors"]
