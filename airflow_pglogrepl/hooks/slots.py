@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
+import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
+from psycopg.types.numeric import Int8BinaryLoader, OidBinaryLoader
 
 from airflow_pglogrepl.exceptions import SlotAdvanceError, SlotNotFoundError, WrongPluginError
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, show
 from airflow_pglogrepl.hooks.errors import slot_errors
+from airflow_pglogrepl.hooks.lsn_adapters import PG_LSN_OID
 from airflow_pglogrepl.hooks.server import CURRENT_LSN
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import validate_slot_name
@@ -173,33 +176,83 @@ class SlotsMixin(PgSessionHook):
     ) -> Iterator[tuple[LSN, int | None, bytes | str]]:
         """Stream ``(lsn, xid, data)`` rows from the slot without consuming it.
 
-        Uses ``pg_logical_slot_peek_binary_changes`` (pgoutput) or ``pg_logical_slot_peek_changes``
-        (text plugins) through a server-side cursor, so memory stays at ``batch_rows`` rows however
-        much the window holds. Only transactions that commit at or before ``upto_lsn`` come back,
-        whole. The slot does not move: advance it with ``advance_slot`` once what was read is
-        durably stored. Decoding restarts at the slot's ``restart_lsn`` on every call.
-        ``options`` are the output plugin's options (for pgoutput: ``proto_version``,
-        ``publication_names``, ``messages``, ``streaming``, ``binary``).
+        Uses ``pg_logical_slot_peek_binary_changes`` (pgoutput; ``data`` is ``bytes``) or
+        ``pg_logical_slot_peek_changes`` (text plugins; ``data`` is ``str``). Memory stays at
+        about ``batch_rows`` rows however much the window holds: rows arrive in chunks of that
+        many (libpq's chunked-rows mode, or a server-side cursor with an older libpq), and the
+        server waits while the caller is behind. Only transactions that commit at or before
+        ``upto_lsn`` come back, whole. The slot does not move: advance it with ``advance_slot``
+        once what was read is durably stored. Decoding restarts at the slot's ``restart_lsn`` on
+        every call. ``options`` are the output plugin's options (for pgoutput:
+        ``proto_version``, ``publication_names``, ``messages``, ``streaming``, ``binary``).
         See https://www.postgresql.org/docs/15/functions-admin.html#FUNCTIONS-REPLICATION
         """
         validate_slot_name(slot)
+        if batch_rows < 1:
+            raise ValueError(f"batch_rows must be at least 1, got {batch_rows}")
         function = sql.Identifier(
             "pg_logical_slot_peek_binary_changes" if binary else "pg_logical_slot_peek_changes"
         )
-        query = sql.SQL(
-            "SELECT lsn, xid::text::bigint AS xid, data FROM {}(%s, %s, %s, VARIADIC %s::text[])"
-        ).format(function)
+        query = sql.SQL("SELECT lsn, xid, data FROM {}(%s, %s, %s, VARIADIC %s::text[])").format(
+            function
+        )
         flat = [item for pair in options.items() for item in pair]
         target = None if upto_lsn is None else LSN(upto_lsn)
-        with self.session(autocommit=False) as conn:
-            with (
-                slot_errors(slot, setting=lambda s: show(conn, s)),
-                conn.cursor(name="pglogrepl_peek", row_factory=tuple_row) as cur,
-            ):
-                cur.itersize = batch_rows
-                cur.execute(query, (slot, target, upto_nchanges, flat))
-                yield from cur
-            conn.rollback()  # read-only; nothing to keep
+        params = (slot, target, upto_nchanges, flat)
+        chunked = _chunked_rows()
+        # Chunked rows need no transaction; a server-side cursor lives in one (rolled back).
+        with self.session(autocommit=chunked) as conn:
+            with slot_errors(slot, setting=lambda s: show(conn, s)):
+                rows = _fetch(conn, query, params, batch_rows, chunked=chunked)
+                try:
+                    # LSN(value) checks its argument (~0.35 us a row); a pg_lsn needs no check.
+                    new, set_value = object.__new__, _LSN_VALUE.__set__
+                    for value, xid, data in rows:
+                        if value < 0:  # int8 loader: pg_lsn at or above 2**63 reads negative
+                            value += _U64_RANGE
+                        lsn = new(LSN)
+                        set_value(lsn, value)
+                        yield lsn, xid, data
+                finally:
+                    rows.close()  # a caller that stopped early: cancel the query, drain the rest
+            if not chunked:
+                conn.rollback()  # read-only; nothing to keep
+
+
+# pg_lsn's binary form is int8's (8 bytes, big endian, unsigned) and xid's is oid's (4 bytes,
+# unsigned): psycopg's compiled loaders read them without a cast on the server or a Python call
+# per value. The LSN objects are then built in peek_changes without LSN's own argument checks.
+_XID_OID = 28
+_U64_RANGE = 1 << 64
+_LSN_VALUE: Any = LSN.__dict__["_value"]  # the slot of LSN's one attribute (__slots__)
+
+
+def _chunked_rows() -> bool:
+    """Whether ``Cursor.stream(size=...)`` is available (psycopg 3.2+ over libpq 17+)."""
+    capabilities = getattr(psycopg, "capabilities", None)
+    return bool(capabilities is not None and capabilities.has_stream_chunked())
+
+
+def _fetch(
+    conn: Conn, query: sql.Composed, params: Sequence[Any], batch_rows: int, *, chunked: bool
+) -> Generator[tuple[Any, ...], None, None]:
+    """The query's rows as tuples, ``batch_rows`` at a time from the server, binary format."""
+    if chunked:
+        with conn.cursor(row_factory=tuple_row, binary=True) as cur:
+            _integer_loaders(cur)
+            yield from cur.stream(query, params, size=batch_rows)
+    else:
+        with conn.cursor(name="pglogrepl_peek", row_factory=tuple_row, binary=True) as named:
+            _integer_loaders(named)
+            named.itersize = batch_rows
+            named.execute(query, params)
+            yield from named
+
+
+def _integer_loaders(cur: psycopg.Cursor[Any] | psycopg.ServerCursor[Any]) -> None:
+    """Read pg_lsn and xid as plain integers (compiled loaders, no Python call per value)."""
+    cur.adapters.register_loader(PG_LSN_OID, Int8BinaryLoader)
+    cur.adapters.register_loader(_XID_OID, OidBinaryLoader)
 
 
 def _lsn_or_none(text: str | None) -> LSN | None:

@@ -237,17 +237,15 @@ class Drain:
                     described[table_dir(batch.ref)] = batch.describe()
                 batch.add(change, change.seq)
                 stats.changes += 1
-                name = str(batch.ref)
-                stats.tables[name] = stats.tables.get(name, 0) + 1
                 if len(batch) >= self.batch_rows:
-                    self._flush(window, batch)
+                    self._flush(window, batch, stats)
                     batches[id(change.table)] = ChangelogBatch(change.table)
             elif event.__class__ is TransactionCommit:
                 stats.transactions += 1
                 last_commit = event.end_lsn
         for batch in batches.values():
             if len(batch):
-                self._flush(window, batch)
+                self._flush(window, batch, stats)
         if next_commit and last_commit is not None and last_commit < end:
             # The window ends just past the one commit it holds; its staging follows the name.
             end = stats.end = last_commit
@@ -272,7 +270,9 @@ class Drain:
         stats.seconds = time.monotonic() - began
         return stats
 
-    def _flush(self, window: str, batch: ChangelogBatch) -> None:
+    def _flush(self, window: str, batch: ChangelogBatch, stats: WindowStats) -> None:
+        name = str(batch.ref)
+        stats.tables[name] = stats.tables.get(name, 0) + len(batch)
         self.writer(batch.to_arrow(), self.sink.staging_dir(window, batch.ref))
         _fault("mid_write")
 

@@ -1,0 +1,280 @@
+"""Drain benchmark: the whole drain, end to end, beside the server's own decode rate.
+
+Loads the decoder benchmark's workload (1,000,000 inserts and 250,000 updates of a 4-column
+table, in transactions of 10,000 rows) into a throwaway cluster, captured by a publication and by
+several pgoutput slots all created before the load (each consuming run needs its own), then
+measures on the same WAL:
+
+- the server: ``SELECT count(*) FROM pg_logical_slot_peek_binary_changes(...)`` (WAL reading,
+  reorder buffer and pgoutput; nothing shipped to a client);
+- ``pg_recvlogical`` streaming the same changes to a file (``--endpos`` at the end of the load):
+  PostgreSQL's own client, for scale;
+- the drain's stages in this process, each run adding one step to the one before: the hook's
+  fetch (``peek_changes``), + pgoutput decoding, + the per-table changelog batches (values as
+  Python objects), + Arrow tables, + Parquet files (snappy, fsynced, as the drain writes them);
+- the real drain: ``python -m airflow_pglogrepl.spark.drain_app ... --no-materialize`` (a local
+  sink, so no JVM), split into its fixed start-up cost and its steady-state window rate;
+- once, the same with the merge into ``state/`` (Spark), for the materialize time.
+
+The server, stage and drain runs alternate (best of ``--repeat``) so all meet the same load on a
+shared machine. Not a test: run it with ``python -m bench.bench_drain`` and record the result in
+docs/benchmarks.md. ``--profile`` adds a cProfile of the Parquet stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import json
+import os
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from airflow_pglogrepl.hooks.replication import DsnReplicationHook
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pgoutput import Change, PgOutputStream
+from airflow_pglogrepl.spark.batch import ChangelogBatch
+from airflow_pglogrepl.spark.drain_app import DSN_ENV, parquet_writer
+from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, PgCluster, local_cluster
+
+BATCH = 10_000
+PEEK_SLOT = "bench_peek"  # only ever peeked: the server and stage runs share it
+STAGES = ("fetch", "decode", "batches", "arrow", "parquet")
+STAGE_LABELS = {
+    "fetch": "hook fetch (peek_changes)",
+    "decode": "+ pgoutput decode",
+    "batches": "+ changelog batches (Python values)",
+    "arrow": "+ Arrow tables",
+    "parquet": "+ Parquet files (snappy, fsync)",
+}
+
+
+def load(conn: Any, inserts: int, updates: int) -> None:
+    """The decoder benchmark's workload, in transactions of ``BATCH`` rows."""
+    for first in range(1, inserts + 1, BATCH):
+        conn.execute(
+            "INSERT INTO bench SELECT g, g %% 1000, 'row ' || g, now()"
+            " FROM generate_series(%s::bigint, %s) g",
+            (first, min(first + BATCH - 1, inserts)),
+        )
+    for first in range(1, updates + 1, BATCH):
+        conn.execute(
+            "UPDATE bench SET qty = qty + 1, label = label || '!' WHERE id BETWEEN %s AND %s",
+            (first, min(first + BATCH - 1, updates)),
+        )
+
+
+def timed(run: Callable[[], Any]) -> tuple[float, Any]:
+    gc.collect()
+    start = time.perf_counter()
+    result = run()
+    return time.perf_counter() - start, result
+
+
+def stage(
+    hook: DsnReplicationHook, options: dict[str, str], upto: LSN, level: str, batch_rows: int
+) -> int:
+    """The drain's steps up to ``level`` over the whole load, as ``Drain._window`` runs them
+    (without the commit record and the slot advance); returns the changes seen (for
+    ``fetch``, the rows: changes plus Begin, Commit and Relation messages)."""
+    rows = hook.peek_changes(PEEK_SLOT, upto_lsn=upto, options=options, batch_rows=batch_rows)
+    if level == "fetch":
+        return sum(1 for _ in rows)
+    events = PgOutputStream.from_options(options).decode(rows)
+    if level == "decode":
+        return sum(1 for event in events if event.__class__ is Change)
+    with tempfile.TemporaryDirectory(prefix="bench-drain-parquet-") as out:
+        writer = parquet_writer(None, out)
+
+        def finish(batch: ChangelogBatch) -> None:
+            if level == "arrow":
+                batch.to_arrow()
+            elif level == "parquet":
+                writer(batch.to_arrow(), os.path.join(out, str(batch.ref)))
+
+        batches: dict[int, ChangelogBatch] = {}
+        changes = 0
+        for event in events:
+            if event.__class__ is Change:
+                change: Change = event
+                batch = batches.get(id(change.table))
+                if batch is None:
+                    batch = batches[id(change.table)] = ChangelogBatch(change.table)
+                batch.add(change, change.seq)
+                changes += 1
+                if len(batch) >= batch_rows:
+                    finish(batch)
+                    batches[id(change.table)] = ChangelogBatch(change.table)
+        for batch in batches.values():
+            if len(batch):
+                finish(batch)
+    return changes
+
+
+def recvlogical(cluster: PgCluster, slot: str, end: LSN, out: Path) -> float:
+    """Seconds for pg_recvlogical to stream the slot's changes up to ``end`` into ``out``."""
+    env = {**os.environ, "PGPASSWORD": cluster.password}
+    command = [
+        str(cluster.bindir / "pg_recvlogical"),
+        "-h", cluster.host, "-p", str(cluster.port), "-U", cluster.superuser, "-d", "postgres",
+        "--slot", slot, "--start", "--no-loop", "--endpos", str(end), "-f", str(out),
+        "-o", "proto_version=1", "-o", "publication_names=bench",
+    ]  # fmt: skip
+    seconds, result = timed(
+        lambda: subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"pg_recvlogical failed ({result.returncode}):\n{result.stderr}")
+    return float(seconds)
+
+
+def drain_app(
+    cluster: PgCluster, slot: str, window: int, batch_rows: int, *, materialize: bool
+) -> dict[str, Any]:
+    """One run of the drain application in its own process; its JSON summary plus wall_s."""
+    with tempfile.TemporaryDirectory(prefix="bench-drain-sink-") as sink:
+        command = [
+            sys.executable, "-m", "airflow_pglogrepl.spark.drain_app", "--slot", slot,
+            "--publication", "bench", "--sink", sink, "--max-window-bytes", str(window),
+            "--batch-rows", str(batch_rows),
+        ]  # fmt: skip
+        if not materialize:
+            command.append("--no-materialize")
+        env = {**os.environ, DSN_ENV: cluster.dsn()}
+        seconds, result = timed(
+            lambda: subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        )
+    if result.returncode != 0:
+        raise RuntimeError(f"drain_app failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    summary: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    summary["wall_s"] = seconds
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--inserts", type=int, default=1_000_000)
+    parser.add_argument("--updates", type=int, default=250_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--window-mb", type=int, default=64, help="--max-window-bytes, in MiB")
+    parser.add_argument("--batch-rows", type=int, default=200_000)
+    parser.add_argument("--profile", action="store_true", help="cProfile the Parquet stage")
+    args = parser.parse_args()
+    window = args.window_mb * 1024 * 1024
+    repeat = args.repeat
+    recv_slots = [f"bench_recv_{i}" for i in range(repeat)]
+    drain_slots = [f"bench_drain_{i}" for i in range(repeat)]
+
+    with (
+        local_cluster("bench-drain", LOGICAL_SETTINGS) as cluster,
+        cluster.connect() as conn,
+        tempfile.TemporaryDirectory(prefix="bench-drain-recv-") as recv_dir,
+    ):
+        conn.execute(
+            "CREATE TABLE bench (id bigint PRIMARY KEY, qty int, label text, at timestamptz)"
+        )
+        conn.execute("CREATE PUBLICATION bench FOR TABLE bench")
+        for slot in [PEEK_SLOT, *recv_slots, *drain_slots, "bench_materialize"]:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        start_lsn = LSN(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+        started = time.perf_counter()
+        load(conn, args.inserts, args.updates)
+        end = LSN(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+        print(f"loaded {args.inserts:,} inserts + {args.updates:,} updates "
+              f"({(end - start_lsn) / 2**20:,.0f} MiB of WAL) "
+              f"in {time.perf_counter() - started:.1f} s", flush=True)  # fmt: skip
+
+        hook = DsnReplicationHook(cluster.dsn())
+        options = {"proto_version": "1", "publication_names": '"bench"', "messages": "false"}
+        count_sql = (
+            "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL,"
+            " 'proto_version', '1', 'publication_names', 'bench')"
+        )
+        best: dict[str, float] = {}
+        drains: list[dict[str, Any]] = []
+        messages = changes = 0
+        recv_bytes = 0
+
+        def keep(label: str, seconds: float) -> None:
+            best[label] = min(best.get(label, float("inf")), seconds)
+
+        for i in range(repeat):
+            seconds, messages = timed(
+                lambda: conn.execute(count_sql, (PEEK_SLOT, str(end))).fetchone()[0]
+            )
+            keep("server", seconds)
+            out = Path(recv_dir) / f"recv_{i}.bin"
+            keep("recvlogical", recvlogical(cluster, recv_slots[i], end, out))
+            recv_bytes = out.stat().st_size
+            out.unlink()
+            for level in STAGES:
+                seconds, counted = timed(
+                    lambda level=level: stage(hook, options, end, level, args.batch_rows)
+                )
+                keep(level, seconds)
+                if level == "fetch":
+                    assert counted == messages, (counted, messages)
+                    continue
+                changes = changes or counted
+                assert counted == changes, (level, counted, changes)
+            drains.append(drain_app(cluster, drain_slots[i], window, args.batch_rows,
+                                    materialize=False))  # fmt: skip
+            assert drains[-1]["changes"] == changes, (drains[-1], changes)
+            print(f"run {i + 1}/{repeat} done", flush=True)
+        materialized = drain_app(
+            cluster, "bench_materialize", window, args.batch_rows, materialize=True
+        )
+        if args.profile:
+            profile = cProfile.Profile()
+            profile.runcall(stage, hook, options, end, "parquet", args.batch_rows)
+            pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+
+    server_rate = changes / best["server"]
+    load_avg = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\nchanges: {changes:,} ({int(messages):,} pgoutput messages); "
+          f"cores: {os.cpu_count()}; load average: {load_avg}; "
+          f"window {args.window_mb} MiB, batch rows {args.batch_rows:,}")  # fmt: skip
+
+    def line(label: str, seconds: float) -> None:
+        rate = changes / seconds
+        print(f"| {label} | {seconds:.2f} s | {rate:,.0f} | {rate / server_rate:.2f} |")
+
+    print(f"\n| stage (best of {repeat}) | time | changes/s | ratio to server |")
+    print("|---|---:|---:|---:|")
+    line("server decode (`count(*)` over the peek)", best["server"])
+    line(f"pg_recvlogical to a file ({recv_bytes / 2**20:,.0f} MiB)", best["recvlogical"])
+    for level in STAGES:
+        line(STAGE_LABELS[level], best[level])
+
+    steady = max(drains, key=lambda d: d["changes_per_s"])
+    quickest = min(drains, key=lambda d: d["wall_s"])
+    window_s = steady["changes"] / steady["changes_per_s"]
+    print(f"\n| drain_app (best of {repeat}) | value |")
+    print("|---|---:|")
+    print(f"| wall time, process start to exit (--no-materialize) | {quickest['wall_s']:.2f} s |")
+    print(f"| start-up inside the app (checks, recovery, reconcile) | "
+          f"{min(d['startup_s'] for d in drains):.2f} s |")  # fmt: skip
+    fixed = quickest["wall_s"] - quickest["changes"] / quickest["changes_per_s"]
+    print(f"| fixed cost: wall time - window time (interpreter, imports, start-up, exit) | "
+          f"{fixed:.2f} s |")  # fmt: skip
+    print(f"| windows | {steady['windows']} |")
+    print(f"| window time (sum) | {window_s:.2f} s |")
+    print(f"| steady-state rate (changes / window time) | {steady['changes_per_s']:,.0f} /s |")
+    print(f"| **ratio steady-state drain / server decode** | "
+          f"**{steady['changes_per_s'] / server_rate:.2f}** |")  # fmt: skip
+    print(f"| peak RSS of the drain | {min(d['peak_rss_mb'] for d in drains):,.0f} MiB |")
+    print(f"| with materialize, once: wall time | {materialized['wall_s']:.2f} s |")
+    print(f"| of which Spark start | {materialized.get('spark_start_s') or 0:.2f} s |")
+    print(f"| of which materialize (merge into state/) | "
+          f"{materialized.get('materialize_s', 0):.2f} s |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
