@@ -172,3 +172,7 @@ class UnsupportedFeatureError(PgLogReplError):
 
 class ReplicationFailedError(PgLogReplError):
     """Replication is failing (table sync or apply errors) and will not heal by waiting."""
+
+
+class FenceNotHeldError(PgLogReplError):
+    """The write fence would not stop every write: nothing was changed (the fence rolled back)."""

@@ -22,7 +22,9 @@ from typing import Any, LiteralString
 from psycopg import errors as pgerr
 from psycopg import sql
 
-from airflow_pglogrepl.exceptions import ObjectNotFoundError, PgLogReplError
+# FenceNotHeldError is defined with the other errors; importable from here as well.
+from airflow_pglogrepl.exceptions import FenceNotHeldError as FenceNotHeldError
+from airflow_pglogrepl.exceptions import ObjectNotFoundError
 from airflow_pglogrepl.hooks.base import Conn, run_ddl
 from airflow_pglogrepl.hooks.slots import SlotsMixin
 from airflow_pglogrepl.hooks.subscriptions import SubscriptionsMixin
@@ -45,10 +47,6 @@ _STABLE_OUTPUT = (
     ("bytea_output", "hex"),
     ("lc_monetary", "C"),
 )
-
-
-class FenceNotHeldError(PgLogReplError):
-    """The write fence would not stop every write: nothing was changed (the fence rolled back)."""
 
 
 @dataclass(frozen=True, order=True)

@@ -13,13 +13,20 @@ from airflow_pglogrepl.hooks.cutover import CutoverMixin
 from airflow_pglogrepl.hooks.publications import PublicationsMixin
 from airflow_pglogrepl.hooks.server import ServerMixin
 from airflow_pglogrepl.hooks.slots import OUTPUT_PLUGINS, SlotsMixin
+from airflow_pglogrepl.hooks.snapshot import SnapshotMixin
 from airflow_pglogrepl.hooks.subscriptions import SubscriptionsMixin
 
 __all__ = ["OUTPUT_PLUGINS", "PgLogicalReplicationHook"]
 
 
 class PgLogicalReplicationHook(
-    CutoverMixin, CatalogMixin, PublicationsMixin, SubscriptionsMixin, SlotsMixin, ServerMixin
+    SnapshotMixin,
+    CutoverMixin,
+    CatalogMixin,
+    PublicationsMixin,
+    SubscriptionsMixin,
+    SlotsMixin,
+    ServerMixin,
 ):
     """Logical replication on one PostgreSQL server, through an Airflow Postgres connection.
 

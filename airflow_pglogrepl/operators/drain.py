@@ -8,50 +8,30 @@ the run's JSON summary back, and pushes LSNs and counts to XCom with an Asset ev
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import sys
-import tempfile
-import zipfile
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import Asset, Context
+from airflow.sdk import Context
 
 from airflow_pglogrepl.operators._hooks import replication_hook
+from airflow_pglogrepl.operators._spark import (
+    DSN_ENV,
+    PACKAGE_DIR,
+    PackageSparkSubmitOperator,
+    sink_asset,
+    spark_home_env,
+)
 
-PACKAGE_DIR = Path(__file__).resolve().parent.parent
+__all__ = ["DRAIN_APP", "DSN_ENV", "PACKAGE_DIR", "SlotDrainOperator", "sink_asset"]
+
 DRAIN_APP = str(PACKAGE_DIR / "spark" / "drain_app.py")
-DSN_ENV = "PGLOGREPL_SOURCE_DSN"
+
+# Kept importable from here under its former name (the DAG tests find Spark's home with it).
+_spark_home_env = spark_home_env
 
 
-def sink_asset(sink: str) -> Asset:
-    """The Asset a sink is known by: its URI (``file://`` + absolute path for local paths)."""
-    uri = sink if "://" in sink else f"file://{os.path.abspath(sink)}"
-    return Asset(uri=uri)
-
-
-class _CapturingSparkSubmitHook(SparkSubmitHook):
-    """SparkSubmitHook that also keeps the application's output lines (for its JSON summary)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.captured: list[str] = []
-
-    def _process_spark_submit_log(self, itr: Iterator[Any]) -> None:
-        def tee() -> Iterator[Any]:
-            for line in itr:
-                self.captured.append(str(line).strip())
-                yield line
-
-        super()._process_spark_submit_log(tee())
-
-
-class SlotDrainOperator(SparkSubmitOperator):
+class SlotDrainOperator(PackageSparkSubmitOperator):
     """Drain a logical slot into a Parquet lake, exactly once, in bounded LSN windows.
 
     Before submitting, the slot must exist, use ``pgoutput``, not be lost and not be active in
@@ -122,22 +102,11 @@ class SlotDrainOperator(SparkSubmitOperator):
         if slot.active:
             raise SlotInUseError(self.slot_name, slot.active_pid)
         self._check_spark_connection()
-        dsn = make_dsn(hook.connection_params())
-        _mask(dsn)
-        self.env_vars = {
-            **(self.env_vars or {}),
-            DSN_ENV: dsn,
-            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
-            **_spark_home_env(),
-        }
+        self._prepare_submit(make_dsn(hook.connection_params()))
         self.application_args = self._app_args()
-        if self._spark_binary is None:
-            self._spark_binary = _spark_submit_binary()
-        with tempfile.TemporaryDirectory(prefix="pglogrepl-pyfiles-") as tmp:
-            self.py_files = _package_zip(Path(tmp))
+        with self._shipping_package():
             super().execute(context)
-        hook_output = getattr(self._hook, "captured", [])
-        summary = _summary(hook_output)
+        summary = self._summary("windows")
         if summary is None:
             raise PgLogReplError(
                 "the drain application finished without its JSON summary line; see the log above"
@@ -163,13 +132,6 @@ class SlotDrainOperator(SparkSubmitOperator):
         )  # fmt: skip
         return result
 
-    def _get_hook(self) -> SparkSubmitHook:
-        base = super()._get_hook()
-        hook = _CapturingSparkSubmitHook.__new__(_CapturingSparkSubmitHook)
-        hook.__dict__.update(base.__dict__)
-        hook.captured = []
-        return hook
-
     def _app_args(self) -> list[str]:
         args = ["--slot", str(self.slot_name), "--sink", str(self.sink)]
         args += ["--max-window-bytes", str(int(self.max_window_bytes))]
@@ -179,77 +141,3 @@ class SlotDrainOperator(SparkSubmitOperator):
         if not self.materialize:
             args.append("--no-materialize")
         return args
-
-    def _check_spark_connection(self) -> None:
-        from airflow.sdk import BaseHook
-        from airflow.sdk.exceptions import AirflowFailException
-
-        try:
-            conn = BaseHook.get_connection(self._conn_id)
-        except Exception:
-            raise AirflowFailException(
-                f"Spark connection {self._conn_id!r} is not defined; without it the Spark "
-                f"provider silently submits to YARN. Fix: define it, for local Spark e.g. "
-                f'AIRFLOW_CONN_{self._conn_id.upper()}=\'{{"conn_type": "spark", '
-                f'"host": "local[*]"}}\', or a spark://host:7077 master'
-            ) from None
-        master = f"{conn.conn_type}://{conn.host or ''}"
-        if "yarn" in master or "k8s" in master or conn.extra_dejson.get("deploy-mode") == "cluster":
-            raise AirflowFailException(
-                f"Spark connection {self._conn_id!r} ({master}) would pass the source DSN on the "
-                f"spark-submit command line (YARN/Kubernetes/cluster mode turn environment "
-                f"variables into --conf arguments). Use a local or standalone master in client "
-                f"mode"
-            )
-
-
-def _summary(lines: Sequence[str]) -> dict[str, Any] | None:
-    for line in reversed(lines):
-        if line.startswith("{") and line.endswith("}"):
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict) and "windows" in value:
-                return value
-    return None
-
-
-def _mask(secret: str) -> None:
-    from airflow.sdk.log import mask_secret
-
-    mask_secret(secret)
-
-
-def _spark_submit_binary() -> str:
-    """``spark-submit`` from PATH, else the one pyspark installed next to this interpreter."""
-    found = shutil.which("spark-submit")
-    if found:
-        return found
-    beside = Path(sys.executable).parent / "spark-submit"
-    if beside.exists():
-        return str(beside)
-    raise FileNotFoundError(
-        "spark-submit is neither on PATH nor next to this Python; install the full 'pyspark' "
-        "package (the Spark provider's pyspark-client has no spark-submit) or pass spark_binary"
-    )
-
-
-def _spark_home_env() -> dict[str, str]:
-    if os.environ.get("SPARK_HOME"):
-        return {}
-    import importlib.util
-
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or spec.origin is None:
-        return {}
-    return {"SPARK_HOME": str(Path(spec.origin).parent)}
-
-
-def _package_zip(directory: Path) -> str:
-    """This package as a zip for ``--py-files``: executors get the code without installing it."""
-    target = directory / "airflow_pglogrepl.zip"
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in PACKAGE_DIR.rglob("*.py"):
-            archive.write(path, path.relative_to(PACKAGE_DIR.parent))
-    return str(target)

@@ -132,7 +132,7 @@ class WriteFenceOperator(BaseOperator):
         self.database = database
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_pglogrepl.hooks.cutover import FenceNotHeldError
+        from airflow_pglogrepl.exceptions import FenceNotHeldError
 
         hook = replication_hook(self.postgres_conn_id, self.database)
         roles = names(self.roles)

@@ -11,39 +11,24 @@ no partial ``state/``; if the job died after it, the snapshot stands and the ope
 from __future__ import annotations
 
 import json
-import os
-import sys
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Context
 
-from airflow_pglogrepl.operators.drain import (
-    DSN_ENV,
-    PACKAGE_DIR,
-    _CapturingSparkSubmitHook,
-    _mask,
-    _package_zip,
-    _spark_home_env,
-    _spark_submit_binary,
-    sink_asset,
-)
+from airflow_pglogrepl.operators._hooks import replication_hook
+from airflow_pglogrepl.operators._spark import PACKAGE_DIR, PackageSparkSubmitOperator, sink_asset
 
 if TYPE_CHECKING:
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
-    from airflow_pglogrepl.hooks.snapshot import ExportedSnapshot, SnapshotMixin
-
-    class _SnapshotHook(SnapshotMixin, PgLogicalReplicationHook): ...
+    from airflow_pglogrepl.hooks.snapshot import ExportedSnapshot
 
 
 SNAPSHOT_APP = str(PACKAGE_DIR / "spark" / "snapshot_app.py")
 
 
-class InitialSnapshotOperator(SparkSubmitOperator):
+class InitialSnapshotOperator(PackageSparkSubmitOperator):
     """Take the initial snapshot of a publication into a lake, at a new slot's start.
 
     Creates ``slot_name`` (plugin ``pgoutput``) with an exported snapshot, holds the exporting
@@ -122,19 +107,9 @@ class InitialSnapshotOperator(SparkSubmitOperator):
         from airflow_pglogrepl.conninfo import make_dsn
 
         hook = self._source_hook()
-        _check_spark_connection(self._conn_id)
-        dsn = make_dsn(hook.connection_params())
-        _mask(dsn)
-        self.env_vars = {
-            **(self.env_vars or {}),
-            DSN_ENV: dsn,
-            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
-            **_spark_home_env(),
-        }
-        if self._spark_binary is None:
-            self._spark_binary = _spark_submit_binary()
-        with tempfile.TemporaryDirectory(prefix="pglogrepl-pyfiles-") as tmp:
-            self.py_files = _package_zip(Path(tmp))
+        self._check_spark_connection()
+        self._prepare_submit(make_dsn(hook.connection_params()))
+        with self._shipping_package():
             if self._table_list():
                 result = self._resnapshot(context, hook)
             else:
@@ -150,7 +125,7 @@ class InitialSnapshotOperator(SparkSubmitOperator):
                 }
         return result
 
-    def _initial(self, context: Context, hook: _SnapshotHook) -> dict[str, Any]:
+    def _initial(self, context: Context, hook: PgLogicalReplicationHook) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
         from airflow_pglogrepl.exceptions import SlotNotFoundError
@@ -235,7 +210,7 @@ class InitialSnapshotOperator(SparkSubmitOperator):
                 "slot": self.slot_name, "consistent_point": point, "rows": 0,
                 "sink": self.sink}  # fmt: skip
 
-    def _resnapshot(self, context: Context, hook: _SnapshotHook) -> dict[str, Any]:
+    def _resnapshot(self, context: Context, hook: PgLogicalReplicationHook) -> dict[str, Any]:
         from airflow_pglogrepl.spark.snapshot import temporary_slot_name
 
         hook.get_slot(self.slot_name, plugin="pgoutput")  # the drain's slot must exist
@@ -292,7 +267,7 @@ class InitialSnapshotOperator(SparkSubmitOperator):
         self.application_args = args
         self._hook = None  # the hook takes the arguments when built
         super().execute(context)
-        return _summary(getattr(self._hook, "captured", []))
+        return self._summary("committed", "resolved")
 
     def _sink_status(self, context: Context, point: str | None = None) -> dict[str, Any]:
         """``spark.snapshot.resolve`` on the sink: in this process for a local sink, else by the
@@ -315,13 +290,6 @@ class InitialSnapshotOperator(SparkSubmitOperator):
             raise RuntimeError(f"could not read the state of sink {self.sink}")
         return status
 
-    def _get_hook(self) -> SparkSubmitHook:
-        base = super()._get_hook()
-        hook = _CapturingSparkSubmitHook.__new__(_CapturingSparkSubmitHook)
-        hook.__dict__.update(base.__dict__)
-        hook.captured = []
-        return hook
-
     # -- helpers ------------------------------------------------------------------------------
 
     def _table_list(self) -> list[str]:
@@ -332,47 +300,6 @@ class InitialSnapshotOperator(SparkSubmitOperator):
             tables = json.loads(tables) if tables.startswith("[") else [tables]
         return [str(t) for t in tables]
 
-    def _source_hook(self) -> _SnapshotHook:
-        from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
-        from airflow_pglogrepl.hooks.snapshot import SnapshotMixin
-
-        class SourceHook(SnapshotMixin, PgLogicalReplicationHook):
-            """The publisher, with the snapshot statements."""
-
-        if self.database:
-            return SourceHook(postgres_conn_id=self.postgres_conn_id, database=self.database)
-        return SourceHook(postgres_conn_id=self.postgres_conn_id)
-
-
-def _summary(lines: Sequence[str]) -> dict[str, Any] | None:
-    for line in reversed(lines):
-        if line.startswith("{") and line.endswith("}"):
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict) and ("committed" in value or "resolved" in value):
-                return value
-    return None
-
-
-def _check_spark_connection(conn_id: str) -> None:
-    """The Spark connection must exist and keep the DSN off command lines (as the drain's)."""
-    from airflow.sdk import BaseHook
-    from airflow.sdk.exceptions import AirflowFailException
-
-    try:
-        conn = BaseHook.get_connection(conn_id)
-    except Exception:
-        raise AirflowFailException(
-            f"Spark connection {conn_id!r} is not defined; without it the Spark provider "
-            f"silently submits to YARN. Fix: define it, for local Spark e.g. "
-            f'AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "spark", "host": "local[*]"}}\''
-        ) from None
-    master = f"{conn.conn_type}://{conn.host or ''}"
-    if "yarn" in master or "k8s" in master or conn.extra_dejson.get("deploy-mode") == "cluster":
-        raise AirflowFailException(
-            f"Spark connection {conn_id!r} ({master}) would pass the source DSN on the "
-            f"spark-submit command line (YARN/Kubernetes/cluster mode turn environment "
-            f"variables into --conf arguments). Use a local or standalone master in client mode"
-        )
+    def _source_hook(self) -> PgLogicalReplicationHook:
+        """The publisher (the hook carries the snapshot statements)."""
+        return replication_hook(self.postgres_conn_id, self.database)

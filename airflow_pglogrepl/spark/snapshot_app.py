@@ -133,14 +133,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     from airflow_pglogrepl.hooks.replication import DsnReplicationHook
-    from airflow_pglogrepl.hooks.snapshot import SnapshotMixin
     from airflow_pglogrepl.spark.sink import Sink
     from airflow_pglogrepl.spark.storage import LocalStorage, is_local, storage_for
 
-    class SourceHook(SnapshotMixin, DsnReplicationHook):
-        """The source, with the snapshot statements."""
-
-    hook = SourceHook(dsn)
+    hook = DsnReplicationHook(dsn)
     session: Any = None
     spark_start_s = None
 

@@ -1,0 +1,172 @@
+"""Running this package's Spark applications through spark-submit, safely.
+
+``PackageSparkSubmitOperator`` is the base of the operators that submit an application of
+``airflow_pglogrepl.spark`` (the drain, the snapshot). The Spark provider's hook runs
+``spark-submit``; around it the base refuses a missing Spark connection (the provider would
+silently submit to YARN) and any master or deploy mode that would put the source DSN on a command
+line, hands the DSN to the application through its environment only (masked in the log), ships
+this package to the executors as a ``--py-files`` zip, and keeps the application's output lines so
+the operator can read its JSON summary back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Asset
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+DSN_ENV = "PGLOGREPL_SOURCE_DSN"
+
+
+def sink_asset(sink: str) -> Asset:
+    """The Asset a sink is known by: its URI (``file://`` + absolute path for local paths)."""
+    uri = sink if "://" in sink else f"file://{os.path.abspath(sink)}"
+    return Asset(uri=uri)
+
+
+class CapturingSparkSubmitHook(SparkSubmitHook):
+    """SparkSubmitHook that also keeps the application's output lines (for its JSON summary)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.captured: list[str] = []
+
+    def _process_spark_submit_log(self, itr: Iterator[Any]) -> None:
+        def tee() -> Iterator[Any]:
+            for line in itr:
+                self.captured.append(str(line).strip())
+                yield line
+
+        super()._process_spark_submit_log(tee())
+
+
+class PackageSparkSubmitOperator(SparkSubmitOperator):
+    """SparkSubmitOperator for an application of this package, run with the source's DSN.
+
+    Subclasses call ``_check_spark_connection()`` before anything reads the source's secrets,
+    ``_prepare_submit(dsn)`` once, run ``super().execute`` inside ``_shipping_package()`` and read
+    the result with ``_summary(*keys)``.
+    """
+
+    def _check_spark_connection(self) -> None:
+        check_spark_connection(self._conn_id)
+
+    def _prepare_submit(self, dsn: str) -> None:
+        """The DSN into the spark-submit environment only (masked), and the Spark to run."""
+        mask(dsn)
+        self.env_vars = {
+            **(self.env_vars or {}),
+            DSN_ENV: dsn,
+            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+            **spark_home_env(),
+        }
+        if self._spark_binary is None:
+            self._spark_binary = spark_submit_binary()
+
+    @contextmanager
+    def _shipping_package(self) -> Iterator[None]:
+        """This package as ``--py-files`` while the block runs (the zip is removed after)."""
+        with tempfile.TemporaryDirectory(prefix="pglogrepl-pyfiles-") as tmp:
+            self.py_files = package_zip(Path(tmp))
+            yield
+
+    def _summary(self, *keys: str) -> dict[str, Any] | None:
+        """The last JSON summary line the application printed with one of ``keys``."""
+        return summary_line(getattr(self._hook, "captured", []), *keys)
+
+    def _get_hook(self) -> SparkSubmitHook:
+        base = super()._get_hook()
+        hook = CapturingSparkSubmitHook.__new__(CapturingSparkSubmitHook)
+        hook.__dict__.update(base.__dict__)
+        hook.captured = []
+        return hook
+
+
+def summary_line(lines: Sequence[str], *keys: str) -> dict[str, Any] | None:
+    """The last line of ``lines`` that is a JSON object with one of ``keys``, else None."""
+    for line in reversed(lines):
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict) and any(key in value for key in keys):
+                return value
+    return None
+
+
+def check_spark_connection(conn_id: str) -> None:
+    """The Spark connection must exist and keep the DSN off command lines."""
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowFailException
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:
+        raise AirflowFailException(
+            f"Spark connection {conn_id!r} is not defined; without it the Spark "
+            f"provider silently submits to YARN. Fix: define it, for local Spark e.g. "
+            f'AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "spark", '
+            f'"host": "local[*]"}}\', or a spark://host:7077 master'
+        ) from None
+    master = f"{conn.conn_type}://{conn.host or ''}"
+    if "yarn" in master or "k8s" in master or conn.extra_dejson.get("deploy-mode") == "cluster":
+        raise AirflowFailException(
+            f"Spark connection {conn_id!r} ({master}) would pass the source DSN on the "
+            f"spark-submit command line (YARN/Kubernetes/cluster mode turn environment "
+            f"variables into --conf arguments). Use a local or standalone master in client "
+            f"mode"
+        )
+
+
+def mask(secret: str) -> None:
+    from airflow.sdk.log import mask_secret
+
+    mask_secret(secret)
+
+
+def spark_submit_binary() -> str:
+    """``spark-submit`` from PATH, else the one pyspark installed next to this interpreter."""
+    found = shutil.which("spark-submit")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "spark-submit"
+    if beside.exists():
+        return str(beside)
+    raise FileNotFoundError(
+        "spark-submit is neither on PATH nor next to this Python; install the full 'pyspark' "
+        "package (the Spark provider's pyspark-client has no spark-submit) or pass spark_binary"
+    )
+
+
+def spark_home_env() -> dict[str, str]:
+    """``SPARK_HOME`` of the installed pyspark, unless the environment already sets one."""
+    if os.environ.get("SPARK_HOME"):
+        return {}
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        return {}
+    return {"SPARK_HOME": str(Path(spec.origin).parent)}
+
+
+def package_zip(directory: Path) -> str:
+    """This package as a zip for ``--py-files``: executors get the code without installing it."""
+    target = directory / "airflow_pglogrepl.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in PACKAGE_DIR.rglob("*.py"):
+            archive.write(path, path.relative_to(PACKAGE_DIR.parent))
+    return str(target)
