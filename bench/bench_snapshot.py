@@ -52,14 +52,13 @@ def main() -> None:
     args = parser.parse_args()
 
     from airflow_pglogrepl.hooks.replication import DsnReplicationHook
-    from airflow_pglogrepl.hooks.snapshot import SnapshotMixin, SnapshotReader
+    from airflow_pglogrepl.hooks.snapshot import SnapshotReader
     from airflow_pglogrepl.spark.session import local_session
     from airflow_pglogrepl.spark.sink import Sink
     from airflow_pglogrepl.spark.snapshot import BlockRange, CopyTask, SnapshotCopy, SnapshotPoint
     from airflow_pglogrepl.spark.storage import LocalStorage
 
-    class Hook(SnapshotMixin, DsnReplicationHook):
-        pass
+    Hook = DsnReplicationHook  # noqa: N806 (it includes the snapshot statements)
 
     with local_cluster("bench-snapshot", LOGICAL_SETTINGS) as cluster:
         with cluster.connect() as conn:

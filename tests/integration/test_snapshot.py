@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
-from airflow_pglogrepl.hooks.snapshot import SnapshotMixin, SnapshotTable
+from airflow_pglogrepl.hooks.snapshot import SnapshotTable
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.spark.sink import CommitRecord, Sink, table_dir, window_id
 from airflow_pglogrepl.spark.snapshot import (
@@ -37,8 +37,8 @@ from tests.integration.test_drain import Source, drain_in_process
 _ids = itertools.count(1)
 
 
-class SnapHook(SnapshotMixin, DsnReplicationHook):
-    """The source hook with the snapshot statements (as the application builds it)."""
+# The replication hook includes the snapshot statements (SnapshotMixin) itself.
+SnapHook = DsnReplicationHook
 
 
 @pytest.fixture
