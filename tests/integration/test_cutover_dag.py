@@ -172,7 +172,8 @@ def test_cutover_under_write_load(airflow_home: Path, move: Move, tmp_path: Path
         (move.db, fence_lsn),
         dbname=move.db,
     )
-    assert len(changes) > 2000 and after == [(0,)], (len(changes), after)
+    # (the slot was created after the initial rows: these are the load's writes)
+    assert len(changes) > 100 and after == [(0,)], (len(changes), after)
     history = move.publisher.execute("SELECT count(*) FROM history", dbname=move.db)[0][0]
     assert history > 0
     # sequences on the new primary are at or above the old primary's
