@@ -10,7 +10,6 @@ what the run did; a failure exits non-zero with the reason on stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -18,7 +17,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-DSN_ENV = "PGLOGREPL_SOURCE_DSN"
+from airflow_pglogrepl.spark import app
+from airflow_pglogrepl.spark.app import DSN_ENV
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -48,14 +48,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def spark_session() -> Any:
-    """The session spark-submit prepared (its master), or a local one under ``python -m``."""
-    from airflow_pglogrepl.spark.session import configure, local_session
-
-    if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit
-        from pyspark.sql import SparkSession
-
-        return configure(SparkSession.builder.appName("pglogrepl-drain")).getOrCreate()
-    return local_session("pglogrepl-drain", cores=os.cpu_count() or 2)
+    """The session spark-submit prepared, or a local one under ``python -m``."""
+    return app.spark_session("pglogrepl-drain")
 
 
 class LazySpark:
@@ -165,39 +159,12 @@ def parquet_writer(spark: Any, sink: str) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     args = parse_args(argv)
-    # Everything but the summary goes to stderr: Spark, py4j and Airflow's logging all write to
-    # stdout, some of it at interpreter exit. The summary is written to the saved real stdout.
-    sys.stdout.flush()
-    summary_fd = os.dup(1)
-    os.dup2(2, 1)
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+    return app.run_app(
+        "drain_app",
+        "SlotDrainOperator",
+        lambda dsn: run(args, dsn, started),
+        logger="airflow_pglogrepl.drain",
     )
-    dsn = os.environ.get(DSN_ENV)
-    if not dsn:
-        print(
-            f"drain_app: ${DSN_ENV} is not set; it must hold the source's libpq conninfo or URI "
-            f"(SlotDrainOperator sets it from the Airflow connection)",
-            file=sys.stderr,
-        )
-        return 2
-    # Airflow's and psycopg's imports leave hundreds of thousands of long-lived objects; without
-    # this every collection of the per-change garbage rescans them (about a quarter of the time).
-    import gc
-
-    from airflow_pglogrepl.hooks.replication import DsnReplicationHook  # noqa: F401 (import now)
-
-    gc.collect()
-    gc.freeze()
-    try:
-        result = run(args, dsn, started)
-    except Exception as exc:  # one clear line for the task log; the traceback follows it
-        logging.getLogger("airflow_pglogrepl.drain").exception("drain failed")
-        print(f"drain_app: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    os.write(summary_fd, (json.dumps(result) + "\n").encode())
-    os.close(summary_fd)
-    return 0
 
 
 def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:

@@ -25,7 +25,6 @@ Who holds the exporting session decides the mode:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -36,7 +35,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from airflow_pglogrepl.spark.sink import Sink
 
-DSN_ENV = "PGLOGREPL_SOURCE_DSN"
+from airflow_pglogrepl.spark import app
+from airflow_pglogrepl.spark.app import DSN_ENV
+
 SNAPSHOT_ENV = "PGLOGREPL_SNAPSHOT_NAME"  # the exported snapshot's name, instead of the argument
 log = logging.getLogger("airflow_pglogrepl.snapshot")
 
@@ -92,43 +93,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def spark_session() -> Any:
-    """The session spark-submit prepared (its master), or a local one under ``python -m``."""
-    from airflow_pglogrepl.spark.session import configure, local_session
-
-    if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit
-        from pyspark.sql import SparkSession
-
-        return configure(SparkSession.builder.appName("pglogrepl-snapshot")).getOrCreate()
-    return local_session("pglogrepl-snapshot", cores=os.cpu_count() or 2)
+    """The session spark-submit prepared, or a local one under ``python -m``."""
+    return app.spark_session("pglogrepl-snapshot")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     args = parse_args(argv)
-    # Everything but the summary goes to stderr (Spark, py4j and Airflow all write to stdout).
-    sys.stdout.flush()
-    summary_fd = os.dup(1)
-    os.dup2(2, 1)
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+    return app.run_app(
+        "snapshot_app",
+        "InitialSnapshotOperator",
+        lambda dsn: run(args, dsn, started),
+        logger="airflow_pglogrepl.snapshot",
     )
-    dsn = os.environ.get(DSN_ENV)
-    if not dsn:
-        print(
-            f"snapshot_app: ${DSN_ENV} is not set; it must hold the source's libpq conninfo or "
-            f"URI (InitialSnapshotOperator sets it from the Airflow connection)",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        result = run(args, dsn, started)
-    except Exception as exc:  # one clear line for the task log; the traceback follows it
-        log.exception("snapshot failed")
-        print(f"snapshot_app: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    os.write(summary_fd, (json.dumps(result) + "\n").encode())
-    os.close(summary_fd)
-    return 0
 
 
 def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
