@@ -6,13 +6,18 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# Delta Lake's jars, fetched from Maven Central by Maven (not by Spark's Ivy) into a folder make
+# owns; Spark gets them as spark.jars through PGLOGREPL_DELTA_JARS.
+JARS_DIR := .cache/jars
+JARS_STAMP := $(JARS_DIR)/.fetched
+export PGLOGREPL_DELTA_JARS ?= $(CURDIR)/$(JARS_DIR)
 
-.PHONY: demo test test-unit lint system venv clean
+.PHONY: demo test test-unit lint system venv jars clean
 
-demo: system venv
+demo: system venv jars
 	$(PY) scripts/demo.py $(DEMO_ARGS)
 
-test: system venv
+test: system venv jars
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: venv
@@ -28,6 +33,12 @@ system:
 
 venv: $(STAMP)
 
+jars: $(JARS_STAMP)
+
+$(JARS_STAMP): airflow_pglogrepl/spark/session.py | $(STAMP)
+	./scripts/fetch-delta-jars.sh $(JARS_DIR) $$($(PY) -c 'from airflow_pglogrepl.spark.session import DELTA_PACKAGES; print(*DELTA_PACKAGES)')
+	touch $(JARS_STAMP)
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --progress-bar off --upgrade pip
@@ -35,4 +46,4 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

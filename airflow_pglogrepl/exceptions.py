@@ -176,3 +176,32 @@ class ReplicationFailedError(PgLogReplError):
 
 class FenceNotHeldError(PgLogReplError):
     """The write fence would not stop every write: nothing was changed (the fence rolled back)."""
+
+
+class LakeError(PgLogReplError):
+    """The lake cannot be written as asked; the message names the table or path and the fix."""
+
+
+class LakeWriterBusyError(LakeError):
+    """Another run holds the writer lock of this slot's lake (a drain or a snapshot)."""
+
+    def __init__(self, slot: str, holder: dict[str, object] | None) -> None:
+        self.slot = slot
+        self.holder = holder
+        if holder:
+            who = (
+                f"backend pid {holder.get('pid')} (application {holder.get('application_name')!r}"
+                f", client {holder.get('client_addr') or 'local socket'}, connected since "
+                f"{holder.get('backend_start')})"
+            )
+            fix = (
+                f"wait for that run to finish; if its process is gone, end the session with "
+                f"SELECT pg_terminate_backend({holder.get('pid')})"
+            )
+        else:
+            who = "another session (not visible to this role)"
+            fix = "wait for the other run to finish"
+        super().__init__(
+            f"the lake of slot {slot!r} is being written by {who}: only one drain or snapshot "
+            f"may write it at a time. Nothing was done. Fix: {fix}"
+        )

@@ -19,7 +19,7 @@ def get_provider_info() -> dict[str, Any]:
         "name": "PostgreSQL logical replication",
         "description": (
             "Publications, subscriptions, preflight checks, readiness and lag sensors, "
-            "sensor-gated cutovers, and exactly-once slot drains into a Parquet lake on Spark."
+            "sensor-gated cutovers, and exactly-once slot drains into a Delta Lake lake on Spark."
         ),
         "versions": [__version__],
         "integrations": [

@@ -11,14 +11,16 @@ measures on the same WAL:
   PostgreSQL's own client, for scale;
 - the drain's stages in this process, each run adding one step to the one before: the hook's
   fetch (``peek_changes``), + pgoutput decoding, + the per-table changelog batches (values as
-  Python objects), + Arrow tables, + Parquet files (snappy, fsynced, as the drain writes them);
+  Python objects), + Arrow tables, + plain Parquet files (snappy, fsynced: the lake's former
+  write, the baseline) and, instead of that, + the Delta append (the lake's window API: the
+  same files, fsynced, then one Delta commit per window through delta-rs);
 - the real drain: ``python -m airflow_pglogrepl.spark.drain_app ... --no-materialize`` (a local
   sink, so no JVM), split into its fixed start-up cost and its steady-state window rate;
 - once, the same with the merge into ``state/`` (Spark), for the materialize time.
 
 The server, stage and drain runs alternate (best of ``--repeat``) so all meet the same load on a
 shared machine. Not a test: run it with ``python -m bench.bench_drain`` and record the result in
-docs/benchmarks.md. ``--profile`` adds a cProfile of the Parquet stage.
+docs/benchmarks.md. ``--profile`` adds a cProfile of the Delta stage.
 """
 
 from __future__ import annotations
@@ -38,22 +40,41 @@ from pathlib import Path
 from typing import Any
 
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
+from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream
+from airflow_pglogrepl.spark.app import DSN_ENV
 from airflow_pglogrepl.spark.batch import ChangelogBatch
-from airflow_pglogrepl.spark.drain_app import DSN_ENV, parquet_writer
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, PgCluster, local_cluster
 
 BATCH = 10_000
 PEEK_SLOT = "bench_peek"  # only ever peeked: the server and stage runs share it
-STAGES = ("fetch", "decode", "batches", "arrow", "parquet")
+STAGES = ("fetch", "decode", "batches", "arrow", "parquet", "delta")
 STAGE_LABELS = {
     "fetch": "hook fetch (peek_changes)",
     "decode": "+ pgoutput decode",
     "batches": "+ changelog batches (Python values)",
     "arrow": "+ Arrow tables",
-    "parquet": "+ Parquet files (snappy, fsync)",
+    "parquet": "+ plain Parquet files (snappy, fsync; before Delta)",
+    "delta": "+ Delta append instead (files, fsync, one commit per window)",
 }
+
+
+def parquet_file(table: Any, directory: str) -> None:
+    """The lake's former changelog write: one Parquet file, fsynced with its directory entry."""
+    import uuid
+
+    import pyarrow.parquet as pq
+
+    os.makedirs(directory, exist_ok=True)
+    target = os.path.join(directory, f"part-{uuid.uuid4().hex}.parquet")
+    pq.write_table(table, target, compression="snappy")
+    for synced in (target, directory):
+        fd = os.open(synced, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def load(conn: Any, inserts: int, updates: int) -> None:
@@ -90,14 +111,16 @@ def stage(
     events = PgOutputStream.from_options(options).decode(rows)
     if level == "decode":
         return sum(1 for event in events if event.__class__ is Change)
-    with tempfile.TemporaryDirectory(prefix="bench-drain-parquet-") as out:
-        writer = parquet_writer(None, out)
+    with tempfile.TemporaryDirectory(prefix="bench-drain-write-") as out:
+        window = Lake(out, "bench").open_window(LSN(0))
 
         def finish(batch: ChangelogBatch) -> None:
             if level == "arrow":
                 batch.to_arrow()
             elif level == "parquet":
-                writer(batch.to_arrow(), os.path.join(out, str(batch.ref)))
+                parquet_file(batch.to_arrow(), os.path.join(out, str(batch.ref)))
+            elif level == "delta":
+                window.write(batch.ref, batch.to_arrow())
 
         batches: dict[int, ChangelogBatch] = {}
         changes = 0
@@ -115,6 +138,8 @@ def stage(
         for batch in batches.values():
             if len(batch):
                 finish(batch)
+        if level == "delta":
+            window.commit(upto, transactions=0, changes=changes)
     return changes
 
 
@@ -165,7 +190,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--window-mb", type=int, default=64, help="--max-window-bytes, in MiB")
     parser.add_argument("--batch-rows", type=int, default=200_000)
-    parser.add_argument("--profile", action="store_true", help="cProfile the Parquet stage")
+    parser.add_argument("--profile", action="store_true", help="cProfile the Delta stage")
     args = parser.parse_args()
     window = args.window_mb * 1024 * 1024
     repeat = args.repeat
@@ -233,7 +258,7 @@ def main() -> None:
         )
         if args.profile:
             profile = cProfile.Profile()
-            profile.runcall(stage, hook, options, end, "parquet", args.batch_rows)
+            profile.runcall(stage, hook, options, end, "delta", args.batch_rows)
             pstats.Stats(profile).sort_stats("tottime").print_stats(25)
 
     server_rate = changes / best["server"]
@@ -252,6 +277,11 @@ def main() -> None:
     line(f"pg_recvlogical to a file ({recv_bytes / 2**20:,.0f} MiB)", best["recvlogical"])
     for level in STAGES:
         line(STAGE_LABELS[level], best[level])
+    write_before = best["parquet"] - best["arrow"]
+    write_now = best["delta"] - best["arrow"]
+    print(f"\nwrite cost alone (stage minus Arrow tables): Parquet {write_before:.2f} s, "
+          f"Delta {write_now:.2f} s; Delta over the whole stage: "
+          f"{(best['delta'] / best['parquet'] - 1) * 100:+.1f}%")  # fmt: skip
 
     steady = max(drains, key=lambda d: d["changes_per_s"])
     quickest = min(drains, key=lambda d: d["wall_s"])
@@ -259,7 +289,7 @@ def main() -> None:
     print(f"\n| drain_app (best of {repeat}) | value |")
     print("|---|---:|")
     print(f"| wall time, process start to exit (--no-materialize) | {quickest['wall_s']:.2f} s |")
-    print(f"| start-up inside the app (checks, recovery, reconcile) | "
+    print(f"| start-up inside the app (checks, lock, reconcile) | "
           f"{min(d['startup_s'] for d in drains):.2f} s |")  # fmt: skip
     fixed = quickest["wall_s"] - quickest["changes"] / quickest["changes_per_s"]
     print(f"| fixed cost: wall time - window time (interpreter, imports, start-up, exit) | "

@@ -53,10 +53,9 @@ def main() -> None:
 
     from airflow_pglogrepl.hooks.replication import DsnReplicationHook
     from airflow_pglogrepl.hooks.snapshot import SnapshotReader
+    from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.spark.session import local_session
-    from airflow_pglogrepl.spark.sink import Sink
     from airflow_pglogrepl.spark.snapshot import BlockRange, CopyTask, SnapshotCopy, SnapshotPoint
-    from airflow_pglogrepl.spark.storage import LocalStorage
 
     Hook = DsnReplicationHook  # noqa: N806 (it includes the snapshot statements)
 
@@ -117,7 +116,7 @@ def main() -> None:
             with hook.create_slot_with_snapshot("bench_spark", temporary=True) as held:
                 point = SnapshotPoint(held.slot, held.consistent_point, held.snapshot_name)
                 result = SnapshotCopy(
-                    spark=spark, sink=Sink(target, LocalStorage()),
+                    spark=spark, lake=Lake(target, held.slot),
                     reader_params=hook.connection_params(), point=point, publications=["bench"],
                     tasks_per_table=tasks, rows_per_task=1,
                 ).run()  # fmt: skip

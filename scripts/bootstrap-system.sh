@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the system pieces the project needs when they are missing: PostgreSQL server binaries
 # (initdb/pg_ctl; the tests and the demo start their own clusters), a Java 17+ runtime (Spark),
+# Maven (Delta Lake's jars),
 # docker-compose (validates the compose file, no engine needed), and an unprivileged OS user to run PostgreSQL as when we are root (initdb refuses root).
 # Idempotent: does nothing on a machine that already has everything.
 set -euo pipefail
@@ -43,6 +44,12 @@ java_major() {
 if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
   echo "bootstrap: installing a Java 17 runtime for Spark"
   apt_install openjdk-17-jre-headless
+fi
+
+# Maven fetches Delta Lake's jars from Maven Central (make jars), instead of Spark's Ivy.
+if ! command -v mvn >/dev/null 2>&1; then
+  echo "bootstrap: installing Maven (fetches Delta Lake's jars)"
+  apt_install maven
 fi
 
 # Validates docker-compose.yaml in the tests without a Docker engine (`docker-compose config`).

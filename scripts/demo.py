@@ -208,14 +208,29 @@ print(json.dumps(out, default=str))
 
 
 def lake_rows(lake: Path) -> dict[str, int]:
-    import pyarrow.parquet as pq
+    """Rows of each ``state/`` Delta table, read through ``deltalake`` (no JVM)."""
+    from airflow_pglogrepl.lake.delta import list_tables, read_table
 
-    counts: dict[str, int] = {}
     state = lake / "state"
-    if state.exists():
-        for table in sorted(state.iterdir()):
-            counts[table.name] = pq.read_table(table).num_rows
-    return counts
+    return {name: read_table(str(state / name)).num_rows for name in list_tables(str(state))}
+
+
+def lake_rows_spark_sql(lake: Path) -> dict[str, int]:
+    """The same counts through Spark SQL over the Delta tables (a local session with Delta)."""
+    from airflow_pglogrepl.lake.delta import list_tables
+    from airflow_pglogrepl.spark.session import local_session
+
+    state = lake / "state"
+    spark = local_session("pglogrepl-demo-reader")
+    try:
+        return {
+            name: int(
+                spark.sql(f"SELECT count(*) FROM delta.`{state / name}`").collect()[0][0]  # noqa: S608 (a path we made)
+            )
+            for name in list_tables(str(state))
+        }
+    finally:
+        spark.stop()
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -230,9 +245,13 @@ def print_summary(summary: dict[str, Any]) -> None:
             seconds = info["seconds"]
             timing = f"{seconds:7.2f} s" if isinstance(seconds, int | float) else "      -  "
             print(f"  {task:<28} {info['state']:<10} {timing}  {_brief(info['result'])}")
-    print("\nrows in the lake (state/) and on the old primary:")
+    print("\nrows in the lake's state/ Delta tables, read back two ways, and on the old primary:")
+    print(f"  {'table':<32} {'deltalake':>9} {'Spark SQL':>9} {'source':>9}")
     for table, rows in summary["lake_rows"].items():
-        print(f"  {table:<32} {rows:>9} {summary['source_rows'].get(table, '?'):>9}")
+        spark_rows = summary.get("lake_rows_spark_sql", {}).get(table, "?")
+        print(
+            f"  {table:<32} {rows:>9} {spark_rows:>9} {summary['source_rows'].get(table, '?'):>9}"
+        )
     print()
 
 
@@ -285,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         say("second incremental-drain run: what was written since the snapshot ...")
         summary["drain"] = demo.run_dag(DRAIN_DAG, drain_conf)
         summary["lake_rows"] = lake_rows(demo.lake)
+        summary["lake_rows_spark_sql"] = lake_rows_spark_sql(demo.lake)
         from psycopg import sql
 
         count = sql.SQL("SELECT count(*) FROM {}")

@@ -35,6 +35,10 @@ def pytest_configure(config: pytest.Config) -> None:
     _CLUSTER_BASE = Path(tempfile.mkdtemp(prefix="pglogrepl-clusters-"))
     os.chmod(_CLUSTER_BASE, 0o755)
     os.environ.update(airflow_environment(_AIRFLOW_HOME))
+    # Delta's jars as `make jars` fetched them (make exports this too; pytest may run alone).
+    jars = TESTS.parent / ".cache" / "jars"
+    if jars.is_dir():
+        os.environ.setdefault("PGLOGREPL_DELTA_JARS", str(jars))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from airflow_pglogrepl.spark.sink import table_dir
+from airflow_pglogrepl.lake.layout import table_dir
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 
@@ -76,25 +76,29 @@ def source_rows(cluster: PgCluster, db: str, table: str) -> list[tuple[Any, ...]
     return [tuple(normalize(v) for v in row) for row in rows]
 
 
-def lake_rows(sink: str, ref: TableRef, kind: str = "state") -> list[tuple[Any, ...]]:
-    import pyarrow.parquet as pq
+def read_delta(path: Path) -> Any:
+    """The table's current version through ``deltalake`` (no JVM), as a reader would see it."""
+    from airflow_pglogrepl.lake.delta import read_table
 
+    return read_table(str(path))
+
+
+def lake_rows(sink: str, ref: TableRef, kind: str = "state") -> list[tuple[Any, ...]]:
     path = Path(sink) / kind / table_dir(ref)
     if not path.exists():
         return []
-    table = pq.read_table(path)
+    table = read_delta(path)
     names = [n for n in table.column_names if not n.startswith("_")]
     rows = [tuple(normalize(r[n]) for n in names) for r in table.to_pylist()]
     return sorted(rows, key=lambda r: r[0])
 
 
 def changelog(sink: str, ref: TableRef) -> list[dict[str, Any]]:
-    import pyarrow.parquet as pq
-
     path = Path(sink) / "changes" / table_dir(ref)
     if not path.exists():
         return []
-    return pq.read_table(path).to_pylist()
+    rows: list[dict[str, Any]] = read_delta(path).to_pylist()
+    return rows
 
 
 def all_changelog_keys(sink: str, tables: Iterable[TableRef]) -> list[tuple[int, int]]:

@@ -49,7 +49,13 @@ class PgSessionHook(PostgresHook):
         )
 
     @contextmanager
-    def session(self, *, replication: bool = False, autocommit: bool = True) -> Iterator[Conn]:
+    def session(
+        self,
+        *,
+        replication: bool = False,
+        autocommit: bool = True,
+        application_name: str | None = None,
+    ) -> Iterator[Conn]:
         """An open psycopg connection with ``pg_lsn`` read and written as ``LSN``.
 
         ``replication=True`` opens a ``replication=database`` connection, which accepts the
@@ -59,6 +65,8 @@ class PgSessionHook(PostgresHook):
         params = self.connection_params()
         if replication:
             params["replication"] = "database"
+        if application_name:
+            params["application_name"] = application_name
         try:
             conn = psycopg.connect(
                 conninfo.make_dsn(params),

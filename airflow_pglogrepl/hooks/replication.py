@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from airflow_pglogrepl.hooks.catalog import CatalogMixin
 from airflow_pglogrepl.hooks.cutover import CutoverMixin
+from airflow_pglogrepl.hooks.locks import WriterLockMixin
 from airflow_pglogrepl.hooks.publications import PublicationsMixin
 from airflow_pglogrepl.hooks.server import ServerMixin
 from airflow_pglogrepl.hooks.slots import OUTPUT_PLUGINS, SlotsMixin
@@ -21,6 +22,7 @@ __all__ = ["OUTPUT_PLUGINS", "PgLogicalReplicationHook"]
 
 class PgLogicalReplicationHook(
     SnapshotMixin,
+    WriterLockMixin,
     CutoverMixin,
     CatalogMixin,
     PublicationsMixin,

@@ -74,6 +74,7 @@ class PackageSparkSubmitOperator(SparkSubmitOperator):
         }
         if self._spark_binary is None:
             self._spark_binary = spark_submit_binary()
+        self.conf = with_delta(self.conf or {}, user_jars=bool(self.jars or self.packages))
 
     @contextmanager
     def _shipping_package(self) -> Iterator[None]:
@@ -92,6 +93,20 @@ class PackageSparkSubmitOperator(SparkSubmitOperator):
         hook.__dict__.update(base.__dict__)
         hook.captured = []
         return hook
+
+
+def with_delta(conf: dict[str, Any], *, user_jars: bool = False) -> dict[str, Any]:
+    """``conf`` plus what Delta Lake needs, without overriding anything the user set.
+
+    The user's ``jars``/``packages`` (or ``spark.jars*`` in ``conf``) are taken to bring Delta
+    themselves; otherwise ``PGLOGREPL_DELTA_JARS`` or Delta's Maven coordinates are added.
+    """
+    from airflow_pglogrepl.spark.session import delta_conf
+
+    ours = delta_conf()
+    if user_jars or any(k in conf for k in ("spark.jars", "spark.jars.packages")):
+        ours = {k: v for k, v in ours.items() if not k.startswith("spark.jars")}
+    return {**ours, **conf}
 
 
 def summary_line(lines: Sequence[str], *keys: str) -> dict[str, Any] | None:

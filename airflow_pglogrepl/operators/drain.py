@@ -32,7 +32,7 @@ _spark_home_env = spark_home_env
 
 
 class SlotDrainOperator(PackageSparkSubmitOperator):
-    """Drain a logical slot into a Parquet lake, exactly once, in bounded LSN windows.
+    """Drain a logical slot into a Delta Lake lake, exactly once, in bounded LSN windows.
 
     Before submitting, the slot must exist, use ``pgoutput``, not be lost and not be active in
     another session; otherwise the task fails with that reason and Spark never starts. The

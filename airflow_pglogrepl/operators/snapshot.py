@@ -129,15 +129,12 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         from airflow.sdk.exceptions import AirflowFailException
 
         from airflow_pglogrepl.exceptions import SlotNotFoundError
-        from airflow_pglogrepl.spark.storage import is_local
 
         try:
             slot = hook.get_slot(self.slot_name)
         except SlotNotFoundError:
             slot = None
-        # A local sink is read here for free; a remote one only when the slot exists (it takes
-        # a Spark job), otherwise the application refuses a non-empty sink itself.
-        status = self._sink_status(context) if slot is not None or is_local(self.sink) else {}
+        status = self._sink_status()
         if slot is not None and status.get("snapshot_lsn"):
             self.log.info(
                 "Sink %s already holds the snapshot of slot %s at %s: nothing to do",
@@ -228,7 +225,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         """After a failed job: finish a committed snapshot (True) or undo it: drop the slot and
         the staged files (False)."""
         try:
-            committed = bool(self._sink_status(context, point).get("committed"))
+            committed = bool(self._sink_status(point).get("committed"))
         except Exception:
             # Cannot tell: keep the slot (dropping it under a committed snapshot would lose the
             # hand-off); the next run's checks decide.
@@ -269,26 +266,14 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         super().execute(context)
         return self._summary("committed", "resolved")
 
-    def _sink_status(self, context: Context, point: str | None = None) -> dict[str, Any]:
-        """``spark.snapshot.resolve`` on the sink: in this process for a local sink, else by the
-        application (Spark's filesystems reach remote sinks)."""
-        from airflow_pglogrepl.spark.storage import is_local
+    def _sink_status(self, point: str | None = None) -> dict[str, Any]:
+        """``spark.snapshot.resolve`` on the lake, read in this process through ``deltalake``
+        (no JVM; the lake is only read: operators never modify it)."""
+        from airflow_pglogrepl.lake.lake import Lake
+        from airflow_pglogrepl.lsn import LSN
+        from airflow_pglogrepl.spark.snapshot import resolve
 
-        if is_local(self.sink):
-            from airflow_pglogrepl.lsn import LSN
-            from airflow_pglogrepl.spark.sink import Sink
-            from airflow_pglogrepl.spark.snapshot import resolve
-            from airflow_pglogrepl.spark.storage import LocalStorage, local_path
-
-            sink = Sink(local_path(self.sink), LocalStorage())
-            return resolve(sink, self.slot_name, LSN(point) if point else None)
-        args = ["--slot", str(self.slot_name), "--sink", str(self.sink), "--resolve"]
-        if point:
-            args += ["--consistent-point", point]
-        status = self._submit(context, args)
-        if status is None:
-            raise RuntimeError(f"could not read the state of sink {self.sink}")
-        return status
+        return resolve(Lake(str(self.sink), str(self.slot_name)), LSN(point) if point else None)
 
     # -- helpers ------------------------------------------------------------------------------
 

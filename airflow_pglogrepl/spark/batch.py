@@ -12,9 +12,9 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_pglogrepl.lake import changelog as cl
 from airflow_pglogrepl.pgoutput.schema import arrow_value
 from airflow_pglogrepl.pgoutput.values import OID
-from airflow_pglogrepl.spark import changelog as cl
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
@@ -94,17 +94,24 @@ class ChangelogBatch:
         self._seq.append(seq)
 
     def schema(self) -> pa.Schema:
-        """The table's columns (typed by the decoder's mapping) plus the metadata columns."""
+        """The table's columns (typed by the decoder's mapping) plus the metadata columns.
+
+        Every field is nullable, the metadata columns too: Delta on Spark reads a NOT NULL column
+        as an invariant, a table feature the protocol delta-rs writes does not list, and would
+        refuse the table.
+        """
         import pyarrow as pa
 
         base = self.table.arrow_schema()
         return pa.schema(
             [
-                *base,
-                pa.field(cl.OP, pa.string(), nullable=False),
-                pa.field(cl.COMMIT_LSN, pa.int64(), nullable=False),
-                pa.field(cl.SEQ, pa.int64(), nullable=False),
-                pa.field(cl.XID, pa.int64(), nullable=False),
+                *cl.mark_keys(base, self.table.key_names),
+                pa.field(cl.OP, pa.string()).with_metadata(
+                    cl.identity_metadata(self.table.replica_identity)
+                ),
+                pa.field(cl.COMMIT_LSN, pa.int64()),
+                pa.field(cl.SEQ, pa.int64()),
+                pa.field(cl.XID, pa.int64()),
                 pa.field(cl.COMMIT_TS, pa.timestamp("us", tz="UTC")),
                 pa.field(cl.UNCHANGED, pa.list_(pa.string())),
                 pa.field(cl.OLD, pa.struct(list(base))),
@@ -159,16 +166,6 @@ class ChangelogBatch:
             for old in self._old
         ]
         return pa.array(olds, old_type)
-
-    def describe(self) -> dict[str, Any]:
-        """What the commit record keeps about the table: names, key, identity."""
-        return {
-            "schema": self.table.schema,
-            "table": self.table.table,
-            "columns": list(self._names),
-            "key": list(self.table.key_names),
-            "replica_identity": self.table.replica_identity,
-        }
 
 
 def _convert(value: Any, oid: int | None, modifier: int) -> Any:

@@ -8,32 +8,31 @@ windows neither overlap nor leave gaps, and an empty window (no published change
 transaction still open across ``end``) may still advance the slot: an idle publication never pins
 WAL. A transaction bigger than a window comes back whole in the window holding its commit.
 
-Order of durability, which is what makes it exactly once:
+Each window is written through the lake's window API (``airflow_pglogrepl.lake.lake``, where
+the crash-safety argument is written down): batches as they fill, one Delta commit per touched
+table and one for the window at its end. Only after that commit returns is the slot advanced
+(``pg_replication_slot_advance``).
 
-1. the window's changes are written by Spark to staging (``Sink``), batch by batch;
-2. the commit record is written atomically (the commit point) and the files published;
-3. only then is the slot advanced (``pg_replication_slot_advance``).
-
-At start the sink's last commit is compared with the slot's ``confirmed_flush_lsn``: sink ahead
+At start the lake's position is compared with the slot's ``confirmed_flush_lsn``: lake ahead
 means an advance was lost (PostgreSQL persists an advanced position only at the next checkpoint),
-so the slot is moved up to the sink; slot ahead means someone else consumed changes the sink never
+so the slot is moved up to the lake; slot ahead means someone else consumed changes the lake never
 saw, and the run stops, naming both LSNs.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.exceptions import PgLogReplError, SlotInUseError
+from airflow_pglogrepl.faults import fault
+from airflow_pglogrepl.lake.lake import Lake, Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
 from airflow_pglogrepl.spark.batch import ChangelogBatch
-from airflow_pglogrepl.spark.sink import CommitRecord, Sink, table_dir, window_id
 
 if TYPE_CHECKING:
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
@@ -41,11 +40,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("airflow_pglogrepl.drain")
 
-FAULT_ENV = "PGLOGREPL_FAULT"  # tests only: die abruptly at a named point (see _fault)
-
 
 class SlotAheadOfSinkError(PgLogReplError):
-    """The slot confirmed changes the sink never committed: they are lost to this sink."""
+    """The slot confirmed changes the lake never committed: they are lost to this lake."""
 
     def __init__(self, slot: str, slot_lsn: LSN, sink_lsn: LSN, sink: str) -> None:
         self.slot_lsn = slot_lsn
@@ -53,7 +50,7 @@ class SlotAheadOfSinkError(PgLogReplError):
         super().__init__(
             f"replication slot {slot!r} is at confirmed_flush_lsn {slot_lsn}, ahead of the "
             f"sink {sink} (last committed window ends at {sink_lsn}): the changes between "
-            f"{sink_lsn} and {slot_lsn} were consumed by someone else and are not in the sink. "
+            f"{sink_lsn} and {slot_lsn} were consumed by someone else and are not in the lake. "
             f"Nothing was drained. Fix: find what advanced the slot; rebuild the sink from a new "
             f"initial snapshot, or accept the gap explicitly by recording it"
         )
@@ -126,14 +123,13 @@ def _sum_tables(windows: Sequence[WindowStats]) -> dict[str, int]:
 
 
 class Drain:
-    """The drain loop. ``writer(arrow_table, path)`` appends Parquet under ``path`` (Spark)."""
+    """The drain loop: the slot's changes, window by window, into ``lake``."""
 
     def __init__(
         self,
         *,
         source: PgLogicalReplicationHook,
-        sink: Sink,
-        writer: Any,
+        lake: Lake,
         slot: str,
         publications: Sequence[str],
         max_window_bytes: int,
@@ -143,8 +139,7 @@ class Drain:
         if max_window_bytes <= 0:
             raise ValueError("max_window_bytes must be positive")
         self.source = source
-        self.sink = sink
-        self.writer = writer
+        self.lake = lake
         self.slot = slot
         self.publications = list(publications)
         self.max_window_bytes = max_window_bytes
@@ -157,12 +152,11 @@ class Drain:
         }
 
     def run(self, started: float) -> DrainResult:
-        """Recover the sink, reconcile it with the slot, then drain window by window."""
-        last = self.sink.recover()
+        """Reconcile the lake with the slot, then drain window by window."""
         slot = check_slot(self.source, self.slot)
         before = slot.confirmed_flush_lsn
         assert before is not None, "a logical slot always has confirmed_flush_lsn"
-        start = self._reconcile(before, last.end if last else None)
+        start = self._reconcile(before, self.lake.position())
         run_end = self.source.flush_lsn()
         startup = time.monotonic() - started
         windows: list[WindowStats] = []
@@ -197,18 +191,18 @@ class Drain:
 
     def _reconcile(self, slot_lsn: LSN, sink_lsn: LSN | None) -> LSN:
         if sink_lsn is None:
-            log.info("empty sink: starting at the slot's confirmed_flush_lsn %s", slot_lsn)
+            log.info("empty lake: starting at the slot's confirmed_flush_lsn %s", slot_lsn)
             return slot_lsn
         if sink_lsn > slot_lsn:
             log.warning(
-                "sink is ahead of slot %s (%s > %s): the last advance was lost; advancing the "
-                "slot to the sink, committed changes are not drained again",
+                "lake is ahead of slot %s (%s > %s): the last advance was lost; advancing the "
+                "slot to the lake, committed changes are not drained again",
                 self.slot, sink_lsn, slot_lsn,
             )  # fmt: skip
             self.source.advance_slot(self.slot, sink_lsn)
             return sink_lsn
         if slot_lsn > sink_lsn:
-            raise SlotAheadOfSinkError(self.slot, slot_lsn, sink_lsn, self.sink.root)
+            raise SlotAheadOfSinkError(self.slot, slot_lsn, sink_lsn, self.lake.root)
         return slot_lsn
 
     def _window(self, start: LSN, end: LSN, *, next_commit: bool = False) -> WindowStats:
@@ -216,9 +210,8 @@ class Drain:
         before ``end``, and the window ends just past its commit record."""
         began = time.monotonic()
         stats = WindowStats(start=start, end=end)
-        window = window_id(end)
+        window = self.lake.open_window(start)
         batches: dict[int, ChangelogBatch] = {}
-        described: dict[str, dict[str, Any]] = {}
         stream = PgOutputStream.from_options(self.options)
         rows = self.source.peek_changes(
             self.slot,
@@ -234,7 +227,6 @@ class Drain:
                 batch = batches.get(id(change.table))
                 if batch is None:
                     batch = batches[id(change.table)] = ChangelogBatch(change.table)
-                    described[table_dir(batch.ref)] = batch.describe()
                 batch.add(change, change.seq)
                 stats.changes += 1
                 if len(batch) >= self.batch_rows:
@@ -247,34 +239,20 @@ class Drain:
             if len(batch):
                 self._flush(window, batch, stats)
         if next_commit and last_commit is not None and last_commit < end:
-            # The window ends just past the one commit it holds; its staging follows the name.
-            end = stats.end = last_commit
-            staged, window = self.sink.staging_dir(window), window_id(end)
-            if self.sink.storage.exists(staged):
-                self.sink.storage.move(staged, self.sink.staging_dir(window))
-        _fault("after_write")
-        record = CommitRecord(
-            kind="window",
-            slot=self.slot,
-            start_lsn=str(start),
-            end_lsn=str(end),
-            transactions=stats.transactions,
-            changes=stats.changes,
-            files=self.sink.staged_files(window),
-            tables=described,
-        )
-        self.sink.commit(record)
-        _fault("after_commit")
+            end = stats.end = last_commit  # the window ends just past the one commit it holds
+        fault("after_write")
+        window.commit(end, transactions=stats.transactions, changes=stats.changes)
+        fault("after_commit")
         # The window is durable in the sink: only now may the slot forget it.
         self.source.advance_slot(self.slot, end)
         stats.seconds = time.monotonic() - began
         return stats
 
-    def _flush(self, window: str, batch: ChangelogBatch, stats: WindowStats) -> None:
+    def _flush(self, window: Window, batch: ChangelogBatch, stats: WindowStats) -> None:
         name = str(batch.ref)
         stats.tables[name] = stats.tables.get(name, 0) + len(batch)
-        self.writer(batch.to_arrow(), self.sink.staging_dir(window, batch.ref))
-        _fault("mid_write")
+        window.write(batch.ref, batch.to_arrow())
+        fault("mid_write")
 
 
 def check_slot(source: PgLogicalReplicationHook, slot_name: str) -> SlotInfo:
@@ -297,19 +275,3 @@ def _events(stream: PgOutputStream, rows: Iterator[Any]) -> Iterator[Any]:
 def _quote_publication(name: str) -> str:
     # publication_names is parsed as a list of identifiers (SplitIdentifierString): quote each.
     return '"' + name.replace('"', '""') + '"'
-
-
-def _fault(point: str) -> None:
-    """Tests inject crashes here: ``PGLOGREPL_FAULT=<point>[:<n>]`` kills the process abruptly
-    the n-th time (default first) the drain passes ``point``; nothing is cleaned up."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return
-    name, _, nth = spec.partition(":")
-    if name != point:
-        return
-    counter = f"_PGLOGREPL_FAULT_COUNT_{point}"
-    count = int(os.environ.get(counter, "0")) + 1
-    os.environ[counter] = str(count)
-    if count >= int(nth or "1"):
-        os._exit(137)

@@ -1,4 +1,4 @@
-"""Spark application: drain a logical slot into a Parquet lake in bounded LSN windows.
+"""Spark application: drain a logical slot into a Delta Lake lake in bounded LSN windows.
 
 Run it as ``spark-submit drain_app.py ARGS`` (any master) or ``python -m
 airflow_pglogrepl.spark.drain_app ARGS`` (local Spark). The source database comes from the
@@ -24,14 +24,14 @@ from airflow_pglogrepl.spark.app import DSN_ENV
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="drain_app",
-        description="Drain a logical replication slot into a Parquet lake, exactly once. "
+        description="Drain a logical replication slot into a Delta Lake lake, exactly once. "
         f"The source connection is read from ${DSN_ENV}.",
     )
     parser.add_argument("--slot", required=True, help="logical slot (plugin pgoutput)")
     parser.add_argument(
         "--publication", required=True, nargs="+", action="extend", help="publication name(s)"
     )
-    parser.add_argument("--sink", required=True, help="lake root: a path or a URI Spark writes")
+    parser.add_argument("--sink", required=True, help="lake root: a path or a URI Delta writes")
     parser.add_argument(
         "--max-window-bytes", type=int, default=64 * 1024 * 1024, help="WAL bytes per window"
     )
@@ -42,7 +42,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--no-materialize", action="store_true", help="skip merging changes into state/"
     )
     parser.add_argument(
-        "--batch-rows", type=int, default=200_000, help="rows per table per Spark write"
+        "--batch-rows", type=int, default=200_000, help="rows per table per changelog file"
+    )
+    parser.add_argument(
+        "--merge-parallelism", type=int, default=4, help="tables merged into state/ at once"
     )
     return parser.parse_args(argv)
 
@@ -55,10 +58,9 @@ def spark_session() -> Any:
 class LazySpark:
     """Starts Spark on first use.
 
-    A local sink needs no JVM to drain (pyarrow writes the changelog): Spark starts only for the
-    merge into ``state/``, so a run that fails its checks, crashes mid-window or runs with
-    ``--no-materialize`` pays nothing for it. Remote sinks start it at once (Spark's Hadoop
-    filesystem writes them).
+    The changelog needs no JVM (pyarrow writes its files and delta-rs commits them): Spark
+    starts only for the merge into ``state/``, so a run that fails its checks, crashes mid-window
+    or runs with ``--no-materialize`` pays nothing for it.
     """
 
     def __init__(self) -> None:
@@ -121,41 +123,6 @@ def _executor_probe(_: int) -> dict[str, Any]:
     }
 
 
-def parquet_writer(spark: Any, sink: str) -> Any:
-    """How staged changelog batches are written.
-
-    Local sinks: pyarrow writes the file straight from the driver's Arrow batch and fsyncs it
-    (the commit record that follows must not point at data still in the page cache); handing the
-    batch to the JVM first would only add a copy. Any other URI: Spark writes it, through the
-    Hadoop filesystem it is configured for.
-    """
-    from airflow_pglogrepl.spark.storage import is_local, local_path
-
-    if is_local(sink):
-        import uuid
-
-        import pyarrow.parquet as pq
-
-        def write_local(table: Any, path: str) -> None:
-            directory = local_path(path)
-            os.makedirs(directory, exist_ok=True)
-            target = os.path.join(directory, f"part-{uuid.uuid4().hex}.parquet")
-            pq.write_table(table, target, compression="snappy")
-            for synced in (target, directory):  # the file, and its name in the directory
-                fd = os.open(synced, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-
-        return write_local
-
-    def write_spark(table: Any, path: str) -> None:
-        spark.createDataFrame(table).write.mode("append").parquet(path)
-
-    return write_spark
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     args = parse_args(argv)
@@ -169,34 +136,36 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     from airflow_pglogrepl.hooks.replication import DsnReplicationHook
+    from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.spark.drain import Drain, check_slot
-    from airflow_pglogrepl.spark.sink import Sink
-    from airflow_pglogrepl.spark.storage import LocalStorage, is_local, storage_for
 
     source = DsnReplicationHook(dsn)
     check_slot(source, args.slot)  # refuse early: nothing started yet
     spark = LazySpark()
     try:
-        local = is_local(args.sink)
-        storage = LocalStorage() if local else storage_for(args.sink, spark.get())
-        sink = Sink(args.sink, storage)
-        drain = Drain(
-            source=source,
-            sink=sink,
-            writer=parquet_writer(None if local else spark.get(), args.sink),
-            slot=args.slot,
-            publications=args.publication,
-            max_window_bytes=args.max_window_bytes,
-            max_windows=args.max_windows,
-            batch_rows=args.batch_rows,
-        )
-        result = drain.run(started).to_dict()
-        if not args.no_materialize:
-            from airflow_pglogrepl.spark.state import materialize
+        with source.writer_lock(args.slot, role="drain"):
+            lake = Lake(args.sink, args.slot)
+            drain = Drain(
+                source=source,
+                lake=lake,
+                slot=args.slot,
+                publications=args.publication,
+                max_window_bytes=args.max_window_bytes,
+                max_windows=args.max_windows,
+                batch_rows=args.batch_rows,
+            )
+            result = drain.run(started).to_dict()
+            if not args.no_materialize:
+                from airflow_pglogrepl.lake.materialize import materialize, pending_tables
 
-            began = time.monotonic()
-            result["materialized"] = materialize(spark.get(), sink)
-            result["materialize_s"] = round(time.monotonic() - began, 3)
+                began = time.monotonic()
+                tables = pending_tables(lake)  # Spark starts only if some state is behind
+                merged = {}
+                if tables:
+                    parallel = args.merge_parallelism
+                    merged = materialize(spark.get(), lake, tables=tables, parallelism=parallel)
+                result["materialized"] = merged
+                result["materialize_s"] = round(time.monotonic() - began, 3)
         result["spark_start_s"] = spark.started_s
         if spark.started_s is not None:
             result["master"] = str(spark.get().sparkContext.master)

@@ -1,10 +1,55 @@
-"""Spark sessions configured the way the sink needs them (UTC, Arrow, small local footprint)."""
+"""Spark sessions configured the way the lake needs them: Delta Lake, UTC, Arrow, small footprint.
+
+Delta's jars reach Spark one of two ways. ``PGLOGREPL_DELTA_JARS`` (a directory of jars, or a
+comma-separated list of jar paths) puts them in ``spark.jars``: ``make jars`` fetches them from
+Maven Central with Maven into ``.cache/jars``, for machines where Spark's own Ivy resolution
+cannot reach a registry. Without it, ``spark.jars.packages`` names ``DELTA_PACKAGES`` and Spark
+resolves them itself, as ``--packages`` would. The SQL extension and catalog are set only where
+the user's configuration does not set them.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
+
+# delta-spark 4.4.0 is built for Spark 4.2 and Scala 2.13 (pyspark 4.2.0 is pinned to match).
+DELTA_PACKAGES = ("io.delta:delta-spark_4.2_2.13:4.4.0", "io.delta:delta-storage:4.4.0")
+JARS_ENV = "PGLOGREPL_DELTA_JARS"
+
+DELTA_SQL_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def delta_jars() -> list[str]:
+    """The jar paths ``PGLOGREPL_DELTA_JARS`` names (empty when it is unset)."""
+    value = os.environ.get(JARS_ENV, "").strip()
+    if not value:
+        return []
+    if os.path.isdir(value):
+        jars = sorted(str(p) for p in Path(value).glob("*.jar"))
+        if not jars:
+            raise FileNotFoundError(f"${JARS_ENV}={value} holds no jar; run `make jars`")
+        return jars
+    jars = [part.strip() for part in value.split(",") if part.strip()]
+    missing = [j for j in jars if not os.path.isfile(j)]
+    if missing:
+        raise FileNotFoundError(f"${JARS_ENV} names jars that do not exist: {missing}")
+    return jars
+
+
+def delta_conf() -> dict[str, str]:
+    """Spark configuration that makes Delta Lake available: jars (or packages), SQL extension."""
+    jars = delta_jars()
+    where = {"spark.jars": ",".join(jars)} if jars else {
+        "spark.jars.packages": ",".join(DELTA_PACKAGES)
+    }  # fmt: skip
+    return {**where, **DELTA_SQL_CONF}
+
 
 # Timestamps are stored and compared in UTC whatever the machine's zone, and PostgreSQL's
 # ``timestamp`` (no zone) stays a zone-less TIMESTAMP_NTZ instead of being read as UTC; Arrow makes
@@ -15,6 +60,9 @@ SINK_CONF = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.sources.partitionOverwriteMode": "dynamic",
+    # A Delta table's log is replayed in this many partitions; the default (50) costs more in
+    # task start-up than it saves on the small logs of a lake's tables.
+    "spark.databricks.delta.snapshotPartitions": "2",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
 }
@@ -28,6 +76,7 @@ def local_session(app_name: str, cores: int = 2, **conf: str) -> Any:
 
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
     settings = {
+        **delta_conf(),
         **SINK_CONF,
         "spark.driver.memory": "1g",
         "spark.sql.shuffle.partitions": str(cores * 2),
@@ -41,7 +90,8 @@ def local_session(app_name: str, cores: int = 2, **conf: str) -> Any:
 
 
 def configure(builder: Any) -> Any:
-    """Apply ``SINK_CONF`` to a builder (spark-submit runs: master comes from the command line)."""
+    """Apply ``SINK_CONF`` to a builder (spark-submit runs: master and Delta's jars come from the
+    command line, which the operators fill with ``delta_conf``)."""
     for key, value in SINK_CONF.items():
         builder = builder.config(key, value)
     return builder

@@ -1,32 +1,31 @@
-"""Copy published tables into the sink's ``state/`` on Spark, inside a slot's exported snapshot.
+"""Copy published tables into the lake's ``state/`` on Spark, inside a slot's exported snapshot.
 
 The copy is the lake's starting point: the rows the tables held at the slot's consistent point,
-typed exactly as the drain types them, committed in the sink's commit log at that point, so the
-drain continues at the slot's first change with no gap and no overlap.
+typed exactly as the drain types them, committed in the lake at that point, so the drain
+continues at the slot's first change with no gap and no overlap.
 
 How the work is cut: each table's heap is split into ctid block ranges (``plan_ranges``), one
 Spark task per range. A task runs on an executor, opens its own session, imports the snapshot and
 streams its range with ``COPY ... (FORMAT csv)``; pyarrow's CSV reader turns each chunk of about
 ``CHUNK_BYTES`` into typed Arrow columns at C speed, and only the types whose values the decoder
 reshapes (json, bytea, intervals, arrays, inet, unconstrained numeric ...) go through the
-decoder's own Python converters, value by value. Spark writes each task's rows as its own
-Parquet part files under staging; tables are copied side by side.
+decoder's own Python converters, value by value. Tables are copied side by side.
 
-How it becomes visible (``Sink``): nothing under ``state/`` changes until every table is staged;
-then one commit record (``kind="snapshot"``, start = end = consistent point) is written
-atomically, which is the commit point, and the staged directories are swapped in as ``state/``
-with their state records. A crash before the record leaves only staging, which ``recover()``
-deletes; after it, ``recover()`` finishes the swap.
+How it becomes visible: each table's copy is one Delta overwrite of ``state/<table>`` carrying
+the app transaction at the consistent point, so a reader sees the table before or after it,
+never half of it. When every table is written, the lake records the snapshot
+(``Lake.record(kind="snapshot")``): that is the commit point, and the lake's position from then
+on. A crash before it leaves a lake without a position, whose state tables the next snapshot
+overwrites; the snapshot's slot is dropped, so nothing depends on them.
 
 Re-snapshotting some tables (``tables=``; a table added to the publication later) uses a
-temporary slot's snapshot instead and replaces only those tables' state, each with a state record
-at that snapshot's consistent point (``state.install_state``): the changelog the drain keeps
-writing supplies everything after it.
+temporary slot's snapshot instead and overwrites only those tables' state, each as one version
+at that snapshot's consistent point: the changelog the drain keeps writing supplies everything
+after it (the merge takes changes from the state's version on).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -37,12 +36,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.exceptions import PgLogReplError
+from airflow_pglogrepl.faults import fault
+from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
 from airflow_pglogrepl.pgoutput.schema import arrow_type, arrow_value
 from airflow_pglogrepl.pgoutput.values import OID, TYPNAME_OIDS, text_converter
-from airflow_pglogrepl.spark.sink import META, CommitRecord, Sink, table_dir, window_id
-from airflow_pglogrepl.spark.state import install_state, state_lsn
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
@@ -52,7 +51,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("airflow_pglogrepl.snapshot")
 
-FAULT_ENV = "PGLOGREPL_FAULT"  # tests only: die abruptly at a named point (see _fault)
 DEFAULT_ROWS_PER_TASK = 1_000_000
 CHUNK_BYTES = 8 * 1024 * 1024  # COPY text converted (and handed to Spark) at a time, per task
 # Rows per heap block assumed for a table the planner never measured (reltuples = -1); only
@@ -70,7 +68,7 @@ _VERBATIM = frozenset({OID.TEXT, OID.VARCHAR, OID.BPCHAR, OID.NAME, OID.UUID, No
 
 
 class SinkNotEmptyError(PgLogReplError):
-    """An initial snapshot was asked for a sink that already holds data."""
+    """An initial snapshot was asked for a lake that already holds data."""
 
 
 # -- planning ---------------------------------------------------------------------------------
@@ -147,17 +145,6 @@ def table_info(table: SnapshotTable) -> TableInfo:
         relation_id=table.relid,
         replica_identity=table.replica_identity,
     )
-
-
-def describe(info: TableInfo) -> dict[str, Any]:
-    """What a commit record keeps about a table: the drain's ``ChangelogBatch.describe()``."""
-    return {
-        "schema": info.schema,
-        "table": info.table,
-        "columns": list(info.names),
-        "key": list(info.key_names),
-        "replica_identity": info.replica_identity,
-    }
 
 
 # -- the copy, on executors ---------------------------------------------------------------------
@@ -314,12 +301,28 @@ class CopyTask:
                     total += len(buffer)
                     yield from arrow_batches(buffer, columns, schema).to_batches()
                     buffer = bytearray()
-                    _fault("mid_copy")
+                    fault("mid_copy")
             if buffer:
                 total += len(buffer)
                 yield from arrow_batches(buffer, columns, schema).to_batches()
         if self.copied_bytes is not None:
             self.copied_bytes.add(total)
+
+
+def mark_keys(frame: Any, key: Sequence[str]) -> Any:
+    """``frame`` with its key columns marked as the changelog marks them (``pglogrepl.key``)."""
+    from airflow_pglogrepl.lake.changelog import KEY_META
+    from airflow_pglogrepl.lake.reduce import column
+
+    position = {name: index for index, name in enumerate(key)}
+    return frame.select(
+        *(
+            column(c).alias(c, metadata={KEY_META: str(position[c])})
+            if c in position
+            else column(c)
+            for c in frame.columns
+        )
+    )
 
 
 def _plain_schema(info: TableInfo) -> pa.Schema:
@@ -395,39 +398,35 @@ class SnapshotResult:
         }
 
 
-def snapshot_commit(sink: Sink, slot: str, consistent_point: LSN) -> CommitRecord | None:
-    """The sink's committed initial snapshot of ``slot`` at ``consistent_point``, if any."""
-    for record in sink.commits():
-        if record.kind == "snapshot" and record.slot == slot and record.end == consistent_point:
-            return record
-    return None
+def existing_snapshot(lake: Lake) -> dict[str, Any] | None:
+    """The lake's initial snapshot (its first committed entry, when that is a snapshot)."""
+    windows = lake.windows()
+    first = windows[0] if windows else None
+    return first if first is not None and first["kind"] == "snapshot" else None
 
 
-def existing_snapshot(sink: Sink, slot: str) -> CommitRecord | None:
-    """The sink's initial snapshot of ``slot`` (its first commit), if it has one."""
-    commits = sink.commits()
-    first = commits[0] if commits else None
-    if first is not None and first.kind == "snapshot" and first.slot == slot:
-        return first
-    return None
+def snapshot_committed(lake: Lake, consistent_point: LSN) -> bool:
+    """Whether the lake holds a snapshot committed at ``consistent_point``."""
+    return any(
+        w["kind"] == "snapshot" and LSN(w["end_lsn"]) == consistent_point for w in lake.windows()
+    )
 
 
-def resolve(sink: Sink, slot: str, consistent_point: LSN | None = None) -> dict[str, Any]:
-    """Recover the sink and say where it stands for ``slot``.
+def resolve(lake: Lake, consistent_point: LSN | None = None) -> dict[str, Any]:
+    """Where the lake stands for its slot (read only: a lake never needs repairing).
 
-    After a snapshot run died, this finishes it if its commit record was written and removes
-    what it staged otherwise, so no partial ``state/`` remains. Returns ``commits`` (how many the
-    sink holds), ``snapshot_lsn`` (the consistent point of its initial snapshot of ``slot``, or
-    None) and, with ``consistent_point``, ``committed`` (whether that snapshot is committed).
+    Returns ``commits`` (windows and snapshots committed), ``snapshot_lsn`` (the consistent point
+    of its initial snapshot, or None) and, with ``consistent_point``, ``committed`` (whether that
+    snapshot is committed).
     """
-    sink.recover()  # publishes committed snapshots, deletes staging without a record
-    existing = existing_snapshot(sink, slot)
+    windows = lake.windows()
+    existing = existing_snapshot(lake)
     status: dict[str, Any] = {
-        "commits": len(sink.commits()),
-        "snapshot_lsn": existing.end_lsn if existing else None,
+        "commits": len(windows),
+        "snapshot_lsn": existing["end_lsn"] if existing else None,
     }
     if consistent_point is not None:
-        status["committed"] = snapshot_commit(sink, slot, consistent_point) is not None
+        status["committed"] = snapshot_committed(lake, consistent_point)
     return status
 
 
@@ -437,31 +436,26 @@ def temporary_slot_name(slot: str) -> str:
     return slot[: 63 - len(suffix)] + suffix
 
 
-def check_empty_sink(sink: Sink) -> None:
-    """Refuse an initial snapshot into a sink that already holds committed data.
+def check_empty_sink(lake: Lake) -> None:
+    """Refuse an initial snapshot into a lake that already holds committed data.
 
-    Leftover bookkeeping of an interrupted snapshot (staging, state records without any commit)
-    is not data and is removed; ``state/`` or ``changes/`` without a commit record are someone
-    else's files and stop the run.
+    State tables without a committed position are what an interrupted snapshot left (its slot
+    was dropped): the snapshot overwrites them. A changelog without one is a drain's first window
+    that never committed: drain again, or remove ``changes/``.
     """
-    last = sink.recover()
-    if last is not None:
+    position = lake.position()
+    if position is not None:
         raise SinkNotEmptyError(
-            f"sink {sink.root} already holds commits up to {last.end_lsn} (slot {last.slot!r}, "
-            f"{last.kind}); an initial snapshot starts a new sink. Fix: drain it as it is, "
-            f"re-snapshot single tables (tables=...), or use an empty sink"
+            f"lake {lake.root} already holds commits of slot {lake.slot!r} up to {position}; "
+            f"an initial snapshot starts a new lake. Fix: drain it as it is, re-snapshot "
+            f"single tables (tables=...), or use an empty lake"
         )
-    storage = sink.storage
-    for name in ("state", "changes"):
-        path = storage.join(sink.root, name)
-        if storage.list_names(path):
-            raise SinkNotEmptyError(
-                f"sink {sink.root} has files under {name}/ but no commit record: they were not "
-                f"written by this provider's commit protocol. Fix: move them away or use an "
-                f"empty sink"
-            )
-    for name in ("state", "state_next"):
-        storage.delete(storage.join(sink.root, META, name))
+    if lake.changes_tables():
+        raise SinkNotEmptyError(
+            f"lake {lake.root} has tables under changes/ but no committed window of slot "
+            f"{lake.slot!r}: a drain began there and never committed, or another slot wrote "
+            f"them. Fix: run that drain again, or move changes/ away, or use an empty lake"
+        )
 
 
 class SnapshotCopy:
@@ -477,7 +471,7 @@ class SnapshotCopy:
         self,
         *,
         spark: Any,
-        sink: Sink,
+        lake: Lake,
         reader_params: dict[str, str],
         point: SnapshotPoint,
         publications: Sequence[str],
@@ -490,7 +484,7 @@ class SnapshotCopy:
         if not publications:
             raise ValueError("at least one publication is needed")
         self.spark = spark
-        self.sink = sink
+        self.lake = lake
         self.reader_params = dict(reader_params)
         self.point = point
         self.publications = list(publications)
@@ -509,15 +503,12 @@ class SnapshotCopy:
             mode="initial" if self.tables is None else "tables",
         )
         if self.tables is None:
-            check_empty_sink(self.sink)
-        else:
-            if self.sink.recover() is None:
-                raise PgLogReplError(
-                    f"sink {self.sink.root} holds no commit yet: take an initial snapshot of the "
-                    f"whole publication first (tables=None)"
-                )
-            for table in self.tables:
-                self._remove_stale_snapshots(table_dir(table))
+            check_empty_sink(self.lake)
+        elif self.lake.position() is None:
+            raise PgLogReplError(
+                f"lake {self.lake.root} holds no commit yet: take an initial snapshot of the "
+                f"whole publication first (tables=None)"
+            )
         began = time.monotonic()
         from airflow_pglogrepl.hooks.snapshot import SnapshotReader
 
@@ -526,48 +517,36 @@ class SnapshotCopy:
             tables = reader.published_tables(conn, self.publications, self.tables)
         result.plan_s = time.monotonic() - began
         began = time.monotonic()
-        staged = {table_dir(t.table): self._staging(t.table) for t in tables}
+        if self.tables is not None:
+            self._check_not_overtaken(tables)
         try:
-            result.tables = self._copy_all(tables, staged)
+            result.tables = self._copy_all(tables)
             result.copy_s = time.monotonic() - began
-            _fault("after_copy")
+            fault("after_copy")
             began = time.monotonic()
             if self.tables is None:
-                self._commit_initial(tables, result)
-            else:
-                self._install_tables(staged)
+                self._commit_initial(result)
         except BaseException:
-            self._discard(staged)
+            if self.tables is None:
+                self._discard(tables)
             raise
         result.commit_s = time.monotonic() - began
         result.committed = True
-        _fault("after_commit")
+        fault("after_commit")
         return result
 
     # -- steps --------------------------------------------------------------------------------
 
-    def _staging(self, table: TableRef) -> str:
-        window = window_id(self.point.consistent_point)
-        if self.tables is None:
-            return self.sink.staging_dir(window, table)
-        storage = self.sink.storage
-        return storage.join(
-            self.sink.root, META, "state_next", table_dir(table), f"{window}-snapshot"
-        )
-
-    def _copy_all(self, tables: Sequence[SnapshotTable], staged: dict[str, str]) -> list[TableCopy]:
+    def _copy_all(self, tables: Sequence[SnapshotTable]) -> list[TableCopy]:
         if not tables:
             return []
         max_tasks = self.tasks_per_table or int(self.spark.sparkContext.defaultParallelism)
         workers = min(len(tables), self.parallelism)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="snapshot") as pool:
-            futures = [
-                pool.submit(self._copy_table, t, staged[table_dir(t.table)], max_tasks)
-                for t in tables
-            ]
+            futures = [pool.submit(self._copy_table, t, max_tasks) for t in tables]
             return [f.result() for f in futures]
 
-    def _copy_table(self, table: SnapshotTable, target: str, max_tasks: int) -> TableCopy:
+    def _copy_table(self, table: SnapshotTable, max_tasks: int) -> TableCopy:
         from pyspark.sql.pandas.types import from_arrow_schema
 
         began = time.monotonic()
@@ -585,9 +564,22 @@ class SnapshotCopy:
         context.setJobDescription(f"pglogrepl snapshot {table.table} ({len(ranges)} ranges)")
         bounds = context.parallelize([(r.start, r.stop) for r in ranges], len(ranges))
         frame = self.spark.createDataFrame(bounds, "start long, stop long")
-        frame.mapInArrow(task, spark_schema).write.mode("overwrite").parquet(target)
-        # Counted from the Parquet footers Spark just wrote: exact even if a task was retried.
-        rows = int(self.spark.read.parquet(target).count())
+        target = self.lake.paths.state(table.table)
+        rows_out = mark_keys(frame.mapInArrow(task, spark_schema), table_info(table).key_names)
+        # One overwrite version with the app transaction at the consistent point: readers see
+        # the table before or after it; deletion vectors make the merges that follow cheap.
+        (
+            rows_out.write.format("delta")
+            .mode("overwrite")
+            .option("overwriteSchema", "true")
+            .option("delta.enableDeletionVectors", "true")
+            .option("txnAppId", self.lake.app)
+            .option("txnVersion", str(int(self.point.consistent_point)))
+            .save(target)
+        )
+        # Counted from the version just written (file statistics): exact even if a task was
+        # retried.
+        rows = int(self.spark.read.format("delta").load(target).count())
         stats = TableCopy(
             table=str(table.table),
             rows=rows,
@@ -602,81 +594,32 @@ class SnapshotCopy:
         )  # fmt: skip
         return stats
 
-    def _commit_initial(self, tables: Sequence[SnapshotTable], result: SnapshotResult) -> None:
+    def _commit_initial(self, result: SnapshotResult) -> None:
         rows = {c.table: c.rows for c in result.tables}
-        described = {}
-        for table in tables:
-            info = describe(table_info(table))
-            info["snapshot_rows"] = rows.get(str(table.table), 0)
-            described[table_dir(table.table)] = info
-        cp = str(self.point.consistent_point)
-        record = CommitRecord(
-            kind="snapshot",
-            slot=self.point.slot,
-            start_lsn=cp,
-            end_lsn=cp,
-            transactions=0,
-            changes=sum(rows.values()),
-            files={},
-            tables=described,
-        )
-        # The commit point: from here on the snapshot is the sink's first commit, and the drain
+        cp = self.point.consistent_point
+        # The commit point: from here on the snapshot is the lake's first entry, and the drain
         # starts at exactly this LSN (the slot's confirmed_flush_lsn).
-        self.sink.commit(record)
+        self.lake.record(kind="snapshot", start=cp, end=cp, changes=sum(rows.values()),
+                         tables=rows)  # fmt: skip
         log.info("snapshot of slot %s committed at %s", self.point.slot, cp)
 
-    def _install_tables(self, staged: dict[str, str]) -> None:
+    def _check_not_overtaken(self, tables: Sequence[SnapshotTable]) -> None:
+        """A re-snapshot older than a table's state would move it back: refused."""
         cp = self.point.consistent_point
-        for name in staged:
-            current = state_lsn(self.sink, name)
+        for table in tables:
+            current = self.lake.state_version(table.table)
             if current is not None and current > cp:
                 raise PgLogReplError(
-                    f"the state of {name} is already at {current}, past this snapshot's "
-                    f"consistent point {cp}: a drain ran concurrently. Run the re-snapshot "
-                    f"again while no drain runs"
+                    f"the state of {table.table} is already at {current}, past this snapshot's "
+                    f"consistent point {cp}. Run the re-snapshot again"
                 )
-        for name, path in staged.items():
-            install_state(self.sink, name, cp, path)
 
-    def _remove_stale_snapshots(self, table: str) -> None:
-        """Directories earlier re-snapshots of ``table`` staged but never installed."""
-        storage = self.sink.storage
-        directory = storage.join(self.sink.root, META, "state_next", table)
-        path = self.sink.state_record_path(table)
-        pending = json.loads(storage.read_text(path)).get("next") if storage.exists(path) else None
-        for name in storage.list_names(directory):
-            full = storage.join(directory, name)
-            if name.endswith("-snapshot") and full != pending:
-                storage.delete(full)
+    def _discard(self, tables: Sequence[SnapshotTable]) -> None:
+        """After a failed initial snapshot, remove the state tables it wrote (local lakes; a
+        remote lake's are overwritten by the next snapshot). Nothing else is in the lake yet."""
+        if self.lake.position() is not None or not self.lake.paths.local:
+            return
+        import shutil
 
-    def _discard(self, staged: dict[str, str]) -> None:
-        """Remove what this run staged, unless it is committed (then ``recover()`` finishes)."""
-        storage = self.sink.storage
-        cp = self.point.consistent_point
-        try:
-            if self.tables is None:
-                if snapshot_commit(self.sink, self.point.slot, cp) is None:
-                    storage.delete(self.sink.staging_dir(window_id(cp)))
-            else:
-                for name, path in staged.items():
-                    if state_lsn(self.sink, name) != cp:
-                        storage.delete(path)
-        except Exception:  # the original error matters more; recover() cleans up later
-            log.exception("could not remove the staged snapshot; the next run removes it")
-
-
-def _fault(point: str) -> None:
-    """Tests inject crashes here: ``PGLOGREPL_FAULT=<point>[:<n>]`` kills the process abruptly
-    the n-th time (default first) it passes ``point`` (``mid_copy`` in a Spark task,
-    ``after_copy`` and ``after_commit`` in the driver); nothing is cleaned up."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return
-    name, _, nth = spec.partition(":")
-    if name != point:
-        return
-    counter = f"_PGLOGREPL_FAULT_COUNT_{point}"
-    count = int(os.environ.get(counter, "0")) + 1
-    os.environ[counter] = str(count)
-    if count >= int(nth or "1"):
-        os._exit(137)
+        for table in tables:
+            shutil.rmtree(self.lake.paths.state(table.table), ignore_errors=True)

@@ -1,4 +1,4 @@
-"""Spark application: a consistent initial snapshot of published tables into a Parquet lake.
+"""Spark application: a consistent initial snapshot of published tables into a Delta Lake lake.
 
 Run it as ``spark-submit snapshot_app.py ARGS`` (any master) or ``python -m
 airflow_pglogrepl.spark.snapshot_app ARGS`` (local Spark). As with the drain application, the
@@ -14,12 +14,14 @@ Who holds the exporting session decides the mode:
 - handed a snapshot (``--snapshot-name`` and ``--consistent-point``, as ``InitialSnapshotOperator``
   does): the caller created the slot and holds the session; this process only copies and
   commits, and the caller cleans up on failure;
-- ``--table``: re-snapshot only these tables into a sink that already has commits, in a temporary
-  slot's snapshot (or one handed in), without touching the drain's slot or other tables;
-- ``--resolve [--consistent-point]``: recover the sink (after a run died: finish a snapshot that
-  was committed, remove what it staged) and print where it stands: how many commits, the
-  consistent point of its snapshot of ``--slot``, and whether the one at ``--consistent-point``
-  is committed.
+- ``--table``: re-snapshot only these tables into a lake that already has commits, in a
+  temporary slot's snapshot (or one handed in), without touching the drain's slot or other tables;
+- ``--resolve [--consistent-point]``: print where the lake stands (read only): how many commits,
+  the consistent point of its snapshot of ``--slot``, and whether the one at
+  ``--consistent-point`` is committed.
+
+Every mode but ``--resolve`` holds the lake's writer lock (``hooks.locks``) for its whole run, so
+it never writes beside a drain of the same slot.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.spark.sink import Sink
+    from airflow_pglogrepl.lake.lake import Lake
 
 from airflow_pglogrepl.spark import app
 from airflow_pglogrepl.spark.app import DSN_ENV
@@ -110,8 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     from airflow_pglogrepl.hooks.replication import DsnReplicationHook
-    from airflow_pglogrepl.spark.sink import Sink
-    from airflow_pglogrepl.spark.storage import LocalStorage, is_local, storage_for
+    from airflow_pglogrepl.lake.lake import Lake
 
     hook = DsnReplicationHook(dsn)
     session: Any = None
@@ -129,20 +130,20 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
         return session
 
     try:
-        storage = LocalStorage() if is_local(args.sink) else storage_for(args.sink, spark())
-        sink = Sink(args.sink, storage)
+        sink = Lake(args.sink, args.slot)
         if args.resolve:
             from airflow_pglogrepl.lsn import LSN
             from airflow_pglogrepl.spark.snapshot import resolve
 
             point = LSN(args.consistent_point) if args.consistent_point else None
-            return {"resolved": True, **resolve(sink, args.slot, point)}
-        if args.table:
-            result = _tables(args, hook, sink, spark)
-        elif args.snapshot_name:
-            result = _handed(args, hook, sink, spark)
-        else:
-            result = _standalone(args, hook, sink, spark)
+            return {"resolved": True, **resolve(sink, point)}
+        with hook.writer_lock(args.slot, role="snapshot"):
+            if args.table:
+                result = _tables(args, hook, sink, spark)
+            elif args.snapshot_name:
+                result = _handed(args, hook, sink, spark)
+            else:
+                result = _standalone(args, hook, sink, spark)
         result["startup_s"] = round(time.monotonic() - started, 3)
         result["spark_start_s"] = spark_start_s
         if session is not None:
@@ -153,13 +154,13 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
             session.stop()
 
 
-def _copy(args: argparse.Namespace, hook: Any, sink: Sink, spark: Any, point: Any) -> Any:
+def _copy(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any, point: Any) -> Any:
     from airflow_pglogrepl.spark.snapshot import SnapshotCopy
     from airflow_pglogrepl.tables import parse_tables
 
     return SnapshotCopy(
         spark=spark,
-        sink=sink,
+        lake=sink,
         reader_params=hook.connection_params(),
         point=point,
         publications=args.publication,
@@ -170,7 +171,7 @@ def _copy(args: argparse.Namespace, hook: Any, sink: Sink, spark: Any, point: An
     ).run()
 
 
-def _handed(args: argparse.Namespace, hook: Any, sink: Sink, spark: Any) -> dict[str, Any]:
+def _handed(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any) -> dict[str, Any]:
     """The caller holds the exporting session: copy and commit, nothing else."""
     from airflow_pglogrepl.lsn import LSN
     from airflow_pglogrepl.spark.snapshot import SnapshotPoint
@@ -187,14 +188,14 @@ def _handed(args: argparse.Namespace, hook: Any, sink: Sink, spark: Any) -> dict
     return result
 
 
-def _standalone(args: argparse.Namespace, hook: Any, sink: Sink, spark: Any) -> dict[str, Any]:
+def _standalone(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any) -> dict[str, Any]:
     """Create the slot and hold its exporting session here; drop the slot if the copy fails."""
     from airflow_pglogrepl.exceptions import SlotNotFoundError
     from airflow_pglogrepl.spark.snapshot import (
         SnapshotPoint,
         check_empty_sink,
         existing_snapshot,
-        snapshot_commit,
+        snapshot_committed,
     )
 
     try:
@@ -203,11 +204,11 @@ def _standalone(args: argparse.Namespace, hook: Any, sink: Sink, spark: Any) -> 
     except SlotNotFoundError:
         exists = False
     if exists:
-        done = existing_snapshot(sink, args.slot)
+        done = existing_snapshot(sink)
         if done is not None:
-            log.info("sink already holds the snapshot of slot %s at %s", args.slot, done.end_lsn)
+            log.info("lake already holds the snapshot of slot %s at %s", args.slot, done["end_lsn"])
             return {"status": "exists", "committed": True, "mode": "initial",
-                    "slot": args.slot, "consistent_point": done.end_lsn, "rows": 0}  # fmt: skip
+                    "slot": args.slot, "consistent_point": done["end_lsn"], "rows": 0}  # fmt: skip
         check_empty_sink(sink)
         if not args.replace_slot:
             raise ValueError(
@@ -224,7 +225,7 @@ def _standalone(args: argparse.Namespace, hook: Any, sink: Sink, spark: Any) -> 
         result: dict[str, Any] = _copy(args, hook, sink, session, point).to_dict()
     except BaseException:
         exported.close()
-        if snapshot_commit(sink, args.slot, point.consistent_point) is None:
+        if not snapshot_committed(sink, point.consistent_point):
             log.warning("snapshot failed before its commit: dropping slot %s", args.slot)
             hook.drop_slot(args.slot, missing_ok=True)
         raise
@@ -233,7 +234,7 @@ def _standalone(args: argparse.Namespace, hook: Any, sink: Sink, spark: Any) -> 
     return result
 
 
-def _tables(args: argparse.Namespace, hook: Any, sink: Sink, spark: Any) -> dict[str, Any]:
+def _tables(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any) -> dict[str, Any]:
     """Re-snapshot some tables in a temporary slot's snapshot (or a handed one)."""
     from airflow_pglogrepl.lsn import LSN
     from airflow_pglogrepl.spark.snapshot import SnapshotPoint, temporary_slot_name

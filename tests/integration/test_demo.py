@@ -33,7 +33,8 @@ def test_demo_runs_and_reports(tmp_path: Path) -> None:
     assert drain["tasks"]["initial_snapshot"]["result"]["status"] == "exists"
     assert drain["tasks"]["drain"]["result"]["changes"] > 0
     # the lake holds exactly the old primary's rows, table by table
-    assert summary["lake_rows"] == summary["source_rows"]
+    assert summary["lake_rows"] == summary["source_rows"]  # read through deltalake, no JVM
+    assert summary["lake_rows_spark_sql"] == summary["source_rows"]  # and through Spark SQL
     assert summary["source_rows"]["public.pgbench_accounts"] == 100_000
     # the demo cleaned up after itself: clusters stopped, work directory gone
     assert not Path(summary["work_dir"]).exists()

@@ -17,12 +17,10 @@ from typing import Any
 import pytest
 
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.materialize import materialize
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.spark.drain import Drain, SlotAheadOfSinkError
-from airflow_pglogrepl.spark.drain_app import parquet_writer
-from airflow_pglogrepl.spark.sink import Sink
-from airflow_pglogrepl.spark.state import materialize
-from airflow_pglogrepl.spark.storage import LocalStorage
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 from tests.drain_support import (
@@ -71,13 +69,15 @@ def source(publisher: PgCluster) -> Iterator[Source]:
 def drain_in_process(
     spark: Any, src: Source, sink: str, *, window: int, batch_rows: int = 200_000
 ) -> dict[str, Any]:
-    """One drain run on the session's Spark (no JVM start), then materialize."""
-    lake = Sink(sink, LocalStorage())
-    result = Drain(
-        source=src.hook(), sink=lake, writer=parquet_writer(spark, sink), slot=src.slot,
-        publications=[src.publication], max_window_bytes=window, batch_rows=batch_rows,
-    ).run(time.monotonic()).to_dict()  # fmt: skip
-    result["materialized"] = materialize(spark, lake)
+    """One drain run on the session's Spark (no JVM start), then materialize, under the lock."""
+    lake = Lake(sink, src.slot)
+    hook = src.hook()
+    with hook.writer_lock(src.slot):
+        result = Drain(
+            source=hook, lake=lake, slot=src.slot, publications=[src.publication],
+            max_window_bytes=window, batch_rows=batch_rows,
+        ).run(time.monotonic()).to_dict()  # fmt: skip
+        result["materialized"] = materialize(spark, lake)
     return result
 
 
@@ -232,19 +232,20 @@ def test_crash_then_rerun_is_exactly_once(
     args = ("--max-window-bytes", "100000", "--batch-rows", "400", "--no-materialize")
     crashed = drain_app(source, sink, *args, fault=fault)
     assert crashed.returncode == 137, crashed.stderr[-2000:]
+    lake = Lake(sink, source.slot)
     if fault == "after_commit":  # the window is committed but the slot never moved
-        lake = Sink(sink, LocalStorage())
-        assert lake.last_commit() is not None
-        assert source.hook().get_slot(source.slot).confirmed_flush_lsn < lake.last_commit().end
+        position = lake.position()
+        assert position is not None
+        assert source.hook().get_slot(source.slot).confirmed_flush_lsn < position
     done = summary(drain_app(source, sink, *args))
     assert done["spark_start_s"] is None  # the drain itself never started Spark
-    materialize(spark, Sink(sink, LocalStorage()))
+    materialize(spark, lake)
     ref = TableRef("public", "t")
     keys = all_changelog_keys(sink, [ref])
     assert len(keys) == len(set(keys)) == 3300
     assert lake_rows(sink, ref) == source_rows(source.cluster, source.db, "t")
     assert done["lag_bytes_left"] < 100_000
-    assert not list((Path(sink) / "_pglogrepl" / "staging").glob("*"))
+    assert lake.position() == source.hook().get_slot(source.slot).confirmed_flush_lsn
 
 
 def test_transaction_larger_than_window_drains_whole_in_flat_memory(
@@ -260,8 +261,8 @@ def test_transaction_larger_than_window_drains_whole_in_flat_memory(
     source.sql(fill, (20_001, 220_000))  # one of 200,000 rows, about 70 MB: 70 windows' worth
     big = summary(drain_app(source, sink, *args))
     assert (small["changes"], big["changes"]) == (20_000, 200_000)
-    commits = [c for c in Sink(sink, LocalStorage()).commits() if c.changes]
-    assert [(c.transactions, c.changes) for c in commits] == [(1, 20_000), (1, 200_000)]
+    commits = [w for w in Lake(sink, source.slot).windows() if w["changes"]]
+    assert [(w["transactions"], w["changes"]) for w in commits] == [(1, 20_000), (1, 200_000)]
     rows = changelog(sink, TableRef("public", "t"))
     assert len({r["_commit_lsn"] for r in rows if r["id"] > 20_000}) == 1
     # Held whole, the 200,000 decoded rows alone would take well over 100 MB in the driver.

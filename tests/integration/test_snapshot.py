@@ -16,8 +16,10 @@ import pytest
 
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.hooks.snapshot import SnapshotTable
+from airflow_pglogrepl.lake.changelog import described_identity, described_key
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.layout import table_dir
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.spark.sink import CommitRecord, Sink, table_dir, window_id
 from airflow_pglogrepl.spark.snapshot import (
     BlockRange,
     SinkNotEmptyError,
@@ -27,11 +29,10 @@ from airflow_pglogrepl.spark.snapshot import (
     plan_ranges,
     temporary_slot_name,
 )
-from airflow_pglogrepl.spark.storage import LocalStorage
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 from tests.conftest import set_airflow_connection
-from tests.drain_support import TYPED_TABLE, insert_sql, normalize, random_row
+from tests.drain_support import TYPED_TABLE, insert_sql, normalize, random_row, read_delta
 from tests.integration.test_drain import Source, drain_in_process
 
 _ids = itertools.count(1)
@@ -61,7 +62,7 @@ def snapshot(spark: Any, source: Source, sink: str, **options: Any) -> dict[str,
     with hook.create_slot_with_snapshot(source.slot) as exported:
         point = SnapshotPoint(exported.slot, exported.consistent_point, exported.snapshot_name)
         result = SnapshotCopy(
-            spark=spark, sink=Sink(sink, LocalStorage()), reader_params=hook.connection_params(),
+            spark=spark, lake=Lake(sink, source.slot), reader_params=hook.connection_params(),
             point=point, publications=[source.publication], **options,
         ).run()  # fmt: skip
     return result.to_dict()
@@ -74,10 +75,8 @@ def source_table(source: Source, table: str) -> list[tuple[Any, ...]]:
 
 def lake_table(sink: str, table: str) -> list[tuple[Any, ...]]:
     """``state/`` of a table as a multiset of normalized rows (NULL keys allowed)."""
-    import pyarrow.parquet as pq
-
     path = Path(sink) / "state" / table_dir(TableRef("public", table))
-    data = pq.read_table(path)
+    data = read_delta(path)
     rows = [tuple(normalize(row[n]) for n in data.column_names) for row in data.to_pylist()]
     return sorted(rows, key=repr)
 
@@ -168,11 +167,12 @@ def test_snapshot_under_concurrent_writes_hands_off_to_the_drain_exactly(
     assert result["committed"] and result["tables"]["public.big"]["tasks"] == 4, result
     assert result["tables"]["public.empty_e"]["rows"] == 0
 
-    lake = Sink(sink, LocalStorage())
-    (record,) = lake.commits()
-    assert record.kind == "snapshot" and record.slot == src.slot
-    assert record.start_lsn == record.end_lsn == result["consistent_point"]
-    assert record.tables["public.big"]["key"] == ["id"]
+    lake = Lake(sink, src.slot)
+    (record,) = lake.windows()
+    assert record["kind"] == "snapshot" and record["slot"] == src.slot
+    assert record["start_lsn"] == record["end_lsn"] == result["consistent_point"]
+    assert json.loads(record["tables"])["public.big"] == result["tables"]["public.big"]["rows"]
+    assert lake.position() == LSN(result["consistent_point"])
     # the slot starts exactly at the snapshot: the drain reconciles without a gap or a jump
     assert src.hook().get_slot(src.slot).confirmed_flush_lsn == LSN(result["consistent_point"])
     with pytest.raises(SinkNotEmptyError):
@@ -183,7 +183,7 @@ def test_snapshot_under_concurrent_writes_hands_off_to_the_drain_exactly(
     assert drained["window_start_lsn"] == result["consistent_point"]
     for table in ("big", "small", "typed_a", "empty_e"):
         assert lake_table(sink, table) == source_table(src, table), table
-    assert not list((Path(sink) / "_pglogrepl" / "staging").glob("*"))
+        assert lake.state_version(TableRef("public", table)) is not None, table
 
 
 # -- 2: the job killed midway, through the operator --------------------------------------------
@@ -219,15 +219,16 @@ def test_killed_snapshot_job_is_cleaned_up_and_a_rerun_is_exact(
             tasks_per_table=2, rows_per_task=5000, outlets=[], **kwargs,
         )  # fmt: skip
 
-    # The application dies abruptly after Spark staged every range, before the commit record.
+    # The application dies abruptly after Spark wrote every table, before the commit point.
     killed = operator(env_vars={"PGLOGREPL_FAULT": "after_copy"})
     with pytest.raises(Exception, match=r"(?i)error code|spark"):
         killed.execute({"ti": FakeTI()})  # type: ignore[arg-type]
     assert src.sql("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
                    (src.slot,)) == [(0,)]  # fmt: skip
-    assert not [p for p in (sink / "state").rglob("*") if p.is_file()]
-    assert not list((sink / "_pglogrepl" / "staging").glob("*"))
-    assert not list((sink / "_pglogrepl" / "commits").glob("*"))
+    # Nothing is committed: the lake has no position (the state table the killed run wrote is
+    # an uncommitted snapshot's, and the next snapshot overwrites it).
+    assert Lake(str(sink), src.slot).position() is None
+    assert not (sink / "_pglogrepl" / "windows").exists()
 
     src.sql("UPDATE t SET v = 'between' WHERE id <= 100")  # must be in the snapshot, once
     ti = FakeTI()
@@ -272,10 +273,8 @@ def test_identity_full_and_unique_index_and_types_equal_the_drains(
     snap_sink, drain_sink = str(tmp_path / "snap"), str(tmp_path / "drained")
     result = snapshot(spark, src, snap_sink)
     assert result["tables"]["public.nokey"]["rows"] == 5
-    (record,) = Sink(snap_sink, LocalStorage()).commits()
-    assert record.tables["public.uidx"]["key"] == ["code", "n"]
-    assert record.tables["public.uidx"]["replica_identity"] == "i"
-    assert record.tables["public.nokey"]["replica_identity"] == "f"
+    (record,) = Lake(snap_sink, src.slot).windows()
+    assert json.loads(record["tables"])["public.uidx"] == 300
 
     # after the snapshot: one of three identical rows goes, another changes; keys move
     src.sql("DELETE FROM nokey WHERE ctid = (SELECT min(ctid) FROM nokey WHERE a = 1)")
@@ -287,6 +286,11 @@ def test_identity_full_and_unique_index_and_types_equal_the_drains(
     src.sql("DELETE FROM typed WHERE id % 5 = 0")
     drain_in_process(spark, src, snap_sink, window=1 << 20)
     drain_in_process(spark, plain, drain_sink, window=1 << 20)  # the same rows, all drained
+    # the changelog's schema carries the identity the merge used (FULL: every column is key)
+    for table, key, identity in (("uidx", ["code", "n"], "i"), ("nokey", ["a", "b"], "f")):
+        fields = read_delta(Path(snap_sink) / "changes" / f"public.{table}").schema
+        described = [(f.name, _text(f.metadata)) for f in fields]
+        assert described_key(described) == key and described_identity(described) == identity
     for table in ("nokey", "uidx", "typed"):
         assert lake_table(snap_sink, table) == source_table(src, table), table
         assert _arrow_state(snap_sink, table) == _arrow_state(drain_sink, table), table
@@ -300,7 +304,7 @@ def test_identity_full_and_unique_index_and_types_equal_the_drains(
     with hook.create_slot_with_snapshot(temporary_slot_name(src.slot), temporary=True) as held:
         src.sql("UPDATE late SET v = 'after snapshot' WHERE id <= 5")  # drained only
         SnapshotCopy(
-            spark=spark, sink=Sink(snap_sink, LocalStorage()),
+            spark=spark, lake=Lake(snap_sink, src.slot),
             reader_params=hook.connection_params(), publications=[src.publication],
             point=SnapshotPoint(src.slot, held.consistent_point, held.snapshot_name),
             tables=[TableRef("public", "late")],
@@ -312,46 +316,18 @@ def test_identity_full_and_unique_index_and_types_equal_the_drains(
         assert lake_table(snap_sink, table) == source_table(src, table), table
 
 
+def _text(metadata: dict[bytes, bytes] | None) -> dict[str, str] | None:
+    return {k.decode(): v.decode() for k, v in metadata.items()} if metadata else None
+
+
 def _arrow_state(sink: str, table: str) -> tuple[str, list[dict[str, Any]]]:
     """A table's state as Arrow sees it: exact types and values, in a stable order."""
-    import pyarrow.parquet as pq
-
-    data = pq.read_table(Path(sink) / "state" / table_dir(TableRef("public", table)))
+    data = read_delta(Path(sink) / "state" / table_dir(TableRef("public", table)))
     rows = sorted(data.to_pylist(), key=repr)
     return str(data.schema.remove_metadata()), rows
 
 
-# -- the commit protocol of a snapshot, and planning (no server) ------------------------------
-
-
-def test_a_snapshot_commit_interrupted_mid_publish_is_finished_by_recover(tmp_path: Path) -> None:
-    sink = Sink(str(tmp_path / "lake"), LocalStorage())
-    cp = "0/3000028"
-    window = window_id(LSN(cp))
-    for name in ("public.a", "public.b"):
-        staged = Path(sink.staging_dir(window, name))
-        staged.mkdir(parents=True)
-        (staged / "part-0.parquet").write_text(name)
-    Path(sink.staging_dir("00000000DEADBEEF", "public.a")).mkdir(parents=True)  # uncommitted
-    record = CommitRecord(
-        kind="snapshot", slot="s", start_lsn=cp, end_lsn=cp, transactions=0, changes=2,
-        tables={"public.a": {}, "public.b": {}},
-    )  # fmt: skip
-    # crash after the record and after moving one table, before the other and the records
-    sink.storage.write_text_atomic(
-        sink.storage.join(sink.root, "_pglogrepl", "commits", f"{window}.json"), record.to_json()
-    )
-    sink.storage.move(sink.staging_dir(window, "public.a"), sink.state_dir("public.a"))
-    assert sink.recover() == record
-    for name in ("public.a", "public.b"):
-        assert (Path(sink.state_dir(name)) / "part-0.parquet").read_text() == name
-        state = json.loads(Path(sink.state_record_path(name)).read_text())
-        assert state == {"lsn": cp, "next": None}
-    assert not list(Path(sink.staging_dir("x")).parent.glob("*"))
-    # a state record merged past the snapshot is never moved back by a repeated publish
-    sink.storage.write_text_atomic(sink.state_record_path("public.a"), '{"lsn": "0/4000000"}')
-    sink._publish(record)
-    assert json.loads(Path(sink.state_record_path("public.a")).read_text())["lsn"] == "0/4000000"
+# -- planning (no server) ------------------------------
 
 
 def _table(blocks: int, reltuples: float, relpages: int, relkind: str = "r") -> SnapshotTable:

@@ -1,14 +1,21 @@
-"""merge_state on a real local Spark: the current state a changelog batch leaves behind.
+"""The state merge on a real local Spark and Delta: the current state a changelog batch leaves.
 
-Every scenario is checked against the rows PostgreSQL itself would hold after the same
-statements; the property test checks random operation sequences against a plain-Python model.
-Spark jobs cost about a second each here, so related scenarios share one batch.
+``merge_state`` below applies a batch the way ``materialize`` does: the previous state is a
+Delta table, ``net_changes`` reduces the batch, ``apply`` runs the MERGE (or append, or
+overwrite) with an app transaction, and the table is read back. Every scenario is checked
+against the rows PostgreSQL itself would hold after the same statements; the property test
+checks random operation sequences against a plain-Python model. Spark jobs cost about a second
+each here, so related scenarios share one batch.
 """
 
 from __future__ import annotations
 
+import atexit
+import itertools
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -30,8 +37,47 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from airflow_pglogrepl.spark import merge as merge_module
-from airflow_pglogrepl.spark.merge import merge_state
+from airflow_pglogrepl.lake import reduce as merge_module
+from airflow_pglogrepl.lake.materialize import apply
+from airflow_pglogrepl.lake.reduce import net_changes
+
+_TABLES = tempfile.mkdtemp(prefix="pglogrepl-merge-tests-")
+atexit.register(shutil.rmtree, _TABLES, True)
+_versions = itertools.count(1)
+
+
+def merge_state(
+    previous: DataFrame | None,
+    changes: DataFrame,
+    *,
+    key: Sequence[str],
+    columns: Sequence[str],
+    full_identity: bool = False,
+    table: str | None = None,
+) -> DataFrame:
+    """``previous`` as a Delta table (deletion vectors on), the batch applied, the table after.
+
+    A ``previous`` this function returned is merged into in place (its table is the state).
+    """
+    spark = changes.sparkSession
+    path = getattr(previous, "_delta_path", None)
+    if path is None:
+        path = tempfile.mkdtemp(dir=_TABLES)
+        if previous is None:
+            fields = [f for f in changes.schema.fields if f.name in columns]
+            previous = spark.createDataFrame([], StructType(fields))
+        previous.write.format("delta").option("delta.enableDeletionVectors", "true").mode(
+            "overwrite"
+        ).save(path)
+    target = spark.read.format("delta").load(path)
+    net = net_changes(
+        changes, target, key=key, columns=columns, full_identity=full_identity, table=table
+    )
+    apply(spark, net, path, app="tests", version=next(_versions))
+    after = spark.read.format("delta").load(path)
+    after._delta_path = path
+    return after
+
 
 # The table under test: int key, bigint, text, numeric, timestamp, a nullable note, and a
 # "TOASTed" text body (the column PostgreSQL sends as unchanged when an update leaves it alone).
@@ -147,7 +193,10 @@ def merge(previous: DataFrame | None, log: Log, spark: SparkSession, **kw: Any) 
 
 
 def test_import_does_not_load_pyspark() -> None:
-    code = "import sys, airflow_pglogrepl.spark.merge; assert 'pyspark' not in sys.modules"
+    code = (
+        "import sys, airflow_pglogrepl.lake.reduce, airflow_pglogrepl.lake.materialize; "
+        "assert 'pyspark' not in sys.modules and 'delta' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -189,7 +238,7 @@ def test_unchanged_toast_keeps_value_across_updates_and_batches(spark: SparkSess
 def test_unchanged_value_without_any_earlier_version_fails_loudly(spark: SparkSession) -> None:
     log = Log(COLUMNS).txn().update(unchanged=["body"], **row(7, body=None))
     with pytest.raises(Exception, match="unchanged TOAST value of column 'body'"):
-        merge(None, log, spark).collect()
+        merge(None, log, spark).collect()  # the MERGE itself fails: nothing is committed
 
 
 # -- key changes ----------------------------------------------------------------------------------
@@ -323,9 +372,8 @@ def test_full_identity_keeps_duplicates_exactly(
 
     # PostgreSQL always sends the old row under FULL; without it no copy can be chosen.
     log.txn().update(**row(2, note="which one?"))
-    lost = merge_state(previous, log.frame(spark), key=[], columns=COLUMNS, full_identity=True)
     with pytest.raises(Exception, match="UPDATE without its old row"):
-        lost.collect()
+        merge_state(previous, log.frame(spark), key=[], columns=COLUMNS, full_identity=True)
 
 
 def test_no_identity_takes_inserts_and_truncates_and_refuses_updates(spark: SparkSession) -> None:

@@ -1,35 +1,39 @@
-"""Merge a table's committed changelog onto its previous state: the materialized current state.
+"""Reduce a batch of a table's changelog to its net effect on the state: what a MERGE applies.
 
-``merge_state`` is a pure DataFrame-to-DataFrame function so that the caller decides where data
-is read from and written to, and so that the whole merge is one distributed Spark plan: nothing
-is collected to the driver, so peak driver memory does not grow with the backlog.
+``net_changes`` is a pure DataFrame function, so one distributed Spark plan computes it and
+nothing is collected to the driver, and the caller (``materialize``) decides how it reaches the
+Delta table: a ``MERGE INTO`` that touches only the rows the batch changed, an append, or (after
+a TRUNCATE) an overwrite, each one atomic version.
 
-How a keyed table is merged, and why this way:
+How a keyed table's batch is reduced, and why this way:
 
-* A ``TRUNCATE`` is a barrier. Only the last one in the batch matters: it empties the previous
-  state and every change before it, and later changes apply to the empty table. It is found with
-  an aggregate (a scalar subquery), not a window, so no single task sees the whole table.
+* A ``TRUNCATE`` is a barrier. Only the last one in the batch matters: it empties the table and
+  every change before it, and later changes apply to the empty table. The new state is then
+  exactly what the changes after it build, written as one overwrite.
 * Each change becomes an *event* at one key. An update that changes the key becomes two events at
   the same commit position: the row *exits* its old key and *arrives* at its new one.
 * Per key, in commit order, events form *segments*: one row version's stay at that key. A segment
-  starts with an insert or an arrival (or, before any of those, is the previous state's row at
-  that key) and ends with a delete, an exit or the next start.
+  starts with an insert or an arrival (or, before any of those, is the state's row at that key)
+  and ends with a delete, an exit or the next start.
 * A *lineage* is one row's life across keys: segments chained by key changes. Unchanged TOAST
   values (``_unchanged``) must come from the row's latest earlier version, which may sit under
   another key several key changes back, so values are resolved per lineage. Chaining segments is
   pointer jumping over the (usually tiny) set of key changes: O(log chain length) small joins,
   run only when the batch has key changes at all.
 * Per lineage, each column's value is the latest one actually sent (``max_by`` over commit
-  order, skipping unchanged markers); columns never sent in the batch come from the previous
-  state's row the lineage started from. The lineage's last event says whether the row still
+  order, skipping unchanged markers). The lineage's last event says whether the row still
   exists and under which key.
-* One full outer join with the previous state then replaces every key the batch touched and
-  keeps every other row as it was: the previous state is shuffled once.
+* The net change is then one source row per touched key: an *upsert* at each key where a live
+  lineage ends (columns never sent are kept from the target row by the MERGE itself, or, for a
+  row that moved to another key, read from the state row it moved from), and a *delete* at each
+  key whose state row left and was not replaced. The MERGE matches by key, so only the files
+  holding touched keys change (with deletion vectors, not even those are rewritten).
 
 ``REPLICA IDENTITY FULL`` tables have no key, and identical rows may repeat, so their state is a
-multiset: every change adds or removes one copy of a whole row and the merge sums copies per
-distinct row. The old row PostgreSQL sends for an update under FULL is complete, so unchanged
-TOAST values are taken from it directly.
+multiset: every change adds or removes one copy of a whole row. The net change counts copies per
+distinct row; a row whose count fell is deleted (all copies) and re-inserted as many times as
+remain, a row whose count rose gets the extra copies inserted. The old row PostgreSQL sends for
+an update under FULL is complete, so unchanged TOAST values are taken from it directly.
 
 Data that contradicts the changelog contract (an unchanged TOAST value with no earlier version of
 its row anywhere, an update without its old row under FULL identity) fails the Spark job with a
@@ -39,9 +43,10 @@ clear message instead of silently writing NULL: a wrong current state is worse t
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
-from airflow_pglogrepl.spark.changelog import (
+from airflow_pglogrepl.lake.changelog import (
     COMMIT_LSN,
     DELETE,
     INSERT,
@@ -55,7 +60,6 @@ from airflow_pglogrepl.spark.changelog import (
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
-    from pyspark.sql.types import DataType
 
 # Event kinds of a key-changing update, besides the changelog's own I/U/D.
 _ARRIVE = "A"  # the row now lives under this (new) key
@@ -80,71 +84,100 @@ _SKEY, _PRESENT, _DELTA, _ROW, _COUNT = (
     f"{_P}row",
     f"{_P}count",
 )
+_OLDCOUNT = f"{_P}oldcount"
+# Columns of the MERGE source (``NetChanges.rows`` in the "upsert" and "multiset" modes).
+FILL = f"{_P}fill"  # "target": keep the target's value where none was sent; "none": all sent
+DELETE_ROW = f"{_P}delete"  # this source row deletes the target row(s) it matches
+MATCH = f"{_P}match"  # multiset: this source row matches (and deletes) every copy of its row
+
+Mode = Literal["upsert", "multiset", "append", "replace"]
 
 
-def _out(i: int) -> str:
-    """Internal name of the table's ``i``-th column in the merged result."""
-    return f"{_P}c{i}"
+def key_column(j: int) -> str:
+    """Source column of the ``j``-th key column (upsert mode)."""
+    return f"{_P}k{j}"
 
 
-def _val(i: int) -> str:
-    """Internal name of the ``i``-th non-key column's value as sent (NULL: not sent)."""
+def value_column(i: int) -> str:
+    """Source column of the ``i``-th non-key column: ``struct(v)`` when sent, NULL when not."""
     return f"{_P}v{i}"
 
 
+def row_column(i: int) -> str:
+    """Source column of the ``i``-th column (multiset mode)."""
+    return f"{_P}c{i}"
+
+
 def _state_val(i: int) -> str:
-    """Internal name of the ``i``-th non-key column in the previous state."""
     return f"{_P}s{i}"
 
 
-def merge_state(
-    previous: DataFrame | None,
+@dataclass(frozen=True)
+class NetChanges:
+    """What a batch does to a table, in one of four shapes.
+
+    ``replace``: ``rows`` (the table's columns) is the whole new state (the batch truncated it).
+    ``append``: ``rows`` (the table's columns) are new rows (a table without replica identity).
+    ``upsert``: ``rows`` has ``key_column(j)``, ``value_column(i)``, ``FILL``, ``DELETE_ROW``; at
+    most one row per key. ``multiset``: ``rows`` has ``row_column(i)`` and ``MATCH``.
+    """
+
+    mode: Mode
+    rows: DataFrame
+    keys: list[str]
+    columns: list[str]
+
+    @property
+    def values(self) -> list[str]:
+        """The non-key columns, in table order (``value_column(i)`` is the ``i``-th of these)."""
+        return [c for c in self.columns if c not in self.keys]
+
+
+def net_changes(
     changes: DataFrame,
+    target: DataFrame | None,
     *,
     key: Sequence[str],
     columns: Sequence[str],
     full_identity: bool = False,
     table: str | None = None,
-) -> DataFrame:
-    """The table's new current state: ``previous`` with the committed ``changes`` applied.
+) -> NetChanges:
+    """The net effect of ``changes`` on ``target`` (the table's current state; None: empty).
 
-    ``changes`` follows the changelog contract (``airflow_pglogrepl.spark.changelog``); it may hold
+    ``changes`` follows the changelog contract (``airflow_pglogrepl.lake.changelog``); it may hold
     any number of transactions, in any physical order: commit order is ``(_commit_lsn, _seq)``.
-    ``previous`` is the state before the first of them (``None``: the table was empty). ``key``
-    is the replica identity's columns; ``full_identity`` means REPLICA IDENTITY FULL (``key`` is
-    then ignored: the whole row is the identity). ``table`` only names the table in errors.
+    ``key`` is the replica identity's columns; ``full_identity`` means REPLICA IDENTITY FULL
+    (``key`` is then ignored: the whole row is the identity). ``table`` only names the table in
+    errors. ``target`` is only read: for the rows that moved to another key and for copy
+    counts under FULL identity.
 
-    The result has exactly ``columns``, in that order, with the types ``changes`` has for them.
-    It is lazy: the caller's write runs the merge. This call itself only runs what decides the
-    plan: a narrow scan of the changes for key changes (keyed tables) or for updates and deletes
-    (tables without identity), and, when some key did change, the few rounds that chain them.
-    A table without a replica identity can only take inserts and truncates: a ``ValueError`` is
-    raised at once if the batch updates or deletes rows of one.
+    Lazy, except for what decides the plan: whether the batch holds a TRUNCATE, key changes
+    (keyed tables) or updates and deletes (tables without identity). A table without a replica
+    identity can only take inserts and truncates: a ``ValueError`` is raised at once if the batch
+    updates or deletes rows of one.
     """
-    cols, keys = list(columns), list(key)
-    name = f"table {table}" if table else "the table"
-    _check_schema(previous, changes, keys, cols, full_identity)
-    types: dict[str, DataType] = {f.name: f.dataType for f in changes.schema.fields}
-    if not full_identity and not keys:
-        _refuse_updates_without_identity(changes, name)
-
-    kept, state = _after_last_truncate(previous, changes, cols, types)
-    if full_identity:
-        merged = _merge_multiset(state, kept, cols)
-    elif keys:
-        merged = _merge_keyed(state, kept, changes, keys, cols)
-    else:
-        merged = _merge_inserts(state, kept, cols)
-
     from pyspark.sql import functions as sf
 
-    return merged.select(*(sf.col(_out(i)).cast(types[c]).alias(c) for i, c in enumerate(cols)))
+    cols, keys = list(columns), list(key)
+    name = f"table {table}" if table else "the table"
+    _check_schema(target, changes, keys, cols, full_identity)
+    if not full_identity and not keys:
+        _refuse_updates_without_identity(changes, name)
+    truncated = not changes.filter(sf.col(OP) == TRUNCATE).isEmpty()
+    kept = _after_last_truncate(changes) if truncated else changes
+    state = None if truncated else target
+    if full_identity:
+        return _multiset(state, kept, cols, truncated)
+    if keys:
+        return _keyed(state, kept, keys, cols, truncated)
+    inserts = kept.filter(sf.col(OP) == INSERT).select(*(column(c).alias(c) for c in cols))
+    return NetChanges("replace" if truncated else "append", inserts, [], cols)
 
 
 # -- shared steps ------------------------------------------------------------------------------
 
 
-def _col(name: str) -> Column:
+def column(name: str) -> Column:
     """A table column by its exact name (PostgreSQL names may contain dots or backticks)."""
     from pyspark.sql import functions as sf
 
@@ -191,47 +224,22 @@ def _refuse_updates_without_identity(changes: DataFrame, name: str) -> None:
         )
 
 
-def _after_last_truncate(
-    previous: DataFrame | None,
-    changes: DataFrame,
-    cols: list[str],
-    types: dict[str, DataType],
-) -> tuple[DataFrame, DataFrame | None]:
-    """Changes after the batch's last TRUNCATE, and the previous state unless one exists.
-
-    The state comes back with internal column names and the changelog's types, so that it lines
-    up with what the changes carry.
-    """
+def _after_last_truncate(changes: DataFrame) -> DataFrame:
+    """The changes after the batch's last TRUNCATE (found by an aggregate, not a window, so no
+    single task sees the whole batch)."""
     from pyspark.sql import functions as sf
 
     position = sf.struct(sf.col(COMMIT_LSN).alias("l"), sf.col(SEQ).alias("s"))
     barrier = changes.filter(sf.col(OP) == TRUNCATE).select(sf.max(position)).scalar()
-    kept = changes.filter((sf.col(OP) != TRUNCATE) & (barrier.isNull() | (position > barrier)))
-    if previous is None:
-        return kept, None
-    state = previous.filter(barrier.isNull()).select(
-        *(_col(c).cast(types[c]).alias(_out(i)) for i, c in enumerate(cols))
-    )
-    return kept, state
-
-
-# -- tables without a replica identity ------------------------------------------------------------
-
-
-def _merge_inserts(state: DataFrame | None, changes: DataFrame, cols: list[str]) -> DataFrame:
-    """No identity: rows are only ever added (or truncated away), duplicates included."""
-    from pyspark.sql import functions as sf
-
-    inserts = changes.filter(sf.col(OP) == INSERT).select(
-        *(_col(c).alias(_out(i)) for i, c in enumerate(cols))
-    )
-    return inserts if state is None else state.unionByName(inserts)
+    return changes.filter((sf.col(OP) != TRUNCATE) & (position > barrier))
 
 
 # -- REPLICA IDENTITY FULL: a multiset of whole rows ----------------------------------------------
 
 
-def _merge_multiset(state: DataFrame | None, changes: DataFrame, cols: list[str]) -> DataFrame:
+def _multiset(
+    state: DataFrame | None, changes: DataFrame, cols: list[str], truncated: bool
+) -> NetChanges:
     """Count copies per distinct row: +1 per insert, -1 per delete, -1/+1 per update.
 
     Counting instead of matching rows one by one is what keeps identical rows from being lost or
@@ -247,9 +255,9 @@ def _merge_multiset(state: DataFrame | None, changes: DataFrame, cols: list[str]
         return sf.struct(sf.lit(delta).alias("d"), values.alias("r"))
 
     old = sf.col(OLD)
-    current = row(_col)
+    current = row(column)
     before = row(old.getField)
-    after = row(lambda c: sf.when(_is_unchanged(c), old.getField(c)).otherwise(_col(c)))
+    after = row(lambda c: sf.when(_is_unchanged(c), old.getField(c)).otherwise(column(c)))
     op = sf.col(OP)
     entries = (
         sf.when(op == INSERT, sf.array(entry(1, current)))
@@ -265,16 +273,55 @@ def _merge_multiset(state: DataFrame | None, changes: DataFrame, cols: list[str]
     events = changes.select(sf.explode(checked).alias("e")).select(
         sf.col("e.d").alias(_DELTA), sf.col("e.r").alias(_ROW)
     )
-    if state is not None:
-        base = state.select(
-            sf.lit(1).alias(_DELTA),
-            sf.struct(*(sf.col(_out(i)).alias(f"c{i}") for i in range(len(cols)))).alias(_ROW),
+    counts = events.groupBy(_ROW).agg(sf.sum(_DELTA).alias(_DELTA)).filter(sf.col(_DELTA) != 0)
+    if truncated or state is None:
+        final = counts.select(_ROW, sf.col(_DELTA).alias(_COUNT)).filter(sf.col(_COUNT) > 0)
+        expanded = _copies(final).select(
+            *(sf.col(_ROW).getField(f"c{i}").alias(c) for i, c in enumerate(cols))
         )
-        events = base.unionByName(events)
-    counts = events.groupBy(_ROW).agg(sf.sum(_DELTA).alias(_COUNT)).filter(sf.col(_COUNT) > 0)
-    # Expand n copies without building an n-element array of rows (or of n numbers): first the
-    # chunk numbers, then at most _CHUNK numbers per chunk, each output row referencing the one
-    # stored row. Memory stays bounded however many identical rows a table holds.
+        return NetChanges("replace" if truncated else "append", expanded, [], cols)
+    # How many copies the target holds of each touched row: a read of the target, joined on
+    # whole rows (NULL equals NULL), grouped; rows the batch did not touch are not counted.
+    held = (
+        state.select(row(column).alias(_SKEY))
+        .join(counts.select(sf.col(_ROW).alias(_JOIN)), sf.col(_SKEY).eqNullSafe(sf.col(_JOIN)))
+        .groupBy(_JOIN)
+        .agg(sf.count(sf.lit(1)).alias(_OLDCOUNT))
+    )
+    both = counts.join(held, sf.col(_ROW).eqNullSafe(sf.col(_JOIN)), "left").select(
+        _ROW,
+        sf.coalesce(sf.col(_OLDCOUNT), sf.lit(0)).alias(_OLDCOUNT),
+        sf.greatest(sf.coalesce(sf.col(_OLDCOUNT), sf.lit(0)) + sf.col(_DELTA), sf.lit(0)).alias(
+            _COUNT
+        ),
+    )
+    fell = (sf.col(_COUNT) < sf.col(_OLDCOUNT)) & (sf.col(_OLDCOUNT) > 0)
+    # Where the count fell: delete every copy (one matching row) and insert what remains; where
+    # it rose: insert only the extra copies.
+    deletes = both.filter(fell).select(_ROW, sf.lit(True).alias(MATCH))
+    inserts = both.select(
+        _ROW,
+        sf.when(fell, sf.col(_COUNT))
+        .otherwise(sf.col(_COUNT) - sf.col(_OLDCOUNT))
+        .cast("long")
+        .alias(_COUNT),
+    ).filter(sf.col(_COUNT) > 0)
+    source = deletes.unionByName(_copies(inserts).select(_ROW, sf.lit(False).alias(MATCH)))
+    rows = source.select(
+        *(sf.col(_ROW).getField(f"c{i}").alias(row_column(i)) for i in range(len(cols))), MATCH
+    )
+    return NetChanges("multiset", rows, [], cols)
+
+
+def _copies(counts: DataFrame) -> DataFrame:
+    """``_ROW`` repeated ``_COUNT`` times.
+
+    Expands n copies without building an n-element array of rows (or of n numbers): first the
+    chunk numbers, then at most _CHUNK numbers per chunk, each output row referencing the one
+    stored row. Memory stays bounded however many identical rows a table holds.
+    """
+    from pyspark.sql import functions as sf
+
     n = sf.col(_COUNT)
     first = sf.lit(0).cast("long")
     chunks = counts.select(
@@ -283,35 +330,30 @@ def _merge_multiset(state: DataFrame | None, changes: DataFrame, cols: list[str]
         sf.explode(sf.sequence(first, sf.floor((n - 1) / _CHUNK).cast("long"))).alias(_DELTA),
     )
     rest = n - sf.col(_DELTA) * _CHUNK
-    copies = chunks.select(
+    return chunks.select(
         sf.col(_ROW),
         sf.explode(
             sf.sequence(sf.lit(1).cast("long"), sf.least(sf.lit(_CHUNK).cast("long"), rest))
         ),
-    )
-    return copies.select(*(sf.col(_ROW).getField(f"c{i}").alias(_out(i)) for i in range(len(cols))))
+    ).select(_ROW)
 
 
 # -- keyed tables ---------------------------------------------------------------------------------
 
 
-def _merge_keyed(
+def _keyed(
     state: DataFrame | None,
-    kept: DataFrame,
     changes: DataFrame,
     keys: list[str],
     cols: list[str],
-) -> DataFrame:
-    """Merge by replica identity key; see the module docstring for the plan.
-
-    ``kept`` are the changes after the last truncate, ``changes`` all of them: whether any key
-    changes at all is asked of the raw changes, a narrow scan without the truncate subquery.
-    """
+    truncated: bool,
+) -> NetChanges:
+    """Reduce by replica identity key; see the module docstring for the plan."""
     from pyspark.sql import functions as sf
 
     values = [c for c in cols if c not in keys]
     has_moves = not changes.filter(_key_change(keys)[2]).isEmpty()
-    located = _segments(_keyed_events(kept, keys, values))
+    located = _segments(_keyed_events(changes, keys, values))
     if has_moves:
         start = sf.struct(sf.col(_LSN).alias("l"), sf.col(_SEQ).alias("s"))
         links = located.filter(sf.col(_KIND) == _EXIT).select(
@@ -330,7 +372,131 @@ def _merge_keyed(
             .alias(_ROOTSTART),
         )
     outcome = _per_lineage(located, len(values), moved=has_moves)
-    return _apply_to_state(state, outcome, keys, cols, values)
+    if truncated or state is None:
+        return NetChanges(
+            "replace" if truncated else "upsert",
+            _rebuilt(outcome, keys, cols, values)
+            if truncated
+            else _upserts(outcome, None, keys, cols, values, moved=False),
+            keys,
+            cols,
+        )
+    return NetChanges(
+        "upsert", _upserts(outcome, state, keys, cols, values, moved=has_moves), keys, cols
+    )
+
+
+def _unsent_error(column: str) -> Column:
+    from pyspark.sql import functions as sf
+
+    return sf.raise_error(
+        f"unchanged TOAST value of column {column!r} has no earlier version to keep: an UPDATE "
+        "reached a row that is neither in the previous state nor inserted earlier in the batch"
+    )
+
+
+def _alive() -> Column:
+    from pyspark.sql import functions as sf
+
+    last = sf.col(_LAST)
+    return sf.coalesce(
+        last.getField("kind").isin(INSERT, UPDATE, _ARRIVE) & last.getField("latest"), sf.lit(False)
+    )
+
+
+def _rebuilt(outcome: DataFrame, keys: list[str], cols: list[str], values: list[str]) -> DataFrame:
+    """The whole state after a TRUNCATE: every live lineage, all of its values sent."""
+    from pyspark.sql import functions as sf
+
+    final = sf.col(_LAST).getField("key")
+    out = []
+    for c in cols:
+        if c in keys:
+            out.append(final.getField(f"k{keys.index(c)}").alias(c))
+        else:
+            sent = sf.col(value_column(values.index(c)))
+            out.append(sf.when(sent.isNotNull(), sent.getField("v")).otherwise(
+                _unsent_error(c)).alias(c))  # fmt: skip
+    return outcome.filter(_alive()).select(*out)
+
+
+def _upserts(
+    outcome: DataFrame,
+    state: DataFrame | None,
+    keys: list[str],
+    cols: list[str],
+    values: list[str],
+    *,
+    moved: bool,
+) -> DataFrame:
+    """One MERGE source row per touched key: an upsert where a live lineage ends, else a delete
+    where a state row left.
+
+    A lineage that began with a state row (``_ROOTSTART`` NULL) and ends alive at the same key
+    keeps the target's values for columns it never sent (``FILL`` "target", done by the MERGE).
+    One that moved to another key takes them from the state row it began at, read here (only
+    when the batch moved some key at all). The state row a lineage left is deleted unless a live
+    lineage ends at that key (its upsert replaces the row).
+    """
+    from pyspark.sql import functions as sf
+
+    final = sf.col(_LAST).getField("key")
+    from_state = sf.col(_ROOTSTART).isNull()
+    live = outcome.filter(_alive()).select(
+        final.alias(_FINAL),
+        sf.col(_ROOTKEY),
+        from_state.alias(_PRESENT),
+        *(sf.col(value_column(i)) for i in range(len(values))),
+    )
+    fill = sf.when(sf.col(_PRESENT) & (sf.col(_ROOTKEY) == sf.col(_FINAL)), sf.lit("target"))
+    if moved and state is not None:
+        previous = state.select(
+            sf.struct(*(column(k).alias(f"k{j}") for j, k in enumerate(keys))).alias(_SKEY),
+            *(column(c).alias(_state_val(i)) for i, c in enumerate(values)),
+        )
+        moving = sf.col(_PRESENT) & (sf.col(_ROOTKEY) != sf.col(_FINAL))
+        live = live.join(previous, moving & (sf.col(_ROOTKEY) == sf.col(_SKEY)), "left").select(
+            _FINAL,
+            _ROOTKEY,
+            _PRESENT,
+            *(
+                sf.when(
+                    sf.col(value_column(i)).isNull() & sf.col(_SKEY).isNotNull(),
+                    sf.struct(sf.col(_state_val(i)).alias("v")),
+                )
+                .otherwise(sf.col(value_column(i)))
+                .alias(value_column(i))
+                for i in range(len(values))
+            ),
+        )
+    upserts = live.select(
+        *(final_key.alias(key_column(j)) for j, final_key in _key_fields(_FINAL, keys)),
+        *(sf.col(value_column(i)) for i in range(len(values))),
+        fill.otherwise(sf.lit("none")).alias(FILL),
+        sf.lit(False).alias(DELETE_ROW),
+    )
+    if state is None:
+        return upserts
+    left = outcome.filter(sf.col(_ROOTSTART).isNull()).select(sf.col(_ROOTKEY).alias(_JOIN))
+    replaced = upserts.select(sf.struct(*(sf.col(key_column(j)).alias(f"k{j}")
+                                          for j in range(len(keys)))).alias(_JOIN))  # fmt: skip
+    types = {f.name: f.dataType for f in upserts.schema.fields}
+    deletes = left.join(replaced, _JOIN, "left_anti").select(
+        *(sf.col(_JOIN).getField(f"k{j}").alias(key_column(j)) for j in range(len(keys))),
+        *(
+            sf.lit(None).cast(types[value_column(i)]).alias(value_column(i))
+            for i in range(len(values))
+        ),
+        sf.lit("none").alias(FILL),
+        sf.lit(True).alias(DELETE_ROW),
+    )
+    return upserts.unionByName(deletes)
+
+
+def _key_fields(struct_column: str, keys: list[str]) -> list[tuple[int, Column]]:
+    from pyspark.sql import functions as sf
+
+    return [(j, sf.col(struct_column).getField(f"k{j}")) for j in range(len(keys))]
 
 
 def _key_change(keys: list[str]) -> tuple[Column, Column, Column]:
@@ -345,7 +511,7 @@ def _key_change(keys: list[str]) -> tuple[Column, Column, Column]:
     new_key = sf.struct(
         *(
             sf.when(_is_unchanged(k) & old.isNotNull(), old.getField(k))
-            .otherwise(_col(k))
+            .otherwise(column(k))
             .alias(f"k{j}")
             for j, k in enumerate(keys)
         )
@@ -359,8 +525,9 @@ def _keyed_events(changes: DataFrame, keys: list[str], values: list[str]) -> Dat
     """One event per change, two per key-changing update (exit the old key, arrive at the new).
 
     ``_KEY`` is the key the event happens at, ``_DEST`` (exits only) the key the row moves to,
-    and ``_val(i)`` the ``i``-th non-key column as ``struct(v)`` when sent, NULL when the change
-    did not send it (unchanged TOAST, or a delete/exit): a real NULL is ``struct(NULL)``.
+    and ``value_column(i)`` the ``i``-th non-key column as ``struct(v)`` when sent, NULL when
+    the change did not send it (unchanged TOAST, or a delete/exit): a real NULL is
+    ``struct(NULL)``.
     """
     from pyspark.sql import functions as sf
 
@@ -373,7 +540,7 @@ def _keyed_events(changes: DataFrame, keys: list[str], values: list[str]) -> Dat
         old_key.alias(_OLDKEY),
         moves.alias(_MOVES),
         *(
-            sf.when(~_is_unchanged(c), sf.struct(_col(c).alias("v"))).alias(_val(i))
+            sf.when(~_is_unchanged(c), sf.struct(column(c).alias("v"))).alias(value_column(i))
             for i, c in enumerate(values)
         ),
         sf.explode(
@@ -394,7 +561,10 @@ def _keyed_events(changes: DataFrame, keys: list[str], values: list[str]) -> Dat
         sf.col(_SEQ),
         sf.col(_SUB),
         sf.when(exiting, sf.col(_NEW)).alias(_DEST),
-        *(sf.when(carries_values, sf.col(_val(i))).alias(_val(i)) for i in range(len(values))),
+        *(
+            sf.when(carries_values, sf.col(value_column(i))).alias(value_column(i))
+            for i in range(len(values))
+        ),
     )
 
 
@@ -493,79 +663,9 @@ def _per_lineage(located: DataFrame, n: int, *, moved: bool) -> DataFrame:
     return tagged.groupBy(root_key.alias(_ROOTKEY), root_start.alias(_ROOTSTART)).agg(
         sf.max_by(last, order).alias(_LAST),
         *(
-            sf.max_by(sf.col(_val(i)), sf.when(sf.col(_val(i)).isNotNull(), order)).alias(_val(i))
+            sf.max_by(
+                sf.col(value_column(i)), sf.when(sf.col(value_column(i)).isNotNull(), order)
+            ).alias(value_column(i))
             for i in range(n)
         ),
     )
-
-
-def _apply_to_state(
-    state: DataFrame | None,
-    outcome: DataFrame,
-    keys: list[str],
-    cols: list[str],
-    values: list[str],
-) -> DataFrame:
-    """Join the lineages' outcomes with the previous state by the key each lineage began at.
-
-    Lineages that began with a previous-state row join that row (to fill columns the batch never
-    sent, and to replace it); lineages that began with an insert join nothing. Previous rows at
-    keys the batch never touched join nothing and stay as they were.
-    """
-    from pyspark.sql import functions as sf
-
-    last = sf.col(_LAST)
-    from_state = sf.col(_ROOTSTART).isNull()
-    alive = sf.coalesce(
-        last.getField("kind").isin(INSERT, UPDATE, _ARRIVE) & last.getField("latest"), sf.lit(False)
-    )
-    batch = outcome.select(
-        sf.when(from_state, sf.col(_ROOTKEY)).alias(_JOIN),
-        alive.alias(_ALIVE),
-        last.getField("key").alias(_FINAL),
-        *(sf.col(_val(i)) for i in range(len(values))),
-    ).filter(sf.col(_ALIVE) | sf.col(_JOIN).isNotNull())
-
-    value_index = {c: i for i, c in enumerate(values)}
-    key_index = {c: j for j, c in enumerate(keys)}
-    if state is None:
-        joined, in_batch, present = batch, sf.lit(True), sf.lit(False)
-    else:
-        previous = state.select(
-            sf.struct(
-                *(sf.col(_out(cols.index(k))).alias(f"k{j}") for j, k in enumerate(keys))
-            ).alias(_SKEY),
-            sf.lit(True).alias(_PRESENT),
-            *(sf.col(_out(cols.index(c))).alias(_state_val(i)) for i, c in enumerate(values)),
-        )
-        joined = previous.join(batch, sf.col(_SKEY) == sf.col(_JOIN), "full_outer")
-        in_batch, present = sf.col(_ALIVE).isNotNull(), sf.col(_PRESENT).isNotNull()
-
-    out = []
-    for i, c in enumerate(cols):
-        if c in key_index:
-            final = sf.col(_FINAL).getField(f"k{key_index[c]}")
-            expr = (
-                final
-                if state is None
-                else sf.when(in_batch, final).otherwise(sf.col(_SKEY).getField(f"k{key_index[c]}"))
-            )
-        else:
-            v = value_index[c]
-            sent = sf.col(_val(v))
-            kept = sf.col(_state_val(v)) if state is not None else sf.lit(None)
-            expr = (
-                sf.when(~in_batch, kept)
-                .when(sent.isNotNull(), sent.getField("v"))
-                .when(present, kept)
-                .when(
-                    sf.col(_ALIVE),
-                    sf.raise_error(
-                        f"unchanged TOAST value of column {c!r} has no earlier version to keep: "
-                        "an UPDATE reached a row that is neither in the previous state nor "
-                        "inserted earlier in the batch"
-                    ),
-                )
-            )
-        out.append(expr.alias(_out(i)))
-    return joined.filter(~in_batch | sf.col(_ALIVE)).select(*out)

@@ -1,0 +1,7 @@
+"""The lake: Delta Lake tables of changes and current state, and the one writer that owns them.
+
+``layout`` names the tables, ``changelog`` is the column contract every reader relies on,
+``delta`` holds the few Delta log operations the drain needs without a JVM, ``lake`` is the window
+API the drain writes through (and the crash-safety argument), ``lock`` keeps writers apart and
+``materialize`` merges the changelog into ``state/`` with Spark.
+"""

@@ -1,0 +1,87 @@
+"""Where a lake's tables live, and the app id its exactly-once bookkeeping is written under.
+
+Layout under the lake root (a local path, ``file:`` URI or any URI Delta can write)::
+
+    changes/<schema>.<table>/   Delta table: the append-only changelog of one source table
+    state/<schema>.<table>/     Delta table: the table's current rows
+    _pglogrepl/windows/         Delta table: one row per committed window (the lake's position)
+
+Every table is a plain Delta table, so Spark, Trino, DuckDB or the ``deltalake`` package read
+any of them at a committed version; nothing else under the root is state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote, unquote, urlparse
+
+from airflow_pglogrepl.tables import TableRef
+
+_SAFE = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"
+APP_PREFIX = "airflow-pglogrepl"
+
+
+def table_dir(table: TableRef) -> str:
+    """``schema.table`` for a directory name; other characters escaped (``%XX``) so any name,
+    including ones with ``/``, ``.`` or ``=``, maps to one safe, reversible directory."""
+    return f"{_escape(table.schema)}.{_escape(table.name)}"
+
+
+def table_from_dir(name: str) -> TableRef:
+    """The inverse of ``table_dir``."""
+    schema, _, table = name.partition(".")
+    return TableRef(unquote(schema), unquote(table))
+
+
+def _escape(part: str) -> str:
+    text = "".join(ch if ch in _SAFE else quote(ch, safe="") for ch in part).replace(".", "%2E")
+    # Readers skip names starting with "_" (or "."): never start a directory that way.
+    return "%5F" + text[1:] if text.startswith("_") else text
+
+
+def app_id(slot: str) -> str:
+    """The Delta ``txnAppId`` of the drain of ``slot``.
+
+    Its transaction version in a table's log is the LSN that table includes. The sink is part of
+    the identity already, because app transactions live inside each table's own log; leaving the
+    path out keeps a lake's positions valid when it is copied or mounted elsewhere.
+    """
+    return f"{APP_PREFIX}/{slot}"
+
+
+def is_local(uri: str) -> bool:
+    """True for plain paths and ``file:`` URIs."""
+    return urlparse(uri).scheme in ("", "file")
+
+
+def local_path(uri: str) -> str:
+    """The filesystem path of a local lake URI."""
+    parsed = urlparse(uri)
+    return parsed.path if parsed.scheme == "file" else uri
+
+
+@dataclass(frozen=True)
+class LakePaths:
+    """The URIs of one lake's tables."""
+
+    root: str
+
+    def __post_init__(self) -> None:
+        root = self.root.rstrip("/")
+        object.__setattr__(self, "root", local_path(root) if is_local(root) else root)
+
+    def _join(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def changes(self, table: TableRef | str) -> str:
+        return self._join("changes", table if isinstance(table, str) else table_dir(table))
+
+    def state(self, table: TableRef | str) -> str:
+        return self._join("state", table if isinstance(table, str) else table_dir(table))
+
+    def windows(self) -> str:
+        return self._join("_pglogrepl", "windows")
+
+    @property
+    def local(self) -> bool:
+        return is_local(self.root)

@@ -1,0 +1,144 @@
+"""The lake's window API on local disk through delta-rs (no JVM, no server): a window is visible
+whole or not at all, a replay after a crash at any step writes nothing twice, and the lake's
+position is what the Delta logs say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from airflow_pglogrepl.lake.delta import read_table, txn_version
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.layout import LakePaths, app_id, table_dir, table_from_dir
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.tables import TableRef
+
+pytestmark = pytest.mark.unit
+
+A, B = TableRef("public", "a"), TableRef("public", "b")
+
+
+@given(st.text(min_size=1), st.text(min_size=1))
+def test_table_dir_round_trips_and_is_safe(schema: str, name: str) -> None:
+    ref = TableRef(schema, name)
+    directory = table_dir(ref)
+    assert table_from_dir(directory) == ref
+    assert "/" not in directory and "=" not in directory and directory.count(".") == 1
+    assert not directory.startswith(("_", "."))
+
+
+@pytest.mark.parametrize(
+    ("schema", "name", "expected"),
+    [("public", "orders", "public.orders"), ("_hidden", "t", "%5Fhidden.t"),
+     ("a.b", "c/d=e", "a%2Eb.c%2Fd%3De"), ("s", "_t", "s.%5Ft")],
+)  # fmt: skip
+def test_table_dir_examples(schema: str, name: str, expected: str) -> None:
+    assert table_dir(TableRef(schema, name)) == expected
+    assert table_from_dir(expected) == TableRef(schema, name)
+
+
+def test_paths_accept_file_uris_and_name_every_table() -> None:
+    paths = LakePaths("file:///data/lake/")
+    assert paths.root == "/data/lake" and paths.local
+    assert paths.changes(A) == "/data/lake/changes/public.a"
+    assert paths.state(A) == "/data/lake/state/public.a"
+    assert paths.windows() == "/data/lake/_pglogrepl/windows"
+    assert not LakePaths("s3://bucket/lake").local
+
+
+def batch(*rows: tuple[int, int, int]) -> pa.Table:
+    """Changelog rows ``(id, commit_lsn, seq)`` (a minimal changelog: the lake reads no more)."""
+    ids, lsns, seqs = zip(*rows, strict=True) if rows else ((), (), ())
+    return pa.table({"id": pa.array(ids, pa.int64()), "_op": pa.array(["I"] * len(rows)),
+                     "_commit_lsn": pa.array(lsns, pa.int64()),
+                     "_seq": pa.array(seqs, pa.int64())})  # fmt: skip
+
+
+def rows_of(lake: Lake, table: TableRef) -> list[tuple[int, int]]:
+    data = read_table(lake.paths.changes(table)).to_pylist()
+    return sorted((r["id"], r["_commit_lsn"]) for r in data)
+
+
+@pytest.fixture
+def lake(tmp_path: Path) -> Lake:
+    return Lake(str(tmp_path / "lake"), "slot_a")
+
+
+def test_a_window_is_invisible_until_committed_then_whole(lake: Lake) -> None:
+    window = lake.open_window(LSN(0x100))
+    window.write(A, batch((1, 0x110, 1), (2, 0x110, 2)))
+    window.write(A, batch((3, 0x120, 1)))  # a second file of the same table
+    window.write(B, batch((9, 0x120, 2)))
+    assert lake.position() is None and not Path(lake.paths.changes(A), "_delta_log").exists()
+    counts = window.commit(LSN(0x200), transactions=2, changes=4)
+    assert counts == {"public.a": 3, "public.b": 1}
+    assert rows_of(lake, A) == [(1, 0x110), (2, 0x110), (3, 0x120)]
+    assert lake.position() == LSN(0x200)
+    for table in (A, B):  # one Delta version per table and window, carrying the app txn
+        assert txn_version(lake.paths.changes(table), app_id("slot_a")) == 0x200
+        assert lake.changes_version(table) == LSN(0x200)
+    (entry,) = lake.windows()
+    assert (entry["kind"], entry["start_lsn"], entry["end_lsn"]) == ("window", "0/100", "0/200")
+
+
+def test_an_empty_window_moves_the_position_only(lake: Lake) -> None:
+    lake.open_window(LSN(0x100)).commit(LSN(0x300), transactions=0, changes=0)
+    assert lake.position() == LSN(0x300) and lake.changes_tables() == []
+
+
+@pytest.mark.parametrize("tables_committed", [0, 1, 2])
+def test_a_crash_inside_the_commit_is_replayed_without_duplicates(
+    tmp_path: Path, tables_committed: int
+) -> None:
+    """The first run dies after committing some tables (not the window row); the re-run drains
+    the same changes again (its window may even end elsewhere) and each table keeps one copy."""
+    root = str(tmp_path / "lake")
+    first = Lake(root, "s")
+    window = first.open_window(LSN(0x100))
+    window.write(A, batch((1, 0x110, 1), (2, 0x180, 1)))
+    window.write(B, batch((7, 0x180, 2)))
+    from airflow_pglogrepl.lake import delta
+
+    for name in ["public.a", "public.b"][:tables_committed]:  # what commit() does, cut short
+        pending = window._pending[name]
+        delta.commit_files(first.paths.changes(name), pending.schema, pending.files,
+                           app=first.app, version=0x200)  # fmt: skip
+    rerun = Lake(root, "s")
+    assert rerun.position() is None  # the window row is the commit point: not reached
+    again = rerun.open_window(LSN(0x100))  # the slot never moved: same start
+    written = again.write(A, batch((1, 0x110, 1), (2, 0x180, 1), (3, 0x220, 1)))
+    again.write(B, batch((7, 0x180, 2)))
+    again.commit(LSN(0x300), transactions=3, changes=4)
+    assert written == (1 if tables_committed >= 1 else 3)
+    assert rows_of(rerun, A) == [(1, 0x110), (2, 0x180), (3, 0x220)]
+    assert rows_of(rerun, B) == [(7, 0x180)]
+    assert rerun.position() == LSN(0x300)
+
+
+def test_windows_of_another_slot_are_not_this_slots(tmp_path: Path) -> None:
+    root = str(tmp_path / "lake")
+    Lake(root, "one").open_window(LSN(0x100)).commit(LSN(0x200), transactions=0, changes=0)
+    other = Lake(root, "two")
+    assert other.position() is None and other.windows() == []
+
+
+def test_a_commit_may_not_end_before_it_starts(lake: Lake) -> None:
+    with pytest.raises(ValueError, match="before its start"):
+        lake.open_window(LSN(0x200)).commit(LSN(0x100), transactions=0, changes=0)
+
+
+def test_the_windows_table_is_compacted_and_checkpointed(
+    lake: Lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import airflow_pglogrepl.lake.lake as lake_module
+
+    monkeypatch.setattr(lake_module, "COMPACT_EVERY", 4)
+    for n in range(1, 7):
+        lake.open_window(LSN(n * 0x100)).commit(LSN((n + 1) * 0x100), transactions=0, changes=0)
+    log = Path(lake.paths.windows(), "_delta_log")
+    assert list(log.glob("*.checkpoint.parquet"))
+    assert lake.position() == LSN(0x700) and len(lake.windows()) == 6
