@@ -116,6 +116,18 @@ class WrongPluginError(SlotError):
         )
 
 
+class SlotLostError(SlotError):
+    """The slot's WAL was removed (``wal_status = lost``): nothing can be decoded from it."""
+
+    def __init__(self, slot: str) -> None:
+        super().__init__(
+            slot,
+            f"replication slot {slot!r} is lost (wal_status = lost): the WAL it needed was "
+            f"removed, so nothing can be drained from it. Fix: drop it and start again from a "
+            f"new initial snapshot",
+        )
+
+
 class SlotAdvanceError(SlotError):
     """A slot could not be moved to the requested LSN (for example, behind its current position)."""
 
@@ -180,6 +192,10 @@ class FenceNotHeldError(PgLogReplError):
 
 class LakeError(PgLogReplError):
     """The lake cannot be written as asked; the message names the table or path and the fix."""
+
+
+class SinkNotEmptyError(LakeError):
+    """An initial snapshot was asked for a lake that already holds data."""
 
 
 class LakeWriterBusyError(LakeError):

@@ -10,6 +10,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_pglogrepl.exceptions import SlotError, SlotInUseError, SlotLostError
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.records import REL_STATES, SlotInfo, SubscriptionStatus
 
@@ -193,3 +194,15 @@ def slot_health(
                 f"restart its consumer or drop it"
             )
     return problems
+
+
+def drain_refusal(slot: SlotInfo) -> SlotError | None:
+    """Why ``slot`` cannot be drained now, or None: lost first (no retry helps), then in use by
+    another session (one may, later). ``SlotDrainOperator`` asks before Spark starts and the
+    drain application asks again (the slot can change in between): the same rule, in one place.
+    """
+    if slot.wal_status == "lost":
+        return SlotLostError(slot.name)
+    if slot.active:
+        return SlotInUseError(slot.name, slot.active_pid)
+    return None

@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
+from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream
 from airflow_pglogrepl.spark.app import DSN_ENV
-from airflow_pglogrepl.spark.batch import ChangelogBatch
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, PgCluster, local_cluster
 
 BATCH = 10_000

@@ -9,19 +9,24 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, TypeAlias
+from typing import Any
 
 import psycopg
 from airflow.providers.postgres.hooks.postgres import PostgresHook
-from psycopg import sql
 from psycopg.rows import dict_row
 
 from airflow_pglogrepl import conninfo
-from airflow_pglogrepl.exceptions import ConnectionFailedError
 from airflow_pglogrepl.hooks.lsn_adapters import register_lsn_adapters
+from airflow_pglogrepl.hooks.pg.connect import (
+    AsyncConn,
+    Conn,
+    connect,
+    connect_error,
+    run_ddl,
+    show,
+)
 
-Conn: TypeAlias = psycopg.Connection[dict[str, Any]]
-AsyncConn: TypeAlias = psycopg.AsyncConnection[dict[str, Any]]
+__all__ = ["AsyncConn", "Conn", "PgSessionHook", "run_ddl", "show"]
 
 
 class PgSessionHook(PostgresHook):
@@ -62,22 +67,13 @@ class PgSessionHook(PostgresHook):
         replication protocol's commands (``CREATE_REPLICATION_SLOT ... SNAPSHOT 'export'``).
         Connection failures raise ``ConnectionFailedError`` with the password removed.
         """
-        params = self.connection_params()
-        if replication:
-            params["replication"] = "database"
-        if application_name:
-            params["application_name"] = application_name
-        try:
-            conn = psycopg.connect(
-                conninfo.make_dsn(params),
-                autocommit=autocommit,
-                row_factory=dict_row,
-                cursor_factory=psycopg.ClientCursor if replication else psycopg.Cursor,
-            )
-        except psycopg.OperationalError as exc:
-            raise self._connect_error(params, exc) from None
-        register_lsn_adapters(conn)
-        with conn:
+        with connect(
+            self.connection_params(),
+            label=self._source_label(),
+            replication=replication,
+            autocommit=autocommit,
+            application_name=application_name,
+        ) as conn:
             yield conn
 
     @asynccontextmanager
@@ -89,21 +85,13 @@ class PgSessionHook(PostgresHook):
                 conninfo.make_dsn(params), autocommit=True, row_factory=dict_row
             )
         except psycopg.OperationalError as exc:
-            raise self._connect_error(params, exc) from None
+            raise connect_error(params, exc, self._source_label()) from None
         register_lsn_adapters(conn)
         async with conn:
             yield conn
 
-    def _connect_error(
-        self, params: dict[str, str], exc: psycopg.OperationalError
-    ) -> ConnectionFailedError:
-        reason = conninfo.redact(str(exc).strip(), conninfo.secrets_of(params))
-        return ConnectionFailedError(
-            f"cannot connect to PostgreSQL {conninfo.describe(params)} "
-            f"(Airflow connection {self.get_conn_id()!r}): {reason}. Fix: check host, port, "
-            f"login and password of that connection and that the server accepts it "
-            f"(pg_hba.conf)"
-        )
+    def _source_label(self) -> str:
+        return f"Airflow connection {self.get_conn_id()!r}"
 
     @contextmanager
     def _use(self, conn: Conn | None) -> Iterator[Conn]:
@@ -112,19 +100,3 @@ class PgSessionHook(PostgresHook):
         else:
             with self.session() as own:
                 yield own
-
-
-def show(conn: Conn, name: str) -> str:
-    """A server setting's current value (``current_setting``) as text."""
-    row = conn.execute("SELECT current_setting(%s) AS value", (name,)).fetchone()
-    return str(row["value"]) if row else "unknown"
-
-
-def run_ddl(conn: Conn, statement: sql.Composed | sql.SQL) -> None:
-    """Execute one DDL statement through the extended query protocol.
-
-    DDL cannot take bound parameters, so values in it are ``sql.Literal``s; some definitions also
-    carry SQL the DAG author wrote (publication row filters). ``binary=True`` makes psycopg use
-    the extended protocol, which accepts exactly one statement: nothing can be stacked after it.
-    """
-    conn.execute(statement, binary=True)

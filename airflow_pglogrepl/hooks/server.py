@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from psycopg import sql
-
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
 from airflow_pglogrepl.hooks.errors import wal_level_error
+from airflow_pglogrepl.hooks.pg import server
+from airflow_pglogrepl.hooks.pg.server import CURRENT_LSN
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.records import ServerFacts
 
@@ -22,10 +22,7 @@ _SETTINGS = (
 )
 _UNIT_BYTES = {"B": 1, "kB": 1024, "8kB": 8192, "MB": 1024**2, "16MB": 16 * 1024**2, "GB": 1024**3}
 
-# Where the server's WAL is now; on a standby (PostgreSQL 16+ can decode there) the replay point.
-CURRENT_LSN = sql.SQL(
-    "CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END"
-)
+__all__ = ["CURRENT_LSN", "ServerMixin"]
 
 
 class ServerMixin(PgSessionHook):
@@ -84,25 +81,14 @@ class ServerMixin(PgSessionHook):
         return row["started"], row["port"]
 
     def flush_lsn(self, *, conn: Conn | None = None) -> LSN:
-        """WAL flushed to disk: the furthest logical decoding can read.
-
-        A drain window must end at or before it; a window ending beyond would let the slot
-        confirm transactions that were never decoded.
-        """
+        """WAL flushed to disk: the furthest logical decoding can read (``hooks.pg.server``)."""
         with self._use(conn) as c:
-            row = c.execute(
-                "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()"
-                " ELSE pg_current_wal_flush_lsn() END AS lsn"
-            ).fetchone()
-        assert row is not None
-        return LSN(row["lsn"])
+            return server.flush_lsn(c)
 
     def current_wal_lsn(self, *, conn: Conn | None = None) -> LSN:
         """The server's current WAL write position (replay position on a standby)."""
         with self._use(conn) as c:
-            row = c.execute(sql.SQL("SELECT {} AS lsn").format(CURRENT_LSN)).fetchone()
-        assert row is not None
-        return LSN(row["lsn"])
+            return server.current_wal_lsn(c)
 
 
 def _setting_value(setting: str, unit: str | None) -> str | int:

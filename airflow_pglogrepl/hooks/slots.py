@@ -1,34 +1,22 @@
-"""Logical replication slots: create, read, list, advance, drop, and peek at their changes."""
+"""Logical replication slots for the Airflow hook: create, read, list, advance, drop, peek.
+
+The statements are ``hooks.pg.slots``' functions; these methods only supply the session (the
+hook's own short one, or ``conn=``) and the hook's logger.
+"""
 
 from __future__ import annotations
 
-import datetime as dt
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-import psycopg
-from psycopg import sql
-from psycopg.rows import tuple_row
-from psycopg.types.numeric import Int8BinaryLoader, OidBinaryLoader
-
-from airflow_pglogrepl.exceptions import SlotAdvanceError, SlotNotFoundError, WrongPluginError
-from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, show
-from airflow_pglogrepl.hooks.errors import slot_errors
-from airflow_pglogrepl.hooks.lsn_adapters import PG_LSN_OID
-from airflow_pglogrepl.hooks.server import CURRENT_LSN
+from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
+from airflow_pglogrepl.hooks.pg import slots
+from airflow_pglogrepl.hooks.pg.slots import OUTPUT_PLUGINS, slot_info
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import validate_slot_name
 from airflow_pglogrepl.records import SlotCreated, SlotInfo
 
-OUTPUT_PLUGINS = ("pgoutput", "test_decoding", "wal2json")
-
-# to_jsonb(s) keeps this one query valid across versions: columns added later (inactive_since in
-# 17, two_phase in 14) are simply absent on older servers.
-_SLOTS_QUERY = sql.SQL(
-    "SELECT to_jsonb(s) AS slot, {lsn} AS current_lsn,"
-    " pg_wal_lsn_diff({lsn}, s.restart_lsn)::bigint AS retained_bytes"
-    " FROM pg_replication_slots s"
-).format(lsn=CURRENT_LSN)
+__all__ = ["OUTPUT_PLUGINS", "SlotsMixin"]
 
 
 class SlotsMixin(PgSessionHook):
@@ -43,126 +31,50 @@ class SlotsMixin(PgSessionHook):
         two_phase: bool = False,
         conn: Conn | None = None,
     ) -> SlotCreated:
-        """Create a logical slot; decoding through it starts at the returned consistent point.
+        """Create a logical slot (``hooks.pg.slots.create_logical_slot``).
 
         A temporary slot is dropped when its session ends, so it needs ``conn=`` (a session the
-        caller keeps open). Raises ``SlotAlreadyExistsError``, ``ServerNotConfiguredError``
-        (``wal_level`` below ``logical``, no free slot) or ``InvalidSlotNameError``.
+        caller keeps open).
         """
-        validate_slot_name(name)
-        if plugin not in OUTPUT_PLUGINS:
-            raise ValueError(
-                f"unknown output plugin {plugin!r} for slot {name!r}; use one of {OUTPUT_PLUGINS}"
-            )
         if temporary and conn is None:
             raise ValueError(
                 f"temporary slot {name!r} would be dropped as soon as the hook's own session "
                 f"closes; pass conn= (a session you keep open) or create a permanent slot"
             )
-        args = [sql.SQL("slot_name => %s"), sql.SQL("plugin => %s"), sql.SQL("temporary => %s")]
-        params: list[Any] = [name, plugin, temporary]
-        if two_phase:  # the parameter exists from PostgreSQL 14; only name it when asked for
-            args.append(sql.SQL("twophase => %s"))
-            params.append(True)
-        query = sql.SQL("SELECT slot_name, lsn FROM pg_create_logical_replication_slot({})").format(
-            sql.SQL(", ").join(args)
-        )
-        with self._use(conn) as c, slot_errors(name, setting=lambda s: show(c, s)):
-            row = c.execute(query, params).fetchone()
-        assert row is not None
-        self.log.info("Created logical slot %s (plugin %s) at %s", name, plugin, row["lsn"])
-        return SlotCreated(name=row["slot_name"], lsn=row["lsn"], plugin=plugin)
+        with self._use(conn) as c:
+            return slots.create_logical_slot(
+                c, name, plugin=plugin, temporary=temporary, two_phase=two_phase
+            )
 
-    def drop_slot(
-        self,
-        name: str,
-        *,
-        missing_ok: bool = False,
-        conn: Conn | None = None,
-    ) -> bool:
-        """Drop a slot (it stops retaining WAL). Returns False when absent and ``missing_ok``.
-
-        Raises ``SlotInUseError`` while a consumer is attached.
-        """
-        validate_slot_name(name)
-        try:
-            with self._use(conn) as c, slot_errors(name, setting=lambda s: show(c, s)):
-                c.execute("SELECT pg_drop_replication_slot(%s)", (name,))
-        except SlotNotFoundError:
-            if missing_ok:
-                return False
-            raise
-        self.log.info("Dropped replication slot %s", name)
-        return True
+    def drop_slot(self, name: str, *, missing_ok: bool = False, conn: Conn | None = None) -> bool:
+        """Drop a slot; False when absent and ``missing_ok`` (``hooks.pg.slots.drop_slot``)."""
+        with self._use(conn) as c:
+            return slots.drop_slot(c, name, missing_ok=missing_ok)
 
     def get_slot(
-        self,
-        name: str,
-        *,
-        plugin: str | None = None,
-        conn: Conn | None = None,
+        self, name: str, *, plugin: str | None = None, conn: Conn | None = None
     ) -> SlotInfo:
-        """The slot's current record; ``SlotNotFoundError`` when absent.
-
-        With ``plugin=``, also ``WrongPluginError`` when the slot decodes with another plugin.
-        """
-        validate_slot_name(name)
+        """The slot's current record (``hooks.pg.slots.get_slot``)."""
         with self._use(conn) as c:
-            row = c.execute(_SLOTS_QUERY + sql.SQL(" WHERE s.slot_name = %s"), (name,)).fetchone()
-        if row is None:
-            raise SlotNotFoundError(name)
-        slot = _slot_info(row)
-        if plugin is not None and slot.plugin != plugin:
-            raise WrongPluginError(name, slot.plugin, plugin)
-        return slot
+            return slots.get_slot(c, name, plugin=plugin)
 
     async def aget_slot(self, name: str) -> SlotInfo | None:
         """The slot's record for triggers (non-blocking); ``None`` when absent."""
         validate_slot_name(name)
         async with self.asession() as conn:
-            cur = await conn.execute(_SLOTS_QUERY + sql.SQL(" WHERE s.slot_name = %s"), (name,))
+            cur = await conn.execute(slots.SLOT_BY_NAME, (name,))
             row = await cur.fetchone()
-        return None if row is None else _slot_info(row)
+        return None if row is None else slot_info(row)
 
-    def list_slots(
-        self,
-        *,
-        logical_only: bool = True,
-        conn: Conn | None = None,
-    ) -> list[SlotInfo]:
+    def list_slots(self, *, logical_only: bool = True, conn: Conn | None = None) -> list[SlotInfo]:
         """All slots on the server (logical ones only by default), ordered by name."""
-        where = sql.SQL(" WHERE s.slot_type = 'logical'" if logical_only else "")
         with self._use(conn) as c:
-            rows = c.execute(_SLOTS_QUERY + where + sql.SQL(" ORDER BY s.slot_name")).fetchall()
-        return [_slot_info(row) for row in rows]
+            return slots.list_slots(c, logical_only=logical_only)
 
-    def advance_slot(
-        self,
-        name: str,
-        upto: LSN | str,
-        *,
-        conn: Conn | None = None,
-    ) -> LSN:
-        """Move the slot's confirmed position forward to ``upto``; return where it really ended.
-
-        PostgreSQL stops at its flushed WAL position when ``upto`` is beyond it, so the result
-        can be lower than asked. The new position is made durable only at the next checkpoint:
-        after a crash the slot may be found behind it again (callers that need exactly-once keep
-        their own record of what they committed). Raises ``SlotInUseError`` while a consumer is
-        attached, ``SlotAdvanceError`` when ``upto`` is behind the slot.
-        """
-        validate_slot_name(name)
-        target = LSN(upto)
-        if int(target) == 0:  # InvalidXLogRecPtr; the server answers with an internal error
-            raise SlotAdvanceError(name, f"cannot advance replication slot {name!r} to 0/0")
-        with self._use(conn) as c, slot_errors(name, setting=lambda s: show(c, s)):
-            row = c.execute(
-                "SELECT end_lsn FROM pg_replication_slot_advance(%s, %s)", (name, target)
-            ).fetchone()
-        assert row is not None
-        end = LSN(row["end_lsn"])
-        self.log.info("Advanced slot %s to %s (asked for %s)", name, end, target)
-        return end
+    def advance_slot(self, name: str, upto: LSN | str, *, conn: Conn | None = None) -> LSN:
+        """Move the slot's confirmed position to ``upto`` (``hooks.pg.slots.advance_slot``)."""
+        with self._use(conn) as c:
+            return slots.advance_slot(c, name, upto)
 
     def peek_changes(
         self,
@@ -173,109 +85,10 @@ class SlotsMixin(PgSessionHook):
         binary: bool = True,
         upto_nchanges: int | None = None,
         batch_rows: int = 5000,
-    ) -> Iterator[tuple[LSN, int | None, bytes | str]]:
-        """Stream ``(lsn, xid, data)`` rows from the slot without consuming it.
-
-        Uses ``pg_logical_slot_peek_binary_changes`` (pgoutput; ``data`` is ``bytes``) or
-        ``pg_logical_slot_peek_changes`` (text plugins; ``data`` is ``str``). Memory stays at
-        about ``batch_rows`` rows however much the window holds: rows arrive in chunks of that
-        many (libpq's chunked-rows mode, or a server-side cursor with an older libpq), and the
-        server waits while the caller is behind. Only transactions that commit at or before
-        ``upto_lsn`` come back, whole. The slot does not move: advance it with ``advance_slot``
-        once what was read is durably stored. Decoding restarts at the slot's ``restart_lsn`` on
-        every call. ``options`` are the output plugin's options (for pgoutput:
-        ``proto_version``, ``publication_names``, ``messages``, ``streaming``, ``binary``).
-        See https://www.postgresql.org/docs/15/functions-admin.html#FUNCTIONS-REPLICATION
-        """
-        validate_slot_name(slot)
-        if batch_rows < 1:
-            raise ValueError(f"batch_rows must be at least 1, got {batch_rows}")
-        function = sql.Identifier(
-            "pg_logical_slot_peek_binary_changes" if binary else "pg_logical_slot_peek_changes"
-        )
-        query = sql.SQL("SELECT lsn, xid, data FROM {}(%s, %s, %s, VARIADIC %s::text[])").format(
-            function
-        )
-        flat = [item for pair in options.items() for item in pair]
-        target = None if upto_lsn is None else LSN(upto_lsn)
-        params = (slot, target, upto_nchanges, flat)
-        chunked = _chunked_rows()
-        # Chunked rows need no transaction; a server-side cursor lives in one (rolled back).
-        with self.session(autocommit=chunked) as conn:
-            with slot_errors(slot, setting=lambda s: show(conn, s)):
-                rows = _fetch(conn, query, params, batch_rows, chunked=chunked)
-                try:
-                    # LSN(value) checks its argument (~0.35 us a row); a pg_lsn needs no check.
-                    new, set_value = object.__new__, _LSN_VALUE.__set__
-                    for value, xid, data in rows:
-                        if value < 0:  # int8 loader: pg_lsn at or above 2**63 reads negative
-                            value += _U64_RANGE
-                        lsn = new(LSN)
-                        set_value(lsn, value)
-                        yield lsn, xid, data
-                finally:
-                    rows.close()  # a caller that stopped early: cancel the query, drain the rest
-            if not chunked:
-                conn.rollback()  # read-only; nothing to keep
-
-
-# pg_lsn's binary form is int8's (8 bytes, big endian, unsigned) and xid's is oid's (4 bytes,
-# unsigned): psycopg's compiled loaders read them without a cast on the server or a Python call
-# per value. The LSN objects are then built in peek_changes without LSN's own argument checks.
-_XID_OID = 28
-_U64_RANGE = 1 << 64
-_LSN_VALUE: Any = LSN.__dict__["_value"]  # the slot of LSN's one attribute (__slots__)
-
-
-def _chunked_rows() -> bool:
-    """Whether ``Cursor.stream(size=...)`` is available (psycopg 3.2+ over libpq 17+)."""
-    capabilities = getattr(psycopg, "capabilities", None)
-    return bool(capabilities is not None and capabilities.has_stream_chunked())
-
-
-def _fetch(
-    conn: Conn, query: sql.Composed, params: Sequence[Any], batch_rows: int, *, chunked: bool
-) -> Generator[tuple[Any, ...], None, None]:
-    """The query's rows as tuples, ``batch_rows`` at a time from the server, binary format."""
-    if chunked:
-        with conn.cursor(row_factory=tuple_row, binary=True) as cur:
-            _integer_loaders(cur)
-            yield from cur.stream(query, params, size=batch_rows)
-    else:
-        with conn.cursor(name="pglogrepl_peek", row_factory=tuple_row, binary=True) as named:
-            _integer_loaders(named)
-            named.itersize = batch_rows
-            named.execute(query, params)
-            yield from named
-
-
-def _integer_loaders(cur: psycopg.Cursor[Any] | psycopg.ServerCursor[Any]) -> None:
-    """Read pg_lsn and xid as plain integers (compiled loaders, no Python call per value)."""
-    cur.adapters.register_loader(PG_LSN_OID, Int8BinaryLoader)
-    cur.adapters.register_loader(_XID_OID, OidBinaryLoader)
-
-
-def _lsn_or_none(text: str | None) -> LSN | None:
-    return None if text is None else LSN(text)
-
-
-def _slot_info(row: dict[str, Any]) -> SlotInfo:
-    s = row["slot"]  # jsonb: psycopg's default loader gives a dict
-    since = s.get("inactive_since")
-    return SlotInfo(
-        name=s["slot_name"],
-        plugin=s.get("plugin"),
-        slot_type=s["slot_type"],
-        database=s.get("database"),
-        temporary=bool(s.get("temporary")),
-        active=bool(s.get("active")),
-        active_pid=s.get("active_pid"),
-        restart_lsn=_lsn_or_none(s.get("restart_lsn")),
-        confirmed_flush_lsn=_lsn_or_none(s.get("confirmed_flush_lsn")),
-        wal_status=s.get("wal_status"),
-        safe_wal_size=s.get("safe_wal_size"),
-        two_phase=s.get("two_phase"),
-        retained_bytes=row["retained_bytes"],
-        current_lsn=row["current_lsn"],
-        inactive_since=dt.datetime.fromisoformat(since) if since else None,
-    )
+    ) -> Iterator[tuple[LSN, int | None, Any]]:
+        """Stream the slot's changes without consuming it (``hooks.pg.slots.peek_changes``)."""
+        return slots.peek_changes(
+            self.connection_params(), slot, label=f"Airflow connection {self.get_conn_id()!r}",
+            upto_lsn=upto_lsn, options=options, binary=binary, upto_nchanges=upto_nchanges,
+            batch_rows=batch_rows,
+        )  # fmt: skip

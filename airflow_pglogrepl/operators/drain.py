@@ -90,17 +90,16 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         from airflow.sdk.exceptions import AirflowFailException
 
         from airflow_pglogrepl.conninfo import make_dsn
-        from airflow_pglogrepl.exceptions import PgLogReplError, SlotInUseError
+        from airflow_pglogrepl.exceptions import PgLogReplError, SlotLostError
+        from airflow_pglogrepl.verdicts import drain_refusal
 
         hook = replication_hook(self.postgres_conn_id, self.database)
         slot = hook.get_slot(self.slot_name, plugin="pgoutput")
-        if slot.wal_status == "lost":
-            raise AirflowFailException(
-                f"replication slot {self.slot_name!r} is lost (wal_status = lost); nothing can be "
-                f"drained from it. Fix: drop it and start over from a new initial snapshot"
-            )
-        if slot.active:
-            raise SlotInUseError(self.slot_name, slot.active_pid)
+        refusal = drain_refusal(slot)
+        if isinstance(refusal, SlotLostError):
+            raise AirflowFailException(str(refusal)) from refusal  # no retry can help
+        if refusal is not None:
+            raise refusal
         self._check_spark_connection()
         self._prepare_submit(make_dsn(hook.connection_params()))
         self.application_args = self._app_args()

@@ -21,8 +21,8 @@ from airflow_pglogrepl.operators._hooks import replication_hook
 from airflow_pglogrepl.operators._spark import PACKAGE_DIR, PackageSparkSubmitOperator, sink_asset
 
 if TYPE_CHECKING:
+    from airflow_pglogrepl.hooks.pg.snapshot import ExportedSnapshot
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
-    from airflow_pglogrepl.hooks.snapshot import ExportedSnapshot
 
 
 SNAPSHOT_APP = str(PACKAGE_DIR / "spark" / "snapshot_app.py")
@@ -128,44 +128,36 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
     def _initial(self, context: Context, hook: PgLogicalReplicationHook) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from airflow_pglogrepl.exceptions import SlotNotFoundError
+        from airflow_pglogrepl.exceptions import PgLogReplError, SlotNotFoundError
+        from airflow_pglogrepl.spark.snapshot import bootstrap_plan
 
         try:
-            slot = hook.get_slot(self.slot_name)
+            hook.get_slot(self.slot_name)
+            exists = True
         except SlotNotFoundError:
-            slot = None
-        status = self._sink_status()
-        if slot is not None and status.get("snapshot_lsn"):
-            self.log.info(
-                "Sink %s already holds the snapshot of slot %s at %s: nothing to do",
-                self.sink, self.slot_name, status["snapshot_lsn"],
+            exists = False
+        try:
+            plan = bootstrap_plan(
+                slot=str(self.slot_name), slot_exists=exists, status=self._sink_status(),
+                lake=str(self.sink), replace_slot=self.replace_slot, bootstrap=self.bootstrap,
             )  # fmt: skip
-            return self._unchanged("exists", status["snapshot_lsn"])
-        if status.get("commits"):
-            if slot is not None and self.bootstrap:
-                self.log.info(
-                    "Sink %s is drained from slot %s without a snapshot: nothing to do",
-                    self.sink, self.slot_name,
-                )  # fmt: skip
-                return self._unchanged("drained", None)
-            raise AirflowFailException(
-                f"sink {self.sink} holds {status['commits']} commits "
-                + (
-                    f"but no snapshot of slot {self.slot_name!r}: it is drained without one"
-                    if slot is not None
-                    else f"and slot {self.slot_name!r} does not exist: the sink cannot continue"
-                )
-                + ". Nothing was changed. An initial snapshot starts a new, empty sink"
-            )
-        if slot is not None:
-            if not (self.replace_slot or self.bootstrap):
-                raise AirflowFailException(
-                    f"slot {self.slot_name!r} already exists and sink {self.sink} holds nothing: "
-                    f"a snapshot can only be exported when the slot is created. Fix: drop the "
-                    f"slot, or set replace_slot=True (nothing in the sink depends on it)"
-                )
+        except PgLogReplError as exc:
+            raise AirflowFailException(str(exc)) from exc  # a human must decide: no retry
+        if plan.action == "exists":
+            self.log.info(
+                "Lake %s already holds the snapshot of slot %s at %s: nothing to do",
+                self.sink, self.slot_name, plan.snapshot_lsn,
+            )  # fmt: skip
+            return self._unchanged("exists", plan.snapshot_lsn)
+        if plan.action == "drained":
+            self.log.info(
+                "Lake %s is drained from slot %s without a snapshot: nothing to do",
+                self.sink, self.slot_name,
+            )  # fmt: skip
+            return self._unchanged("drained", None)
+        if plan.action == "replace_slot":
             self.log.warning(
-                "Dropping slot %s (sink empty) to re-create it with an exported snapshot",
+                "Dropping slot %s (lake empty) to re-create it with an exported snapshot",
                 self.slot_name,
             )
             hook.drop_slot(self.slot_name)

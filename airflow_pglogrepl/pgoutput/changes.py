@@ -30,7 +30,7 @@ from airflow_pglogrepl.pgoutput.values import (
 )
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    pass
 
 __all__ = [
     "ABSENT",
@@ -198,12 +198,6 @@ class TableInfo:
                     f"are expected in the decoding session",
                 )
         return DecodeError(op, 0, f"{self.schema}.{self.table}: {exc}")
-
-    def arrow_schema(self) -> pa.Schema:
-        """The table's Arrow schema (see ``schema.arrow_schema``)."""
-        from airflow_pglogrepl.pgoutput.schema import arrow_schema
-
-        return arrow_schema(self)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # converters are closures; rebuild them on the other side (Spark executors, spill files)

@@ -46,14 +46,6 @@ def run_app(prog: str, operator: str, run: Callable[[str], dict[str, Any]], *, l
             file=sys.stderr,
         )
         return 2
-    # Airflow's and psycopg's imports leave hundreds of thousands of long-lived objects; without
-    # this every collection of the per-row garbage rescans them (about a quarter of the time).
-    import gc
-
-    from airflow_pglogrepl.hooks.replication import DsnReplicationHook  # noqa: F401 (import now)
-
-    gc.collect()
-    gc.freeze()
     try:
         result = run(dsn)
     except Exception as exc:  # one clear line for the task log; the traceback follows it

@@ -23,20 +23,41 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from airflow_pglogrepl.exceptions import PgLogReplError, SlotInUseError
+from airflow_pglogrepl.exceptions import PgLogReplError
 from airflow_pglogrepl.faults import fault
+from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.lake import Lake, Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
-from airflow_pglogrepl.spark.batch import ChangelogBatch
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
     from airflow_pglogrepl.records import SlotInfo
+
+
+class DrainSource(Protocol):
+    """What the drain needs of its source database (``hooks.pg.source.PgSource``, or the Airflow
+    hook, which has the same methods): read, peek and advance the slot, and the flush LSN."""
+
+    def get_slot(self, name: str, *, plugin: str | None = None) -> SlotInfo: ...
+
+    def advance_slot(self, name: str, upto: LSN | str) -> LSN: ...
+
+    def flush_lsn(self) -> LSN: ...
+
+    def peek_changes(
+        self,
+        slot: str,
+        *,
+        upto_lsn: LSN | str | None,
+        options: Mapping[str, str],
+        batch_rows: int = ...,
+        upto_nchanges: int | None = ...,
+    ) -> Iterator[tuple[LSN, int | None, Any]]: ...
+
 
 log = logging.getLogger("airflow_pglogrepl.drain")
 
@@ -128,7 +149,7 @@ class Drain:
     def __init__(
         self,
         *,
-        source: PgLogicalReplicationHook,
+        source: DrainSource,
         lake: Lake,
         slot: str,
         publications: Sequence[str],
@@ -255,16 +276,14 @@ class Drain:
         fault("mid_write")
 
 
-def check_slot(source: PgLogicalReplicationHook, slot_name: str) -> SlotInfo:
-    """The slot, if it can be drained now: exists, pgoutput, not lost, not in use elsewhere."""
+def check_slot(source: DrainSource, slot_name: str) -> SlotInfo:
+    """The slot, if it can be drained now: exists, pgoutput, and ``verdicts.drain_refusal``."""
+    from airflow_pglogrepl.verdicts import drain_refusal
+
     slot = source.get_slot(slot_name, plugin="pgoutput")
-    if slot.active:
-        raise SlotInUseError(slot_name, slot.active_pid)
-    if slot.wal_status == "lost":
-        raise PgLogReplError(
-            f"replication slot {slot_name!r} is lost (wal_status = lost): the WAL it needed "
-            f"was removed. Fix: drop it and start again from a new initial snapshot"
-        )
+    refusal = drain_refusal(slot)
+    if refusal is not None:
+        raise refusal
     return slot
 
 

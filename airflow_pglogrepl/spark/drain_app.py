@@ -135,11 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
-    from airflow_pglogrepl.hooks.replication import DsnReplicationHook
+    from airflow_pglogrepl.hooks.pg.source import PgSource
     from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.spark.drain import Drain, check_slot
 
-    source = DsnReplicationHook(dsn)
+    source = PgSource(dsn)
     check_slot(source, args.slot)  # refuse early: nothing started yet
     spark = LazySpark()
     try:

@@ -35,19 +35,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.exceptions import PgLogReplError
+from airflow_pglogrepl.exceptions import PgLogReplError, SinkNotEmptyError, SlotError
 from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.types import arrow_schema, arrow_type, arrow_value
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
-from airflow_pglogrepl.pgoutput.schema import arrow_type, arrow_value
 from airflow_pglogrepl.pgoutput.values import OID, TYPNAME_OIDS, text_converter
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_pglogrepl.hooks.snapshot import CatalogColumn, SnapshotTable
+    from airflow_pglogrepl.hooks.pg.snapshot import CatalogColumn, SnapshotTable
 
 log = logging.getLogger("airflow_pglogrepl.snapshot")
 
@@ -67,8 +67,7 @@ _PARSED = frozenset({OID.BOOL, OID.INT2, OID.INT4, OID.INT8, OID.FLOAT8, OID.DAT
 _VERBATIM = frozenset({OID.TEXT, OID.VARCHAR, OID.BPCHAR, OID.NAME, OID.UUID, None})
 
 
-class SinkNotEmptyError(PgLogReplError):
-    """An initial snapshot was asked for a lake that already holds data."""
+__all__ = ["SinkNotEmptyError", "SnapshotCopy", "SnapshotPoint", "bootstrap_plan"]
 
 
 # -- planning ---------------------------------------------------------------------------------
@@ -283,7 +282,7 @@ class CopyTask:
 
     def copy(self, block_range: BlockRange) -> Iterator[pa.RecordBatch]:
         """One range's rows, converted chunk by chunk (memory stays at about two chunks)."""
-        from airflow_pglogrepl.hooks.snapshot import SnapshotReader
+        from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader
 
         info = table_info(self.table)
         schema = _plain_schema(info)
@@ -327,7 +326,7 @@ def mark_keys(frame: Any, key: Sequence[str]) -> Any:
 
 def _plain_schema(info: TableInfo) -> pa.Schema:
     """The table's Arrow schema without metadata (what Spark hands back and checks against)."""
-    return info.arrow_schema().remove_metadata()
+    return arrow_schema(info).remove_metadata()
 
 
 # -- the driver ---------------------------------------------------------------------------------
@@ -430,6 +429,56 @@ def resolve(lake: Lake, consistent_point: LSN | None = None) -> dict[str, Any]:
     return status
 
 
+@dataclass(frozen=True)
+class BootstrapPlan:
+    """What an initial snapshot run does: ``exists`` (the lake holds this slot's snapshot),
+    ``drained`` (drained without one; bootstrap leaves it), ``replace_slot`` (drop the slot and
+    re-create it with an exported snapshot) or ``create`` (create the slot)."""
+
+    action: str
+    snapshot_lsn: str | None = None
+
+
+def bootstrap_plan(
+    *,
+    slot: str,
+    slot_exists: bool,
+    status: dict[str, Any],
+    lake: str,
+    replace_slot: bool,
+    bootstrap: bool = False,
+) -> BootstrapPlan:
+    """One rule for ``InitialSnapshotOperator`` and ``snapshot_app``: from whether the slot
+    exists and where the lake stands (``resolve``), what to do, or why not (raises).
+
+    A slot is never replaced while the lake holds commits: the lake depends on it.
+    """
+    if slot_exists and status.get("snapshot_lsn"):
+        return BootstrapPlan("exists", status["snapshot_lsn"])
+    if status.get("commits"):
+        if slot_exists and bootstrap:
+            return BootstrapPlan("drained")
+        why = (
+            f"but no snapshot of slot {slot!r}: it is drained without one"
+            if slot_exists
+            else f"and slot {slot!r} does not exist: the lake cannot continue"
+        )
+        raise SinkNotEmptyError(
+            f"lake {lake} holds {status['commits']} commits {why}. Nothing was changed. An "
+            f"initial snapshot starts a new, empty lake"
+        )
+    if slot_exists:
+        if not (replace_slot or bootstrap):
+            raise SlotError(
+                slot,
+                f"slot {slot!r} already exists and lake {lake} holds nothing: a snapshot can "
+                f"only be exported when the slot is created. Fix: drop the slot, or set "
+                f"replace_slot=True (--replace-slot; nothing in the lake depends on it)",
+            )
+        return BootstrapPlan("replace_slot")
+    return BootstrapPlan("create")
+
+
 def temporary_slot_name(slot: str) -> str:
     """A name for the temporary slot of a re-snapshot next to ``slot`` (unique per process)."""
     suffix = f"_rs{os.getpid()}"
@@ -510,7 +559,7 @@ class SnapshotCopy:
                 f"whole publication first (tables=None)"
             )
         began = time.monotonic()
-        from airflow_pglogrepl.hooks.snapshot import SnapshotReader
+        from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader
 
         reader = SnapshotReader(self.reader_params)
         with reader.transaction(self.point.snapshot_name) as conn:

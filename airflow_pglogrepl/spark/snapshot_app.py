@@ -111,10 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
-    from airflow_pglogrepl.hooks.replication import DsnReplicationHook
+    from airflow_pglogrepl.hooks.pg.source import PgSource
     from airflow_pglogrepl.lake.lake import Lake
 
-    hook = DsnReplicationHook(dsn)
+    hook = PgSource(dsn)
     session: Any = None
     spark_start_s = None
 
@@ -193,8 +193,9 @@ def _standalone(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any) -> 
     from airflow_pglogrepl.exceptions import SlotNotFoundError
     from airflow_pglogrepl.spark.snapshot import (
         SnapshotPoint,
+        bootstrap_plan,
         check_empty_sink,
-        existing_snapshot,
+        resolve,
         snapshot_committed,
     )
 
@@ -203,19 +204,13 @@ def _standalone(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any) -> 
         exists = True
     except SlotNotFoundError:
         exists = False
-    if exists:
-        done = existing_snapshot(sink)
-        if done is not None:
-            log.info("lake already holds the snapshot of slot %s at %s", args.slot, done["end_lsn"])
-            return {"status": "exists", "committed": True, "mode": "initial",
-                    "slot": args.slot, "consistent_point": done["end_lsn"], "rows": 0}  # fmt: skip
-        check_empty_sink(sink)
-        if not args.replace_slot:
-            raise ValueError(
-                f"slot {args.slot!r} already exists and the sink holds no snapshot of it: an "
-                f"exported snapshot exists only when the slot is created. Fix: pass "
-                f"--replace-slot to drop and re-create it (nothing in the sink depends on it)"
-            )
+    plan = bootstrap_plan(slot=args.slot, slot_exists=exists, status=resolve(sink),
+                          lake=args.sink, replace_slot=args.replace_slot)  # fmt: skip
+    if plan.action == "exists":
+        log.info("lake already holds the snapshot of slot %s at %s", args.slot, plan.snapshot_lsn)
+        return {"status": "exists", "committed": True, "mode": "initial",
+                "slot": args.slot, "consistent_point": plan.snapshot_lsn, "rows": 0}  # fmt: skip
+    if plan.action == "replace_slot":
         hook.drop_slot(args.slot)
     check_empty_sink(sink)
     session = spark()  # started before the slot: the exporting session waits for nobody

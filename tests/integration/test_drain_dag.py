@@ -200,10 +200,17 @@ def test_drain_on_a_standalone_cluster_ships_the_package(
     }
     run = dags_test(conf, env)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    result = latest_xcom("drain")
-    # the snapshot copied the rows on the cluster's executors; the drain found nothing newer
+    # the snapshot copied the rows on the cluster's executors; the drain found nothing newer,
+    # so it merged nothing and started no Spark at all
     assert latest_xcom("initial_snapshot")["committed"] is True
-    assert result["changes"] == 0 and result["master"] == standalone_master["master"]
+    first = latest_xcom("drain")
+    assert first["changes"] == 0 and first["spark_start_s"] is None
+    publisher.execute("UPDATE items SET v = 'changed' WHERE id % 3 = 0", dbname=db)
+    publisher.execute("DELETE FROM items WHERE id % 7 = 0", dbname=db)
+    run = dags_test(conf, env)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    result = latest_xcom("drain")  # this time the merge runs on the cluster
+    assert result["changes"] > 0 and result["master"] == standalone_master["master"]
     # The executors are the worker's processes and import the package from the zip that
     # spark-submit shipped (--py-files), not from this checkout.
     executors = result["executors"]

@@ -24,6 +24,7 @@ import pytest
 from psycopg import sql
 
 from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
+from airflow_pglogrepl.lake.types import arrow_schema, arrow_type, arrow_value
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import (
     Change,
@@ -35,7 +36,6 @@ from airflow_pglogrepl.pgoutput import (
 from airflow_pglogrepl.pgoutput.changes import Event
 from airflow_pglogrepl.pgoutput.decoder import decode_message
 from airflow_pglogrepl.pgoutput.messages import StreamAbortMessage
-from airflow_pglogrepl.pgoutput.schema import arrow_type, arrow_value
 from airflow_pglogrepl.pgoutput.values import (
     ARRAY_ELEMENT,
     FORMAT_TYPE_NAMES,
@@ -504,7 +504,7 @@ def test_decoded_rows_fit_the_arrow_schema(live: Live) -> None:
     changes = [c for c in changes_of(live.pgoutput(1)) if c.relation[1] == "types_t"]
     table = changes[-1].table
     rows = [r for r in replay(changes)["types_t"] if r["id"] in (1, 2)]
-    schema = table.arrow_schema()
+    schema = arrow_schema(table)
     columns = {
         column.name: pa.array(
             [

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from airflow_pglogrepl.hooks.pg.snapshot import SnapshotTable
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
-from airflow_pglogrepl.hooks.snapshot import SnapshotTable
 from airflow_pglogrepl.lake.changelog import described_identity, described_key
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import table_dir

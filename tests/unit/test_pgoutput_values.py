@@ -13,13 +13,13 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
-from airflow_pglogrepl.pgoutput.schema import (
+from airflow_pglogrepl.lake.types import (
     arrow_schema,
     arrow_type,
     arrow_value,
     numeric_precision_scale,
 )
+from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
 from airflow_pglogrepl.pgoutput.values import (
     ARRAY_ELEMENT,
     FORMAT_TYPE_NAMES,
@@ -368,7 +368,7 @@ def test_arrow_schema_of_a_table() -> None:
             ColumnInfo("qty", 16400, -1, False, OID.INT4),  # a domain over int4
         ],
     )
-    schema = table.arrow_schema()
+    schema = arrow_schema(table)
     assert schema.names == ["id", "price", "mood", "qty"]
     assert schema.types == [pa.int64(), pa.decimal128(10, 2), pa.string(), pa.int32()]
     assert schema.metadata == {b"postgres.relation": b"public.t"}

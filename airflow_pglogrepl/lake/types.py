@@ -1,8 +1,10 @@
-"""Arrow (and so Parquet/Spark) types for the decoded columns, from the same type table.
+"""The lake's types: Arrow (and so Delta/Spark) types for decoded PostgreSQL columns.
 
-The drain writes typed Parquet: a table's Arrow schema follows from its ``TableInfo`` (type OIDs
-and modifiers from the Relation message), and ``arrow_value`` turns what ``values`` produced into
-what ``pyarrow.array`` accepts for that type. Choices where Arrow has no exact match:
+The lake stores typed columns: a table's Arrow schema follows from the decoder's ``TableInfo``
+(type OIDs and modifiers from the Relation message), and ``arrow_value`` turns what the
+decoder's ``values`` produced into what ``pyarrow.array`` accepts for that type. The decoder
+(``pgoutput/``) knows nothing of Arrow; the drain and the snapshot both type through here.
+Choices where Arrow has no exact match:
 
 - ``numeric(p, s)`` is ``decimal128(p, s)`` (``decimal256`` above 38 digits); unconstrained
   ``numeric``, and any that cannot be a decimal, is ``string`` holding the exact text. NaN and

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.lake import changelog as cl
-from airflow_pglogrepl.pgoutput.schema import arrow_value
+from airflow_pglogrepl.lake.types import arrow_schema, arrow_value
 from airflow_pglogrepl.pgoutput.values import OID
 from airflow_pglogrepl.tables import TableRef
 
@@ -102,7 +102,7 @@ class ChangelogBatch:
         """
         import pyarrow as pa
 
-        base = self.table.arrow_schema()
+        base = arrow_schema(self.table)
         return pa.schema(
             [
                 *cl.mark_keys(base, self.table.key_names),

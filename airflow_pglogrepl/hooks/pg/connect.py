@@ -1,0 +1,76 @@
+"""Opening psycopg sessions from libpq parameters: LSN adapters, redacted connection errors."""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from airflow_pglogrepl import conninfo
+from airflow_pglogrepl.exceptions import ConnectionFailedError
+from airflow_pglogrepl.hooks.lsn_adapters import register_lsn_adapters
+
+Conn: TypeAlias = psycopg.Connection[dict[str, Any]]
+AsyncConn: TypeAlias = psycopg.AsyncConnection[dict[str, Any]]
+
+
+def connect(
+    params: dict[str, str],
+    *,
+    label: str,
+    replication: bool = False,
+    autocommit: bool = True,
+    application_name: str | None = None,
+) -> Conn:
+    """An open connection with ``pg_lsn`` read and written as ``LSN`` (close it, or use ``with``).
+
+    ``replication=True`` opens a ``replication=database`` connection, which accepts the
+    replication protocol's commands (``CREATE_REPLICATION_SLOT ... SNAPSHOT 'export'``).
+    Failures raise ``ConnectionFailedError`` naming ``label`` (where the parameters came from),
+    with the password removed.
+    """
+    params = dict(params)
+    if replication:
+        params["replication"] = "database"
+    if application_name:
+        params["application_name"] = application_name
+    try:
+        conn = psycopg.connect(
+            conninfo.make_dsn(params),
+            autocommit=autocommit,
+            row_factory=dict_row,
+            cursor_factory=psycopg.ClientCursor if replication else psycopg.Cursor,
+        )
+    except psycopg.OperationalError as exc:
+        raise connect_error(params, exc, label) from None
+    register_lsn_adapters(conn)
+    return conn
+
+
+def connect_error(
+    params: dict[str, str], exc: psycopg.OperationalError, label: str
+) -> ConnectionFailedError:
+    reason = conninfo.redact(str(exc).strip(), conninfo.secrets_of(params))
+    return ConnectionFailedError(
+        f"cannot connect to PostgreSQL {conninfo.describe(params)} ({label}): {reason}. Fix: "
+        f"check host, port, login and password there and that the server accepts it "
+        f"(pg_hba.conf)"
+    )
+
+
+def show(conn: Conn, name: str) -> str:
+    """A server setting's current value (``current_setting``) as text."""
+    row = conn.execute("SELECT current_setting(%s) AS value", (name,)).fetchone()
+    return str(row["value"]) if row else "unknown"
+
+
+def run_ddl(conn: Conn, statement: sql.Composed | sql.SQL) -> None:
+    """Execute one DDL statement through the extended query protocol.
+
+    DDL cannot take bound parameters, so values in it are ``sql.Literal``s; some definitions also
+    carry SQL the DAG author wrote (publication row filters). ``binary=True`` makes psycopg use
+    the extended protocol, which accepts exactly one statement: nothing can be stacked after it.
+    """
+    conn.execute(statement, binary=True)

@@ -1,0 +1,34 @@
+"""Where the server's WAL stands, as statements on a psycopg connection."""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+from airflow_pglogrepl.hooks.pg.connect import Conn
+from airflow_pglogrepl.lsn import LSN
+
+# Where the server's WAL is now; on a standby (PostgreSQL 16+ can decode there) the replay point.
+CURRENT_LSN = sql.SQL(
+    "CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END"
+)
+
+
+def flush_lsn(conn: Conn) -> LSN:
+    """WAL flushed to disk: the furthest logical decoding can read.
+
+    A drain window must end at or before it; a window ending beyond would let the slot confirm
+    transactions that were never decoded.
+    """
+    row = conn.execute(
+        "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()"
+        " ELSE pg_current_wal_flush_lsn() END AS lsn"
+    ).fetchone()
+    assert row is not None
+    return LSN(row["lsn"])
+
+
+def current_wal_lsn(conn: Conn) -> LSN:
+    """The server's current WAL write position (replay position on a standby)."""
+    row = conn.execute(sql.SQL("SELECT {} AS lsn").format(CURRENT_LSN)).fetchone()
+    assert row is not None
+    return LSN(row["lsn"])

@@ -1,0 +1,434 @@
+"""Initial snapshots: a slot created with an exported snapshot, and reading tables inside it.
+
+``CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export')`` returns the slot's consistent point and the
+name of a snapshot that sees exactly the transactions committed before it: a copy taken in that
+snapshot plus the slot's changes from there on is the table, with no gap and no overlap. The
+snapshot lives only while the creating session stays open and idle, so ``ExportedSnapshot`` holds
+that session until the caller closes it, after every reader has imported the snapshot.
+See https://www.postgresql.org/docs/15/protocol-replication.html#PROTOCOL-REPLICATION-CREATE-REPLICATION-SLOT
+
+``SnapshotReader`` is what each Spark task uses: plain psycopg (no Airflow, which executors need
+not have), one session per task, ``SET TRANSACTION SNAPSHOT`` and one ``COPY`` of a ctid range.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import select
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import pq, sql
+from psycopg.abc import Buffer
+
+from airflow_pglogrepl.hooks.errors import slot_errors
+from airflow_pglogrepl.hooks.pg.connect import connect, show
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.names import validate_slot_name
+from airflow_pglogrepl.tables import TableRef
+
+__all__ = [
+    "READER_SETTINGS",
+    "CatalogColumn",
+    "ExportedSnapshot",
+    "SnapshotReader",
+    "SnapshotTable",
+    "create_slot_with_snapshot",
+]
+
+log = logging.getLogger("airflow_pglogrepl.snapshot")
+
+# Session settings of every reader: values come out in exactly the text forms the decoder's
+# converters parse (``pgoutput.values``), whatever the server's or role's defaults; the long
+# read-only transaction of a big range must not be cut short by a configured timeout.
+READER_SETTINGS: dict[str, str] = {
+    "DateStyle": "ISO",
+    "IntervalStyle": "postgres",
+    "TimeZone": "UTC",
+    "bytea_output": "hex",
+    "extra_float_digits": "1",
+    "client_encoding": "UTF8",
+    "statement_timeout": "0",
+    "idle_in_transaction_session_timeout": "0",
+}
+
+# One row per published table, read inside the snapshot so that membership, columns and identity
+# are those at the consistent point. Columns are what pgoutput sends: not dropped, not generated;
+# a domain's base type is resolved the way pgoutput's Type message names it (``getBaseType``).
+# The identity index is the one relcache would pick (``RelationGetIndexList``): valid, unique,
+# immediate, no predicate; the primary key for DEFAULT, the marked index for USING INDEX.
+_TABLES_QUERY = sql.SQL("""
+SELECT n.nspname AS schema_name, c.relname AS table_name, c.oid::bigint AS relid,
+    c.relkind::text AS relkind, c.relreplident::text AS replica_identity,
+    c.reltuples::float8 AS reltuples, c.relpages::bigint AS relpages,
+    (pg_relation_size(c.oid) / current_setting('block_size')::bigint) AS blocks,
+    p.publications,
+    (SELECT coalesce(jsonb_agg(jsonb_build_object(
+            'name', a.attname,
+            'attnum', a.attnum,
+            'type_oid', a.atttypid::bigint,
+            'type_modifier', a.atttypmod,
+            'type_name', format_type(a.atttypid, a.atttypmod),
+            'base_namespace', base.nspname,
+            'base_name', base.typname) ORDER BY a.attnum), '[]'::jsonb)
+        FROM pg_attribute a
+        CROSS JOIN LATERAL (
+            WITH RECURSIVE chain(typ, depth) AS (
+                SELECT a.atttypid, 0
+                UNION ALL
+                SELECT t.typbasetype, chain.depth + 1
+                FROM chain JOIN pg_type t ON t.oid = chain.typ
+                WHERE t.typtype = 'd')
+            SELECT bt.typname::text AS typname, bn.nspname::text AS nspname
+            FROM chain
+            JOIN pg_type bt ON bt.oid = chain.typ
+            JOIN pg_namespace bn ON bn.oid = bt.typnamespace
+            ORDER BY chain.depth DESC LIMIT 1) AS base
+        WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+            AND a.attgenerated = '') AS columns,
+    (SELECT coalesce(jsonb_agg(k.attnum ORDER BY k.attnum), '[]'::jsonb)
+        FROM pg_index i
+        CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+        WHERE i.indrelid = c.oid AND k.ord <= i.indnkeyatts
+            AND i.indisvalid AND i.indisunique AND i.indimmediate AND i.indpred IS NULL
+            AND ((c.relreplident = 'd' AND i.indisprimary)
+                OR (c.relreplident = 'i' AND i.indisreplident))) AS key_attnums
+FROM (
+    SELECT schemaname, tablename, jsonb_agg(jsonb_build_object(
+            'publication', pubname,
+            'columns', attnames,
+            'row_filter', rowfilter) ORDER BY pubname) AS publications
+    FROM pg_publication_tables
+    WHERE pubname = ANY(%s)
+    GROUP BY schemaname, tablename) AS p
+JOIN pg_namespace n ON n.nspname = p.schemaname
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
+ORDER BY n.nspname, c.relname
+""")
+
+
+@dataclass(frozen=True)
+class CatalogColumn:
+    """A column as pgoutput describes it: type as declared, and the base type of a domain."""
+
+    name: str
+    attnum: int
+    type_oid: int
+    type_modifier: int
+    type_name: str
+    base_namespace: str
+    base_name: str
+    is_key: bool
+
+
+@dataclass(frozen=True)
+class SnapshotTable:
+    """A published table at the snapshot: what to copy, and how big it is now.
+
+    ``columns`` are the published ones (a publication's column list applies); ``row_filter`` is
+    the publications' row filters combined the way pgoutput applies them (OR; none when any
+    publication has none). ``blocks`` is the heap's current size; ``reltuples`` and ``relpages``
+    are the planner's estimates (``reltuples`` -1: never analyzed).
+    """
+
+    table: TableRef
+    relid: int
+    relkind: str
+    replica_identity: str
+    columns: tuple[CatalogColumn, ...]
+    row_filter: str | None
+    blocks: int
+    reltuples: float
+    relpages: int
+    publications: tuple[str, ...]
+
+    @property
+    def key_names(self) -> tuple[str, ...]:
+        """The replica identity's columns in table order (all of them under FULL)."""
+        return tuple(c.name for c in self.columns if c.is_key)
+
+
+@dataclass
+class ExportedSnapshot:
+    """A slot just created with an exported snapshot; holds the session that keeps it valid.
+
+    Close it (or leave the ``with`` block) only after every reader ran ``SET TRANSACTION
+    SNAPSHOT``: the server forgets the snapshot when this session ends or runs anything else.
+    Closing does not drop the slot, except a temporary one.
+    """
+
+    slot: str
+    consistent_point: LSN
+    snapshot_name: str
+    plugin: str
+    temporary: bool
+    _stack: ExitStack = field(default_factory=ExitStack, repr=False, compare=False)
+
+    def close(self) -> None:
+        """End the exporting session (the snapshot can no longer be imported)."""
+        self._stack.close()
+
+    def __enter__(self) -> ExportedSnapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def create_slot_with_snapshot(
+    params: dict[str, str],
+    name: str,
+    *,
+    plugin: str = "pgoutput",
+    temporary: bool = False,
+    label: str = "PGLOGREPL_SOURCE_DSN",
+) -> ExportedSnapshot:
+    """``CREATE_REPLICATION_SLOT name [TEMPORARY] LOGICAL plugin (SNAPSHOT 'export')``.
+
+    The statement waits until every transaction running when it started has finished (that is
+    what makes the point consistent). The returned object holds the replication session it
+    opened with ``params``; a temporary slot is dropped by the server when it closes. Raises
+    ``SlotAlreadyExistsError``, ``ServerNotConfiguredError`` or ``InvalidSlotNameError``.
+    """
+    validate_slot_name(name)
+    statement = sql.SQL("CREATE_REPLICATION_SLOT {} {}LOGICAL {} (SNAPSHOT 'export')").format(
+        sql.Identifier(name), sql.SQL("TEMPORARY " if temporary else ""), sql.Identifier(plugin)
+    )
+    stack = ExitStack()
+    try:
+        conn = stack.enter_context(connect(params, label=label, replication=True))
+        with slot_errors(name, setting=lambda s: show(conn, s)):
+            row = conn.execute(statement).fetchone()
+    except BaseException:
+        stack.close()
+        raise
+    assert row is not None
+    exported = ExportedSnapshot(
+        slot=row["slot_name"],
+        consistent_point=LSN(row["consistent_point"]),
+        snapshot_name=row["snapshot_name"],
+        plugin=row["output_plugin"],
+        temporary=temporary,
+        _stack=stack,
+    )
+    log.info(
+        "Created %slogical slot %s (plugin %s) at consistent point %s, exported snapshot %s",
+        "temporary " if temporary else "", name, plugin, exported.consistent_point,
+        exported.snapshot_name,
+    )  # fmt: skip
+    return exported
+
+
+class SnapshotReader:
+    """Sessions that import an exported snapshot, and the reads done inside them.
+
+    Built from libpq parameters, not from an Airflow connection: Spark tasks construct it on the
+    executors. ``label`` names the source in errors (never the password).
+    """
+
+    def __init__(self, params: Mapping[str, str], *, label: str = "PGLOGREPL_SOURCE_DSN") -> None:
+        self.params = {k: str(v) for k, v in params.items()}
+        self.params.setdefault("application_name", "airflow-pglogrepl-snapshot")
+        self.label = label
+
+    @contextmanager
+    def transaction(self, snapshot_name: str) -> Iterator[psycopg.Connection[Any]]:
+        """A read-only REPEATABLE READ transaction that sees exactly ``snapshot_name``.
+
+        ``SET TRANSACTION SNAPSHOT`` must be the transaction's first statement after the
+        isolation level, and takes a literal (no bound parameter): ``sql.Literal`` quotes it.
+        See https://www.postgresql.org/docs/15/sql-set-transaction.html
+        """
+        conn = connect(self.params, label=f"{self.label}, reading the snapshot")
+        with conn:
+            for name, value in READER_SETTINGS.items():
+                conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+            conn.autocommit = False
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
+            try:
+                yield conn
+            finally:
+                with contextlib.suppress(psycopg.Error):
+                    conn.rollback()  # read-only: nothing to keep
+
+    def published_tables(
+        self,
+        conn: psycopg.Connection[Any],
+        publications: Sequence[str],
+        tables: Sequence[TableRef] | None = None,
+    ) -> list[SnapshotTable]:
+        """The tables ``publications`` publish (only ``tables`` when given), as pgoutput sees
+        them at the snapshot. Raises ``ValueError`` for a table listed in ``tables`` that none
+        of the publications publishes, or published with different column lists."""
+        rows = conn.execute(_TABLES_QUERY, (list(publications),)).fetchall()
+        found = [_snapshot_table(row) for row in rows]
+        if tables is None:
+            return found
+        by_ref = {t.table: t for t in found}
+        missing = [str(t) for t in tables if t not in by_ref]
+        if missing:
+            raise ValueError(
+                f"table(s) {', '.join(missing)} are not published by {list(publications)} at the "
+                f"snapshot; add them to the publication (ALTER PUBLICATION ... ADD TABLE) first"
+            )
+        return [by_ref[t] for t in tables]
+
+    def copy_csv(
+        self,
+        conn: psycopg.Connection[Any],
+        table: SnapshotTable,
+        *,
+        start_block: int = 0,
+        stop_block: int | None = None,
+    ) -> Iterator[Buffer]:
+        """The published columns of the rows in heap blocks ``[start_block, stop_block)`` (no
+        upper bound when ``stop_block`` is None), as ``COPY ... TO STDOUT (FORMAT csv)`` sends
+        them: one buffer per row. A partitioned table is read whole (ctids are per partition).
+
+        ``ctid`` ranges use PostgreSQL's TID Range Scan: each range reads only its blocks. Rows
+        visible in the snapshot sit in blocks that existed when it was taken, so a last range
+        without an upper bound sees every row whatever the table grew to since.
+        """
+        yield from copy_out(conn, copy_statement(table, start_block, stop_block))
+
+
+def copy_out(conn: psycopg.Connection[Any], statement: sql.Composable) -> Iterator[Buffer]:
+    """Run ``COPY ... TO STDOUT`` and yield each data message (one row) as libpq hands it over.
+
+    The server sends one message per row, so the cost per message decides the copy's speed.
+    This loop talks to libpq through psycopg's documented low-level interface
+    (``Connection.pgconn``, ``psycopg.pq``): one non-blocking ``get_copy_data`` per row, waiting
+    on the socket only when nothing is buffered. Iterating ``cursor.copy()`` costs about twice
+    as much per row. The server's error, if any, is raised as psycopg's class for its SQLSTATE;
+    the session is idle in its transaction afterwards.
+    """
+    pgconn = conn.pgconn
+    pgconn.send_query(statement.as_bytes(conn))
+    while pgconn.flush():  # the connection is non-blocking: send the rest of the query
+        select.select([], [pgconn.socket], [])
+    first = _next_result(pgconn)
+    if first is None or first.status != pq.ExecStatus.COPY_OUT:
+        _drain_results(pgconn)
+        raise _result_error(first, pgconn, "COPY TO STDOUT did not start")
+    take = pgconn.get_copy_data
+    while True:
+        size, data = take(1)
+        if size > 0:
+            yield data
+        elif size == 0:  # nothing buffered: wait for the server
+            select.select([pgconn.socket], [], [])
+            pgconn.consume_input()
+        else:  # -1: the end (or an error) follows as a result; -2: libpq failed
+            break
+    final = _next_result(pgconn)
+    _drain_results(pgconn)
+    if final is None or final.status != pq.ExecStatus.COMMAND_OK:
+        raise _result_error(final, pgconn, "COPY TO STDOUT failed")
+
+
+def _next_result(pgconn: Any) -> Any:
+    while pgconn.is_busy():
+        select.select([pgconn.socket], [], [])
+        pgconn.consume_input()
+    return pgconn.get_result()
+
+
+def _drain_results(pgconn: Any) -> None:
+    while _next_result(pgconn) is not None:
+        pass
+
+
+def _result_error(result: Any, pgconn: Any, what: str) -> psycopg.Error:
+    """The psycopg exception for a failed result (its SQLSTATE's class, the server's text)."""
+    raw = None
+    if result is not None:
+        raw = result.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) or result.error_message
+    message = bytes(raw or pgconn.error_message).decode("utf-8", "replace").strip() or what
+    sqlstate = result.error_field(pq.DiagnosticField.SQLSTATE) if result is not None else None
+    if sqlstate:
+        with contextlib.suppress(KeyError):
+            error_class: type[psycopg.Error] = psycopg.errors.lookup(sqlstate.decode())
+            return error_class(message)
+    return psycopg.OperationalError(f"{what}: {message}")
+
+
+def copy_statement(
+    table: SnapshotTable, start_block: int = 0, stop_block: int | None = None
+) -> sql.Composed:
+    """``COPY (SELECT <published columns> FROM ONLY <table> WHERE <range> [AND <filter>]) ...``.
+
+    ``ONLY``: an inheritance child is published (and copied) as a table of its own. The row
+    filter is the expression PostgreSQL itself printed (``pg_get_expr``), as logical
+    replication's own table synchronization uses it.
+    """
+    conditions: list[sql.Composable] = []
+    if table.relkind != "p":
+        if start_block > 0:
+            conditions.append(
+                sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({int(start_block)},0)"))
+            )
+        if stop_block is not None:
+            conditions.append(
+                sql.SQL("ctid < {}::tid").format(sql.Literal(f"({int(stop_block)},0)"))
+            )
+    if table.row_filter:
+        conditions.append(sql.SQL("({})").format(sql.SQL(table.row_filter)))
+    where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
+    return sql.SQL(
+        "COPY (SELECT {columns} FROM {only}{table}{where}) TO STDOUT (FORMAT csv)"
+    ).format(
+        columns=sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns),
+        only=sql.SQL("" if table.relkind == "p" else "ONLY "),
+        table=sql.Identifier(table.table.schema, table.table.name),
+        where=where,
+    )
+
+
+def _snapshot_table(row: dict[str, Any]) -> SnapshotTable:
+    ref = TableRef(row["schema_name"], row["table_name"])
+    publications = row["publications"]
+    lists = {tuple(p["columns"]) for p in publications if p["columns"] is not None}
+    if len(lists) > 1:
+        raise ValueError(
+            f"table {ref} is published with different column lists by "
+            f"{[p['publication'] for p in publications]}; pgoutput refuses that too"
+        )
+    published = set(next(iter(lists))) if lists else None
+    identity = row["replica_identity"]
+    key_attnums = set(row["key_attnums"])
+    columns = tuple(
+        CatalogColumn(
+            name=c["name"],
+            attnum=c["attnum"],
+            type_oid=c["type_oid"],
+            type_modifier=c["type_modifier"],
+            type_name=c["type_name"],
+            base_namespace=c["base_namespace"],
+            base_name=c["base_name"],
+            # pgoutput flags every column as key under REPLICA IDENTITY FULL
+            is_key=identity == "f" or c["attnum"] in key_attnums,
+        )
+        for c in row["columns"]
+        if published is None or c["name"] in published
+    )
+    filters = [p["row_filter"] for p in publications]
+    row_filter = None
+    if filters and all(filters):
+        row_filter = " OR ".join(f"({f})" for f in dict.fromkeys(filters))
+    return SnapshotTable(
+        table=ref,
+        relid=row["relid"],
+        relkind=row["relkind"],
+        replica_identity=identity,
+        columns=columns,
+        row_filter=row_filter,
+        blocks=int(row["blocks"]),
+        reltuples=float(row["reltuples"]),
+        relpages=int(row["relpages"]),
+        publications=tuple(p["publication"] for p in publications),
+    )

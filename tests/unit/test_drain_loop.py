@@ -1,0 +1,125 @@
+"""The drain loop without a server: a fake source (the ``DrainSource`` protocol) replays encoded
+pgoutput rows, the lake is a real Delta lake on local disk, and the slot moves only after a
+window's commit. Also: the Spark applications' code paths import no Airflow."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_pglogrepl.exceptions import SlotInUseError, SlotLostError
+from airflow_pglogrepl.lake.delta import read_table
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.records import SlotInfo
+from airflow_pglogrepl.spark.drain import Drain, SlotAheadOfSinkError
+from airflow_pglogrepl.tables import TableRef
+from airflow_pglogrepl.verdicts import drain_refusal
+from tests.unit.pgoutput_encoder import Session, relation
+
+pytestmark = pytest.mark.unit
+
+INT8, TEXT = 20, 25
+
+
+class FakeSource:
+    """A slot over a fixed list of peek rows; records every advance."""
+
+    def __init__(self, rows: list[tuple[LSN, int | None, bytes]], confirmed: int, flush: int):
+        self.rows = rows
+        self.slot = SlotInfo(
+            name="s", plugin="pgoutput", slot_type="logical", database="db", temporary=False,
+            active=False, active_pid=None, restart_lsn=LSN(confirmed),
+            confirmed_flush_lsn=LSN(confirmed), wal_status="reserved", safe_wal_size=None,
+            two_phase=False, retained_bytes=0, current_lsn=LSN(flush), inactive_since=None,
+        )  # fmt: skip
+        self.flush = LSN(flush)
+        self.advances: list[LSN] = []
+
+    def get_slot(self, name: str, *, plugin: str | None = None) -> SlotInfo:
+        return self.slot
+
+    def advance_slot(self, name: str, upto: LSN | str) -> LSN:
+        self.advances.append(LSN(upto))
+        self.slot = dataclasses.replace(self.slot, confirmed_flush_lsn=LSN(upto))
+        return LSN(upto)
+
+    def flush_lsn(self) -> LSN:
+        return self.flush
+
+    def peek_changes(
+        self, slot: str, *, upto_lsn: LSN | str | None, options: Mapping[str, str],
+        batch_rows: int = 5000, upto_nchanges: int | None = None,
+    ) -> Iterator[tuple[LSN, int | None, Any]]:  # fmt: skip
+        start = self.slot.confirmed_flush_lsn
+        assert start is not None and upto_lsn is not None
+        yield from (r for r in self.rows if start <= r[0] < LSN(upto_lsn))
+
+
+def two_transactions() -> Session:
+    session = Session(start=0x1000)
+    items = relation(16384, "items", [("id", INT8, True), ("name", TEXT)])
+    session.add(items).begin(700, 0x1100).insert(16384, b"1", b"one").insert(16384, b"2", b"two")
+    session.commit(0x1100, 0x1108)
+    session.begin(701, 0x1200).insert(16384, b"3", b"three").commit(0x1200, 0x1208)
+    return session
+
+
+def test_a_drain_writes_the_lake_then_advances_the_slot(tmp_path: Path) -> None:
+    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x2000)
+    lake = Lake(str(tmp_path / "lake"), "s")
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=1 << 20)
+    result = drain.run(time.monotonic()).to_dict()
+    assert result["changes"] == 3 and result["transactions"] == 2
+    assert source.advances == [LSN(0x2000)] and lake.position() == LSN(0x2000)
+    rows = read_table(lake.paths.changes(TableRef("public", "items"))).to_pylist()
+    assert sorted((r["id"], r["name"], r["_op"]) for r in rows) == [
+        (1, "one", "I"), (2, "two", "I"), (3, "three", "I")
+    ]  # fmt: skip
+
+
+def test_a_slot_ahead_of_the_lake_is_refused_and_nothing_moves(tmp_path: Path) -> None:
+    lake = Lake(str(tmp_path / "lake"), "s")
+    lake.open_window(LSN(0x1000)).commit(LSN(0x1100), transactions=0, changes=0)
+    source = FakeSource([], confirmed=0x1500, flush=0x2000)
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=1024)
+    with pytest.raises(SlotAheadOfSinkError, match="0/1500"):
+        drain.run(time.monotonic())
+    assert source.advances == [] and lake.position() == LSN(0x1100)
+
+
+def test_a_lake_ahead_of_the_slot_moves_the_slot_up_first(tmp_path: Path) -> None:
+    lake = Lake(str(tmp_path / "lake"), "s")
+    lake.open_window(LSN(0x1000)).commit(LSN(0x1300), transactions=0, changes=0)
+    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1300)
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=1024)
+    result = drain.run(time.monotonic()).to_dict()
+    assert source.advances == [LSN(0x1300)] and result["changes"] == 0  # nothing drained twice
+
+
+def test_drain_refusal_names_lost_before_in_use() -> None:
+    slot = FakeSource([], confirmed=0x10, flush=0x10).slot
+    assert drain_refusal(slot) is None
+    lost = drain_refusal(dataclasses.replace(slot, wal_status="lost", active=True))
+    assert isinstance(lost, SlotLostError) and "drop it" in str(lost)
+    busy = drain_refusal(dataclasses.replace(slot, active=True, active_pid=42))
+    assert isinstance(busy, SlotInUseError) and "42" in str(busy)
+
+
+def test_the_spark_applications_import_no_airflow() -> None:
+    code = (
+        "import sys\n"
+        "import airflow_pglogrepl.spark.drain_app, airflow_pglogrepl.spark.snapshot_app\n"
+        "import airflow_pglogrepl.spark.drain, airflow_pglogrepl.spark.snapshot\n"
+        "import airflow_pglogrepl.hooks.pg.source, airflow_pglogrepl.lake.materialize\n"
+        "bad = [m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')]\n"
+        "assert not bad, bad[:5]\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
