@@ -198,6 +198,20 @@ class SinkNotEmptyError(LakeError):
     """An initial snapshot was asked for a lake that already holds data."""
 
 
+class SchemaChangedError(LakeError):
+    """A table's columns differ from its changelog table's: the lake cannot take them yet."""
+
+    def __init__(self, table: str, uri: str, difference: str) -> None:
+        self.table = table
+        super().__init__(
+            f"table {table} changed its columns ({difference}) but its changelog {uri} has the "
+            f"old ones; this lake does not follow schema changes yet. Nothing of this window was "
+            f"committed and the slot did not move. Fix: move changes/{table} and state/{table} "
+            f"out of the lake, run the drain again (it starts the table's changelog with the new "
+            f"columns), then re-snapshot the table (InitialSnapshotOperator(tables=[...]))"
+        )
+
+
 class LakeWriterBusyError(LakeError):
     """Another run holds the writer lock of this slot's lake (a drain or a snapshot)."""
 

@@ -61,6 +61,35 @@ def read_table(uri: str, version: int | None = None) -> pa.Table:
     return pa.table(QueryBuilder().register("t", table).execute("SELECT * FROM t"))
 
 
+def column_types(schema: Any) -> list[tuple[str, str]]:
+    """``(name, Delta type)`` of each top-level column of an Arrow or Delta schema."""
+    from deltalake import Schema
+
+    delta_schema = schema if isinstance(schema, Schema) else Schema.from_arrow(schema)
+    fields = json.loads(delta_schema.to_json())["fields"]
+    return [(f["name"], json.dumps(f["type"], sort_keys=True)) for f in fields]
+
+
+def schema_difference(uri: str, schema: pa.Schema) -> str | None:
+    """How ``schema`` differs from the columns of the table at ``uri`` (None: the same, or no
+    table yet)."""
+    table = open_table(uri)
+    if table is None:
+        return None
+    have, want = column_types(table.schema()), column_types(schema)
+    if have == want:
+        return None
+    old, new = dict(have), dict(want)
+    parts = []
+    if added := [n for n in new if n not in old]:
+        parts.append(f"added {added}")
+    if dropped := [n for n in old if n not in new]:
+        parts.append(f"dropped {dropped}")
+    if changed := [n for n in new if n in old and new[n] != old[n]]:
+        parts.append(f"changed type of {changed}")
+    return ", ".join(parts) or "reordered columns"
+
+
 def list_tables(parent: str) -> list[str]:
     """Names of the directories under ``parent`` that hold a Delta table, sorted."""
     from pyarrow import fs

@@ -37,6 +37,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_pglogrepl.exceptions import SchemaChangedError
 from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.changelog import COMMIT_LSN
 from airflow_pglogrepl.lake.layout import LakePaths, app_id, table_dir
@@ -188,13 +189,14 @@ class Window:
             return 0
         pending = self._pending.get(name)
         if pending is None:
+            uri = self.lake.paths.changes(name)
+            difference = delta.schema_difference(uri, batch.schema)
+            if difference is not None:  # checked before a file is written: nothing to undo
+                raise SchemaChangedError(str(table), uri, difference)
             pending = self._pending[name] = _Pending(batch.schema)
         elif not pending.schema.equals(batch.schema):
             # A Relation message changed the table mid-window: one Delta commit takes one schema.
-            raise NotImplementedError(
-                f"table {table} changed its columns inside the window starting at {self.start}; "
-                f"schema changes are not supported by this lake yet. Fix: re-snapshot the table"
-            )
+            raise SchemaChangedError(str(table), self.lake.paths.changes(name), "inside a window")
         pending.files.append(delta.write_file(self.lake.paths.changes(name), batch, self._prefix))
         pending.rows += batch.num_rows
         return int(batch.num_rows)

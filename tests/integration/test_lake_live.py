@@ -179,3 +179,40 @@ def test_a_merge_killed_at_any_step_is_finished_by_the_next_run(
     assert_equal_to_source(source, sink)
     for ref in behind:  # (a state with nothing new keeps its version: merges move it only)
         assert lake.state_version(ref) == position
+
+
+def test_a_schema_change_is_refused_loudly_and_the_documented_fix_recovers(
+    spark: Any, source: Source, tmp_path: Path
+) -> None:
+    import shutil
+
+    from airflow_pglogrepl.exceptions import SchemaChangedError
+    from airflow_pglogrepl.spark.snapshot import SnapshotCopy, SnapshotPoint, temporary_slot_name
+
+    two_tables(source, rows=200)
+    sink = str(tmp_path / "lake")
+    drain_in_process(spark, source, sink, window=1 << 20)
+    lake = Lake(sink, source.slot)
+    position = lake.position()
+    source.sql("ALTER TABLE t ADD COLUMN c int DEFAULT 7")
+    source.sql("UPDATE t SET c = 1 WHERE id <= 3")
+    churn(source, 1)
+    with pytest.raises(SchemaChangedError, match=r"public\.t .*added \['c'\].*re-snapshot"):
+        drain_in_process(spark, source, sink, window=1 << 20)
+    assert lake.position() == position  # nothing committed, the slot did not move
+    assert source.hook().get_slot(source.slot).confirmed_flush_lsn == position
+
+    # The fix the message names: move the table out, drain, re-snapshot the table.
+    for kind in ("changes", "state"):
+        shutil.move(f"{sink}/{kind}/public.t", str(tmp_path / f"old-{kind}"))
+    drain_in_process(spark, source, sink, window=1 << 20)
+    hook = source.hook()
+    with hook.create_slot_with_snapshot(temporary_slot_name(source.slot), temporary=True) as held:
+        SnapshotCopy(
+            spark=spark, lake=lake, reader_params=hook.connection_params(),
+            publications=[source.publication], tables=[T],
+            point=SnapshotPoint(source.slot, held.consistent_point, held.snapshot_name),
+        ).run()  # fmt: skip
+    source.sql("UPDATE t SET c = 2 WHERE id = 4")
+    drain_in_process(spark, source, sink, window=1 << 20)
+    assert_equal_to_source(source, sink)

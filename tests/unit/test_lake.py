@@ -142,3 +142,20 @@ def test_the_windows_table_is_compacted_and_checkpointed(
     log = Path(lake.paths.windows(), "_delta_log")
     assert list(log.glob("*.checkpoint.parquet"))
     assert lake.position() == LSN(0x700) and len(lake.windows()) == 6
+
+
+def test_a_changed_table_is_refused_loudly_and_nothing_is_committed(lake: Lake) -> None:
+    from airflow_pglogrepl.exceptions import SchemaChangedError
+
+    lake.open_window(LSN(0x100)).commit(LSN(0x100), transactions=0, changes=0)
+    first = lake.open_window(LSN(0x100))
+    first.write(A, batch((1, 0x110, 1)))
+    first.commit(LSN(0x200), transactions=1, changes=1)
+    wider = batch((2, 0x210, 1)).append_column("added", pa.array(["x"]))
+    window = lake.open_window(LSN(0x200))
+    with pytest.raises(SchemaChangedError, match=r"added \['added'\].*re-snapshot"):
+        window.write(A, wider)
+    assert lake.position() == LSN(0x200) and rows_of(lake, A) == [(1, 0x110)]
+    assert not [
+        p for p in Path(lake.paths.changes(A)).glob("*.parquet") if "0000000000000200" in p.name
+    ]
