@@ -25,6 +25,12 @@ What a crash leaves, and what the next run (under the same writer lock) does wit
   ``VACUUM`` removes them.
 
 A slot ahead of the lake's position means someone else consumed changes: refused, never skipped.
+
+Why ``_pglogrepl/windows`` exists at all, when every changelog table already records its own
+version: a window in which no published table changed touches no table, yet the slot must
+advance past it (or an idle publication pins WAL for ever), and "slot ahead of the lake" needs
+the position of the lake as a whole. The table is plain Delta too, so its rows (one per window
+and snapshot: bounds, counts, writer) are the lake's readable history.
 """
 
 from __future__ import annotations
