@@ -46,19 +46,18 @@ class PgLogicalReplicationHook(
 
 
 class DsnReplicationHook(PgLogicalReplicationHook):
-    """The same hook for a libpq DSN instead of an Airflow connection.
+    """The same hook for a libpq DSN instead of an Airflow connection (scripts, benchmarks and
+    tests that want every hook method on a server they reach by DSN).
 
-    The Spark applications run outside Airflow (under spark-submit) and receive the source as
-    ``PGLOGREPL_SOURCE_DSN`` in their environment, never on the command line.
+    The Spark applications do not use it: they need no Airflow, and use ``hooks.pg.source``'s
+    ``PgSource`` over the same statements.
     """
 
     def __init__(self, dsn: str, *, label: str = "PGLOGREPL_SOURCE_DSN") -> None:
         super().__init__(postgres_conn_id=label)
-        from psycopg.conninfo import conninfo_to_dict
+        from airflow_pglogrepl.hooks.pg.connect import dsn_params
 
-        params = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None}
-        params.setdefault("application_name", "airflow-pglogrepl")
-        self._dsn_params = params
+        self._dsn_params = dsn_params(dsn)
         self._label = label
 
     def connection_params(self) -> dict[str, str]:

@@ -16,6 +16,15 @@ Conn: TypeAlias = psycopg.Connection[dict[str, Any]]
 AsyncConn: TypeAlias = psycopg.AsyncConnection[dict[str, Any]]
 
 
+def dsn_params(dsn: str) -> dict[str, str]:
+    """libpq keyword parameters of a conninfo string or URI (``application_name`` defaulted)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None}
+    params.setdefault("application_name", "airflow-pglogrepl")
+    return params
+
+
 def connect(
     params: dict[str, str],
     *,

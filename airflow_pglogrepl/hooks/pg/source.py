@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from airflow_pglogrepl.hooks.pg import locks, server, slots
-from airflow_pglogrepl.hooks.pg.connect import Conn, connect
+from airflow_pglogrepl.hooks.pg.connect import Conn, connect, dsn_params
 from airflow_pglogrepl.hooks.pg.snapshot import ExportedSnapshot, create_slot_with_snapshot
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.records import SlotInfo
@@ -25,11 +25,7 @@ class PgSource:
     """One PostgreSQL database reached by a DSN (``label`` names it in errors, never the DSN)."""
 
     def __init__(self, dsn: str, *, label: str = DSN_ENV) -> None:
-        from psycopg.conninfo import conninfo_to_dict
-
-        params = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None}
-        params.setdefault("application_name", "airflow-pglogrepl")
-        self._params = params
+        self._params = dsn_params(dsn)
         self.label = label
 
     def connection_params(self) -> dict[str, str]:
