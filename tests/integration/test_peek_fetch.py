@@ -17,7 +17,7 @@ import pytest
 
 from airflow_pglogrepl.conninfo import make_dsn
 from airflow_pglogrepl.exceptions import InvalidSlotNameError, SlotNotFoundError
-from airflow_pglogrepl.hooks import slots as slots_module
+from airflow_pglogrepl.hooks.pg import slots as slots_module
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
