@@ -212,6 +212,21 @@ class SchemaChangedError(LakeError):
         )
 
 
+class UnsupportedColumnTypeError(LakeError):
+    """Columns whose lake type Delta Lake cannot store (``time``, ``numeric`` over 38 digits)."""
+
+    def __init__(self, table: str, columns: dict[str, str]) -> None:
+        self.table = table
+        self.columns = columns
+        shown = ", ".join(f"{name} ({kind})" for name, kind in columns.items())
+        super().__init__(
+            f"table {table} has columns Delta Lake cannot store as typed: {shown}. Nothing of "
+            f"this window was committed and the slot did not move. Fix: leave these columns out "
+            f"of the publication (a column list, PostgreSQL 15+: ALTER PUBLICATION ... SET TABLE "
+            f"{table} (col, ...)), or change their type on the publisher"
+        )
+
+
 class LakeWriterBusyError(LakeError):
     """Another run holds the writer lock of this slot's lake (a drain or a snapshot)."""
 

@@ -70,6 +70,25 @@ def column_types(schema: Any) -> list[tuple[str, str]]:
     return [(f["name"], json.dumps(f["type"], sort_keys=True)) for f in fields]
 
 
+def unsupported_columns(schema: pa.Schema) -> dict[str, str]:
+    """Columns of ``schema`` Delta Lake has no type for, with their Arrow types (none: {})."""
+    import pyarrow as pa
+    from deltalake import Schema
+
+    try:
+        Schema.from_arrow(schema)
+        return {}
+    except Exception:  # delta-rs raises a bare Exception: find the columns it refuses
+        pass
+    refused = {}
+    for field in schema:
+        try:
+            Schema.from_arrow(pa.schema([field]))
+        except Exception:
+            refused[field.name] = str(field.type)
+    return refused
+
+
 def schema_difference(uri: str, schema: pa.Schema) -> str | None:
     """How ``schema`` differs from the columns of the table at ``uri`` (None: the same, or no
     table yet)."""

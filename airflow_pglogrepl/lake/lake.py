@@ -43,7 +43,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.exceptions import SchemaChangedError
+from airflow_pglogrepl.exceptions import SchemaChangedError, UnsupportedColumnTypeError
 from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.changelog import COMMIT_LSN
 from airflow_pglogrepl.lake.layout import LakePaths, app_id, table_dir
@@ -196,6 +196,9 @@ class Window:
         pending = self._pending.get(name)
         if pending is None:
             uri = self.lake.paths.changes(name)
+            refused = delta.unsupported_columns(batch.schema)
+            if refused:
+                raise UnsupportedColumnTypeError(str(table), refused)
             difference = delta.schema_difference(uri, batch.schema)
             if difference is not None:  # checked before a file is written: nothing to undo
                 raise SchemaChangedError(str(table), uri, difference)

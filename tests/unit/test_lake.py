@@ -159,3 +159,12 @@ def test_a_changed_table_is_refused_loudly_and_nothing_is_committed(lake: Lake) 
     assert not [
         p for p in Path(lake.paths.changes(A)).glob("*.parquet") if "0000000000000200" in p.name
     ]
+
+
+def test_a_column_delta_cannot_store_is_named_before_anything_is_written(lake: Lake) -> None:
+    from airflow_pglogrepl.exceptions import UnsupportedColumnTypeError
+
+    opening = batch((1, 0x110, 1)).append_column("opens", pa.array([3600_000_000], pa.time64("us")))
+    with pytest.raises(UnsupportedColumnTypeError, match=r"public\.a .*opens \(time64\[us\]\)"):
+        lake.open_window(LSN(0x100)).write(A, opening)
+    assert not Path(lake.paths.changes(A)).exists() and lake.position() is None
