@@ -199,16 +199,36 @@ class SinkNotEmptyError(LakeError):
 
 
 class SchemaChangedError(LakeError):
-    """A table's columns differ from its changelog table's: the lake cannot take them yet."""
+    """A table changed in a way the lake cannot follow by itself; a re-snapshot of it can."""
 
-    def __init__(self, table: str, uri: str, difference: str) -> None:
+    def __init__(self, table: str, what: str) -> None:
         self.table = table
         super().__init__(
-            f"table {table} changed its columns ({difference}) but its changelog {uri} has the "
-            f"old ones; this lake does not follow schema changes yet. Nothing of this window was "
-            f"committed and the slot did not move. Fix: move changes/{table} and state/{table} "
-            f"out of the lake, run the drain again (it starts the table's changelog with the new "
-            f"columns), then re-snapshot the table (InitialSnapshotOperator(tables=[...]))"
+            f"table {table}: {what}. Nothing of this window was committed and the slot did not "
+            f"move. Fix: re-snapshot the table (InitialSnapshotOperator(tables=[{table!r}], ...) "
+            f"or snapshot_app --tables): its state is copied again and its changelog goes on with "
+            f"the new columns, then run the drain again"
+        )
+
+
+class IncompatibleSchemaChangeError(SchemaChangedError):
+    """A column changed its lake type, or the table its key or replica identity."""
+
+    def __init__(self, table: str, what: str) -> None:
+        super().__init__(table, f"{what}, which rows already in the lake cannot take")
+
+
+class ColumnBackfillError(SchemaChangedError):
+    """A column was added with values in existing rows that no change and no catalog reveal."""
+
+    def __init__(self, table: str, column: str) -> None:
+        self.column = column
+        super().__init__(
+            table,
+            f"column {column!r} was added with a default PostgreSQL computed row by row (a "
+            f"volatile default such as clock_timestamp() or gen_random_uuid(), which rewrites the "
+            f"table), or the table was rewritten since (VACUUM FULL, CLUSTER): the rows that "
+            f"existed then hold values no change carried, and the lake cannot know them",
         )
 
 

@@ -237,3 +237,36 @@ class SubscriptionStatus(_Record):
         data["relations"] = [rel.to_dict() for rel in self.relations]
         data["state_counts"] = self.state_counts
         return data
+
+
+@dataclass(frozen=True)
+class ColumnOrigin(_Record):
+    """What the publisher's catalog says about a column the lake sees for the first time.
+
+    PostgreSQL adds a column with a constant ``DEFAULT`` without rewriting the table: the rows
+    that existed keep no value on disk, and read the column's *missing value*
+    (``pg_attribute.attmissingval``) instead. No change is decoded for them, so this is the only
+    place the lake can learn what they hold. ``missing`` is that value as PostgreSQL prints it
+    (None: the rows read NULL, or the table was rewritten since and holds the values on disk,
+    which ``has_default`` then hints at).
+    """
+
+    name: str
+    exists: bool
+    missing: str | None = None
+    has_default: bool = False
+    attnum: int | None = None  # its position among the table's attributes, dropped ones counted
+
+
+@dataclass(frozen=True)
+class ColumnOrigins(_Record):
+    """``ColumnOrigin`` of some columns, and how many attribute numbers the table has used
+    (``relnatts``, dropped columns counted).
+
+    PostgreSQL never reuses an attribute number, while a renamed column keeps its own: that
+    tells a ``RENAME COLUMN`` (which pgoutput shows as one name gone and another new) from a
+    ``DROP`` and an ``ADD``.
+    """
+
+    natts: int
+    columns: dict[str, ColumnOrigin]

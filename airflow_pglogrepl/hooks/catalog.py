@@ -7,13 +7,14 @@ judge. ``set_replica_identity`` is the one statement here that changes anything.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from psycopg import errors as pgerr
 from psycopg import sql
 
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
+from airflow_pglogrepl.hooks.pg import columns
 from airflow_pglogrepl.preflight.errors import ReplicaIdentityChangeError
 from airflow_pglogrepl.preflight.facts import (
     ColumnFacts,
@@ -23,6 +24,7 @@ from airflow_pglogrepl.preflight.facts import (
     SubscriberUsage,
     TableFacts,
 )
+from airflow_pglogrepl.records import ColumnOrigins
 from airflow_pglogrepl.tables import TableRef
 
 # One row per requested table that exists (matched by exact schema and name), with its columns,
@@ -87,6 +89,14 @@ _IDENTITY_TARGETS = {
 
 class CatalogMixin(PgSessionHook):
     """Reads what preflight checks need from the system catalogs."""
+
+    def column_origins(
+        self, table: TableRef, names: Sequence[str], *, conn: Conn | None = None
+    ) -> ColumnOrigins:
+        """What rows from before an ``ADD COLUMN`` hold in each of ``names`` (the lake's
+        question when it meets a new column; see ``ColumnOrigin``)."""
+        with self._use(conn) as c:
+            return columns.column_origins(c, table, names)
 
     def role_facts(self, *, conn: Conn | None = None) -> RoleFacts:
         """The connecting role (``current_user``): superuser, REPLICATION, LOGIN, BYPASSRLS."""

@@ -114,7 +114,7 @@ class ChangelogBatch:
                 pa.field(cl.XID, pa.int64()),
                 pa.field(cl.COMMIT_TS, pa.timestamp("us", tz="UTC")),
                 pa.field(cl.UNCHANGED, pa.list_(pa.string())),
-                pa.field(cl.OLD, pa.struct(list(base))),
+                pa.field(cl.OLD, pa.struct([pa.field(f.name, f.type) for f in base])),
             ]
         )
 

@@ -56,7 +56,9 @@ def mark_keys(fields: pa.Schema | Sequence[pa.Field], key: Sequence[str]) -> lis
     """``fields`` with each key column marked by its position in ``key``."""
     position = {name: index for index, name in enumerate(key)}
     return [
-        f.with_metadata({KEY_META: str(position[f.name])}) if f.name in position else f
+        f.with_metadata({**(f.metadata or {}), KEY_META.encode(): str(position[f.name]).encode()})
+        if f.name in position
+        else f
         for f in fields
     ]
 

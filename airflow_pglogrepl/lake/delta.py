@@ -89,24 +89,75 @@ def unsupported_columns(schema: pa.Schema) -> dict[str, str]:
     return refused
 
 
-def schema_difference(uri: str, schema: pa.Schema) -> str | None:
-    """How ``schema`` differs from the columns of the table at ``uri`` (None: the same, or no
-    table yet)."""
+def arrow_schema(uri: str) -> pa.Schema | None:
+    """The schema (with column metadata) of the Delta table at ``uri``; None: no table."""
+    import pyarrow as pa
+
     table = open_table(uri)
-    if table is None:
-        return None
-    have, want = column_types(table.schema()), column_types(schema)
-    if have == want:
-        return None
-    old, new = dict(have), dict(want)
-    parts = []
-    if added := [n for n in new if n not in old]:
-        parts.append(f"added {added}")
-    if dropped := [n for n in old if n not in new]:
-        parts.append(f"dropped {dropped}")
-    if changed := [n for n in new if n in old and new[n] != old[n]]:
-        parts.append(f"changed type of {changed}")
-    return ", ".join(parts) or "reordered columns"
+    return None if table is None else pa.schema(table.schema().to_arrow())
+
+
+def evolve_schema(uri: str, schema: pa.Schema) -> None:
+    """Add ``schema``'s columns the table lacks (nested ones too), as a metadata-only commit,
+    and give its columns ``schema``'s column metadata.
+
+    A commit that adds files cannot change the schema through delta-rs, so new columns get their
+    own version first: a reader of that version sees them NULL in every existing row, which is
+    what those rows hold until the changes that carry them commit.
+    """
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    current = arrow_schema(uri)
+    added = schema if current is None else _additions(current, schema)
+    if current is None or not current.equals(added):
+        write_deltalake(uri, added.empty_table(), mode="append", schema_mode="merge")
+    table = open_table(uri)
+    assert table is not None
+    now = pa.schema(table.schema().to_arrow())
+    for field in schema:  # column metadata the merge keeps as it was: one commit per column
+        wanted = _text_metadata(field)
+        if field.name in now.names and _text_metadata(now.field(field.name)) != wanted:
+            table.alter.set_column_metadata(field.name, wanted)
+    if is_local(uri):
+        make_log_durable(uri)
+
+
+def _text_metadata(field: pa.Field) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in (field.metadata or {}).items()}
+
+
+def _additions(current: pa.Schema, wanted: pa.Schema) -> pa.Schema:
+    """``current`` plus what ``wanted`` adds (top-level columns and struct fields), taking the
+    fields ``current`` has as they are: delta-rs refuses to merge differing column metadata."""
+    import pyarrow as pa
+
+    def union(have: pa.Field, want: pa.Field) -> pa.Field:
+        if not (pa.types.is_struct(have.type) and pa.types.is_struct(want.type)):
+            return have
+        children = {c.name: c for c in have.type}
+        fields = [union(c, want.type.field(c.name)) if want.type.get_field_index(c.name) >= 0
+                  else c for c in have.type]  # fmt: skip
+        fields += [c for c in want.type if c.name not in children]
+        return have.with_type(pa.struct(fields))
+
+    names = set(current.names)
+    fields = [union(f, wanted.field(f.name)) if f.name in wanted.names else f for f in current]
+    return pa.schema(fields + [f for f in wanted if f.name not in names])
+
+
+def reset_table(uri: str, schema: pa.Schema, *, app: str, version: int) -> None:
+    """Replace the table by an empty one of ``schema``, as one version carrying ``(app, version)``.
+
+    Earlier versions stay readable (time travel) until ``VACUUM``.
+    """
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    commit = CommitProperties(app_transactions=[Transaction(app, version)])
+    write_deltalake(uri, schema.empty_table(), mode="overwrite", schema_mode="overwrite",
+                    commit_properties=commit)  # fmt: skip
+    if is_local(uri):
+        make_log_durable(uri)
 
 
 def list_tables(parent: str) -> list[str]:

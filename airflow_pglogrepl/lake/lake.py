@@ -40,11 +40,12 @@ import json
 import logging
 import os
 import socket
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.exceptions import SchemaChangedError, UnsupportedColumnTypeError
-from airflow_pglogrepl.lake import delta
+from airflow_pglogrepl.exceptions import IncompatibleSchemaChangeError, UnsupportedColumnTypeError
+from airflow_pglogrepl.lake import delta, evolve
 from airflow_pglogrepl.lake.changelog import COMMIT_LSN
 from airflow_pglogrepl.lake.layout import LakePaths, app_id, table_dir
 from airflow_pglogrepl.lsn import LSN
@@ -52,6 +53,12 @@ from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from airflow_pglogrepl.records import ColumnOrigins
+
+# What the source's catalog says of columns the lake sees for the first time (PgSource's
+# ``column_origins``): how rows from before an ``ADD COLUMN`` read it, and ``relnatts``.
+Origins = Callable[[TableRef, Sequence[str]], "ColumnOrigins"]
 
 log = logging.getLogger("airflow_pglogrepl.lake")
 
@@ -83,11 +90,13 @@ def windows_schema() -> pa.Schema:
 class Lake:
     """One lake root as the drain of one slot sees it."""
 
-    def __init__(self, root: str, slot: str) -> None:
+    def __init__(self, root: str, slot: str, *, origins: Origins | None = None) -> None:
         self.paths = LakePaths(root)
         self.slot = slot
         self.app = app_id(slot)
+        self.origins = origins
         self._versions: dict[str, LSN | None] = {}
+        self._covered: dict[str, LSN | None] = {}
 
     @property
     def root(self) -> str:
@@ -107,6 +116,51 @@ class Lake:
             version = delta.txn_version(self.paths.changes(name), self.app)
             self._versions[name] = None if version is None else LSN(version)
         return self._versions[name]
+
+    def covered(self, table: TableRef | str) -> LSN | None:
+        """Below which commit LSN the lake already holds a table's changes: its changelog's
+        version, or its state's when a re-snapshot put that further (the state then holds what
+        the changes before it did)."""
+        name = table if isinstance(table, str) else table_dir(table)
+        if name not in self._covered:
+            bounds = [v for v in (self.changes_version(name), self.state_version(name)) if v]
+            self._covered[name] = max(bounds) if bounds else None
+        return self._covered[name]
+
+    def known_schema(self, table: TableRef | str) -> pa.Schema | None:
+        """What the lake knows of a table's columns: its changelog's schema, else its state's
+        (a snapshot made before the first change), else None."""
+        for uri in (self.paths.changes(table), self.paths.state(table)):
+            schema = delta.arrow_schema(uri)
+            if schema is not None:
+                return schema
+        return None
+
+    def restart_changes(self, table: TableRef, schema: pa.Schema, at: LSN) -> str:
+        """After a re-snapshot of ``table`` at ``at``: make its changelog take ``schema`` (the
+        table's columns now). Returns what was done: ``"kept"``, ``"evolved"`` (columns added
+        at ``at``) or ``"restarted"`` (the old columns cannot take the new rows: the changelog
+        is replaced by an empty one, its earlier versions stay readable until VACUUM).
+
+        Call it only after the state of ``at`` is committed: the state then holds every change
+        before ``at``, so nothing the changelog had is needed any more.
+        """
+        uri = self.paths.changes(table)
+        current = delta.arrow_schema(uri)
+        if current is None:
+            return "kept"
+        self._versions.pop(table_dir(table), None)
+        self._covered.pop(table_dir(table), None)
+        try:
+            evolution = evolve.evolve(str(table), current, schema, first=f"{int(at)}:0")
+        except IncompatibleSchemaChangeError as why:
+            log.warning("changelog of %s restarts at %s: %s", table, at, why)
+            delta.reset_table(uri, schema, app=self.app, version=int(at))
+            return "restarted"
+        if not evolution.added:
+            return "kept"
+        delta.evolve_schema(uri, evolution.schema)
+        return "evolved"
 
     def state_version(self, table: TableRef | str) -> LSN | None:
         """The exclusive LSN bound of what ``state/<table>`` includes (None: no state yet)."""
@@ -161,6 +215,7 @@ class Lake:
 
     def _committed_changes(self, name: str, end: LSN) -> None:
         self._versions[name] = end
+        self._covered.pop(name, None)
 
 
 @dataclass
@@ -182,11 +237,13 @@ class Window:
     def write(self, table: TableRef, batch: pa.Table) -> int:
         """Write one batch of ``table``'s changelog rows; returns how many were new.
 
-        Rows of transactions the table already holds (a window drained again after a crash
-        between two tables' commits) are dropped here, so a replay never duplicates a change.
+        Rows of transactions the lake already holds (a window drained again after a crash
+        between two tables' commits, or changes a re-snapshot of the table includes) are dropped
+        here, so a replay never duplicates a change. The batch's columns are checked against
+        what the lake knows of the table before anything is written (``lake.evolve``).
         """
         name = table_dir(table)
-        held = self.lake.changes_version(name)
+        held = self.lake.covered(name)
         if held is not None and held > self.start:
             import pyarrow.compute as pc
 
@@ -194,18 +251,21 @@ class Window:
         if batch.num_rows == 0:
             return 0
         pending = self._pending.get(name)
+        known = pending.schema if pending is not None else self.lake.known_schema(table)
+        evolution = evolve.evolve(str(table), known, batch.schema, first=evolve.first_row(batch))
+        schema = evolution.schema
+        if evolution.needs_origins and self.lake.origins is not None:
+            origins = self.lake.origins(table, evolution.asked)
+            schema = evolve.with_origins(str(table), known, evolution, origins)
+            if evolution.added:
+                log.info("%s: new columns %s", table, evolve.describe(schema))
+        refused = delta.unsupported_columns(schema)
+        if refused:
+            raise UnsupportedColumnTypeError(str(table), refused)
         if pending is None:
-            uri = self.lake.paths.changes(name)
-            refused = delta.unsupported_columns(batch.schema)
-            if refused:
-                raise UnsupportedColumnTypeError(str(table), refused)
-            difference = delta.schema_difference(uri, batch.schema)
-            if difference is not None:  # checked before a file is written: nothing to undo
-                raise SchemaChangedError(str(table), uri, difference)
-            pending = self._pending[name] = _Pending(batch.schema)
-        elif not pending.schema.equals(batch.schema):
-            # A Relation message changed the table mid-window: one Delta commit takes one schema.
-            raise SchemaChangedError(str(table), self.lake.paths.changes(name), "inside a window")
+            pending = self._pending[name] = _Pending(schema)
+        pending.schema = schema
+        batch = evolve.conform(batch, schema)
         pending.files.append(delta.write_file(self.lake.paths.changes(name), batch, self._prefix))
         pending.rows += batch.num_rows
         return int(batch.num_rows)
@@ -219,8 +279,12 @@ class Window:
             held = lake.changes_version(name)
             if held is not None and held >= end:
                 continue  # committed by the run that crashed; its rows were filtered out anyway
+            uri = lake.paths.changes(name)
+            current = delta.arrow_schema(uri)
+            if current is not None and not _covers(current, pending.schema):
+                delta.evolve_schema(uri, pending.schema)  # new columns: their own version first
             delta.commit_files(
-                lake.paths.changes(name),
+                uri,
                 pending.schema,
                 pending.files,
                 app=lake.app,
@@ -233,3 +297,12 @@ class Window:
         lake.record(kind="window", start=self.start, end=end, transactions=transactions,
                     changes=changes, tables=counts)  # fmt: skip
         return counts
+
+
+def _covers(current: pa.Schema, wanted: pa.Schema) -> bool:
+    """Whether a table of schema ``current`` already has every column (and field) of ``wanted``,
+    with the same column metadata."""
+    have = dict(delta.column_types(current))
+    if any(have.get(name) != kind for name, kind in delta.column_types(wanted)):
+        return False
+    return all((current.field(f.name).metadata or {}) == (f.metadata or {}) for f in wanted)

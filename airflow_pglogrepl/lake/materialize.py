@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.faults import fault
+from airflow_pglogrepl.lake import delta, evolve
 from airflow_pglogrepl.lake.changelog import (
     COMMIT_LSN,
     META_COLUMNS,
+    OLD,
+    SEQ,
     described_identity,
     described_key,
 )
@@ -44,7 +48,8 @@ from airflow_pglogrepl.lake.reduce import (
 from airflow_pglogrepl.lsn import LSN
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column
+    import pyarrow as pa
+    from pyspark.sql import Column, DataFrame
 
 log = logging.getLogger("airflow_pglogrepl.lake")
 
@@ -100,7 +105,12 @@ def materialize_table(spark: Any, lake: Lake, name: str, end: LSN) -> LSN | None
     if have is not None:
         in_range &= sf.col(COMMIT_LSN) >= sf.lit(int(have))
     state_path = lake.paths.state(name)
-    _create_if_missing(session, state_path, changes.select(*(column(c) for c in columns)).schema)
+    described = delta.arrow_schema(lake.paths.changes(name))
+    assert described is not None, f"changes/{name} is a Delta table (Spark just read it)"
+    fills = added_columns(described)
+    changes = with_fills(changes, fills)
+    if not _create_if_missing(session, state_path, changes.select(*map(column, columns)).schema):
+        evolve_state(session, state_path, changes, columns, fills)
     fault("merge_created")
     target = session.read.format("delta").load(state_path)
     net = net_changes(
@@ -178,16 +188,101 @@ def _merge_multiset(target: Any, net: NetChanges) -> None:
     )
 
 
-def _create_if_missing(session: Any, path: str, schema: Any) -> None:
-    """An empty state table with deletion vectors on (so merges write deletion vectors)."""
-    from airflow_pglogrepl.lake import delta
-
+def _create_if_missing(session: Any, path: str, schema: Any) -> bool:
+    """An empty state table with deletion vectors on (so merges write deletion vectors);
+    False: there is one already."""
     if delta.open_table(path) is not None:
-        return
+        return False
     empty = session.createDataFrame([], schema)
     empty.write.format("delta").option("delta.enableDeletionVectors", "true").mode("append").save(
         path
     )
+    return True
+
+
+@dataclass(frozen=True)
+class Added:
+    """A column added after the table's changelog began: rows before ``at`` hold ``fill``."""
+
+    name: str
+    at: tuple[int, int]  # (commit LSN, seq) of the first change that carried it
+    fill: Any  # the lake value (None: NULL)
+
+
+def added_columns(schema: pa.Schema) -> list[Added]:
+    """The columns of a changelog schema that ``lake.evolve`` recorded as added."""
+    found = []
+    for field in evolve.base_fields(schema):
+        at = evolve.added_at(field)
+        if at is not None:
+            found.append(Added(field.name, at, evolve.fill_value(field)))
+    return found
+
+
+def with_fills(changes: DataFrame, fills: list[Added]) -> DataFrame:
+    """Changelog rows from before a column was added read its fill there, as PostgreSQL's rows
+    do (a whole old row under REPLICA IDENTITY FULL too: the merge matches rows by it)."""
+    from pyspark.sql import functions as sf
+
+    for added in fills:
+        if added.fill is None:
+            continue  # rows from before it read NULL, as Delta already reads them
+        lsn, seq = added.at
+        before = (sf.col(COMMIT_LSN) < lsn) | ((sf.col(COMMIT_LSN) == lsn) & (sf.col(SEQ) < seq))
+        kind = changes.schema[added.name].dataType
+        value = spark_literal(added.fill, kind)
+        changes = changes.withColumn(
+            added.name, sf.when(before, value).otherwise(column(added.name))
+        )
+        old = sf.col(OLD)
+        filled_old = old.withField(
+            _name(added.name), sf.when(before, value).otherwise(old.getField(added.name))
+        )
+        changes = changes.withColumn(OLD, sf.when(old.isNull(), old).otherwise(filled_old))
+    return changes
+
+
+def evolve_state(
+    session: Any, path: str, changes: DataFrame, columns: list[str], fills: list[Added]
+) -> None:
+    """Give the state table the changelog's columns it lacks, as one version readers see whole:
+    existing rows hold each new column's fill (metadata only when every fill is NULL)."""
+    from pyspark.sql import functions as sf
+
+    state = session.read.format("delta").load(path)
+    missing = [c for c in columns if c not in state.columns]
+    if not missing:
+        return
+    fill = {a.name: a.fill for a in fills}
+    kinds = {c: changes.schema[c].dataType for c in missing}
+    if all(fill.get(c) is None for c in missing):
+        nulls = [sf.lit(None).cast(kinds[c]).alias(c) for c in missing]
+        wider = state.select(*map(column, state.columns), *nulls).limit(0)
+        wider.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
+    else:
+        filled = state.select(
+            *map(column, state.columns),
+            *(spark_literal(fill.get(c), kinds[c]).alias(c) for c in missing),
+        )
+        filled.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+    log.info("state %s: columns %s added (existing rows hold %s)", path, missing,
+             {c: fill.get(c) for c in missing})  # fmt: skip
+
+
+def spark_literal(value: Any, kind: Any) -> Column:
+    """A Spark literal of type ``kind`` for a lake value (structs and arrays included)."""
+    from pyspark.sql import functions as sf
+    from pyspark.sql.types import ArrayType, StructType
+
+    if value is None:
+        return sf.lit(None).cast(kind)
+    if isinstance(kind, StructType):
+        return sf.struct(*(spark_literal(value.get(f.name), f.dataType).alias(f.name)
+                           for f in kind.fields))  # fmt: skip
+    if isinstance(kind, ArrayType):
+        items = [spark_literal(v, kind.elementType) for v in value]
+        return (sf.array(*items) if items else sf.array()).cast(kind)
+    return sf.lit(value).cast(kind)
 
 
 def _unsent(name: str) -> Column:

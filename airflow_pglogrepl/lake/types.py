@@ -6,9 +6,14 @@ decoder's ``values`` produced into what ``pyarrow.array`` accepts for that type.
 (``pgoutput/``) knows nothing of Arrow; the drain and the snapshot both type through here.
 Choices where Arrow has no exact match:
 
-- ``numeric(p, s)`` is ``decimal128(p, s)`` (``decimal256`` above 38 digits); unconstrained
-  ``numeric``, and any that cannot be a decimal, is ``string`` holding the exact text. NaN and
-  infinities cannot be stored in a decimal column and are rejected, loudly;
+- every integer type (``smallint``, ``integer``, ``bigint``) is ``int64``: ``ALTER COLUMN ...
+  TYPE bigint``, the type change tables actually go through when ids run out, then changes
+  nothing in the lake (Delta Lake could only widen a column through a table feature that not
+  every reader has);
+- ``numeric(p, s)`` up to 38 digits is ``decimal128(38, s)``, whatever ``p``: raising the
+  precision (the usual ``numeric`` change) keeps the lake type too. Unconstrained ``numeric``,
+  and any that cannot be a Delta decimal, is ``string`` holding the exact text. NaN cannot be
+  stored in a decimal column and is rejected, loudly;
 - ``interval`` is ``struct<months int32, days int32, microseconds int64>``: Parquet cannot store
   Arrow's month-day-nano interval, and months and days are not fixed lengths of time;
 - ``uuid``, ``inet``, ``cidr``, ``json`` and ``jsonb`` are ``string`` (what Spark can read);
@@ -34,11 +39,22 @@ if TYPE_CHECKING:
 
     from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
 
-__all__ = ["arrow_field", "arrow_schema", "arrow_type", "arrow_value", "numeric_precision_scale"]
+__all__ = [
+    "TYPE_META",
+    "arrow_field",
+    "arrow_schema",
+    "arrow_type",
+    "arrow_value",
+    "column_type",
+    "numeric_precision_scale",
+]
+
+# Field metadata: "<type OID>:<type modifier>" of the PostgreSQL type a column's values were
+# converted as (OID 0: kept as text). What turns a catalog default into the column's lake value.
+TYPE_META = "pglogrepl.type"
 
 _VARHDRSZ = 4
-_DECIMAL128_MAX = 38
-_DECIMAL256_MAX = 76
+_DECIMAL_MAX = 38  # Delta Lake's (and Spark's) largest decimal precision
 
 
 def numeric_precision_scale(type_modifier: int) -> tuple[int, int] | None:
@@ -55,6 +71,11 @@ def numeric_precision_scale(type_modifier: int) -> tuple[int, int] | None:
     return precision, scale
 
 
+def is_decimal(bounds: tuple[int, int] | None) -> bool:
+    """Whether ``numeric`` of these ``(precision, scale)`` is a decimal column in the lake."""
+    return bounds is not None and 0 <= bounds[1] <= bounds[0] <= _DECIMAL_MAX
+
+
 def arrow_type(type_oid: int | None, type_modifier: int = -1) -> pa.DataType:
     """The Arrow type for values of a built-in type (``string`` for any other)."""
     import pyarrow as pa
@@ -64,18 +85,15 @@ def arrow_type(type_oid: int | None, type_modifier: int = -1) -> pa.DataType:
         return pa.list_(arrow_type(element, type_modifier))
     if type_oid == OID.NUMERIC:
         bounds = numeric_precision_scale(type_modifier)
-        if bounds is not None:
-            precision, scale = bounds
-            if 0 <= scale <= precision <= _DECIMAL128_MAX:
-                return pa.decimal128(precision, scale)
-            if 0 <= scale <= precision <= _DECIMAL256_MAX:
-                return pa.decimal256(precision, scale)
+        if is_decimal(bounds):
+            assert bounds is not None
+            return pa.decimal128(_DECIMAL_MAX, bounds[1])
         return pa.string()
     simple = {
         OID.BOOL: pa.bool_(),
         OID.BYTEA: pa.binary(),
-        OID.INT2: pa.int16(),
-        OID.INT4: pa.int32(),
+        OID.INT2: pa.int64(),
+        OID.INT4: pa.int64(),
         OID.INT8: pa.int64(),
         OID.FLOAT4: pa.float32(),
         OID.FLOAT8: pa.float64(),
@@ -94,7 +112,17 @@ def arrow_field(column: ColumnInfo) -> pa.Field:
     """A nullable Arrow field for one column, typed by the type its values are converted as."""
     import pyarrow as pa
 
-    return pa.field(column.name, arrow_type(column.value_type_oid, column.type_modifier))
+    oid, modifier = column.value_type_oid, column.type_modifier
+    return pa.field(
+        column.name, arrow_type(oid, modifier), metadata={TYPE_META: f"{oid or 0}:{modifier}"}
+    )
+
+
+def column_type(field: pa.Field) -> tuple[int | None, int]:
+    """``(value type OID or None, type modifier)`` recorded in a field by ``arrow_field``."""
+    text = (field.metadata or {}).get(TYPE_META.encode(), b"0:-1").decode()
+    oid, _, modifier = text.partition(":")
+    return (int(oid) or None), int(modifier)
 
 
 def arrow_schema(table: TableInfo) -> pa.Schema:
@@ -119,9 +147,7 @@ def arrow_value(value: Any, type_oid: int | None, type_modifier: int = -1) -> An
             raise ValueError("multi-dimensional arrays do not fit Arrow list<element> columns")
         return [arrow_value(item, element, type_modifier) for item in value]
     if type_oid == OID.NUMERIC:
-        bounds = numeric_precision_scale(type_modifier)
-        is_decimal = bounds is not None and 0 <= bounds[1] <= bounds[0] <= _DECIMAL256_MAX
-        if not is_decimal:
+        if not is_decimal(numeric_precision_scale(type_modifier)):
             return str(value)
         if not isinstance(value, decimal.Decimal) or not value.is_finite():
             raise ValueError(f"numeric {value!r} cannot be stored in an Arrow decimal column")

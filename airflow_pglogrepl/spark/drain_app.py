@@ -144,7 +144,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     spark = LazySpark()
     try:
         with source.writer_lock(args.slot, role="drain"):
-            lake = Lake(args.sink, args.slot)
+            lake = Lake(args.sink, args.slot, origins=source.column_origins)
             drain = Drain(
                 source=source,
                 lake=lake,

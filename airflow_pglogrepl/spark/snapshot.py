@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.exceptions import PgLogReplError, SinkNotEmptyError, SlotError
 from airflow_pglogrepl.faults import fault
+from airflow_pglogrepl.lake.batch import ChangelogBatch
+from airflow_pglogrepl.lake.evolve import numbered
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.types import arrow_schema, arrow_type, arrow_value
 from airflow_pglogrepl.lsn import LSN
@@ -626,6 +628,16 @@ class SnapshotCopy:
             .option("txnVersion", str(int(self.point.consistent_point)))
             .save(target)
         )
+        # Only now, with the state of the consistent point committed, may the changelog let go
+        # of what came before it: it takes the table's columns as they are now (a re-snapshot
+        # is the fix for a change the lake could not follow).
+        schema = numbered(
+            ChangelogBatch(table_info(table)).schema(), {c.name: c.attnum for c in table.columns}
+        )
+        restarted = self.lake.restart_changes(table.table, schema, self.point.consistent_point)
+        if restarted != "kept":
+            log.info("changelog of %s %s at %s", table.table, restarted,
+                     self.point.consistent_point)  # fmt: skip
         # Counted from the version just written (file statistics): exact even if a task was
         # retried.
         rows = int(self.spark.read.format("delta").load(target).count())

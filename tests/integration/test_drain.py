@@ -70,8 +70,8 @@ def drain_in_process(
     spark: Any, src: Source, sink: str, *, window: int, batch_rows: int = 200_000
 ) -> dict[str, Any]:
     """One drain run on the session's Spark (no JVM start), then materialize, under the lock."""
-    lake = Lake(sink, src.slot)
     hook = src.hook()
+    lake = Lake(sink, src.slot, origins=hook.column_origins)
     with hook.writer_lock(src.slot):
         result = Drain(
             source=hook, lake=lake, slot=src.slot, publications=[src.publication],

@@ -517,7 +517,7 @@ def test_decoded_rows_fit_the_arrow_schema(live: Live) -> None:
     }
     batch = pa.Table.from_pydict(columns, schema=schema)
     assert batch.num_rows == 2
-    assert batch.column("n").type == pa.decimal128(12, 3)
+    assert batch.column("n").type == pa.decimal128(38, 3)
     assert batch.column("tstz").to_pylist()[0] == dt.datetime(
         2024, 2, 29, 7, 4, 56, 789012, tzinfo=dt.UTC
     )

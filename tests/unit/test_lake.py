@@ -4,7 +4,9 @@ position is what the Delta logs say."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -144,21 +146,138 @@ def test_the_windows_table_is_compacted_and_checkpointed(
     assert lake.position() == LSN(0x700) and len(lake.windows()) == 6
 
 
-def test_a_changed_table_is_refused_loudly_and_nothing_is_committed(lake: Lake) -> None:
-    from airflow_pglogrepl.exceptions import SchemaChangedError
+def _columns(lake: Lake, table: TableRef) -> dict[str, pa.Field]:
+    from airflow_pglogrepl.lake.delta import arrow_schema
 
-    lake.open_window(LSN(0x100)).commit(LSN(0x100), transactions=0, changes=0)
+    schema = arrow_schema(lake.paths.changes(table))
+    assert schema is not None
+    return {f.name: f for f in schema}
+
+
+def _num(name: str) -> int:
+    """A distinct attribute number for each column name the stub is asked about."""
+    return _NUMBERS.setdefault(name, 100 + len(_NUMBERS))
+
+
+_NUMBERS: dict[str, int] = {}
+
+
+def _origins(natts: int = 2, attnums: dict[str, int] | None = None, **missing: str | None) -> Any:
+    """A catalog stub: ``missing`` values by column (None: a default without one), attnums."""
+    from airflow_pglogrepl.records import ColumnOrigin, ColumnOrigins
+
+    def origins(table: TableRef, names: Sequence[str]) -> ColumnOrigins:
+        columns = {
+            n: ColumnOrigin(n, True, missing.get(n), n in missing, (attnums or {}).get(n, _num(n)))
+            for n in names
+        }
+        return ColumnOrigins(natts=natts, columns=columns)
+
+    return origins
+
+
+def test_an_added_column_is_added_with_what_earlier_rows_hold(tmp_path: Path) -> None:
+    from airflow_pglogrepl.lake.evolve import added_at, fill_value
+
+    lake = Lake(str(tmp_path / "lake"), "s", origins=_origins(added="7"))
     first = lake.open_window(LSN(0x100))
     first.write(A, batch((1, 0x110, 1)))
     first.commit(LSN(0x200), transactions=1, changes=1)
-    wider = batch((2, 0x210, 1)).append_column("added", pa.array(["x"]))
+    wider = batch((2, 0x210, 3)).append_column(
+        pa.field("added", pa.int64(), metadata={"pglogrepl.type": "20:-1"}), pa.array([5])
+    )
     window = lake.open_window(LSN(0x200))
-    with pytest.raises(SchemaChangedError, match=r"added \['added'\].*re-snapshot"):
-        window.write(A, wider)
+    window.write(A, wider)
+    window.commit(LSN(0x300), transactions=1, changes=1)
+    assert rows_of(lake, A) == [(1, 0x110), (2, 0x210)]
+    assert sorted(read_table(lake.paths.changes(A)).column("added").to_pylist(), key=str) == [
+        5,
+        None,
+    ]
+    added = _columns(lake, A)["added"]
+    assert added_at(added) == (0x210, 3) and fill_value(added) == 7
+
+
+def test_columns_dropped_and_added_inside_one_window_all_commit(lake: Lake) -> None:
+    window = lake.open_window(LSN(0x100))
+    old = batch((1, 0x110, 1)).append_column("gone", pa.array(["g"]))
+    window.write(A, old)
+    window.write(A, batch((2, 0x120, 1)).append_column("new", pa.array([1.5])))
+    window.commit(LSN(0x200), transactions=2, changes=2)
+    got = read_table(lake.paths.changes(A)).select(["id", "gone", "new"]).to_pylist()
+    assert sorted(got, key=lambda r: r["id"]) == [
+        {"id": 1, "gone": "g", "new": None},
+        {"id": 2, "gone": None, "new": 1.5},
+    ]
+
+
+def test_a_column_changing_its_lake_type_is_refused_and_nothing_is_committed(lake: Lake) -> None:
+    from airflow_pglogrepl.exceptions import IncompatibleSchemaChangeError
+
+    first = lake.open_window(LSN(0x100))
+    first.write(A, batch((1, 0x110, 1)).append_column("v", pa.array([1], pa.int64())))
+    first.commit(LSN(0x200), transactions=1, changes=1)
+    retyped = batch((2, 0x210, 1)).append_column("v", pa.array(["one"]))
+    window = lake.open_window(LSN(0x200))
+    with pytest.raises(IncompatibleSchemaChangeError, match=r"public\.a: column 'v' changed "
+                       r"type from int64 to string.*re-snapshot"):  # fmt: skip
+        window.write(A, retyped)
     assert lake.position() == LSN(0x200) and rows_of(lake, A) == [(1, 0x110)]
     assert not [
         p for p in Path(lake.paths.changes(A)).glob("*.parquet") if "0000000000000200" in p.name
     ]
+
+
+def test_a_volatile_default_stops_the_drain_naming_the_re_snapshot(tmp_path: Path) -> None:
+    from airflow_pglogrepl.exceptions import ColumnBackfillError
+
+    lake = Lake(str(tmp_path / "lake"), "s", origins=_origins(stamp=None))
+    first = lake.open_window(LSN(0x100))
+    first.write(A, batch((1, 0x110, 1)))
+    first.commit(LSN(0x200), transactions=1, changes=1)
+    stamped = batch((2, 0x210, 1)).append_column("stamp", pa.array(["now"]))
+    with pytest.raises(ColumnBackfillError, match=r"'stamp' .*volatile default.*re-snapshot"):
+        lake.open_window(LSN(0x200)).write(A, stamped)
+
+
+def test_a_renamed_column_is_told_from_an_added_one_by_its_attribute_number(
+    tmp_path: Path,
+) -> None:
+    from airflow_pglogrepl.exceptions import IncompatibleSchemaChangeError
+
+    lake = Lake(str(tmp_path / "lake"), "s", origins=_origins(natts=3, attnums={"b": 3, "c": 3}))
+    first = lake.open_window(LSN(0x100))
+    first.write(A, batch((1, 0x110, 1)).append_column("b", pa.array(["x"])))
+    first.commit(LSN(0x200), transactions=1, changes=1)
+    renamed = batch((2, 0x210, 1)).append_column("c", pa.array(["y"]))
+    with pytest.raises(IncompatibleSchemaChangeError, match=r"column 'b' was renamed to 'c'"):
+        lake.open_window(LSN(0x200)).write(A, renamed)
+    # the same names with "c" added after the table's 3 attributes: a drop and an add
+    lake.origins = _origins(natts=4, attnums={"b": 3, "c": 4})
+    window = lake.open_window(LSN(0x200))
+    window.write(A, renamed)
+    window.commit(LSN(0x300), transactions=1, changes=1)
+    assert {"b", "c"} <= set(_columns(lake, A))
+
+
+def test_a_re_snapshot_restarts_an_incompatible_changelog_and_covers_earlier_rows(
+    lake: Lake,
+) -> None:
+    first = lake.open_window(LSN(0x100))
+    first.write(A, batch((1, 0x110, 1)).append_column("v", pa.array([1], pa.int64())))
+    first.commit(LSN(0x200), transactions=1, changes=1)
+    new_schema = batch((9, 0x900, 1)).append_column("v", pa.array(["x"])).schema
+    assert lake.restart_changes(A, new_schema, LSN(0x500)) == "restarted"
+    assert rows_of(lake, A) == [] and txn_version(lake.paths.changes(A), lake.app) == 0x500
+    window = lake.open_window(LSN(0x200))
+    covered = batch((2, 0x300, 1), (3, 0x600, 1)).append_column("v", pa.array(["a", "b"]))
+    assert window.write(A, covered) == 1  # the row before 0x500 is in the re-snapshot's state
+    window.commit(LSN(0x700), transactions=2, changes=2)
+    assert rows_of(lake, A) == [(3, 0x600)]
+    wider = batch((9, 0x900, 1)).append_column("v", pa.array(["x"]))
+    wider = wider.append_column("w", pa.array([1.0]))
+    assert lake.restart_changes(A, wider.schema, LSN(0x800)) == "evolved"
+    assert "w" in _columns(lake, A) and rows_of(lake, A) == [(3, 0x600)]
 
 
 def test_a_column_delta_cannot_store_is_named_before_anything_is_written(lake: Lake) -> None:

@@ -269,11 +269,13 @@ def test_numeric_typmod() -> None:
     ("oid", "typmod", "expected"),
     [
         (OID.BOOL, -1, pa.bool_()),
-        (OID.INT2, -1, pa.int16()),
+        (OID.INT2, -1, pa.int64()),
+        (OID.INT4, -1, pa.int64()),
         (OID.INT8, -1, pa.int64()),
         (OID.FLOAT4, -1, pa.float32()),
-        (OID.NUMERIC, (10 << 16 | 2) + 4, pa.decimal128(10, 2)),
-        (OID.NUMERIC, (60 << 16 | 5) + 4, pa.decimal256(60, 5)),
+        (OID.NUMERIC, (10 << 16 | 2) + 4, pa.decimal128(38, 2)),
+        (OID.NUMERIC, (38 << 16 | 2) + 4, pa.decimal128(38, 2)),
+        (OID.NUMERIC, (60 << 16 | 5) + 4, pa.string()),
         (OID.NUMERIC, (200 << 16 | 5) + 4, pa.string()),
         (OID.NUMERIC, (5 << 16 | (-3 & 0x7FF)) + 4, pa.string()),
         (OID.NUMERIC, -1, pa.string()),
@@ -284,7 +286,7 @@ def test_numeric_typmod() -> None:
         (OID.TIMESTAMPTZ, -1, pa.timestamp("us", tz="UTC")),
         (OID.UUID, -1, pa.string()),
         (OID.JSONB, -1, pa.string()),
-        (1007, -1, pa.list_(pa.int32())),
+        (1007, -1, pa.list_(pa.int64())),
         (None, -1, pa.string()),
     ],
 )
@@ -370,6 +372,6 @@ def test_arrow_schema_of_a_table() -> None:
     )
     schema = arrow_schema(table)
     assert schema.names == ["id", "price", "mood", "qty"]
-    assert schema.types == [pa.int64(), pa.decimal128(10, 2), pa.string(), pa.int32()]
+    assert schema.types == [pa.int64(), pa.decimal128(38, 2), pa.string(), pa.int64()]
     assert schema.metadata == {b"postgres.relation": b"public.t"}
     assert arrow_schema(table) == schema

@@ -8,15 +8,16 @@ the same functions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from airflow_pglogrepl.hooks.pg import locks, server, slots
+from airflow_pglogrepl.hooks.pg import columns, locks, server, slots
 from airflow_pglogrepl.hooks.pg.connect import Conn, connect, dsn_params
 from airflow_pglogrepl.hooks.pg.snapshot import ExportedSnapshot, create_slot_with_snapshot
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.records import SlotInfo
+from airflow_pglogrepl.records import ColumnOrigins, SlotInfo
+from airflow_pglogrepl.tables import TableRef
 
 DSN_ENV = "PGLOGREPL_SOURCE_DSN"
 
@@ -64,6 +65,10 @@ class PgSource:
             self._params, slot, label=self.label, upto_lsn=upto_lsn, options=options,
             batch_rows=batch_rows, upto_nchanges=upto_nchanges,
         )  # fmt: skip
+
+    def column_origins(self, table: TableRef, names: Sequence[str]) -> ColumnOrigins:
+        with self.session() as conn:
+            return columns.column_origins(conn, table, names)
 
     def writer_lock(self, slot: str, *, role: str = "drain") -> AbstractContextManager[None]:
         return locks.writer_lock(self._params, slot, role=role, label=self.label)
