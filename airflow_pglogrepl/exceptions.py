@@ -233,7 +233,7 @@ class ColumnBackfillError(SchemaChangedError):
 
 
 class UnsupportedColumnTypeError(LakeError):
-    """Columns whose lake type Delta Lake cannot store (``time``, ``numeric`` over 38 digits)."""
+    """Columns whose lake type Delta Lake cannot store: a type the lake maps wrongly (a bug)."""
 
     def __init__(self, table: str, columns: dict[str, str]) -> None:
         self.table = table
@@ -241,9 +241,23 @@ class UnsupportedColumnTypeError(LakeError):
         shown = ", ".join(f"{name} ({kind})" for name, kind in columns.items())
         super().__init__(
             f"table {table} has columns Delta Lake cannot store as typed: {shown}. Nothing of "
-            f"this window was committed and the slot did not move. Fix: leave these columns out "
-            f"of the publication (a column list, PostgreSQL 15+: ALTER PUBLICATION ... SET TABLE "
-            f"{table} (col, ...)), or change their type on the publisher"
+            f"this window was committed and the slot did not move. Every PostgreSQL type should "
+            f"have a lake type (docs/types.md): please report this with the columns' types"
+        )
+
+
+class UnstorableValueError(LakeError):
+    """A value of a supported type that its lake type cannot hold (a timestamp after 294247)."""
+
+    def __init__(self, table: str, column: str, value: object, reason: str) -> None:
+        self.table = table
+        self.column = column
+        super().__init__(
+            f"table {table}, column {column!r}: the value {value!r} cannot be stored in the "
+            f"lake ({reason}). Nothing of it was committed and the slot did not move. "
+            f"Fix: correct the row on the publisher, then re-snapshot the table "
+            f"(InitialSnapshotOperator(tables=[{table!r}], ...)) and run the drain again: it "
+            f"skips the table's changes the snapshot already holds, this one included"
         )
 
 

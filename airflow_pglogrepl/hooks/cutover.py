@@ -26,6 +26,7 @@ from psycopg import sql
 from airflow_pglogrepl.exceptions import FenceNotHeldError as FenceNotHeldError
 from airflow_pglogrepl.exceptions import ObjectNotFoundError
 from airflow_pglogrepl.hooks.base import Conn, run_ddl
+from airflow_pglogrepl.hooks.pg.connect import TEXT_OUTPUT, set_session
 from airflow_pglogrepl.hooks.slots import SlotsMixin
 from airflow_pglogrepl.hooks.subscriptions import SubscriptionsMixin
 from airflow_pglogrepl.lsn import LSN
@@ -39,14 +40,7 @@ FENCE_MESSAGE_PREFIX = "pglogrepl.fence"
 READ_ONLY_SETTING = "default_transaction_read_only"
 
 # Row text must read the same on both servers: fix every setting that changes a type's output.
-_STABLE_OUTPUT = (
-    ("TimeZone", "UTC"),
-    ("DateStyle", "ISO, MDY"),
-    ("IntervalStyle", "postgres"),
-    ("extra_float_digits", "1"),
-    ("bytea_output", "hex"),
-    ("lc_monetary", "C"),
-)
+_STABLE_OUTPUT = {**TEXT_OUTPUT, "lc_monetary": "C"}
 
 
 @dataclass(frozen=True, order=True)
@@ -606,10 +600,7 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
             "::numeric), 0) AS checksum FROM {} AS t"
         ).format(row_text, sql.Identifier(table.schema, table.name))
         with self.session() as conn:
-            for name, value in _STABLE_OUTPUT:
-                conn.execute(
-                    sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(value))
-                )
+            set_session(conn, _STABLE_OUTPUT)
             row = conn.execute(query).fetchone()
         assert row is not None
         return TableChecksum(rows=int(row["rows"]), checksum=int(row["checksum"]))

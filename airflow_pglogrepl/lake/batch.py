@@ -12,6 +12,7 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_pglogrepl.exceptions import UnstorableValueError
 from airflow_pglogrepl.lake import changelog as cl
 from airflow_pglogrepl.lake.types import arrow_schema, arrow_value
 from airflow_pglogrepl.pgoutput.values import OID
@@ -128,7 +129,7 @@ class ChangelogBatch:
             list(zip(*self._rows, strict=True)) if count else [() for _ in self._names]
         )
         arrays = [
-            _arrow_column(values, oid, mod, field.type)
+            self._column(values, oid, mod, field)
             for values, (oid, mod), field in zip(columns, self._types, schema, strict=False)
         ]
         # the transaction's columns: each run's value, taken once for each of its changes
@@ -148,6 +149,28 @@ class ChangelogBatch:
         ]
         return pa.Table.from_arrays(arrays, schema=schema)
 
+    def _column(
+        self, values: Sequence[Any], oid: int | None, modifier: int, field: pa.Field
+    ) -> pa.Array:
+        try:
+            return _arrow_column(values, oid, modifier, field.type)
+        except ValueError:
+            error = self._unstorable(field.name, values, oid, modifier)
+            if error is None:
+                raise
+            raise error from None
+
+    def _unstorable(
+        self, name: str, values: Sequence[Any], oid: int | None, modifier: int
+    ) -> UnstorableValueError | None:
+        """The error naming the first value of a column that its lake type cannot hold."""
+        for value in values:
+            try:
+                _convert(value, oid, modifier)
+            except ValueError as exc:
+                return UnstorableValueError(str(self.ref), name, value, str(exc))
+        return None
+
     def _old_array(self, old_type: pa.DataType) -> pa.Array:
         import pyarrow as pa
 
@@ -156,15 +179,23 @@ class ChangelogBatch:
                 return pa.array(self._old, old_type)
             except _ARROW_REFUSED:
                 pass  # the exact conversion below raises the error the caller should see
-        olds = [
-            None
-            if old is None
-            else {
-                name: _convert(old.get(name), oid, mod)
-                for name, (oid, mod) in zip(self._names, self._types, strict=True)
-            }
-            for old in self._old
-        ]
+        try:
+            olds = [
+                None
+                if old is None
+                else {
+                    name: _convert(old.get(name), oid, mod)
+                    for name, (oid, mod) in zip(self._names, self._types, strict=True)
+                }
+                for old in self._old
+            ]
+        except ValueError:
+            for name, (oid, mod) in zip(self._names, self._types, strict=True):
+                column = [old.get(name) for old in self._old if old is not None]
+                error = self._unstorable(f"{cl.OLD}.{name}", column, oid, mod)
+                if error is not None:
+                    raise error from None
+            raise
         return pa.array(olds, old_type)
 
 
@@ -180,13 +211,13 @@ def _row_getter(names: Sequence[str]) -> Callable[[Mapping[str, Any]], tuple[Any
 
 
 # Types whose decoded values arrow_value returns unchanged: plain int, float, bool, bytes, str,
-# date, time and naive datetime objects (Interval, UUID and IP objects, which it converts, only
+# date and naive datetime objects (Interval, UUID and IP objects, which it converts, only
 # come from their own types). Their columns go to pyarrow as they are; should a value surprise
 # pyarrow, the column takes the exact per-value path, which converts or raises as it always did.
 _AS_IS_OIDS = frozenset(
     {
         OID.BOOL, OID.BYTEA, OID.NAME, OID.INT8, OID.INT2, OID.INT4, OID.TEXT, OID.FLOAT4,
-        OID.FLOAT8, OID.BPCHAR, OID.VARCHAR, OID.DATE, OID.TIME, OID.TIMESTAMP,
+        OID.FLOAT8, OID.BPCHAR, OID.VARCHAR, OID.DATE, OID.TIMESTAMP, OID.JSON, OID.JSONB,
     }
 )  # fmt: skip
 

@@ -4,21 +4,28 @@ The lake stores typed columns: a table's Arrow schema follows from the decoder's
 (type OIDs and modifiers from the Relation message), and ``arrow_value`` turns what the
 decoder's ``values`` produced into what ``pyarrow.array`` accepts for that type. The decoder
 (``pgoutput/``) knows nothing of Arrow; the drain and the snapshot both type through here.
-Choices where Arrow has no exact match:
+Choices where Arrow has no exact match (docs/types.md has the whole table):
 
 - every integer type (``smallint``, ``integer``, ``bigint``) is ``int64``: ``ALTER COLUMN ...
   TYPE bigint``, the type change tables actually go through when ids run out, then changes
   nothing in the lake (Delta Lake could only widen a column through a table feature that not
   every reader has);
 - ``numeric(p, s)`` up to 38 digits is ``decimal128(38, s)``, whatever ``p``: raising the
-  precision (the usual ``numeric`` change) keeps the lake type too. Unconstrained ``numeric``,
-  and any that cannot be a Delta decimal, is ``string`` holding the exact text. NaN cannot be
-  stored in a decimal column and is rejected, loudly;
+  precision (the usual ``numeric`` change) keeps the lake type too. Its ``NaN`` (the one special
+  value such a column accepts) is NULL: a decimal has no NaN, and Debezium's decimal mode does
+  the same. Unconstrained ``numeric``, and any that cannot be a Delta decimal, is ``string``
+  holding the exact text, ``NaN`` and ``Infinity`` included;
+- ``date`` and timestamps keep their Arrow types, with BC and far-future values exact and
+  ``infinity`` as the storage's extreme values; ``time`` is ``int64`` microseconds since
+  midnight (Delta has no time type). See ``lake.temporal``;
 - ``interval`` is ``struct<months int32, days int32, microseconds int64>``: Parquet cannot store
   Arrow's month-day-nano interval, and months and days are not fixed lengths of time;
-- ``uuid``, ``inet``, ``cidr``, ``json`` and ``jsonb`` are ``string`` (what Spark can read);
-- arrays are ``list<element>`` (one dimension; PostgreSQL does not type the dimension count);
-- types without a converter stay ``string``.
+- ``uuid``, ``inet``, ``cidr``, ``json`` and ``jsonb`` are ``string``; ``json``/``jsonb`` hold the
+  text PostgreSQL printed, unparsed;
+- arrays are ``list<element>``; a multi-dimensional array is stored flattened, in PostgreSQL's
+  storage order (the element type says nothing of the dimension count);
+- every other type (``timetz``, ``money``, ``bit``, enums, ranges, geometric types, ``xml``,
+  ``hstore`` ...) is ``string``: PostgreSQL's own text form, exact.
 
 pyarrow is imported inside the functions, so importing the decoder stays light.
 """
@@ -28,10 +35,10 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import ipaddress
-import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from airflow_pglogrepl.lake.temporal import date_days, time_micros, timestamp_micros
 from airflow_pglogrepl.pgoutput.values import ARRAY_ELEMENT, OID, Interval
 
 if TYPE_CHECKING:
@@ -98,7 +105,7 @@ def arrow_type(type_oid: int | None, type_modifier: int = -1) -> pa.DataType:
         OID.FLOAT4: pa.float32(),
         OID.FLOAT8: pa.float64(),
         OID.DATE: pa.date32(),
-        OID.TIME: pa.time64("us"),
+        OID.TIME: pa.int64(),  # microseconds since midnight
         OID.TIMESTAMP: pa.timestamp("us"),
         OID.TIMESTAMPTZ: pa.timestamp("us", tz="UTC"),
         OID.INTERVAL: pa.struct(
@@ -136,19 +143,19 @@ def arrow_schema(table: TableInfo) -> pa.Schema:
 def arrow_value(value: Any, type_oid: int | None, type_modifier: int = -1) -> Any:
     """A decoded value as ``pyarrow.array`` takes it for ``arrow_type(type_oid, type_modifier)``.
 
-    :raises ValueError: the value has no representation in that Arrow type (NaN in a decimal
-        column; 'infinity', BC or year > 9999 in a date/time column; a multi-dimensional array).
+    :raises ValueError: the value has no representation in that Arrow type (a timestamp after
+        294247-01-10; anything the decoder could not have produced for the type).
     """
     if value is None:
         return None
     element = ARRAY_ELEMENT.get(type_oid) if type_oid is not None else None
     if element is not None:
-        if any(isinstance(item, list) for item in value):
-            raise ValueError("multi-dimensional arrays do not fit Arrow list<element> columns")
-        return [arrow_value(item, element, type_modifier) for item in value]
+        return [arrow_value(item, element, type_modifier) for item in _flat(value)]
     if type_oid == OID.NUMERIC:
         if not is_decimal(numeric_precision_scale(type_modifier)):
-            return str(value)
+            return format(value, "f")  # as numeric_out prints it: never an exponent
+        if isinstance(value, decimal.Decimal) and value.is_nan():
+            return None  # a decimal has no NaN (documented)
         if not isinstance(value, decimal.Decimal) or not value.is_finite():
             raise ValueError(f"numeric {value!r} cannot be stored in an Arrow decimal column")
         return value
@@ -161,15 +168,23 @@ def arrow_value(value: Any, type_oid: int | None, type_modifier: int = -1) -> An
         return str(value.ip) if full else str(value)  # as inet_out prints it
     if isinstance(value, ipaddress.IPv4Network | ipaddress.IPv6Network):
         return str(value)
-    if type_oid in (OID.JSON, OID.JSONB):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, str) and type_oid in (
-        OID.DATE,
-        OID.TIME,
-        OID.TIMESTAMP,
-        OID.TIMESTAMPTZ,
-    ):
-        raise ValueError(f"{value!r} is outside what Arrow/Python date and time types hold")
+    if type_oid == OID.TIME:
+        return time_micros(value)
+    if isinstance(value, str):
+        if type_oid == OID.DATE:
+            return date_days(value)
+        if type_oid in (OID.TIMESTAMP, OID.TIMESTAMPTZ):
+            return timestamp_micros(value)
     if isinstance(value, dt.datetime) and type_oid == OID.TIMESTAMPTZ:
         return value.astimezone(dt.UTC)
     return value
+
+
+def _flat(value: list[Any]) -> list[Any]:
+    """An array's elements in storage order, however many dimensions it has."""
+    if not any(isinstance(item, list) for item in value):
+        return value
+    flat: list[Any] = []
+    for item in value:
+        flat.extend(_flat(item) if isinstance(item, list) else [item])
+    return flat

@@ -5,6 +5,8 @@ pgoutput sends each column in the type's output format (``'t'``) unless the slot
 type output functions, so one table of converters serves pgoutput and test_decoding alike. Types
 outside the table stay text: converting a value wrongly is worse than not converting it.
 
+``json`` and ``jsonb`` stay text too: parsing would lose what the text says exactly (a ``json``
+value's spacing and duplicate keys, a number's digits such as ``1.10`` or ``1e400``).
 Values Python's types cannot hold (``'infinity'`` dates and timestamps, BC or year > 9999 dates,
 ``24:00:00``) are returned as PostgreSQL's text, unchanged, rather than clamped or dropped.
 Text forms are parsed as PostgreSQL prints them with its default settings (``DateStyle`` ISO,
@@ -17,7 +19,6 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import ipaddress
-import json
 import re
 import struct
 import uuid
@@ -299,7 +300,7 @@ _TEXT: dict[int, Converter] = {
     OID.INT2: int,
     OID.INT4: int,
     OID.TEXT: _same,
-    OID.JSON: json.loads,
+    OID.JSON: _same,
     OID.CIDR: _cidr,
     OID.FLOAT4: float,  # float() reads PostgreSQL's NaN, Infinity and -Infinity
     OID.FLOAT8: float,
@@ -313,7 +314,7 @@ _TEXT: dict[int, Converter] = {
     OID.INTERVAL: _interval,
     OID.NUMERIC: Decimal,  # exact; Decimal reads NaN, Infinity and -Infinity too
     OID.UUID: uuid.UUID,
-    OID.JSONB: json.loads,
+    OID.JSONB: _same,
 }
 
 
@@ -418,13 +419,11 @@ _BYTES_FAST: dict[int, Converter] = {
     OID.FLOAT4: float,
     OID.FLOAT8: float,
     OID.BOOL: {b"t": True, b"f": False}.__getitem__,
-    OID.JSON: json.loads,  # json.loads takes UTF-8 bytes
-    OID.JSONB: json.loads,
     OID.DATE: _date_bytes,
     OID.TIMESTAMP: _timestamp_bytes,
     OID.TIMESTAMPTZ: _timestamp_bytes,
 }
-_TEXTLIKE = frozenset({OID.TEXT, OID.VARCHAR, OID.BPCHAR, OID.NAME})
+_TEXTLIKE = frozenset({OID.TEXT, OID.VARCHAR, OID.BPCHAR, OID.NAME, OID.JSON, OID.JSONB})
 
 
 def text_converter_for_bytes(type_oid: int) -> Converter:
@@ -586,10 +585,10 @@ def _bin_cidr(raw: bytes) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     return interface.network
 
 
-def _bin_jsonb(raw: bytes) -> Any:
+def _bin_jsonb(raw: bytes) -> str:
     if raw[:1] != b"\x01":  # jsonb_send writes a format version byte, currently 1
         raise ValueError(f"unknown jsonb binary version {raw[:1]!r}")
-    return json.loads(raw[1:])
+    return raw[1:].decode()  # jsonb's text, as jsonb_out prints it
 
 
 def _bin_float4(raw: bytes) -> float:
@@ -628,7 +627,7 @@ _BINARY: dict[int, Converter] = {
     OID.INT2: _bin_int,
     OID.INT4: _bin_int,
     OID.TEXT: bytes.decode,
-    OID.JSON: json.loads,
+    OID.JSON: bytes.decode,  # json_send sends the text as stored
     OID.CIDR: _bin_cidr,
     OID.FLOAT4: _bin_float4,
     OID.FLOAT8: lambda raw: _F8(raw)[0],

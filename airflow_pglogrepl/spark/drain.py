@@ -33,8 +33,10 @@ from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.lake import Lake, Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
+from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
+    from airflow_pglogrepl.pgoutput import TableInfo
     from airflow_pglogrepl.records import SlotInfo
 
 
@@ -242,9 +244,18 @@ class Drain:
             upto_nchanges=1 if next_commit else None,
         )
         last_commit: LSN | None = None
+        floors: dict[int, int] = {}
         for event in _events(stream, rows):
             if event.__class__ is Change:
                 change: Change = event
+                floor = floors.get(id(change.table))
+                if floor is None:
+                    floor = floors[id(change.table)] = self._floor(change.table, start)
+                if floor and int(change.commit_lsn or 0) < floor:
+                    # The table's state already holds this change (a re-snapshot after it):
+                    # skipped before its values are even converted, so a value the lake
+                    # could not store no longer stops the drain once the row is corrected.
+                    continue
                 batch = batches.get(id(change.table))
                 if batch is None:
                     batch = batches[id(change.table)] = ChangelogBatch(change.table)
@@ -268,6 +279,11 @@ class Drain:
         self.source.advance_slot(self.slot, end)
         stats.seconds = time.monotonic() - began
         return stats
+
+    def _floor(self, table: TableInfo, start: LSN) -> int:
+        """The commit LSN below which ``table``'s changes are already in the lake (0: none)."""
+        held = self.lake.covered(TableRef(table.schema, table.table))
+        return int(held) if held is not None and held > start else 0
 
     def _flush(self, window: Window, batch: ChangelogBatch, stats: WindowStats) -> None:
         name = str(batch.ref)

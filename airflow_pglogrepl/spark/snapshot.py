@@ -35,7 +35,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.exceptions import PgLogReplError, SinkNotEmptyError, SlotError
+from airflow_pglogrepl.exceptions import (
+    PgLogReplError,
+    SinkNotEmptyError,
+    SlotError,
+    UnstorableValueError,
+)
 from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.evolve import numbered
@@ -66,7 +71,9 @@ _FIRST_USER_OID = 10000
 _PARSED = frozenset({OID.BOOL, OID.INT2, OID.INT4, OID.INT8, OID.FLOAT8, OID.DATE,
                      OID.TIMESTAMP, OID.TIMESTAMPTZ})  # fmt: skip
 # Types the decoder keeps as the text PostgreSQL printed (uuid: uuid_out's form is str(UUID)).
-_VERBATIM = frozenset({OID.TEXT, OID.VARCHAR, OID.BPCHAR, OID.NAME, OID.UUID, None})
+_VERBATIM = frozenset(
+    {OID.TEXT, OID.VARCHAR, OID.BPCHAR, OID.NAME, OID.UUID, OID.JSON, OID.JSONB, None}
+)
 
 
 __all__ = ["SinkNotEmptyError", "SnapshotCopy", "SnapshotPoint", "bootstrap_plan"]
@@ -182,7 +189,7 @@ def _column_plan(info: TableInfo) -> tuple[_Column, ...]:
 
 
 def arrow_batches(
-    data: bytes | bytearray, columns: Sequence[_Column], schema: pa.Schema
+    data: bytes | bytearray, columns: Sequence[_Column], schema: pa.Schema, table: str = ""
 ) -> pa.Table:
     """CSV text of whole rows (``COPY ... (FORMAT csv)``) as an Arrow table of ``schema``.
 
@@ -211,24 +218,30 @@ def arrow_batches(
         target = schema.field(i).type
         values = parsed.column(i)
         if i in slow:
-            convert = text_converter(col.value_type) if col.value_type is not None else None
-            oid, mod = col.value_type, col.type_modifier
-            arrays.append(
-                pa.array(
-                    [
-                        None
-                        if text is None
-                        else arrow_value(convert(text) if convert else text, oid, mod)
-                        for text in values.to_pylist()
-                    ],
-                    type=target,
-                )
-            )
+            arrays.append(_converted(values.to_pylist(), col, target, table))
         elif col.mode == "float4":
             arrays.append(values.cast(pa.float32(), safe=False))
         else:
             arrays.append(values)
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _converted(texts: list[str | None], col: _Column, target: pa.DataType, table: str) -> pa.Array:
+    """One column's text converted value by value, exactly as the drain converts it."""
+    import pyarrow as pa
+
+    convert = text_converter(col.value_type) if col.value_type is not None else None
+    oid, mod = col.value_type, col.type_modifier
+    out: list[Any] = []
+    for text in texts:
+        if text is None:
+            out.append(None)
+            continue
+        try:
+            out.append(arrow_value(convert(text) if convert else text, oid, mod))
+        except ValueError as exc:
+            raise UnstorableValueError(table, col.name, text, str(exc)) from None
+    return pa.array(out, type=target)
 
 
 def _read_csv(buffer: Any, names: list[str], types: dict[str, Any]) -> pa.Table:
@@ -300,12 +313,16 @@ class CopyTask:
                 buffer += data
                 if len(buffer) >= self.chunk_bytes:
                     total += len(buffer)
-                    yield from arrow_batches(buffer, columns, schema).to_batches()
+                    yield from arrow_batches(
+                        buffer, columns, schema, str(self.table.table)
+                    ).to_batches()
                     buffer = bytearray()
                     fault("mid_copy")
             if buffer:
                 total += len(buffer)
-                yield from arrow_batches(buffer, columns, schema).to_batches()
+                yield from arrow_batches(
+                    buffer, columns, schema, str(self.table.table)
+                ).to_batches()
         if self.copied_bytes is not None:
             self.copied_bytes.add(total)
 

@@ -84,8 +84,9 @@ IST = dt.timezone(dt.timedelta(hours=5, minutes=30))
         (OID.INTERVAL, "1000000:00:00.000001", Interval(0, 0, 3_600_000_000_000_001)),
         (OID.UUID, "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
          uuid.UUID("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11")),
-        (OID.JSON, '{"a": [1, 2.5, null]}', {"a": [1, 2.5, None]}),
-        (OID.JSONB, '"text"', "text"),
+        # json and jsonb stay exactly as printed: spacing, duplicate keys, digits
+        (OID.JSON, '{"a": [1, 2.50, null],  "a": 1e400}', '{"a": [1, 2.50, null],  "a": 1e400}'),
+        (OID.JSONB, '"text"', '"text"'),
         (OID.INET, "192.168.1.5/24", ipaddress.ip_interface("192.168.1.5/24")),
         (OID.INET, "::1", ipaddress.ip_interface("::1/128")),
         (OID.CIDR, "10.0.0.0/8", ipaddress.ip_network("10.0.0.0/8")),
@@ -98,7 +99,7 @@ IST = dt.timezone(dt.timedelta(hours=5, minutes=30))
         (1231, "{1.5,-2}", [Decimal("1.5"), Decimal("-2")]),
         (1182, "{2024-01-01,infinity}", [dt.date(2024, 1, 1), "infinity"]),
         (1000, "{t,f}", [True, False]),
-        (3807, '{"{\\"a\\": 1}"}', [{"a": 1}]),
+        (3807, '{"{\\"a\\": 1}"}', ['{"a": 1}']),
         (142, "<x/>", "<x/>"),  # xml: not converted, kept as text
     ],
 )  # fmt: skip
@@ -190,8 +191,8 @@ def _i64(value: int) -> bytes:
         (OID.TIMESTAMPTZ, _i64(-1), dt.datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)),
         (OID.TIMESTAMPTZ, _i64(-(2**63)), "-infinity"),
         (OID.INTERVAL, struct.pack("!qii", 5, -3, 14), Interval(14, -3, 5)),
-        (OID.JSONB, b"\x01[1]", [1]),
-        (OID.JSON, b'{"a":1}', {"a": 1}),
+        (OID.JSONB, b"\x01[1]", "[1]"),
+        (OID.JSON, b'{"a":1}', '{"a":1}'),
         (OID.INET, bytes([2, 24, 0, 4, 192, 168, 1, 5]), ipaddress.ip_interface("192.168.1.5/24")),
         (OID.CIDR, bytes([2, 8, 1, 4, 10, 0, 0, 0]), ipaddress.ip_network("10.0.0.0/8")),
         (142, b"<x/>", b"<x/>"),  # no converter: the raw bytes
@@ -281,7 +282,7 @@ def test_numeric_typmod() -> None:
         (OID.NUMERIC, -1, pa.string()),
         (OID.BYTEA, -1, pa.binary()),
         (OID.DATE, -1, pa.date32()),
-        (OID.TIME, -1, pa.time64("us")),
+        (OID.TIME, -1, pa.int64()),
         (OID.TIMESTAMP, -1, pa.timestamp("us")),
         (OID.TIMESTAMPTZ, -1, pa.timestamp("us", tz="UTC")),
         (OID.UUID, -1, pa.string()),
@@ -344,17 +345,46 @@ def test_arrow_values_read_as_postgresql_prints_them() -> None:
     assert arrow_value(stamp, OID.TIMESTAMPTZ) == dt.datetime(2024, 1, 1, tzinfo=UTC)
 
 
+NUMERIC_10_2 = (10 << 16 | 2) + 4
+
+
+@pytest.mark.parametrize(
+    ("value", "oid", "typmod", "expected"),
+    [
+        (Decimal("NaN"), OID.NUMERIC, NUMERIC_10_2, None),  # a decimal has no NaN
+        (Decimal("NaN"), OID.NUMERIC, -1, "NaN"),
+        (Decimal("-Infinity"), OID.NUMERIC, -1, "-Infinity"),
+        ("infinity", OID.DATE, -1, 2**31 - 1),
+        ("-infinity", OID.DATE, -1, -(2**31)),
+        ("0044-03-15 BC", OID.DATE, -1, -735_160),
+        ("10000-01-01", OID.DATE, -1, 2_932_897),
+        ("infinity", OID.TIMESTAMP, -1, 2**63 - 1),
+        ("-infinity", OID.TIMESTAMPTZ, -1, -(2**63)),
+        ("0001-01-01 00:00:00 BC", OID.TIMESTAMP, -1, -62_167_219_200_000_000),
+        ("0001-01-01 00:00:00+00 BC", OID.TIMESTAMPTZ, -1, -62_167_219_200_000_000),
+        ("10000-01-01 00:00:00.5+01:30", OID.TIMESTAMPTZ, -1, 253_402_295_400_500_000),
+        ("24:00:00", OID.TIME, -1, 86_400_000_000),
+        (dt.time(0, 0, 1, 5), OID.TIME, -1, 1_000_005),
+        ([[1, 2], [3, None]], 1007, -1, [1, 2, 3, None]),  # stored flattened
+        ('{"a":  1}', OID.JSON, -1, '{"a":  1}'),
+    ],
+)
+def test_values_python_cannot_hold_have_a_lake_value(
+    value: Any, oid: int, typmod: int, expected: Any
+) -> None:
+    assert arrow_value(value, oid, typmod) == expected
+    pa.array([arrow_value(value, oid, typmod)], arrow_type(oid, typmod))
+
+
 @pytest.mark.parametrize(
     ("value", "oid", "typmod"),
     [
-        (Decimal("NaN"), OID.NUMERIC, (10 << 16 | 2) + 4),
-        (Decimal("Infinity"), OID.NUMERIC, (10 << 16 | 2) + 4),
-        ("infinity", OID.DATE, -1),
-        ("24:00:00", OID.TIME, -1),
-        ([[1, 2], [3, 4]], 1007, -1),
+        (Decimal("Infinity"), OID.NUMERIC, NUMERIC_10_2),  # PostgreSQL refuses it there
+        ("294248-01-01 00:00:00", OID.TIMESTAMP, -1),  # beyond int64 microseconds since 1970
+        ("25:00:00", OID.TIME, -1),
     ],
 )
-def test_values_arrow_cannot_hold_are_rejected_loudly(value: Any, oid: int, typmod: int) -> None:
+def test_values_the_lake_cannot_hold_are_rejected_loudly(value: Any, oid: int, typmod: int) -> None:
     with pytest.raises(ValueError):
         arrow_value(value, oid, typmod)
 
@@ -375,3 +405,33 @@ def test_arrow_schema_of_a_table() -> None:
     assert schema.types == [pa.int64(), pa.decimal128(38, 2), pa.string(), pa.int64()]
     assert schema.metadata == {b"postgres.relation": b"public.t"}
     assert arrow_schema(table) == schema
+
+
+def test_the_snapshot_stores_what_the_drain_stores_and_names_what_neither_can() -> None:
+    from airflow_pglogrepl.exceptions import UnstorableValueError
+    from airflow_pglogrepl.spark.snapshot import _column_plan, _plain_schema, arrow_batches
+
+    info = TableInfo(
+        "public",
+        "t",
+        [
+            ColumnInfo("id", OID.INT4, -1, True, OID.INT4),
+            ColumnInfo("ts", OID.TIMESTAMP, -1, False, OID.TIMESTAMP),
+            ColumnInfo("tm", OID.TIME, -1, False, OID.TIME),
+        ],
+    )
+    plan, schema = _column_plan(info), _plain_schema(info)
+    copied = arrow_batches(
+        b"1,infinity,24:00:00\n2,0001-01-01 00:00:00 BC,00:00:01\n3,,\n", plan, schema, "public.t"
+    )
+    assert copied.column("ts").cast(pa.int64()).to_pylist() == [
+        2**63 - 1,
+        -62_167_219_200_000_000,
+        None,
+    ]
+    assert copied.column("tm").to_pylist() == [86_400_000_000, 1_000_000, None]
+    with pytest.raises(
+        UnstorableValueError,
+        match=r"table public\.t, column 'ts': the value '294250-01-01 00:00:00' cannot be stored",
+    ):
+        arrow_batches(b"1,294250-01-01 00:00:00,\n", plan, schema, "public.t")

@@ -25,6 +25,26 @@ def dsn_params(dsn: str) -> dict[str, str]:
     return params
 
 
+# Every setting that changes a type's text output, fixed to the forms the decoder's converters
+# parse (``pgoutput.values``), whatever the server's, database's or role's defaults. pgoutput
+# prints values with the output functions of the session that decodes: for a peek, ours. The
+# snapshot's COPY and the drain's peek must print a value the same way, so both use this.
+# lc_monetary is left alone: money has no scale of its own, it prints as its locale says.
+TEXT_OUTPUT: dict[str, str] = {
+    "DateStyle": "ISO, MDY",
+    "IntervalStyle": "postgres",
+    "TimeZone": "UTC",
+    "bytea_output": "hex",
+    "extra_float_digits": "1",
+}
+
+
+def set_session(conn: Conn, settings: dict[str, str]) -> None:
+    """Apply session settings (``set_config``: names and values bound, nothing composed)."""
+    for name, value in settings.items():
+        conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+
+
 def connect(
     params: dict[str, str],
     *,

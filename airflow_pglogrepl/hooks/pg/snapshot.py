@@ -26,7 +26,7 @@ from psycopg import pq, sql
 from psycopg.abc import Buffer
 
 from airflow_pglogrepl.hooks.errors import slot_errors
-from airflow_pglogrepl.hooks.pg.connect import connect, show
+from airflow_pglogrepl.hooks.pg.connect import TEXT_OUTPUT, connect, set_session, show
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import validate_slot_name
 from airflow_pglogrepl.tables import TableRef
@@ -46,11 +46,7 @@ log = logging.getLogger("airflow_pglogrepl.snapshot")
 # converters parse (``pgoutput.values``), whatever the server's or role's defaults; the long
 # read-only transaction of a big range must not be cut short by a configured timeout.
 READER_SETTINGS: dict[str, str] = {
-    "DateStyle": "ISO",
-    "IntervalStyle": "postgres",
-    "TimeZone": "UTC",
-    "bytea_output": "hex",
-    "extra_float_digits": "1",
+    **TEXT_OUTPUT,
     "client_encoding": "UTF8",
     "statement_timeout": "0",
     "idle_in_transaction_session_timeout": "0",
@@ -245,8 +241,7 @@ class SnapshotReader:
         """
         conn = connect(self.params, label=f"{self.label}, reading the snapshot")
         with conn:
-            for name, value in READER_SETTINGS.items():
-                conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+            set_session(conn, READER_SETTINGS)
             conn.autocommit = False
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
