@@ -1,0 +1,623 @@
+"""A columnar pgoutput decoder: a batch of messages in one Arrow ``binary`` column in, one
+changelog Arrow table per table out, with no Python object per value on the common path.
+
+The per-message decoder (``PgOutputStream``, then ``lake.batch.ChangelogBatch``) spends most of
+its time in CPython: a ``bytes`` object per message, a Python value per column, then those
+values gathered back into Arrow columns. Here the messages stay in the column's single buffer
+and its offsets. Everything is read with numpy over whole batches:
+
+- the message type of every row, and the Begin fields (commit LSN, commit time, xid) each change
+  inherits from the transaction it sits in, with its order in that transaction (``_seq``);
+- the tuple data of all Inserts, Updates and Deletes of one table description at once, one
+  column at a time: the column's marker byte in every row, its length, where the next column
+  starts. A column's values are then one gather of bytes into an Arrow ``string`` column,
+  cast to the column's type by ``pyarrow.compute`` where that cast reads PostgreSQL's text
+  exactly as the reference converters do (integers, floats, booleans, bounded numerics,
+  dates, timestamps; text-like types need no cast). Other types, and a column whose cast
+  refuses a value (``infinity``, ``NaN`` in a decimal), go through the reference converters
+  value by value, so they come out the same.
+
+Relation and Type messages are rare and go through the reference decoder's own handlers, which
+keep the table descriptions. Anything else this decoder does not take (streamed or two-phase
+transactions, logical messages, binary tuple data, and every malformed message) raises
+``ColumnarUnsupportedError``: the caller decodes that window again with the reference decoder,
+which produces the same rows or the error the message deserves. The property tests hold the
+two decoders to identical Arrow output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_pglogrepl.lake import changelog as cl
+from airflow_pglogrepl.lake.batch import ChangelogBatch
+from airflow_pglogrepl.lake.types import arrow_value
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pgoutput.stream import PgOutputStream
+from airflow_pglogrepl.pgoutput.values import OID, text_converter_for_bytes
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+    from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
+
+__all__ = ["ColumnarDecoder", "ColumnarUnsupportedError", "TablePiece"]
+
+_B, _C, _I, _U, _D, _R, _Y, _T, _O = (ord(c) for c in "BCIUDRYTO")
+_N, _K, _OLD = ord("N"), ord("K"), ord("O")
+_TEXT_MARK, _NULL_MARK, _TOAST_MARK = ord("t"), ord("n"), ord("u")
+_PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since 1970
+
+# Types whose values need no cast: the text PostgreSQL printed is the lake value.
+_AS_TEXT = frozenset({None, OID.TEXT, OID.VARCHAR, OID.BPCHAR, OID.NAME, OID.JSON, OID.JSONB,
+                      OID.UUID})  # fmt: skip
+# Types pyarrow.compute casts from text to exactly what the reference converters produce.
+_CAST = frozenset({OID.INT2, OID.INT4, OID.INT8, OID.FLOAT4, OID.FLOAT8, OID.DATE,
+                   OID.TIMESTAMP, OID.TIMESTAMPTZ, OID.NUMERIC})  # fmt: skip
+
+
+class ColumnarUnsupportedError(Exception):
+    """The batch holds something only the reference decoder takes: decode the window there."""
+
+
+@dataclass(frozen=True)
+class TablePiece:
+    """Changelog rows of one table description, in commit order (``ChangelogBatch`` schema)."""
+
+    table: TableInfo
+    rows: pa.Table
+
+
+@dataclass
+class _Txn:
+    xid: int
+    commit_lsn: int
+    commit_ts_us: int  # microseconds since 1970, UTC
+    seq: int  # changes so far
+
+
+class ColumnarDecoder:
+    """Decode pgoutput (proto_version 1, text tuples) batch by batch, keeping the open
+    transaction and the table descriptions from one batch to the next."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        if options.get("streaming", "off") not in ("off", "false") or options.get(
+            "binary", "false"
+        ) not in ("false", "off"):
+            raise ColumnarUnsupportedError("streamed transactions and binary tuples")
+        self._ref = PgOutputStream.from_options(options)
+        self._txn: _Txn | None = None
+        self.transactions = 0
+        self.last_commit: LSN | None = None
+
+    def feed(self, data: pa.Array) -> list[TablePiece]:
+        """The changelog rows of one batch of messages (a ``binary`` or ``large_binary``
+        array, in slot order), one piece per table description, in the order they appear.
+
+        :raises ColumnarUnsupportedError: the batch needs the reference decoder. Anything that
+            fails on this path (a malformed message the reference names precisely, a value
+            no converter takes) declines too: the reference then decodes the window, and
+            produces the rows or the error. The decoder is spent after a decline.
+        """
+        try:
+            return self._feed(data)
+        except ColumnarUnsupportedError:
+            raise
+        except Exception as exc:
+            raise ColumnarUnsupportedError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _feed(self, data: pa.Array) -> list[TablePiece]:
+        import numpy as np
+        import pyarrow as pa
+
+        if data.null_count:
+            raise ColumnarUnsupportedError("a NULL message")
+        count = len(data)
+        if count == 0:
+            return []
+        buf, starts, ends = _buffers(data)
+        kinds = buf[starts]
+        known = np.isin(kinds, np.array([_B, _C, _I, _U, _D, _R, _Y, _T, _O], dtype=np.uint8))
+        if not known.all():
+            raise ColumnarUnsupportedError(f"message type {chr(kinds[~known][0])!r}")
+        if (ends - starts < 1).any():
+            raise ColumnarUnsupportedError("an empty message")
+        is_change = (kinds == _I) | (kinds == _U) | (kinds == _D)
+        # Relations, Types, Truncates and Origins: in order, through the reference handlers;
+        # each change then belongs to the description current at its position.
+        special = np.flatnonzero((kinds == _R) | (kinds == _Y) | (kinds == _T) | (kinds == _O))
+        truncates: dict[int, list[TableInfo]] = {}
+        versions: dict[int, list[tuple[int, TableInfo]]] = {}
+        self._before = dict(self._ref.tables)
+        for index in special.tolist():
+            raw = buf[starts[index] : ends[index]].tobytes()
+            kind = kinds[index]
+            if kind == _T:
+                truncates[index] = self._truncated(raw)
+            elif kind == _O:
+                continue  # the origin of the transaction: not part of the changelog
+            else:
+                self._ref.feed(LSN(0), raw)
+                if kind == _R:
+                    relid = int.from_bytes(raw[1:5], "big")
+                    versions.setdefault(relid, []).append((index, self._ref.tables[relid]))
+        seq, txn_of, txns = self._transactions(buf, starts, ends, kinds, truncates)
+        # per table description: its parts and the message index of each of their rows
+        groups: dict[int, tuple[TableInfo, list[pa.Table], list[np.ndarray]]] = {}
+
+        def add(table: TableInfo, rows: pa.Table, order: np.ndarray) -> None:
+            group = groups.setdefault(id(table), (table, [], []))
+            group[1].append(rows)
+            group[2].append(order)
+
+        change_index = np.flatnonzero(is_change)
+        if len(change_index):
+            relids = _be_u32(buf, starts[change_index] + 1)
+            for relid in np.unique(relids).tolist():
+                rows = change_index[relids == relid]
+                for table, chosen in self._by_version(relid, rows, versions):
+                    parsed = _Rows(table, buf, starts, ends, kinds, chosen)
+                    add(table, parsed.build(seq, txn_of, txns), chosen)
+        for index, tables in truncates.items():
+            txn = txns[int(txn_of[index])]
+            for offset, table in enumerate(tables):
+                add(table, _truncate_rows(table, txn, int(seq[index]) + offset),
+                    np.array([index]))  # fmt: skip
+        pieces = []
+        for table, parts, orders in groups.values():
+            order = np.concatenate(orders)
+            rows = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+            if len(parts) > 1:
+                rows = rows.take(pa.array(np.argsort(order, kind="stable")))
+            pieces.append((int(order.min()), TablePiece(table, rows)))
+        pieces.sort(key=lambda item: item[0])
+        return [piece for _, piece in pieces]
+
+    # -- transactions ---------------------------------------------------------------------
+
+    def _transactions(
+        self,
+        buf: np.ndarray,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        kinds: np.ndarray,
+        truncates: dict[int, list[TableInfo]],
+    ) -> tuple[np.ndarray, np.ndarray, list[_Txn]]:
+        """Per message: its ``_seq`` in its transaction and the index of that transaction in
+        the returned list (index 0: the one open when the batch began, if any)."""
+        import numpy as np
+
+        begins = np.flatnonzero(kinds == _B)
+        commits = np.flatnonzero(kinds == _C)
+        if ((ends[begins] - starts[begins]) != 21).any() or (
+            (ends[commits] - starts[commits]) != 26
+        ).any():
+            raise ColumnarUnsupportedError("a Begin or Commit of unexpected length")
+        txns: list[_Txn] = [self._txn or _Txn(0, 0, 0, 0)]
+        lsns = _be_u64(buf, starts[begins] + 1)
+        stamps = _be_i64(buf, starts[begins] + 9)
+        xids = _be_u32(buf, starts[begins] + 17)
+        for lsn, stamp, xid in zip(lsns.tolist(), stamps.tolist(), xids.tolist(), strict=True):
+            txns.append(_Txn(xid, lsn, stamp + _PG_EPOCH_US, 0))
+        # which transaction each message belongs to, and whether one is open there
+        txn_of = np.searchsorted(begins, np.arange(len(kinds)), side="right")
+        opened = np.zeros(len(kinds), dtype=np.int64)
+        opened[begins] = 1
+        closed = np.zeros(len(kinds), dtype=np.int64)
+        closed[commits] = 1
+        # open transactions after each message: 1 from a Begin to its Commit (exclusive)
+        depth = np.cumsum(opened) - np.cumsum(closed) + (1 if self._txn is not None else 0)
+        data_kinds = (kinds == _I) | (kinds == _U) | (kinds == _D) | (kinds == _T)
+        if (depth[data_kinds] != 1).any() or (depth < 0).any() or (depth > 1).any():
+            raise ColumnarUnsupportedError("a change outside a transaction, or nested Begins")
+        # _seq: changes before this one since its Begin (a Truncate counts once per table)
+        step = ((kinds == _I) | (kinds == _U) | (kinds == _D)).astype(np.int64)
+        for index, tables in truncates.items():
+            step[index] = len(tables)
+        before = np.cumsum(step) - step
+        base = np.zeros(len(txns), dtype=np.int64)
+        base[1:] = before[begins]
+        seq = before - base[txn_of]
+        seq[txn_of == 0] += txns[0].seq
+        # carry the transaction still open at the end into the next batch
+        if depth[-1] == 1:  # the last message belongs to the transaction still open
+            still = txns[-1]
+            carried = int(seq[-1] + step[-1])
+            self._txn = _Txn(still.xid, still.commit_lsn, still.commit_ts_us, carried)
+        else:
+            self._txn = None
+        self.transactions += len(commits)
+        if len(commits):
+            end = _be_u64(buf, starts[commits[-1:]] + 10)
+            self.last_commit = LSN(int(end[0]))
+        return seq, txn_of, txns
+
+    def _truncated(self, raw: bytes) -> list[TableInfo]:
+        """The tables a Truncate message names, as the reference decoder describes them."""
+        if len(raw) < 6:
+            raise ColumnarUnsupportedError("a short Truncate")
+        count = int.from_bytes(raw[1:5], "big")
+        if len(raw) != 6 + 4 * count:
+            raise ColumnarUnsupportedError("a Truncate of unexpected length")
+        tables = []
+        for i in range(count):
+            relid = int.from_bytes(raw[6 + 4 * i : 10 + 4 * i], "big")
+            table = self._ref.tables.get(relid)
+            if table is None:
+                raise ColumnarUnsupportedError(f"a Truncate of unknown relation {relid}")
+            tables.append(table)
+        return tables
+
+    def _by_version(
+        self, relid: int, rows: np.ndarray, versions: dict[int, list[tuple[int, TableInfo]]]
+    ) -> list[tuple[TableInfo, np.ndarray]]:
+        """``rows`` (message indexes of one relation) split by the description each used."""
+        import numpy as np
+
+        described = versions.get(relid, [])
+        current = self._ref.tables.get(relid)
+        if current is None:
+            raise ColumnarUnsupportedError(f"a change of unknown relation {relid}")
+        if not described:
+            return [(current, rows)]
+        out = []
+        positions = np.array([index for index, _ in described])
+        version = np.searchsorted(positions, rows, side="right")  # 0: before the first R
+        for v in np.unique(version).tolist():
+            chosen = rows[version == v]
+            if v == 0:
+                # described before this batch: the description before the batch's first R
+                table = self._before.get(relid)
+                if table is None:
+                    raise ColumnarUnsupportedError(f"a change of unknown relation {relid}")
+            else:
+                table = described[v - 1][1]
+            out.append((table, chosen))
+        return out
+
+    _before: dict[int, TableInfo]
+
+
+class _Rows:
+    """The changes of one table description within one batch, parsed column by column."""
+
+    def __init__(
+        self,
+        table: TableInfo,
+        buf: np.ndarray,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        kinds: np.ndarray,
+        rows: np.ndarray,
+    ) -> None:
+        self.table = table
+        self.buf = buf
+        self.rows = rows
+        self.ends = ends[rows]
+        self.kinds = kinds[rows]
+        self.starts = starts[rows]
+
+    def build(self, seq: np.ndarray, txn_of: np.ndarray, txns: list[_Txn]) -> pa.Table:
+        import numpy as np
+        import pyarrow as pa
+
+        buf, kinds, starts = self.buf, self.kinds, self.starts
+        marker = buf[starts + 5]
+        has_old = (kinds != _I) & ((marker == _K) | (marker == _OLD))
+        plain = (kinds == _I) | ((kinds == _U) & ~has_old)
+        if (plain & (marker != _N)).any():
+            raise ColumnarUnsupportedError("an unexpected tuple marker")
+        if ((kinds == _D) & ~has_old).any():
+            raise ColumnarUnsupportedError("a Delete without its old tuple")
+        tuple_at = starts + 6
+        names = self.table.names
+        width = len(names)
+        old_cols: list[_Column] | None = None
+        if has_old.any():
+            old_rows = np.flatnonzero(has_old)
+            old_cols, old_end = _parse_tuple(buf, tuple_at[old_rows], width)
+            # an Update's new tuple follows its old one after an 'N'
+            update_old = kinds[old_rows] == _U
+            delete_end = old_end[~update_old]
+            if (delete_end != self.ends[old_rows][~update_old]).any():
+                raise ColumnarUnsupportedError("bytes after a Delete's tuple")
+            new_at = old_end[update_old]
+            if (buf[np.minimum(new_at, len(buf) - 1)] != _N).any():
+                raise ColumnarUnsupportedError("an Update without its new tuple")
+            tuple_at = tuple_at.copy()
+            tuple_at[old_rows[update_old]] = new_at + 1
+        new_rows = np.flatnonzero(kinds != _D)
+        new_cols, new_end = _parse_tuple(buf, tuple_at[new_rows], width)
+        if (new_end != self.ends[new_rows]).any():
+            raise ColumnarUnsupportedError("bytes after a tuple")
+        count = len(self.rows)
+        # the row's columns: the new tuple (Insert, Update), or the old one (Delete)
+        columns = []
+        deletes = np.flatnonzero(kinds == _D)
+        schema = ChangelogBatch(self.table).schema()
+        for k, column in enumerate(self.table.columns):
+            values = _Column.combine(count, new_rows, new_cols[k],
+                                     deletes, _pick(old_cols, k, has_old, deletes))  # fmt: skip
+            columns.append(values.to_arrow(buf, column, schema.field(k).type, self.table))
+        op = np.full(count, ord("I"), dtype=np.uint8)
+        op[kinds == _U] = ord("U")
+        op[kinds == _D] = ord("D")
+        txn_index = txn_of[self.rows]
+        lsn = np.array([t.commit_lsn for t in txns], dtype=np.uint64)[txn_index]
+        xid = np.array([t.xid for t in txns], dtype=np.int64)[txn_index]
+        stamp = np.array([t.commit_ts_us for t in txns], dtype=np.int64)[txn_index]
+        unchanged = _unchanged(count, new_rows, new_cols, names, kinds)
+        old = _old_struct(count, has_old, kinds == _U, old_cols, buf, self.table,
+                          schema.field(cl.OLD).type)  # fmt: skip
+        arrays = [
+            *columns,
+            pa.array(op.view("S1").astype(str), pa.string()),
+            pa.array(lsn.astype(np.int64), pa.int64()),
+            pa.array(seq[self.rows], pa.int64()),
+            pa.array(xid, pa.int64()),
+            pa.array(stamp, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+            unchanged,
+            old,
+        ]
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+
+@dataclass
+class _Column:
+    """One column of many tuples: marker byte, value start and length (message buffer)."""
+
+    marks: np.ndarray
+    at: np.ndarray
+    size: np.ndarray
+
+    @staticmethod
+    def combine(
+        count: int, rows_a: np.ndarray, a: _Column, rows_b: np.ndarray, b: _Column | None
+    ) -> _Column:
+        import numpy as np
+
+        marks = np.full(count, _NULL_MARK, dtype=np.uint8)
+        at = np.zeros(count, dtype=np.int64)
+        size = np.zeros(count, dtype=np.int64)
+        for rows, part in ((rows_a, a), (rows_b, b)):
+            if part is None or not len(rows):
+                continue
+            marks[rows], at[rows], size[rows] = part.marks, part.at, part.size
+        return _Column(marks, at, size)
+
+    def texts(self, buf: np.ndarray) -> pa.Array:
+        """The values as one ``string`` array (NULL where no text was sent)."""
+        import numpy as np
+        import pyarrow as pa
+
+        valid = self.marks == _TEXT_MARK
+        size = np.where(valid, self.size, 0)
+        offsets = np.zeros(len(size) + 1, dtype=np.int64)
+        np.cumsum(size, out=offsets[1:])
+        total = int(offsets[-1])
+        if total:
+            gather = np.arange(total, dtype=np.int64) + np.repeat(self.at - offsets[:-1], size)
+            data = buf[gather]
+        else:
+            data = np.zeros(0, dtype=np.uint8)
+        mask = None if valid.all() else pa.array(valid).buffers()[1]
+        offsets_type, string_type = (
+            (np.int32, pa.string()) if total < 2**31 else (np.int64, pa.large_string())
+        )
+        array = pa.Array.from_buffers(
+            string_type,
+            len(size),
+            [mask, pa.py_buffer(offsets.astype(offsets_type)), pa.py_buffer(data)],
+        )
+        array.validate(full=True)  # UTF-8, as the reference's bytes.decode would insist
+        return array if string_type == pa.string() else array.cast(pa.string())
+
+    def to_arrow(
+        self, buf: np.ndarray, column: ColumnInfo, target: pa.DataType, table: TableInfo
+    ) -> pa.Array:
+        """The column's lake values, as the reference converters give them."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if (self.marks == ord("b")).any():
+            raise ColumnarUnsupportedError("binary tuple data")
+        try:
+            texts = self.texts(buf)
+        except pa.ArrowInvalid as exc:
+            raise ColumnarUnsupportedError(f"text that is not UTF-8: {exc}") from None
+        oid = column.value_type_oid
+        if oid in _AS_TEXT:
+            return texts
+        if oid == OID.BOOL:
+            sent = texts.drop_null()
+            if len(sent) and not pc.all(pc.is_in(sent, value_set=pa.array(["t", "f"]))).as_py():
+                raise ColumnarUnsupportedError("a boolean that is not t or f")
+            return pc.equal(texts, "t")
+        if oid in _CAST:
+            try:
+                if oid == OID.FLOAT4:
+                    return pc.cast(texts, pa.float64()).cast(pa.float32(), safe=False)
+                if oid == OID.TIMESTAMPTZ:
+                    return _timestamptz(texts)
+                return pc.cast(texts, target)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                pass  # a value the cast cannot read the reference way: value by value below
+        convert = text_converter_for_bytes(oid) if oid is not None else bytes.decode
+        modifier = column.type_modifier
+        values: list[Any] = []
+        for text in texts.to_pylist():
+            if text is None:
+                values.append(None)
+                continue
+            try:
+                values.append(arrow_value(convert(text.encode()), oid, modifier))
+            except Exception as exc:
+                raise ColumnarUnsupportedError(f"{table.table}.{column.name}: {exc}") from None
+        return pa.array(values, target)
+
+
+def _timestamptz(texts: pa.Array) -> pa.Array:
+    """``timestamptz`` text (``2024-01-01 10:00:00+00``, the session in UTC) as UTC instants."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.cast(texts, pa.timestamp("us", tz="UTC"))
+
+
+def _pick(old_cols: list[_Column] | None, k: int, has_old: np.ndarray, rows: np.ndarray) -> Any:
+    """Column ``k`` of the old tuples, for the message rows ``rows`` (all of which have one)."""
+    import numpy as np
+
+    if old_cols is None or not len(rows):
+        return None
+    position = np.cumsum(has_old) - 1  # row -> index among the rows with an old tuple
+    chosen = position[rows]
+    part = old_cols[k]
+    return _Column(part.marks[chosen], part.at[chosen], part.size[chosen])
+
+
+def _parse_tuple(buf: np.ndarray, at: np.ndarray, width: int) -> tuple[list[_Column], np.ndarray]:
+    """TupleData of many messages, column by column: the columns and where each tuple ends."""
+    import numpy as np
+
+    limit = len(buf)
+    if (at + 2 > limit).any():
+        raise ColumnarUnsupportedError("a tuple past the end of its message")
+    if (_be_u16(buf, at) != width).any():
+        raise ColumnarUnsupportedError("a tuple with another column count than its Relation")
+    position = at + 2
+    columns = []
+    for _ in range(width):
+        if (position >= limit).any():
+            raise ColumnarUnsupportedError("a tuple past the end of its message")
+        marks = buf[position]
+        text = (marks == _TEXT_MARK) | (marks == ord("b"))
+        if not (text | (marks == _NULL_MARK) | (marks == _TOAST_MARK)).all():
+            raise ColumnarUnsupportedError("an unknown column marker")
+        size = np.zeros(len(position), dtype=np.int64)
+        if text.any():
+            if (position[text] + 5 > limit).any():
+                raise ColumnarUnsupportedError("a length past the end of its message")
+            size[text] = _be_u32(buf, position[text] + 1)
+        start = position + 5
+        columns.append(_Column(marks, start, size))
+        position = np.where(text, start + size, position + 1)
+        if (position > limit).any():
+            raise ColumnarUnsupportedError("a value past the end of its message")
+    return columns, position
+
+
+def _unchanged(
+    count: int,
+    new_rows: np.ndarray,
+    new_cols: list[_Column],
+    names: Sequence[str],
+    kinds: np.ndarray,
+) -> pa.Array:
+    """``_unchanged``: per Update, the columns whose TOASTed value was not sent (sorted)."""
+    import numpy as np
+    import pyarrow as pa
+
+    toast = np.zeros((count, len(names)), dtype=bool)
+    for k, column in enumerate(new_cols):
+        toast[new_rows, k] = column.marks == _TOAST_MARK
+    toast[kinds != _U] = False
+    if not toast.any():
+        return pa.nulls(count, pa.list_(pa.string()))
+    lists: list[list[str] | None] = [None] * count
+    for row in np.flatnonzero(toast.any(axis=1)).tolist():
+        lists[row] = sorted(names[k] for k in np.flatnonzero(toast[row]).tolist())
+    return pa.array(lists, pa.list_(pa.string()))
+
+
+def _old_struct(
+    count: int,
+    has_old: np.ndarray,
+    updates: np.ndarray,
+    old_cols: list[_Column] | None,
+    buf: np.ndarray,
+    table: TableInfo,
+    old_type: pa.DataType,
+) -> pa.Array:
+    """``_old``: an Update's old row when the server sent it, else NULL."""
+    import numpy as np
+    import pyarrow as pa
+
+    with_old = has_old & updates
+    if old_cols is None or not with_old.any():
+        return pa.nulls(count, old_type)
+    rows = np.flatnonzero(with_old)
+    fields = []
+    for k, column in enumerate(table.columns):
+        part = _pick(old_cols, k, has_old, rows)
+        values = _Column.combine(count, rows, part, rows[:0], None)
+        fields.append(values.to_arrow(buf, column, old_type.field(k).type, table))
+    return pa.StructArray.from_arrays(fields, fields=list(old_type), mask=pa.array(~with_old))
+
+
+def _truncate_rows(table: TableInfo, txn: _Txn, seq: int) -> pa.Table:
+    import pyarrow as pa
+
+    schema = ChangelogBatch(table).schema()
+    width = len(table.names)
+    arrays = [pa.nulls(1, schema.field(k).type) for k in range(width)]
+    arrays += [
+        pa.array(["T"], pa.string()),
+        pa.array([txn.commit_lsn], pa.int64()),
+        pa.array([seq], pa.int64()),
+        pa.array([txn.xid], pa.int64()),
+        pa.array([txn.commit_ts_us], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+        pa.nulls(1, pa.list_(pa.string())),
+        pa.nulls(1, schema.field(cl.OLD).type),
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# -- the message buffer ---------------------------------------------------------------------
+
+
+def _buffers(data: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The messages' bytes as one uint8 array, with each message's start and end in it."""
+    import numpy as np
+    import pyarrow as pa
+
+    if pa.types.is_large_binary(data.type):
+        offset_type: Any = np.int64
+    elif pa.types.is_binary(data.type):
+        offset_type = np.int32
+    else:
+        raise ColumnarUnsupportedError(f"messages as {data.type}, not binary")
+    _, offsets_buffer, data_buffer = data.buffers()
+    offsets = np.frombuffer(offsets_buffer, dtype=offset_type)[
+        data.offset : data.offset + len(data) + 1
+    ].astype(np.int64)
+    buf = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer else np.zeros(1, np.uint8)
+    return buf, offsets[:-1], offsets[1:]
+
+
+def _gather(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    import numpy as np
+
+    index = at[:, None] + np.arange(width, dtype=np.int64)
+    if len(at) and (index.max() >= len(buf) or index.min() < 0):
+        raise ColumnarUnsupportedError("a field past the end of the messages")
+    return buf[index]
+
+
+def _be_u16(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
+    return _gather(buf, at, 2).copy().view(">u2").ravel().astype("int64")
+
+
+def _be_u32(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
+    return _gather(buf, at, 4).copy().view(">u4").ravel().astype("int64")
+
+
+def _be_u64(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
+    return _gather(buf, at, 8).copy().view(">u8").ravel()
+
+
+def _be_i64(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
+    return _gather(buf, at, 8).copy().view(">i8").ravel().astype("int64")
