@@ -198,6 +198,11 @@ class SinkNotEmptyError(LakeError):
     """An initial snapshot was asked for a lake that already holds data."""
 
 
+class ArrowPeekError(PgLogReplError):
+    """The ADBC fetch of a window failed (or ADBC is missing): the drain decodes that window
+    through psycopg and the reference decoder instead, which names the cause if it fails too."""
+
+
 class SchemaChangedError(LakeError):
     """A table changed in a way the lake cannot follow by itself; a re-snapshot of it can."""
 
@@ -243,6 +248,22 @@ class UnsupportedColumnTypeError(LakeError):
             f"table {table} has columns Delta Lake cannot store as typed: {shown}. Nothing of "
             f"this window was committed and the slot did not move. Every PostgreSQL type should "
             f"have a lake type (docs/types.md): please report this with the columns' types"
+        )
+
+
+class UnsupportedColumnNameError(LakeError):
+    """Column names Delta Lake refuses without column mapping (a space, ``,;{}()=``, a tab or
+    a newline), which the lake does not enable yet."""
+
+    def __init__(self, table: str, names: list[str]) -> None:
+        self.table = table
+        self.names = names
+        super().__init__(
+            f"table {table} has columns whose names Delta Lake refuses (it allows none of "
+            f"' ,;{{}}()=', a tab or a newline in a column name): {names!r}. Nothing was "
+            f"committed and the slot did not move. Fix: rename the columns on the publisher "
+            f"(ALTER TABLE {table} RENAME COLUMN ...) and re-snapshot the table, or leave them "
+            f"out of the publication (a column list, PostgreSQL 15+)"
         )
 
 

@@ -44,19 +44,25 @@ from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream
+from airflow_pglogrepl.pgoutput.columnar import ColumnarDecoder
 from airflow_pglogrepl.spark.app import DSN_ENV
+from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, PgCluster, local_cluster
 
 BATCH = 10_000
 PEEK_SLOT = "bench_peek"  # only ever peeked: the server and stage runs share it
-STAGES = ("fetch", "decode", "batches", "arrow", "parquet", "delta")
+STAGES = ("fetch", "decode", "batches", "arrow", "parquet", "delta",
+          "adbc", "columnar", "columnar_delta")  # fmt: skip
 STAGE_LABELS = {
-    "fetch": "hook fetch (peek_changes)",
-    "decode": "+ pgoutput decode",
-    "batches": "+ changelog batches (Python values)",
-    "arrow": "+ Arrow tables",
-    "parquet": "+ plain Parquet files (snappy, fsync; before Delta)",
-    "delta": "+ Delta append instead (files, fsync, one commit per window)",
+    "fetch": "reference: hook fetch (psycopg `peek_changes`)",
+    "decode": "reference: + pgoutput decode (per message)",
+    "batches": "reference: + changelog batches (Python values)",
+    "arrow": "reference: + Arrow tables",
+    "parquet": "reference: + plain Parquet files (snappy, fsync; before Delta)",
+    "delta": "reference: + Delta append instead (files, fsync, one commit per window)",
+    "adbc": "columnar: ADBC fetch (`peek_arrow`, Arrow batches)",
+    "columnar": "columnar: + columnar decode into changelog tables",
+    "columnar_delta": "columnar: + Delta append (files, fsync, one commit)",
 }
 
 
@@ -105,6 +111,8 @@ def stage(
     """The drain's steps up to ``level`` over the whole load, as ``Drain._window`` runs them
     (without the commit record and the slot advance); returns the changes seen (for
     ``fetch``, the rows: changes plus Begin, Commit and Relation messages)."""
+    if level in ("adbc", "columnar", "columnar_delta"):
+        return columnar_stage(hook, options, upto, level)
     rows = hook.peek_changes(PEEK_SLOT, upto_lsn=upto, options=options, batch_rows=batch_rows)
     if level == "fetch":
         return sum(1 for _ in rows)
@@ -139,6 +147,26 @@ def stage(
             if len(batch):
                 finish(batch)
         if level == "delta":
+            window.commit(upto, transactions=0, changes=changes)
+    return changes
+
+
+def columnar_stage(hook: DsnReplicationHook, options: dict[str, str], upto: LSN, level: str) -> int:
+    """The columnar path's steps up to ``level``; returns the messages (``adbc``) or changes."""
+    batches = hook.peek_arrow(PEEK_SLOT, upto_lsn=upto, options=options)
+    if level == "adbc":
+        return sum(len(batch) for batch in batches)
+    decoder = ColumnarDecoder(options)
+    changes = 0
+    with tempfile.TemporaryDirectory(prefix="bench-drain-columnar-") as out:
+        window = Lake(out, "bench").open_window(LSN(0))
+        for batch in batches:
+            for piece in decoder.feed(batch):
+                changes += piece.rows.num_rows
+                if level == "columnar_delta":
+                    table = piece.table
+                    window.write(TableRef(table.schema, table.table), piece.rows)
+        if level == "columnar_delta":
             window.commit(upto, transactions=0, changes=changes)
     return changes
 
@@ -244,8 +272,8 @@ def main() -> None:
                     lambda level=level: stage(hook, options, end, level, args.batch_rows)
                 )
                 keep(level, seconds)
-                if level == "fetch":
-                    assert counted == messages, (counted, messages)
+                if level in ("fetch", "adbc"):
+                    assert counted == messages, (level, counted, messages)
                     continue
                 changes = changes or counted
                 assert counted == changes, (level, counted, changes)

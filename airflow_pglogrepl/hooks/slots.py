@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
-from airflow_pglogrepl.hooks.pg import slots
+from airflow_pglogrepl.hooks.pg import arrow_peek, slots
 from airflow_pglogrepl.hooks.pg.slots import OUTPUT_PLUGINS, slot_info
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import validate_slot_name
@@ -91,4 +91,13 @@ class SlotsMixin(PgSessionHook):
             self.connection_params(), slot, label=f"Airflow connection {self.get_conn_id()!r}",
             upto_lsn=upto_lsn, options=options, binary=binary, upto_nchanges=upto_nchanges,
             batch_rows=batch_rows,
+        )  # fmt: skip
+
+    def peek_arrow(
+        self, slot: str, *, upto_lsn: LSN | str, options: Mapping[str, str]
+    ) -> Iterator[Any]:
+        """The slot's messages as Arrow batches (``hooks.pg.arrow_peek.peek_arrow``)."""
+        return arrow_peek.peek_arrow(
+            self.connection_params(), slot, label=f"Airflow connection {self.get_conn_id()!r}",
+            upto_lsn=upto_lsn, options=options,
         )  # fmt: skip

@@ -70,6 +70,14 @@ def column_types(schema: Any) -> list[tuple[str, str]]:
     return [(f["name"], json.dumps(f["type"], sort_keys=True)) for f in fields]
 
 
+_REFUSED_IN_NAMES = frozenset(" ,;{}()\n\t=")
+
+
+def refused_names(schema: pa.Schema) -> list[str]:
+    """Column names Delta Lake (Spark's writer) refuses unless column mapping is on."""
+    return [f.name for f in schema if _REFUSED_IN_NAMES.intersection(f.name)]
+
+
 def unsupported_columns(schema: pa.Schema) -> dict[str, str]:
     """Columns of ``schema`` Delta Lake has no type for, with their Arrow types (none: {})."""
     import pyarrow as pa

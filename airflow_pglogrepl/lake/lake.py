@@ -44,7 +44,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.exceptions import IncompatibleSchemaChangeError, UnsupportedColumnTypeError
+from airflow_pglogrepl.exceptions import (
+    IncompatibleSchemaChangeError,
+    UnsupportedColumnNameError,
+    UnsupportedColumnTypeError,
+)
 from airflow_pglogrepl.lake import delta, evolve
 from airflow_pglogrepl.lake.changelog import COMMIT_LSN
 from airflow_pglogrepl.lake.layout import LakePaths, app_id, table_dir
@@ -262,6 +266,9 @@ class Window:
         refused = delta.unsupported_columns(schema)
         if refused:
             raise UnsupportedColumnTypeError(str(table), refused)
+        names = delta.refused_names(schema)
+        if names:
+            raise UnsupportedColumnNameError(str(table), names)
         if pending is None:
             pending = self._pending[name] = _Pending(schema)
         pending.schema = schema

@@ -12,8 +12,9 @@ any of them at a committed version; nothing else under the root is state.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from urllib.parse import quote, unquote, urlparse
+from urllib.parse import urlparse
 
 from airflow_pglogrepl.tables import TableRef
 
@@ -22,21 +23,37 @@ APP_PREFIX = "airflow-pglogrepl"
 
 
 def table_dir(table: TableRef) -> str:
-    """``schema.table`` for a directory name; other characters escaped (``%XX``) so any name,
-    including ones with ``/``, ``.`` or ``=``, maps to one safe, reversible directory."""
+    """``schema.table`` for a directory name; other characters escaped (``~XX``, the UTF-8
+    bytes in hex) so any name, including ones with ``/``, ``.`` or ``=``, maps to one safe,
+    reversible directory.
+
+    Not ``%XX``: delta-rs (and Hadoop's ``Path``) percent-decode a table's location, so a
+    ``%3B`` directory would be written as one name and its log looked for under another.
+    """
     return f"{_escape(table.schema)}.{_escape(table.name)}"
 
 
 def table_from_dir(name: str) -> TableRef:
     """The inverse of ``table_dir``."""
     schema, _, table = name.partition(".")
-    return TableRef(unquote(schema), unquote(table))
+    return TableRef(_unescape(schema), _unescape(table))
 
 
 def _escape(part: str) -> str:
-    text = "".join(ch if ch in _SAFE else quote(ch, safe="") for ch in part).replace(".", "%2E")
+    text = "".join(ch if ch in _SAFE else _hex(ch) for ch in part)
     # Readers skip names starting with "_" (or "."): never start a directory that way.
-    return "%5F" + text[1:] if text.startswith("_") else text
+    return "~5F" + text[1:] if text.startswith("_") else text
+
+
+def _hex(ch: str) -> str:
+    return "".join(f"~{byte:02X}" for byte in ch.encode())
+
+
+_ESCAPED = re.compile(r"(?:~[0-9A-F]{2})+")
+
+
+def _unescape(part: str) -> str:
+    return _ESCAPED.sub(lambda m: bytes.fromhex(m.group(0).replace("~", "")).decode(), part)
 
 
 def app_id(slot: str) -> str:

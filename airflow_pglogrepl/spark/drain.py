@@ -27,12 +27,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from airflow_pglogrepl.exceptions import PgLogReplError
+from airflow_pglogrepl.exceptions import ArrowPeekError, PgLogReplError
 from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake.batch import ChangelogBatch
+from airflow_pglogrepl.lake.changelog import COMMIT_LSN
 from airflow_pglogrepl.lake.lake import Lake, Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
+from airflow_pglogrepl.pgoutput.columnar import ColumnarDecoder, ColumnarUnsupportedError
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
@@ -59,6 +61,10 @@ class DrainSource(Protocol):
         batch_rows: int = ...,
         upto_nchanges: int | None = ...,
     ) -> Iterator[tuple[LSN, int | None, Any]]: ...
+
+    def peek_arrow(
+        self, slot: str, *, upto_lsn: LSN | str, options: Mapping[str, str]
+    ) -> Iterator[Any]: ...
 
 
 log = logging.getLogger("airflow_pglogrepl.drain")
@@ -89,6 +95,7 @@ class WindowStats:
     changes: int = 0
     seconds: float = 0.0
     tables: dict[str, int] = field(default_factory=dict)
+    decoder: str = "reference"  # or "columnar": which path decoded the window
 
 
 @dataclass
@@ -126,6 +133,7 @@ class DrainResult:
             "startup_s": round(self.startup_s, 3),
             "changes_per_s": round(changes / window_s, 1) if window_s > 0 else 0.0,
             "tables": _sum_tables(self.windows),
+            "columnar_windows": sum(w.decoder == "columnar" for w in self.windows),
             "peak_rss_mb": _peak_rss_mb(),
         }
 
@@ -145,6 +153,19 @@ def _sum_tables(windows: Sequence[WindowStats]) -> dict[str, int]:
     return total
 
 
+@dataclass(frozen=True)
+class _Piece:
+    table: TableInfo
+    rows: Any  # pa.Table
+
+
+def _at_or_after(rows: Any, floor: int) -> Any:
+    """The changelog rows whose commit LSN is at or after ``floor``."""
+    import pyarrow.compute as pc
+
+    return rows.filter(pc.greater_equal(rows.column(COMMIT_LSN), floor))
+
+
 class Drain:
     """The drain loop: the slot's changes, window by window, into ``lake``."""
 
@@ -158,9 +179,11 @@ class Drain:
         max_window_bytes: int,
         max_windows: int | None = None,
         batch_rows: int = 200_000,
+        columnar: bool = True,
     ) -> None:
         if max_window_bytes <= 0:
             raise ValueError("max_window_bytes must be positive")
+        self.columnar = columnar
         self.source = source
         self.lake = lake
         self.slot = slot
@@ -230,7 +253,71 @@ class Drain:
 
     def _window(self, start: LSN, end: LSN, *, next_commit: bool = False) -> WindowStats:
         """Drain ``[start, end)``; with ``next_commit``, only the first transaction that commits
-        before ``end``, and the window ends just past its commit record."""
+        before ``end``, and the window ends just past its commit record.
+
+        The columnar path (ADBC fetch, columnar decoder) takes the window when it can. Whatever
+        it declines (streamed transactions, a malformed message, a value it cannot convert, a
+        failed fetch) is decoded again, whole, by the reference path (psycopg, the per-message
+        decoder): that one gives the same rows, or the error that names the cause. Nothing of
+        the declined attempt is committed; its files stay invisible.
+        """
+        if self.columnar and not next_commit:
+            try:
+                return self._columnar_window(start, end)
+            except (ColumnarUnsupportedError, ArrowPeekError) as exc:
+                log.info("window %s..%s: decoded per message (%s)", start, end, exc)
+        return self._reference_window(start, end, next_commit=next_commit)
+
+    def _columnar_window(self, start: LSN, end: LSN) -> WindowStats:
+        began = time.monotonic()
+        stats = WindowStats(start=start, end=end, decoder="columnar")
+        window = self.lake.open_window(start)
+        decoder = ColumnarDecoder(self.options)
+        floors: dict[int, int] = {}
+        pending: dict[int, list[Any]] = {}  # relation OID -> pieces of one description
+        for data in self.source.peek_arrow(self.slot, upto_lsn=end, options=self.options):
+            for piece in decoder.feed(data):
+                table = piece.table
+                floor = floors.get(id(table))
+                if floor is None:
+                    floor = floors[id(table)] = self._floor(table, start)
+                rows = piece.rows
+                if floor:  # rows the table's state already holds (a re-snapshot after them)
+                    rows = _at_or_after(rows, floor)
+                stats.changes += rows.num_rows
+                relid = table.relation_id or 0
+                queued = pending.get(relid)
+                if queued and queued[0].table is not table:  # a new description: older first
+                    self._flush_pieces(window, queued, stats)
+                    queued = None
+                if queued is None:
+                    queued = pending[relid] = []
+                queued.append(_Piece(table, rows))
+                if sum(p.rows.num_rows for p in queued) >= self.batch_rows:
+                    self._flush_pieces(window, queued, stats)
+                    pending[relid] = []
+        for queued in pending.values():
+            if queued:
+                self._flush_pieces(window, queued, stats)
+        stats.transactions = decoder.transactions
+        fault("after_write")
+        window.commit(end, transactions=stats.transactions, changes=stats.changes)
+        fault("after_commit")
+        self.source.advance_slot(self.slot, end)
+        stats.seconds = time.monotonic() - began
+        return stats
+
+    def _flush_pieces(self, window: Window, pieces: list[_Piece], stats: WindowStats) -> None:
+        import pyarrow as pa
+
+        table = pieces[0].table
+        ref = TableRef(table.schema, table.table)
+        rows = pa.concat_tables([p.rows for p in pieces]) if len(pieces) > 1 else pieces[0].rows
+        name = str(ref)
+        stats.tables[name] = stats.tables.get(name, 0) + rows.num_rows
+        window.write(ref, rows)
+
+    def _reference_window(self, start: LSN, end: LSN, *, next_commit: bool = False) -> WindowStats:
         began = time.monotonic()
         stats = WindowStats(start=start, end=end)
         window = self.lake.open_window(start)

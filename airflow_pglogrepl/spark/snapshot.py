@@ -40,9 +40,11 @@ from airflow_pglogrepl.exceptions import (
     SinkNotEmptyError,
     SlotError,
     UnstorableValueError,
+    UnsupportedColumnNameError,
 )
 from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake.batch import ChangelogBatch
+from airflow_pglogrepl.lake.delta import refused_names
 from airflow_pglogrepl.lake.evolve import numbered
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.types import arrow_schema, arrow_type, arrow_value
@@ -583,6 +585,10 @@ class SnapshotCopy:
         reader = SnapshotReader(self.reader_params)
         with reader.transaction(self.point.snapshot_name) as conn:
             tables = reader.published_tables(conn, self.publications, self.tables)
+        for table in tables:  # before anything is copied: the drain would refuse them too
+            names = refused_names(_plain_schema(table_info(table)))
+            if names:
+                raise UnsupportedColumnNameError(str(table.table), names)
         result.plan_s = time.monotonic() - began
         began = time.monotonic()
         if self.tables is not None:

@@ -67,7 +67,13 @@ def source(publisher: PgCluster) -> Iterator[Source]:
 
 
 def drain_in_process(
-    spark: Any, src: Source, sink: str, *, window: int, batch_rows: int = 200_000
+    spark: Any,
+    src: Source,
+    sink: str,
+    *,
+    window: int,
+    batch_rows: int = 200_000,
+    columnar: bool = True,
 ) -> dict[str, Any]:
     """One drain run on the session's Spark (no JVM start), then materialize, under the lock."""
     hook = src.hook()
@@ -75,10 +81,14 @@ def drain_in_process(
     with hook.writer_lock(src.slot):
         result = Drain(
             source=hook, lake=lake, slot=src.slot, publications=[src.publication],
-            max_window_bytes=window, batch_rows=batch_rows,
+            max_window_bytes=window, batch_rows=batch_rows, columnar=columnar,
         ).run(time.monotonic()).to_dict()  # fmt: skip
         result["materialized"] = materialize(spark, lake)
     return result
+
+
+def ordered(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(rows, key=lambda r: (r["_commit_lsn"], r["_seq"]))
 
 
 def drain_app(src: Source, sink: str, *args: str, fault: str | None = None) -> Any:
@@ -160,11 +170,15 @@ def workload(src: Source, seed: int) -> int:
 def test_random_dml_in_many_windows_lands_exactly(
     spark: Any, source: Source, tmp_path: Path
 ) -> None:
+    # a second slot, drained by the reference path (psycopg, per-message decoder) alone
+    reference = Source(source.cluster, source.db, f"{source.slot}_ref", source.publication)
+    source.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (reference.slot,))
     expected_changes = workload(source, seed=20261122)
     sink = str(tmp_path / "lake")
     result = drain_in_process(spark, source, sink, window=12 * 1024)
     assert result["windows"] > 10, result
     assert result["changes"] == expected_changes
+    assert result["columnar_windows"] > result["windows"] // 2, result
     # state/ equals every source table, row for row
     for ref in TABLES:
         assert lake_rows(sink, ref) == source_rows(source.cluster, source.db, ref.name), ref
@@ -181,6 +195,44 @@ def test_random_dml_in_many_windows_lands_exactly(
     # a second run with nothing new drains zero changes and succeeds
     again = drain_in_process(spark, source, sink, window=64 * 1024)
     assert again["changes"] == 0
+    # the reference path writes the same changelog, row for row
+    ref_sink = str(tmp_path / "reference")
+    try:
+        done = drain_in_process(spark, reference, ref_sink, window=12 * 1024, columnar=False)
+        assert done["columnar_windows"] == 0 and done["changes"] == expected_changes
+        for ref in TABLES:
+            assert ordered(changelog(ref_sink, ref)) == ordered(changelog(sink, ref)), ref
+    finally:
+        source.sql("SELECT pg_drop_replication_slot(%s)", (reference.slot,))
+
+
+def test_hostile_names_go_through_the_columnar_path(
+    spark: Any, source: Source, tmp_path: Path
+) -> None:
+    """Quotes, a semicolon, a backslash and unicode in the publication, schema, table and
+    column names: the peek's arguments are bound, the lake's directories escaped. Column names
+    Delta Lake refuses are refused before anything is committed, naming the fix."""
+    from airflow_pglogrepl.exceptions import UnsupportedColumnNameError
+
+    hostile = Source(source.cluster, source.db, source.slot, 'pub "q"; \\ é')
+    table = '"Sch; ema"."Tab ""le"" é"'
+    source.sql('CREATE SCHEMA "Sch; ema"')
+    source.sql(f'CREATE TABLE {table} (id int PRIMARY KEY, "co""l\\é" text)')
+    source.sql(f'CREATE PUBLICATION "pub ""q""; \\ é" FOR TABLE {table}')
+    source.sql(f"INSERT INTO {table} VALUES (1, 'a'), (2, 'b;''c')")
+    source.sql(f'UPDATE {table} SET "co""l\\é" = \'d\' WHERE id = 1')
+    sink = str(tmp_path / "lake")
+    result = drain_in_process(spark, hostile, sink, window=1 << 30)
+    assert result["columnar_windows"] == result["windows"] == 1, result
+    ref = TableRef("Sch; ema", 'Tab "le" é')
+    assert lake_rows(sink, ref) == [(1, "d"), (2, "b;'c")]
+
+    position = Lake(sink, source.slot).position()
+    source.sql(f'ALTER TABLE {table} ADD COLUMN "first name" text')
+    source.sql(f"INSERT INTO {table} VALUES (3, 'e', 'f')")
+    with pytest.raises(UnsupportedColumnNameError, match=r"\['first name'\].*RENAME COLUMN"):
+        drain_in_process(spark, hostile, sink, window=1 << 30)
+    assert Lake(sink, source.slot).position() == position
 
 
 def test_idle_publication_still_advances_the_slot(

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from airflow_pglogrepl.exceptions import SlotInUseError, SlotLostError
+from airflow_pglogrepl.exceptions import ArrowPeekError, SlotInUseError, SlotLostError
 from airflow_pglogrepl.lake.delta import read_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
@@ -62,6 +62,19 @@ class FakeSource:
         assert start is not None and upto_lsn is not None
         yield from (r for r in self.rows if start <= r[0] < LSN(upto_lsn))
 
+    def peek_arrow(
+        self, slot: str, *, upto_lsn: LSN | str, options: Mapping[str, str]
+    ) -> Iterator[Any]:
+        import pyarrow as pa
+
+        if self.arrow_fails:
+            raise ArrowPeekError("ADBC is not here")
+        rows = [r[2] for r in self.peek_changes(slot, upto_lsn=upto_lsn, options=options)]
+        for first in range(0, len(rows), 2):  # small batches: transactions span them
+            yield pa.array(rows[first : first + 2], pa.binary())
+
+    arrow_fails = False
+
 
 def two_transactions() -> Session:
     session = Session(start=0x1000)
@@ -82,6 +95,21 @@ def test_a_drain_writes_the_lake_then_advances_the_slot(tmp_path: Path) -> None:
     rows = read_table(lake.paths.changes(TableRef("public", "items"))).to_pylist()
     assert sorted((r["id"], r["name"], r["_op"]) for r in rows) == [
         (1, "one", "I"), (2, "two", "I"), (3, "three", "I")
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("arrow_fails", [False, True])
+def test_both_decoding_paths_write_the_same_lake(tmp_path: Path, arrow_fails: bool) -> None:
+    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x2000)
+    source.arrow_fails = arrow_fails
+    lake = Lake(str(tmp_path / "lake"), "s")
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=1 << 20)
+    result = drain.run(time.monotonic()).to_dict()
+    assert result["columnar_windows"] == (0 if arrow_fails else 1)
+    assert result["changes"] == 3 and result["transactions"] == 2
+    rows = read_table(lake.paths.changes(TableRef("public", "items"))).to_pylist()
+    assert sorted((r["id"], r["name"], r["_op"], r["_seq"]) for r in rows) == [
+        (1, "one", "I", 0), (2, "two", "I", 1), (3, "three", "I", 0)
     ]  # fmt: skip
 
 

@@ -35,8 +35,9 @@ def test_table_dir_round_trips_and_is_safe(schema: str, name: str) -> None:
 
 @pytest.mark.parametrize(
     ("schema", "name", "expected"),
-    [("public", "orders", "public.orders"), ("_hidden", "t", "%5Fhidden.t"),
-     ("a.b", "c/d=e", "a%2Eb.c%2Fd%3De"), ("s", "_t", "s.%5Ft")],
+    [("public", "orders", "public.orders"), ("_hidden", "t", "~5Fhidden.t"),
+     ("a.b", "c/d=e", "a~2Eb.c~2Fd~3De"), ("s", "_t", "s.~5Ft"),
+     ("é ~", "x%y", "~C3~A9~20~7E.x~25y")],
 )  # fmt: skip
 def test_table_dir_examples(schema: str, name: str, expected: str) -> None:
     assert table_dir(TableRef(schema, name)) == expected

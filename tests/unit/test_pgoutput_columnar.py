@@ -258,3 +258,11 @@ def test_an_open_transaction_carries_into_the_next_batch() -> None:
     decoder = ColumnarDecoder(OPTIONS)
     decoder.feed(pa.array(messages, pa.binary()))
     assert decoder.transactions == 1 and decoder.last_commit == LSN(0x510)
+
+
+def test_peek_arguments_travel_as_a_text_array_literal_not_sql() -> None:
+    from airflow_pglogrepl.hooks.pg.arrow_peek import _text_array
+
+    assert _text_array(["publication_names", '"a ""b""", c\\d']) == (
+        '{"publication_names","\\"a \\"\\"b\\"\\"\\", c\\\\d"}'
+    )

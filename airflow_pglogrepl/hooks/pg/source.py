@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from airflow_pglogrepl.hooks.pg import columns, locks, server, slots
+from airflow_pglogrepl.hooks.pg import arrow_peek, columns, locks, server, slots
 from airflow_pglogrepl.hooks.pg.connect import Conn, connect, dsn_params
 from airflow_pglogrepl.hooks.pg.snapshot import ExportedSnapshot, create_slot_with_snapshot
 from airflow_pglogrepl.lsn import LSN
@@ -65,6 +65,13 @@ class PgSource:
             self._params, slot, label=self.label, upto_lsn=upto_lsn, options=options,
             batch_rows=batch_rows, upto_nchanges=upto_nchanges,
         )  # fmt: skip
+
+    def peek_arrow(
+        self, slot: str, *, upto_lsn: LSN | str, options: Mapping[str, str]
+    ) -> Iterator[Any]:
+        return arrow_peek.peek_arrow(
+            self._params, slot, label=self.label, upto_lsn=upto_lsn, options=options
+        )
 
     def column_origins(self, table: TableRef, names: Sequence[str]) -> ColumnOrigins:
         with self.session() as conn:
