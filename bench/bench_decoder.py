@@ -8,7 +8,10 @@ into a throwaway cluster, then measures, on one core each:
 - the client fetch (psycopg reading the same rows), for scale;
 - ``PgOutputStream`` on those rows already in memory: building the change records (values
   converted lazily, as a consumer that routes or converts columns in bulk would use them), and
-  with every row's values converted to Python objects (``change.new`` / ``change.old``).
+  with every row's values converted to Python objects (``change.new`` / ``change.old``);
+- the columnar decoder (``lake.columnar``, protocol 1) on the same messages held as Arrow
+  ``binary`` batches of ``--arrow-batch`` messages (as the ADBC fetch hands them over), all the
+  way to typed changelog tables.
 
 Each figure is the best of ``--repeat`` runs, server and decoder runs alternating so that both
 meet the same load when the machine is shared. Not a test: run it with
@@ -24,6 +27,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import pyarrow as pa
+
+from airflow_pglogrepl.lake.columnar import ColumnarDecoder
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, local_cluster
@@ -33,6 +39,12 @@ PEEK = (
     "SELECT {what} FROM pg_logical_slot_peek_binary_changes("
     "'bench', NULL, NULL, 'proto_version', %s, 'publication_names', 'bench')"
 )
+
+
+def decode_columnar(batches: Sequence[Any]) -> int:
+    """Typed changelog rows from Arrow batches of messages (the columnar decoder)."""
+    decoder = ColumnarDecoder({"proto_version": "1", "publication_names": "bench"})
+    return sum(piece.rows.num_rows for batch in batches for piece in decoder.feed(batch))
 
 
 def best_of(repeat: int, run: Callable[[], Any]) -> tuple[float, Any]:
@@ -70,6 +82,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=250_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--proto-version", type=int, default=1, choices=[1, 2, 3, 4])
+    parser.add_argument("--arrow-batch", type=int, default=50_000, help="messages per batch")
     args = parser.parse_args()
 
     with local_cluster("bench-decoder", LOGICAL_SETTINGS) as cluster, cluster.connect() as conn:
@@ -103,6 +116,12 @@ def main() -> None:
             return [(LSN(lsn), xid, data) for lsn, xid, data in cur]
 
         fetch_s, rows = best_of(1, fetch)
+        step = args.arrow_batch
+        arrow_batches = [
+            pa.array([data for _, _, data in rows[i : i + step]], pa.binary())
+            for i in range(0, len(rows), step)
+        ]
+        columnar_s = float("inf")
         # server and decoder runs alternate, so both meet the same load on a shared machine
         server_s = records_s = values_s = float("inf")
         for _ in range(args.repeat):
@@ -111,6 +130,8 @@ def main() -> None:
             seconds, events = best_of(1, lambda: decode_records(rows, args.proto_version))
             records_s = min(records_s, seconds)
             values_s = min(values_s, best_of(1, lambda: decode_values(rows, args.proto_version))[0])
+            if args.proto_version == 1:
+                columnar_s = min(columnar_s, best_of(1, lambda: decode_columnar(arrow_batches))[0])
         messages = int(counted)
         assert len(rows) == messages, (len(rows), messages)
 
@@ -122,7 +143,10 @@ def main() -> None:
     print(f"client fetch (psycopg, for scale):      {fetch_s:6.2f} s  "
           f"{messages / fetch_s:>11,.0f} msg/s")  # fmt: skip
     for label, seconds in (("decoder, records (lazy values)", records_s),
-                           ("decoder, records + values", values_s)):  # fmt: skip
+                           ("decoder, records + values", values_s),
+                           ("columnar decoder, changelog tables", columnar_s)):  # fmt: skip
+        if seconds == float("inf"):
+            continue
         rate = messages / seconds
         print(f"{label + ':':39} {seconds:6.2f} s  {rate:>11,.0f} msg/s  "
               f"ratio to server {rate / server_rate:.2f}")  # fmt: skip

@@ -41,10 +41,10 @@ from typing import Any
 
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.lake.batch import ChangelogBatch
+from airflow_pglogrepl.lake.columnar import ColumnarDecoder
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream
-from airflow_pglogrepl.pgoutput.columnar import ColumnarDecoder
 from airflow_pglogrepl.spark.app import DSN_ENV
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, PgCluster, local_cluster

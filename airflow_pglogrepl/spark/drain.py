@@ -31,10 +31,10 @@ from airflow_pglogrepl.exceptions import ArrowPeekError, PgLogReplError
 from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.changelog import COMMIT_LSN
+from airflow_pglogrepl.lake.columnar import ColumnarDecoder, ColumnarUnsupportedError
 from airflow_pglogrepl.lake.lake import Lake, Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
-from airflow_pglogrepl.pgoutput.columnar import ColumnarDecoder, ColumnarUnsupportedError
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:

@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_pglogrepl.lake.batch import ChangelogBatch
+from airflow_pglogrepl.lake.columnar import ColumnarDecoder, ColumnarUnsupportedError
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream
-from airflow_pglogrepl.pgoutput.columnar import ColumnarDecoder, ColumnarUnsupportedError
 from airflow_pglogrepl.pgoutput.messages import (
     UNCHANGED_TOAST,
     BeginMessage,
