@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.lake import changelog as cl
 from airflow_pglogrepl.lake.batch import ChangelogBatch
-from airflow_pglogrepl.lake.types import arrow_value
+from airflow_pglogrepl.lake.types import arrow_from_texts
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput.stream import PgOutputStream
-from airflow_pglogrepl.pgoutput.values import OID, text_converter_for_bytes
+from airflow_pglogrepl.pgoutput.values import OID
 
 if TYPE_CHECKING:
     import numpy as np
@@ -337,10 +337,11 @@ class _Rows:
         # the row's columns: the new tuple (Insert, Update), or the old one (Delete)
         columns = []
         deletes = np.flatnonzero(kinds == _D)
+        old_index = np.cumsum(has_old) - 1  # row -> its place among the rows with an old tuple
         schema = ChangelogBatch(self.table).schema()
         for k, column in enumerate(self.table.columns):
             values = _Column.combine(count, new_rows, new_cols[k],
-                                     deletes, _pick(old_cols, k, has_old, deletes))  # fmt: skip
+                                     deletes, _pick(old_cols, k, old_index, deletes))  # fmt: skip
             columns.append(values.to_arrow(buf, column, schema.field(k).type, self.table))
         op = np.full(count, ord("I"), dtype=np.uint8)
         op[kinds == _U] = ord("U")
@@ -350,7 +351,7 @@ class _Rows:
         xid = np.array([t.xid for t in txns], dtype=np.int64)[txn_index]
         stamp = np.array([t.commit_ts_us for t in txns], dtype=np.int64)[txn_index]
         unchanged = _unchanged(count, new_rows, new_cols, names, kinds)
-        old = _old_struct(count, has_old, kinds == _U, old_cols, buf, self.table,
+        old = _old_struct(count, has_old, old_index, kinds == _U, old_cols, buf, self.table,
                           schema.field(cl.OLD).type)  # fmt: skip
         arrays = [
             *columns,
@@ -440,41 +441,18 @@ class _Column:
             try:
                 if oid == OID.FLOAT4:
                     return pc.cast(texts, pa.float64()).cast(pa.float32(), safe=False)
-                if oid == OID.TIMESTAMPTZ:
-                    return _timestamptz(texts)
                 return pc.cast(texts, target)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 pass  # a value the cast cannot read the reference way: value by value below
-        convert = text_converter_for_bytes(oid) if oid is not None else bytes.decode
-        modifier = column.type_modifier
-        values: list[Any] = []
-        for text in texts.to_pylist():
-            if text is None:
-                values.append(None)
-                continue
-            try:
-                values.append(arrow_value(convert(text.encode()), oid, modifier))
-            except Exception as exc:
-                raise ColumnarUnsupportedError(f"{table.table}.{column.name}: {exc}") from None
-        return pa.array(values, target)
+        return arrow_from_texts(texts.to_pylist(), oid, column.type_modifier, target)
 
 
-def _timestamptz(texts: pa.Array) -> pa.Array:
-    """``timestamptz`` text (``2024-01-01 10:00:00+00``, the session in UTC) as UTC instants."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    return pc.cast(texts, pa.timestamp("us", tz="UTC"))
-
-
-def _pick(old_cols: list[_Column] | None, k: int, has_old: np.ndarray, rows: np.ndarray) -> Any:
-    """Column ``k`` of the old tuples, for the message rows ``rows`` (all of which have one)."""
-    import numpy as np
-
+def _pick(old_cols: list[_Column] | None, k: int, old_index: np.ndarray, rows: np.ndarray) -> Any:
+    """Column ``k`` of the old tuples, for the message rows ``rows`` (all of which have one);
+    ``old_index`` maps a row to its place among the rows with an old tuple."""
     if old_cols is None or not len(rows):
         return None
-    position = np.cumsum(has_old) - 1  # row -> index among the rows with an old tuple
-    chosen = position[rows]
+    chosen = old_index[rows]
     part = old_cols[k]
     return _Column(part.marks[chosen], part.at[chosen], part.size[chosen])
 
@@ -536,6 +514,7 @@ def _unchanged(
 def _old_struct(
     count: int,
     has_old: np.ndarray,
+    old_index: np.ndarray,
     updates: np.ndarray,
     old_cols: list[_Column] | None,
     buf: np.ndarray,
@@ -552,7 +531,7 @@ def _old_struct(
     rows = np.flatnonzero(with_old)
     fields = []
     for k, column in enumerate(table.columns):
-        part = _pick(old_cols, k, has_old, rows)
+        part = _pick(old_cols, k, old_index, rows)
         values = _Column.combine(count, rows, part, rows[:0], None)
         fields.append(values.to_arrow(buf, column, old_type.field(k).type, table))
     return pa.StructArray.from_arrays(fields, fields=list(old_type), mask=pa.array(~with_old))

@@ -36,10 +36,11 @@ import datetime as dt
 import decimal
 import ipaddress
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.lake.temporal import date_days, time_micros, timestamp_micros
-from airflow_pglogrepl.pgoutput.values import ARRAY_ELEMENT, OID, Interval
+from airflow_pglogrepl.pgoutput.values import ARRAY_ELEMENT, OID, Interval, text_converter
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -178,6 +179,39 @@ def arrow_value(value: Any, type_oid: int | None, type_modifier: int = -1) -> An
     if isinstance(value, dt.datetime) and type_oid == OID.TIMESTAMPTZ:
         return value.astimezone(dt.UTC)
     return value
+
+
+class UnconvertibleTextError(ValueError):
+    """One value of PostgreSQL's text that its column's lake type cannot take."""
+
+    def __init__(self, text: str, reason: str) -> None:
+        self.text = text
+        self.reason = reason
+        super().__init__(f"{text!r}: {reason}")
+
+
+def arrow_from_texts(
+    texts: Sequence[str | None], type_oid: int | None, type_modifier: int, target: pa.DataType
+) -> pa.Array:
+    """A column given as PostgreSQL's text, converted value by value exactly as the drain's
+    decoder and ``arrow_value`` convert it (the slow path of the snapshot and of the columnar
+    decoder, for types and values no vectorized cast reads the same way).
+
+    :raises UnconvertibleTextError: naming the first value that does not convert.
+    """
+    import pyarrow as pa
+
+    convert = text_converter(type_oid) if type_oid is not None else None
+    out: list[Any] = []
+    for text in texts:
+        if text is None:
+            out.append(None)
+            continue
+        try:
+            out.append(arrow_value(convert(text) if convert else text, type_oid, type_modifier))
+        except ValueError as exc:
+            raise UnconvertibleTextError(text, str(exc)) from None
+    return pa.array(out, type=target)
 
 
 def _flat(value: list[Any]) -> list[Any]:

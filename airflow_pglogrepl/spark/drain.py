@@ -31,7 +31,11 @@ from airflow_pglogrepl.exceptions import ArrowPeekError, PgLogReplError
 from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.changelog import COMMIT_LSN
-from airflow_pglogrepl.lake.columnar import ColumnarDecoder, ColumnarUnsupportedError
+from airflow_pglogrepl.lake.columnar import (
+    ColumnarDecoder,
+    ColumnarUnsupportedError,
+    TablePiece,
+)
 from airflow_pglogrepl.lake.lake import Lake, Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
@@ -153,12 +157,6 @@ def _sum_tables(windows: Sequence[WindowStats]) -> dict[str, int]:
     return total
 
 
-@dataclass(frozen=True)
-class _Piece:
-    table: TableInfo
-    rows: Any  # pa.Table
-
-
 def _at_or_after(rows: Any, floor: int) -> Any:
     """The changelog rows whose commit LSN is at or after ``floor``."""
     import pyarrow.compute as pc
@@ -274,48 +272,40 @@ class Drain:
         window = self.lake.open_window(start)
         decoder = ColumnarDecoder(self.options)
         floors: dict[int, int] = {}
-        pending: dict[int, list[Any]] = {}  # relation OID -> pieces of one description
+        pending: dict[int, list[TablePiece]] = {}  # relation OID -> pieces of one description
+        queued_rows: dict[int, int] = {}
         for data in self.source.peek_arrow(self.slot, upto_lsn=end, options=self.options):
             for piece in decoder.feed(data):
                 table = piece.table
-                floor = floors.get(id(table))
-                if floor is None:
-                    floor = floors[id(table)] = self._floor(table, start)
                 rows = piece.rows
+                floor = self._floor(floors, table, start)
                 if floor:  # rows the table's state already holds (a re-snapshot after them)
                     rows = _at_or_after(rows, floor)
                 stats.changes += rows.num_rows
                 relid = table.relation_id or 0
-                queued = pending.get(relid)
+                queued = pending.setdefault(relid, [])
                 if queued and queued[0].table is not table:  # a new description: older first
-                    self._flush_pieces(window, queued, stats)
-                    queued = None
-                if queued is None:
-                    queued = pending[relid] = []
-                queued.append(_Piece(table, rows))
-                if sum(p.rows.num_rows for p in queued) >= self.batch_rows:
-                    self._flush_pieces(window, queued, stats)
-                    pending[relid] = []
+                    self._write_pieces(window, queued, stats)
+                    queued.clear()
+                    queued_rows[relid] = 0
+                queued.append(TablePiece(table, rows))
+                queued_rows[relid] = queued_rows.get(relid, 0) + rows.num_rows
+                if queued_rows[relid] >= self.batch_rows:
+                    self._write_pieces(window, queued, stats)
+                    queued.clear()
+                    queued_rows[relid] = 0
         for queued in pending.values():
             if queued:
-                self._flush_pieces(window, queued, stats)
+                self._write_pieces(window, queued, stats)
         stats.transactions = decoder.transactions
-        fault("after_write")
-        window.commit(end, transactions=stats.transactions, changes=stats.changes)
-        fault("after_commit")
-        self.source.advance_slot(self.slot, end)
-        stats.seconds = time.monotonic() - began
-        return stats
+        return self._commit(window, stats, began)
 
-    def _flush_pieces(self, window: Window, pieces: list[_Piece], stats: WindowStats) -> None:
+    def _write_pieces(self, window: Window, pieces: list[TablePiece], stats: WindowStats) -> None:
         import pyarrow as pa
 
         table = pieces[0].table
-        ref = TableRef(table.schema, table.table)
         rows = pa.concat_tables([p.rows for p in pieces]) if len(pieces) > 1 else pieces[0].rows
-        name = str(ref)
-        stats.tables[name] = stats.tables.get(name, 0) + rows.num_rows
-        window.write(ref, rows)
+        self._write(window, TableRef(table.schema, table.table), rows, stats)
 
     def _reference_window(self, start: LSN, end: LSN, *, next_commit: bool = False) -> WindowStats:
         began = time.monotonic()
@@ -335,9 +325,7 @@ class Drain:
         for event in _events(stream, rows):
             if event.__class__ is Change:
                 change: Change = event
-                floor = floors.get(id(change.table))
-                if floor is None:
-                    floor = floors[id(change.table)] = self._floor(change.table, start)
+                floor = self._floor(floors, change.table, start)
                 if floor and int(change.commit_lsn or 0) < floor:
                     # The table's state already holds this change (a re-snapshot after it):
                     # skipped before its values are even converted, so a value the lake
@@ -349,33 +337,41 @@ class Drain:
                 batch.add(change, change.seq)
                 stats.changes += 1
                 if len(batch) >= self.batch_rows:
-                    self._flush(window, batch, stats)
+                    self._write(window, batch.ref, batch.to_arrow(), stats)
                     batches[id(change.table)] = ChangelogBatch(change.table)
             elif event.__class__ is TransactionCommit:
                 stats.transactions += 1
                 last_commit = event.end_lsn
         for batch in batches.values():
             if len(batch):
-                self._flush(window, batch, stats)
+                self._write(window, batch.ref, batch.to_arrow(), stats)
         if next_commit and last_commit is not None and last_commit < end:
             end = stats.end = last_commit  # the window ends just past the one commit it holds
+        return self._commit(window, stats, began)
+
+    def _commit(self, window: Window, stats: WindowStats, began: float) -> WindowStats:
+        """Commit the window to the lake, then, and only then, advance the slot to its end."""
         fault("after_write")
-        window.commit(end, transactions=stats.transactions, changes=stats.changes)
+        window.commit(stats.end, transactions=stats.transactions, changes=stats.changes)
         fault("after_commit")
         # The window is durable in the sink: only now may the slot forget it.
-        self.source.advance_slot(self.slot, end)
+        self.source.advance_slot(self.slot, stats.end)
         stats.seconds = time.monotonic() - began
         return stats
 
-    def _floor(self, table: TableInfo, start: LSN) -> int:
-        """The commit LSN below which ``table``'s changes are already in the lake (0: none)."""
-        held = self.lake.covered(TableRef(table.schema, table.table))
-        return int(held) if held is not None and held > start else 0
+    def _floor(self, floors: dict[int, int], table: TableInfo, start: LSN) -> int:
+        """The commit LSN below which ``table``'s changes are already in the lake (0: none),
+        looked up once per table description and window (``floors``)."""
+        floor = floors.get(id(table))
+        if floor is None:
+            held = self.lake.covered(TableRef(table.schema, table.table))
+            floor = floors[id(table)] = int(held) if held is not None and held > start else 0
+        return floor
 
-    def _flush(self, window: Window, batch: ChangelogBatch, stats: WindowStats) -> None:
-        name = str(batch.ref)
-        stats.tables[name] = stats.tables.get(name, 0) + len(batch)
-        window.write(batch.ref, batch.to_arrow())
+    def _write(self, window: Window, ref: TableRef, rows: Any, stats: WindowStats) -> None:
+        name = str(ref)
+        stats.tables[name] = stats.tables.get(name, 0) + rows.num_rows
+        window.write(ref, rows)
         fault("mid_write")
 
 

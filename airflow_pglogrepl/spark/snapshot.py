@@ -47,7 +47,12 @@ from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.delta import refused_names
 from airflow_pglogrepl.lake.evolve import numbered
 from airflow_pglogrepl.lake.lake import Lake
-from airflow_pglogrepl.lake.types import arrow_schema, arrow_type, arrow_value
+from airflow_pglogrepl.lake.types import (
+    UnconvertibleTextError,
+    arrow_from_texts,
+    arrow_schema,
+    arrow_type,
+)
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
 from airflow_pglogrepl.pgoutput.values import OID, TYPNAME_OIDS, text_converter
@@ -230,20 +235,10 @@ def arrow_batches(
 
 def _converted(texts: list[str | None], col: _Column, target: pa.DataType, table: str) -> pa.Array:
     """One column's text converted value by value, exactly as the drain converts it."""
-    import pyarrow as pa
-
-    convert = text_converter(col.value_type) if col.value_type is not None else None
-    oid, mod = col.value_type, col.type_modifier
-    out: list[Any] = []
-    for text in texts:
-        if text is None:
-            out.append(None)
-            continue
-        try:
-            out.append(arrow_value(convert(text) if convert else text, oid, mod))
-        except ValueError as exc:
-            raise UnstorableValueError(table, col.name, text, str(exc)) from None
-    return pa.array(out, type=target)
+    try:
+        return arrow_from_texts(texts, col.value_type, col.type_modifier, target)
+    except UnconvertibleTextError as exc:
+        raise UnstorableValueError(table, col.name, exc.text, exc.reason) from None
 
 
 def _read_csv(buffer: Any, names: list[str], types: dict[str, Any]) -> pa.Table:
