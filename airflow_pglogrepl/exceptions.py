@@ -198,6 +198,10 @@ class SinkNotEmptyError(LakeError):
     """An initial snapshot was asked for a lake that already holds data."""
 
 
+class SnapshotReadError(PgLogReplError):
+    """A snapshot reader's session, its import of the exported snapshot, or its read failed."""
+
+
 class ArrowPeekError(PgLogReplError):
     """The ADBC fetch of a window failed (or ADBC is missing): the drain decodes that window
     through psycopg and the reference decoder instead, which names the cause if it fails too."""

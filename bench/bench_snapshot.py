@@ -105,7 +105,7 @@ def main() -> None:
 
         seconds, rows = best_of(args.repeat, in_process)
         assert rows == args.rows, rows
-        results.append(("`CopyTask` alone, 1 range, no Spark (COPY csv -> Arrow)", seconds))
+        results.append(("`CopyTask` alone, 1 range, no Spark (ADBC -> lake Arrow)", seconds))
 
         spark = local_session("bench-snapshot", cores=2)
         workdir = tempfile.mkdtemp(prefix="bench-snapshot-")

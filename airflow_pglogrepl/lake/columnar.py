@@ -33,10 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.lake import changelog as cl
 from airflow_pglogrepl.lake.batch import ChangelogBatch
-from airflow_pglogrepl.lake.types import arrow_from_texts
+from airflow_pglogrepl.lake.types import arrow_from_text_array
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput.stream import PgOutputStream
-from airflow_pglogrepl.pgoutput.values import OID
 
 if TYPE_CHECKING:
     import numpy as np
@@ -50,13 +49,6 @@ _B, _C, _I, _U, _D, _R, _Y, _T, _O = (ord(c) for c in "BCIUDRYTO")
 _N, _K, _OLD = ord("N"), ord("K"), ord("O")
 _TEXT_MARK, _NULL_MARK, _TOAST_MARK = ord("t"), ord("n"), ord("u")
 _PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since 1970
-
-# Types whose values need no cast: the text PostgreSQL printed is the lake value.
-_AS_TEXT = frozenset({None, OID.TEXT, OID.VARCHAR, OID.BPCHAR, OID.NAME, OID.JSON, OID.JSONB,
-                      OID.UUID})  # fmt: skip
-# Types pyarrow.compute casts from text to exactly what the reference converters produce.
-_CAST = frozenset({OID.INT2, OID.INT4, OID.INT8, OID.FLOAT4, OID.FLOAT8, OID.DATE,
-                   OID.TIMESTAMP, OID.TIMESTAMPTZ, OID.NUMERIC})  # fmt: skip
 
 
 class ColumnarUnsupportedError(Exception):
@@ -421,7 +413,6 @@ class _Column:
     ) -> pa.Array:
         """The column's lake values, as the reference converters give them."""
         import pyarrow as pa
-        import pyarrow.compute as pc
 
         if (self.marks == ord("b")).any():
             raise ColumnarUnsupportedError("binary tuple data")
@@ -429,22 +420,7 @@ class _Column:
             texts = self.texts(buf)
         except pa.ArrowInvalid as exc:
             raise ColumnarUnsupportedError(f"text that is not UTF-8: {exc}") from None
-        oid = column.value_type_oid
-        if oid in _AS_TEXT:
-            return texts
-        if oid == OID.BOOL:
-            sent = texts.drop_null()
-            if len(sent) and not pc.all(pc.is_in(sent, value_set=pa.array(["t", "f"]))).as_py():
-                raise ColumnarUnsupportedError("a boolean that is not t or f")
-            return pc.equal(texts, "t")
-        if oid in _CAST:
-            try:
-                if oid == OID.FLOAT4:
-                    return pc.cast(texts, pa.float64()).cast(pa.float32(), safe=False)
-                return pc.cast(texts, target)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                pass  # a value the cast cannot read the reference way: value by value below
-        return arrow_from_texts(texts.to_pylist(), oid, column.type_modifier, target)
+        return arrow_from_text_array(texts, column.value_type_oid, column.type_modifier, target)
 
 
 def _pick(old_cols: list[_Column] | None, k: int, old_index: np.ndarray, rows: np.ndarray) -> Any:

@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 __all__ = [
     "TYPE_META",
     "arrow_field",
+    "arrow_from_text_array",
+    "arrow_from_texts",
     "arrow_schema",
     "arrow_type",
     "arrow_value",
@@ -212,6 +214,45 @@ def arrow_from_texts(
         except ValueError as exc:
             raise UnconvertibleTextError(text, str(exc)) from None
     return pa.array(out, type=target)
+
+
+# Types whose text needs no conversion: what PostgreSQL printed is the lake value.
+TEXT_KEPT = frozenset({None, OID.TEXT, OID.VARCHAR, OID.BPCHAR, OID.NAME, OID.JSON, OID.JSONB,
+                       OID.UUID})  # fmt: skip
+# Types ``pyarrow.compute.cast`` reads from their text into exactly what ``arrow_value`` makes
+# of the converters' values; any value the cast refuses (``infinity``, a BC date, ``NaN``) goes
+# value by value instead.
+_CAST = frozenset({OID.INT2, OID.INT4, OID.INT8, OID.FLOAT4, OID.FLOAT8, OID.DATE,
+                   OID.TIMESTAMP, OID.TIMESTAMPTZ, OID.NUMERIC})  # fmt: skip
+
+
+def arrow_from_text_array(
+    texts: pa.Array, type_oid: int | None, type_modifier: int, target: pa.DataType
+) -> pa.Array:
+    """A whole ``string`` column of PostgreSQL's text as the column's lake values: the one
+    text-to-lake mapping the columnar decoder and the snapshot share. Vectorized where a
+    ``pyarrow.compute`` cast reads the text the way the converters do; otherwise, and for a
+    column holding any value the cast refuses, ``arrow_from_texts``.
+
+    :raises UnconvertibleTextError: naming the first value the lake type cannot take.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if type_oid in TEXT_KEPT:
+        return texts
+    if type_oid == OID.BOOL:
+        sent = texts.drop_null()
+        if not len(sent) or pc.all(pc.is_in(sent, value_set=pa.array(["t", "f"]))).as_py():
+            return pc.equal(texts, "t")
+    elif type_oid in _CAST:
+        try:
+            if type_oid == OID.FLOAT4:  # read as a double, rounded as pa.array rounds a float
+                return pc.cast(texts, pa.float64()).cast(pa.float32(), safe=False)
+            return pc.cast(texts, target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass  # a value the cast cannot read the converters' way: value by value below
+    return arrow_from_texts(texts.to_pylist(), type_oid, type_modifier, target)
 
 
 def _flat(value: list[Any]) -> list[Any]:

@@ -6,10 +6,11 @@ continues at the slot's first change with no gap and no overlap.
 
 How the work is cut: each table's heap is split into ctid block ranges (``plan_ranges``), one
 Spark task per range. A task runs on an executor, opens its own session, imports the snapshot and
-streams its range with ``COPY ... (FORMAT csv)``; pyarrow's CSV reader turns each chunk of about
-``CHUNK_BYTES`` into typed Arrow columns at C speed, and only the types whose values the decoder
-reshapes (json, bytea, intervals, arrays, inet, unconstrained numeric ...) go through the
-decoder's own Python converters, value by value. Tables are copied side by side.
+reads its range through ADBC, which parses the rows in C into Arrow record batches of about
+``CHUNK_BYTES``. Integers, floats, booleans and text-like columns are read in their binary form,
+already the lake's values; every other column is read as its type's text output (what pgoutput
+sends) and converted by the drain's own mapping (``lake.types.arrow_from_text_array``): one
+conversion, so a snapshot and a drain store every value alike. Tables are copied side by side.
 
 How it becomes visible: each table's copy is one Delta overwrite of ``state/<table>`` carrying
 the app transaction at the consistent point, so a reader sees the table before or after it,
@@ -47,12 +48,7 @@ from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.delta import refused_names
 from airflow_pglogrepl.lake.evolve import numbered
 from airflow_pglogrepl.lake.lake import Lake
-from airflow_pglogrepl.lake.types import (
-    UnconvertibleTextError,
-    arrow_from_texts,
-    arrow_schema,
-    arrow_type,
-)
+from airflow_pglogrepl.lake.types import UnconvertibleTextError, arrow_from_text_array, arrow_schema
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
 from airflow_pglogrepl.pgoutput.values import OID, TYPNAME_OIDS, text_converter
@@ -66,7 +62,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_pglogrepl.snapshot")
 
 DEFAULT_ROWS_PER_TASK = 1_000_000
-CHUNK_BYTES = 8 * 1024 * 1024  # COPY text converted (and handed to Spark) at a time, per task
+CHUNK_BYTES = 8 << 20  # Arrow fetched, converted and handed to Spark at a time, per task
 # Rows per heap block assumed for a table the planner never measured (reltuples = -1); only
 # how finely it is split depends on it.
 UNKNOWN_ROWS_PER_BLOCK = 60
@@ -74,13 +70,13 @@ UNKNOWN_ROWS_PER_BLOCK = 60
 # built-in types it names by OID alone (FirstGenbkiObjectId in src/include/access/transam.h).
 _FIRST_USER_OID = 10000
 
-# Types whose text pyarrow's CSV reader parses into exactly what the decoder would produce.
-_PARSED = frozenset({OID.BOOL, OID.INT2, OID.INT4, OID.INT8, OID.FLOAT8, OID.DATE,
-                     OID.TIMESTAMP, OID.TIMESTAMPTZ})  # fmt: skip
-# Types the decoder keeps as the text PostgreSQL printed (uuid: uuid_out's form is str(UUID)).
-_VERBATIM = frozenset(
-    {OID.TEXT, OID.VARCHAR, OID.BPCHAR, OID.NAME, OID.UUID, OID.JSON, OID.JSONB, None}
-)
+# Types read in their binary form, cast to the named ``pg_catalog`` type: ADBC turns them into
+# exactly the lake's values (every integer is int64 there). Every other type is read as text.
+_BINARY: dict[int, str] = {
+    OID.INT2: "int8", OID.INT4: "int8", OID.INT8: "int8", OID.FLOAT4: "float4",
+    OID.FLOAT8: "float8", OID.BOOL: "bool", OID.TEXT: "text", OID.VARCHAR: "text",
+    OID.BPCHAR: "bpchar", OID.NAME: "name",
+}  # fmt: skip
 
 
 __all__ = ["SinkNotEmptyError", "SnapshotCopy", "SnapshotPoint", "bootstrap_plan"]
@@ -167,101 +163,43 @@ def table_info(table: SnapshotTable) -> TableInfo:
 
 @dataclass(frozen=True)
 class _Column:
-    """How one column's CSV text becomes its Arrow values."""
+    """How one column is read (``cast``: a binary type, None: text) and converted."""
 
     name: str
     value_type: int | None
     type_modifier: int
-    mode: str  # "parsed" (pyarrow parses it), "float4", "verbatim" or "python"
+    cast: str | None
 
 
-def _column_plan(info: TableInfo) -> tuple[_Column, ...]:
-    import pyarrow as pa
-
-    plan = []
-    for column in info.columns:
-        oid, mod = column.value_type_oid, column.type_modifier
-        if oid in _PARSED:
-            mode = "parsed"
-        elif oid == OID.FLOAT4:
-            mode = "float4"  # parsed as float64, then rounded as pa.array rounds a Python float
-        elif oid == OID.NUMERIC and pa.types.is_decimal(arrow_type(oid, mod)):
-            mode = "parsed"
-        elif oid in _VERBATIM:
-            mode = "verbatim"
-        else:
-            mode = "python"
-        plan.append(_Column(column.name, oid, mod, mode))
-    return tuple(plan)
+def _read_plan(info: TableInfo) -> tuple[_Column, ...]:
+    return tuple(
+        _Column(c.name, c.value_type_oid, c.type_modifier,
+                _BINARY.get(c.value_type_oid) if c.value_type_oid is not None else None)
+        for c in info.columns
+    )  # fmt: skip
 
 
-def arrow_batches(
-    data: bytes | bytearray, columns: Sequence[_Column], schema: pa.Schema, table: str = ""
-) -> pa.Table:
-    """CSV text of whole rows (``COPY ... (FORMAT csv)``) as an Arrow table of ``schema``.
+def lake_batch(
+    batch: pa.RecordBatch, columns: Sequence[_Column], schema: pa.Schema, table: str = ""
+) -> pa.RecordBatch:
+    """A batch as the reader fetched it (``_read_plan``'s casts) as a batch of ``schema``.
 
-    A chunk pyarrow cannot parse into a typed column (an infinite date, a NaN numeric ...) is
-    read again as text and converted entirely by the decoder's converters: they keep or reject
-    exactly what the drain keeps or rejects, with its message.
+    Text columns are converted by the drain's mapping, value for value the same; a value the
+    lake cannot hold is refused with the drain's message (``UnstorableValueError``).
     """
     import pyarrow as pa
 
-    names = [f"c{i}" for i in range(len(columns))]
-    typed = {
-        name: (pa.float64() if col.mode == "float4" else schema.field(i).type)
-        if col.mode in ("parsed", "float4")
-        else pa.string()
-        for i, (name, col) in enumerate(zip(names, columns, strict=True))
-    }
-    buffer = pa.py_buffer(bytes(data))
-    try:
-        parsed = _read_csv(buffer, names, typed)
-        slow = {i for i, col in enumerate(columns) if col.mode == "python"}
-    except pa.ArrowInvalid:
-        parsed = _read_csv(buffer, names, dict.fromkeys(names, pa.string()))
-        slow = {i for i, col in enumerate(columns) if col.mode != "verbatim"}
     arrays = []
     for i, col in enumerate(columns):
         target = schema.field(i).type
-        values = parsed.column(i)
-        if i in slow:
-            arrays.append(_converted(values.to_pylist(), col, target, table))
-        elif col.mode == "float4":
-            arrays.append(values.cast(pa.float32(), safe=False))
-        else:
-            arrays.append(values)
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _converted(texts: list[str | None], col: _Column, target: pa.DataType, table: str) -> pa.Array:
-    """One column's text converted value by value, exactly as the drain converts it."""
-    try:
-        return arrow_from_texts(texts, col.value_type, col.type_modifier, target)
-    except UnconvertibleTextError as exc:
-        raise UnstorableValueError(table, col.name, exc.text, exc.reason) from None
-
-
-def _read_csv(buffer: Any, names: list[str], types: dict[str, Any]) -> pa.Table:
-    from pyarrow import csv
-
-    return csv.read_csv(
-        buffer,
-        read_options=csv.ReadOptions(
-            column_names=names, use_threads=False, block_size=max(buffer.size + 1, 1 << 20)
-        ),
-        # PostgreSQL's CSV: "" doubles a quote, values may hold newlines, a row of one NULL
-        # column is an empty line.
-        parse_options=csv.ParseOptions(newlines_in_values=True, ignore_empty_lines=False),
-        # NULL is an unquoted empty field; "" is the empty string; booleans print as t/f.
-        convert_options=csv.ConvertOptions(
-            column_types=types,
-            null_values=[""],
-            strings_can_be_null=True,
-            quoted_strings_can_be_null=False,
-            true_values=["t"],
-            false_values=["f"],
-        ),
-    )
+        values = batch.column(i)
+        if col.cast is None:
+            try:
+                values = arrow_from_text_array(values, col.value_type, col.type_modifier, target)
+            except UnconvertibleTextError as exc:
+                raise UnstorableValueError(table, col.name, exc.text, exc.reason) from None
+        arrays.append(values if values.type == target else values.cast(target))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 class CopyTask:
@@ -293,33 +231,26 @@ class CopyTask:
                 yield from self.copy(BlockRange(row["start"], row["stop"]))
 
     def copy(self, block_range: BlockRange) -> Iterator[pa.RecordBatch]:
-        """One range's rows, converted chunk by chunk (memory stays at about two chunks)."""
+        """One range's rows, a batch at a time (memory stays at about two batches)."""
         from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader
 
         info = table_info(self.table)
         schema = _plain_schema(info)
-        columns = _column_plan(info)
+        columns = _read_plan(info)
         reader = SnapshotReader(self.params)
         total = 0
-        with reader.transaction(self.snapshot_name) as conn:
-            buffer = bytearray()
-            rows = reader.copy_csv(
-                conn, self.table, start_block=block_range.start, stop_block=block_range.stop
-            )
-            for data in rows:
-                buffer += data
-                if len(buffer) >= self.chunk_bytes:
-                    total += len(buffer)
-                    yield from arrow_batches(
-                        buffer, columns, schema, str(self.table.table)
-                    ).to_batches()
-                    buffer = bytearray()
-                    fault("mid_copy")
-            if buffer:
-                total += len(buffer)
-                yield from arrow_batches(
-                    buffer, columns, schema, str(self.table.table)
-                ).to_batches()
+        batches = reader.arrow_batches(
+            self.snapshot_name,
+            self.table,
+            [c.cast for c in columns],
+            start_block=block_range.start,
+            stop_block=block_range.stop,
+            batch_bytes=self.chunk_bytes,
+        )
+        for batch in batches:
+            total += batch.nbytes
+            yield lake_batch(batch, columns, schema, str(self.table.table))
+            fault("mid_copy")
         if self.copied_bytes is not None:
             self.copied_bytes.add(total)
 

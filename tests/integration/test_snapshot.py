@@ -316,6 +316,56 @@ def test_identity_full_and_unique_index_and_types_equal_the_drains(
         assert lake_table(snap_sink, table) == source_table(src, table), table
 
 
+def test_the_task_reads_hostile_names_in_the_snapshot_through_adbc_and_fails_cleanly(
+    src: Source,
+) -> None:
+    """One Spark task's read, without Spark: quotes, a semicolon, a backslash and unicode in
+    the schema, table and column names and the row filter; ranges of heap blocks that add up to
+    the table; rows written after the snapshot unseen. A snapshot that is gone, or a wrong
+    password, is ``SnapshotReadError`` naming the table, and never the password."""
+    from airflow_pglogrepl.exceptions import ConnectionFailedError, SnapshotReadError
+    from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader
+    from airflow_pglogrepl.spark.snapshot import CopyTask
+
+    table = '"Sch; ema"."Tab ""le"" é"'
+    src.sql('CREATE SCHEMA "Sch; ema"')
+    src.sql(f'CREATE TABLE {table} (id int PRIMARY KEY, "co""l\\é" text, at timestamptz)')
+    src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE {table}"
+            f' WHERE ("co""l\\é" <> \'sk;ip\') WITH (publish = \'insert\')')  # fmt: skip
+    src.sql(f"INSERT INTO {table} SELECT g, CASE WHEN g % 10 = 0 THEN 'sk;ip' ELSE 'v' || g END,"
+            f" timestamptz '2026-01-01 00:00+00' + g * interval '1 s'"
+            f" FROM generate_series(1, 3000) g")  # fmt: skip
+    hook = SnapHook(src.dsn)
+    params = hook.connection_params()
+    with hook.create_slot_with_snapshot(src.slot) as held:
+        src.sql(f"INSERT INTO {table} VALUES (5000, 'after', NULL)")
+        reader = SnapshotReader(params)
+        with reader.transaction(held.snapshot_name) as conn:
+            (info,) = reader.published_tables(conn, [src.publication])
+        assert info.row_filter is not None and info.blocks > 2
+        task = CopyTask(params, held.snapshot_name, info)
+        middle = info.blocks // 2
+        rows = [
+            row
+            for block_range in (BlockRange(0, middle), BlockRange(middle, None))
+            for batch in task.copy(block_range)
+            for row in batch.to_pylist()
+        ]
+        stale = held.snapshot_name
+    assert sorted(r["id"] for r in rows) == [g for g in range(1, 3001) if g % 10]
+    row = next(r for r in rows if r["id"] == 7)
+    assert row['co"l\\é'] == "v7" and str(row["at"]) == "2026-01-01 00:00:07+00:00"
+
+    password = params["password"]
+    with pytest.raises(SnapshotReadError, match=r'Tab ""le"" é.*invalid snapshot.*again') as gone:
+        list(CopyTask(params, stale, info).copy(BlockRange(0, None)))
+    wrong = {**params, "password": "not-" + password}
+    with pytest.raises((SnapshotReadError, ConnectionFailedError)) as refused:
+        list(CopyTask(wrong, stale, info).copy(BlockRange(0, None)))
+    for failure in (gone.value, refused.value):
+        assert password not in str(failure) and "not-" + password not in str(failure)
+
+
 def _text(metadata: dict[bytes, bytes] | None) -> dict[str, str] | None:
     return {k.decode(): v.decode() for k, v in metadata.items()} if metadata else None
 

@@ -125,6 +125,8 @@ COLUMNS = [
     Col("pos", "positive", "c::int8", ("1", "2147483647", "42")),
     Col("label", "label", "c", ("'x'", "''", "'y z'")),
     Col("comp", "pair", TEXT, ("ROW(1, 'a b')", "ROW(NULL, '')", "ROW(-1, ',\"')")),
+    # a composite of NULL fields IS NULL, yet is a value: '(,)'
+    Col("comp0", "pair", TEXT, ("ROW(NULL, NULL)", "ROW(0, NULL)", "ROW(NULL, 'x')")),
     Col("ai", "integer[]", flat("c::int8"), ("'{1,NULL,3}'", "'{}'", "'{{1,2},{3,4}}'")),
     Col("at", "text[]", flat("c"), ("'{a,\"b c\",NULL,\"NULL\"}'", "'{\"\"}'",
                                     "'[0:1]={x,\"{y}\"}'")),

@@ -409,7 +409,7 @@ def test_arrow_schema_of_a_table() -> None:
 
 def test_the_snapshot_stores_what_the_drain_stores_and_names_what_neither_can() -> None:
     from airflow_pglogrepl.exceptions import UnstorableValueError
-    from airflow_pglogrepl.spark.snapshot import _column_plan, _plain_schema, arrow_batches
+    from airflow_pglogrepl.spark.snapshot import _plain_schema, _read_plan, lake_batch
 
     info = TableInfo(
         "public",
@@ -420,10 +420,18 @@ def test_the_snapshot_stores_what_the_drain_stores_and_names_what_neither_can() 
             ColumnInfo("tm", OID.TIME, -1, False, OID.TIME),
         ],
     )
-    plan, schema = _column_plan(info), _plain_schema(info)
-    copied = arrow_batches(
-        b"1,infinity,24:00:00\n2,0001-01-01 00:00:00 BC,00:00:01\n3,,\n", plan, schema, "public.t"
-    )
+    plan, schema = _read_plan(info), _plain_schema(info)
+    assert [c.cast for c in plan] == ["int8", None, None]
+
+    def fetched(ids: list[int], stamps: list[str | None], times: list[str | None]) -> Any:
+        columns = [pa.array(ids, pa.int64()), pa.array(stamps), pa.array(times, pa.string())]
+        return pa.record_batch(columns, names=["id", "ts", "tm"])
+
+    copied = lake_batch(
+        fetched([1, 2, 3], ["infinity", "0001-01-01 00:00:00 BC", None],
+                ["24:00:00", "00:00:01", None]),
+        plan, schema, "public.t",
+    )  # fmt: skip
     assert copied.column("ts").cast(pa.int64()).to_pylist() == [
         2**63 - 1,
         -62_167_219_200_000_000,
@@ -434,4 +442,4 @@ def test_the_snapshot_stores_what_the_drain_stores_and_names_what_neither_can() 
         UnstorableValueError,
         match=r"table public\.t, column 'ts': the value '294250-01-01 00:00:00' cannot be stored",
     ):
-        arrow_batches(b"1,294250-01-01 00:00:00,\n", plan, schema, "public.t")
+        lake_batch(fetched([1], ["294250-01-01 00:00:00"], [None]), plan, schema, "public.t")

@@ -7,29 +7,35 @@ snapshot lives only while the creating session stays open and idle, so ``Exporte
 that session until the caller closes it, after every reader has imported the snapshot.
 See https://www.postgresql.org/docs/15/protocol-replication.html#PROTOCOL-REPLICATION-CREATE-REPLICATION-SLOT
 
-``SnapshotReader`` is what each Spark task uses: plain psycopg (no Airflow, which executors need
-not have), one session per task, ``SET TRANSACTION SNAPSHOT`` and one ``COPY`` of a ctid range.
+``SnapshotReader`` is what each Spark task uses (no Airflow, which executors need not have): one
+session per task, ``SET TRANSACTION SNAPSHOT`` and one read of a ctid range. The read goes through
+ADBC (``adbc.adbc_session``), which fetches the rows in C straight into Arrow record batches;
+psycopg keeps the catalog query, which returns a row per table.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import select
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg import pq, sql
-from psycopg.abc import Buffer
+from psycopg import sql
 
+from airflow_pglogrepl.exceptions import SnapshotReadError
 from airflow_pglogrepl.hooks.errors import slot_errors
+from airflow_pglogrepl.hooks.pg.adbc import AdbcError, adbc_session
 from airflow_pglogrepl.hooks.pg.connect import TEXT_OUTPUT, connect, set_session, show
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import validate_slot_name
 from airflow_pglogrepl.tables import TableRef
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "READER_SETTINGS",
@@ -38,6 +44,8 @@ __all__ = [
     "SnapshotReader",
     "SnapshotTable",
     "create_slot_with_snapshot",
+    "select_statement",
+    "validate_snapshot_name",
 ]
 
 log = logging.getLogger("airflow_pglogrepl.snapshot")
@@ -51,6 +59,8 @@ READER_SETTINGS: dict[str, str] = {
     "statement_timeout": "0",
     "idle_in_transaction_session_timeout": "0",
 }
+
+_SNAPSHOT_NAME = re.compile(r"[0-9A-F]{8,16}-[0-9A-F]{8,16}-[0-9]{1,10}", re.IGNORECASE)
 
 # One row per published table, read inside the snapshot so that membership, columns and identity
 # are those at the consistent point. Columns are what pgoutput sends: not dropped, not generated;
@@ -239,6 +249,7 @@ class SnapshotReader:
         isolation level, and takes a literal (no bound parameter): ``sql.Literal`` quotes it.
         See https://www.postgresql.org/docs/15/sql-set-transaction.html
         """
+        validate_snapshot_name(snapshot_name)
         conn = connect(self.params, label=f"{self.label}, reading the snapshot")
         with conn:
             set_session(conn, READER_SETTINGS)
@@ -273,94 +284,96 @@ class SnapshotReader:
             )
         return [by_ref[t] for t in tables]
 
-    def copy_csv(
+    def arrow_batches(
         self,
-        conn: psycopg.Connection[Any],
+        snapshot_name: str,
         table: SnapshotTable,
+        casts: Sequence[str | None],
         *,
         start_block: int = 0,
         stop_block: int | None = None,
-    ) -> Iterator[Buffer]:
+        batch_bytes: int = 8 << 20,
+    ) -> Iterator[pa.RecordBatch]:
         """The published columns of the rows in heap blocks ``[start_block, stop_block)`` (no
-        upper bound when ``stop_block`` is None), as ``COPY ... TO STDOUT (FORMAT csv)`` sends
-        them: one buffer per row. A partitioned table is read whole (ctids are per partition).
+        upper bound when ``stop_block`` is None), seen in ``snapshot_name``, as Arrow record
+        batches of about ``batch_bytes``, read one at a time.
+
+        ``casts`` says per column how it is read: the name of a ``pg_catalog`` type to cast it
+        to, whose binary form ADBC turns into the Arrow value the lake stores (``int8``,
+        ``float8``, ``bool``, ``text`` ...), or None for the type's own text output (what
+        pgoutput sends, printed with ``READER_SETTINGS``), NULL only for a NULL.
 
         ``ctid`` ranges use PostgreSQL's TID Range Scan: each range reads only its blocks. Rows
         visible in the snapshot sit in blocks that existed when it was taken, so a last range
         without an upper bound sees every row whatever the table grew to since.
+
+        :raises SnapshotReadError: the session, the snapshot's import or the read failed (the
+            text is the server's, without the password).
         """
-        yield from copy_out(conn, copy_statement(table, start_block, stop_block))
+        name = validate_snapshot_name(snapshot_name)
+        query = select_statement(table, casts, start_block, stop_block).as_string(None)
+        what = f"{self.label}: reading {table.table} in snapshot {name!r} failed"
+        settings = {k: v for k, v in READER_SETTINGS.items() if k not in TEXT_OUTPUT}
+        try:
+            with adbc_session(self.params, what=what) as session:
+                session.set(settings)
+                # ADBC's own transaction control (autocommit off) would send a plain BEGIN
+                # before anything could follow it; the snapshot must be imported as the
+                # transaction's first statement after its isolation level.
+                session.run("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                session.run(
+                    sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)).as_string(None)
+                )
+                yield from session.batches(query, batch_bytes=batch_bytes)
+        except AdbcError as exc:
+            text = str(exc)
+            if "invalid snapshot identifier" in text:
+                text += (
+                    ". Fix: an exported snapshot lives only while the session that created the "
+                    "slot stays open, and the snapshot job holds it until every task has read; "
+                    "run the snapshot again"
+                )
+            raise SnapshotReadError(text) from None
 
 
-def copy_out(conn: psycopg.Connection[Any], statement: sql.Composable) -> Iterator[Buffer]:
-    """Run ``COPY ... TO STDOUT`` and yield each data message (one row) as libpq hands it over.
-
-    The server sends one message per row, so the cost per message decides the copy's speed.
-    This loop talks to libpq through psycopg's documented low-level interface
-    (``Connection.pgconn``, ``psycopg.pq``): one non-blocking ``get_copy_data`` per row, waiting
-    on the socket only when nothing is buffered. Iterating ``cursor.copy()`` costs about twice
-    as much per row. The server's error, if any, is raised as psycopg's class for its SQLSTATE;
-    the session is idle in its transaction afterwards.
-    """
-    pgconn = conn.pgconn
-    pgconn.send_query(statement.as_bytes(conn))
-    while pgconn.flush():  # the connection is non-blocking: send the rest of the query
-        select.select([], [pgconn.socket], [])
-    first = _next_result(pgconn)
-    if first is None or first.status != pq.ExecStatus.COPY_OUT:
-        _drain_results(pgconn)
-        raise _result_error(first, pgconn, "COPY TO STDOUT did not start")
-    take = pgconn.get_copy_data
-    while True:
-        size, data = take(1)
-        if size > 0:
-            yield data
-        elif size == 0:  # nothing buffered: wait for the server
-            select.select([pgconn.socket], [], [])
-            pgconn.consume_input()
-        else:  # -1: the end (or an error) follows as a result; -2: libpq failed
-            break
-    final = _next_result(pgconn)
-    _drain_results(pgconn)
-    if final is None or final.status != pq.ExecStatus.COMMAND_OK:
-        raise _result_error(final, pgconn, "COPY TO STDOUT failed")
+def validate_snapshot_name(name: str) -> str:
+    """``name`` when it has the form PostgreSQL gives an exported snapshot's name
+    (``pg_export_snapshot``: hex backend and transaction numbers, a sequence number)."""
+    if not _SNAPSHOT_NAME.fullmatch(name):
+        raise ValueError(
+            f"{name!r} is not the name of an exported snapshot (like '00000003-0000001B-1')"
+        )
+    return name
 
 
-def _next_result(pgconn: Any) -> Any:
-    while pgconn.is_busy():
-        select.select([pgconn.socket], [], [])
-        pgconn.consume_input()
-    return pgconn.get_result()
-
-
-def _drain_results(pgconn: Any) -> None:
-    while _next_result(pgconn) is not None:
-        pass
-
-
-def _result_error(result: Any, pgconn: Any, what: str) -> psycopg.Error:
-    """The psycopg exception for a failed result (its SQLSTATE's class, the server's text)."""
-    raw = None
-    if result is not None:
-        raw = result.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) or result.error_message
-    message = bytes(raw or pgconn.error_message).decode("utf-8", "replace").strip() or what
-    sqlstate = result.error_field(pq.DiagnosticField.SQLSTATE) if result is not None else None
-    if sqlstate:
-        with contextlib.suppress(KeyError):
-            error_class: type[psycopg.Error] = psycopg.errors.lookup(sqlstate.decode())
-            return error_class(message)
-    return psycopg.OperationalError(f"{what}: {message}")
-
-
-def copy_statement(
-    table: SnapshotTable, start_block: int = 0, stop_block: int | None = None
+def select_statement(
+    table: SnapshotTable,
+    casts: Sequence[str | None],
+    start_block: int = 0,
+    stop_block: int | None = None,
 ) -> sql.Composed:
-    """``COPY (SELECT <published columns> FROM ONLY <table> WHERE <range> [AND <filter>]) ...``.
+    """``SELECT <published columns, cast or as text> FROM ONLY <table> WHERE <range> [AND
+    <filter>]``.
 
+    A column read as text is ``format('%s', c)``: the type's output function, as pgoutput
+    and ``COPY`` call it (``c::text`` is a different function for ``inet`` and ``xml``), NULL
+    only when the value is (``num_nulls``: a composite of NULL fields ``IS NULL`` too).
     ``ONLY``: an inheritance child is published (and copied) as a table of its own. The row
     filter is the expression PostgreSQL itself printed (``pg_get_expr``), as logical
     replication's own table synchronization uses it.
     """
+    if len(casts) != len(table.columns):
+        raise ValueError(
+            f"{len(casts)} casts for the {len(table.columns)} columns of {table.table}"
+        )
+    columns = []
+    for column, cast in zip(table.columns, casts, strict=True):
+        name = sql.Identifier(column.name)
+        if cast is None:
+            value = sql.SQL("CASE WHEN num_nulls({0}) = 0 THEN format('%s', {0}) END").format(name)
+        else:
+            value = sql.SQL("{}::{}").format(name, sql.Identifier("pg_catalog", cast))
+        columns.append(sql.SQL("{} AS {}").format(value, name))
     conditions: list[sql.Composable] = []
     if table.relkind != "p":
         if start_block > 0:
@@ -374,10 +387,8 @@ def copy_statement(
     if table.row_filter:
         conditions.append(sql.SQL("({})").format(sql.SQL(table.row_filter)))
     where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
-    return sql.SQL(
-        "COPY (SELECT {columns} FROM {only}{table}{where}) TO STDOUT (FORMAT csv)"
-    ).format(
-        columns=sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns),
+    return sql.SQL("SELECT {columns} FROM {only}{table}{where}").format(
+        columns=sql.SQL(", ").join(columns),
         only=sql.SQL("" if table.relkind == "p" else "ONLY "),
         table=sql.Identifier(table.table.schema, table.table.name),
         where=where,

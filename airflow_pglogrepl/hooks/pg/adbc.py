@@ -1,0 +1,111 @@
+"""ADBC sessions (``adbc-driver-postgresql``): where the product reads many rows as Arrow.
+
+ADBC runs a query as ``COPY ... (FORMAT binary)`` and parses the rows in C into Arrow record
+batches, with no Python object per value. Both bulk reads use it: the drain's peek of a window
+(``arrow_peek``) and the snapshot's copy of a block range (``snapshot.SnapshotReader``).
+
+A session is set up as psycopg's are: the settings that fix every type's text output
+(``connect.TEXT_OUTPUT``, and the caller's), autocommit, and nothing composed from a value.
+ADBC streams a result in batches only for a statement without bound parameters (with them,
+libpq returns the whole result at once), so the bulk statements are constant text or
+identifiers and literals already quoted. Connection parameters reach libpq as a conninfo string
+inside this process; the password is redacted from any error's text before it is raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from airflow_pglogrepl import conninfo
+from airflow_pglogrepl.hooks.pg.connect import TEXT_OUTPUT
+
+__all__ = ["AdbcError", "AdbcSession", "adbc_session"]
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+class AdbcError(Exception):
+    """An ADBC connection or statement failed; the text is redacted of the password."""
+
+
+class AdbcSession:
+    """One ADBC connection's cursor; each call raises ``AdbcError`` (redacted) on failure,
+    and only the caller's own errors pass through as they are."""
+
+    def __init__(self, cursor: Any, what: str, secrets: list[str]) -> None:
+        self._cursor = cursor
+        self._what = what
+        self._secrets = secrets
+
+    def run(self, statement: str) -> None:
+        """Execute a statement that returns no rows (``BEGIN``, ``SET TRANSACTION ...``)."""
+        with self._guard():
+            self._cursor.adbc_statement.set_sql_query(statement)
+            self._cursor.adbc_statement.execute_update()
+
+    def set(self, settings: Mapping[str, str]) -> None:
+        """Session settings through ``set_config`` (names and values bound)."""
+        with self._guard():
+            for name, value in settings.items():
+                self._cursor.execute("SELECT set_config($1, $2, false)", (name, value))
+                self._cursor.fetchall()
+
+    def batches(self, query: str, *, batch_bytes: int) -> Iterator[pa.RecordBatch]:
+        """The rows of ``query`` (no parameters: it streams) as record batches of about
+        ``batch_bytes``, read one at a time."""
+        with self._guard():
+            self._cursor.adbc_statement.set_options(
+                **{"adbc.postgresql.batch_size_hint_bytes": str(batch_bytes)}
+            )
+            self._cursor.execute(query)
+            reader = iter(self._cursor.fetch_record_batch())
+        while True:
+            with self._guard():
+                batch = next(reader, None)
+            if batch is None:
+                return
+            yield batch
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        import pyarrow as pa
+        from adbc_driver_postgresql import dbapi
+
+        try:
+            yield
+        except (dbapi.Error, pa.ArrowException, OSError) as exc:
+            raise AdbcError(_message(self._what, exc, self._secrets)) from None
+
+
+@contextmanager
+def adbc_session(params: Mapping[str, str], *, what: str) -> Iterator[AdbcSession]:
+    """An open ADBC session in autocommit mode with ``connect.TEXT_OUTPUT`` applied; closed on
+    the way out. ``what`` says in an error what was being done."""
+    secrets = conninfo.secrets_of(dict(params))
+    try:
+        from adbc_driver_postgresql import dbapi
+    except ImportError as exc:
+        raise AdbcError(f"{what}: adbc-driver-postgresql is not installed: {exc}") from None
+    try:
+        conn = dbapi.connect(conninfo.make_dsn(dict(params)), autocommit=True)
+    except Exception as exc:
+        raise AdbcError(_message(what, exc, secrets)) from None
+    try:
+        cursor = conn.cursor()
+        try:
+            session = AdbcSession(cursor, what, secrets)
+            session.set(TEXT_OUTPUT)
+            yield session
+        finally:
+            cursor.close()
+    finally:
+        conn.close()
+
+
+def _message(what: str, exc: Exception, secrets: list[str]) -> str:
+    """One line: what was being done, the driver's text (the server's message in it), redacted."""
+    text = conninfo.redact(f"{type(exc).__name__}: {exc}", secrets)  # before spaces change
+    return f"{what}: " + " ".join(text.split())
