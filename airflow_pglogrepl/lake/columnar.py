@@ -382,29 +382,39 @@ class _Column:
         return _Column(marks, at, size)
 
     def texts(self, buf: np.ndarray) -> pa.Array:
-        """The values as one ``string`` array (NULL where no text was sent)."""
+        """The values as one ``string`` array (NULL where no text was sent).
+
+        The values lie in the message buffer in row order, with other bytes between them. So
+        the buffer is read as a ``binary`` array of gap, value, gap, value ... (offsets only,
+        the bytes not copied) and ``take`` keeps every second element: Arrow copies the values'
+        bytes in C, with no per-byte index.
+        """
         import numpy as np
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         valid = self.marks == _TEXT_MARK
+        count = len(valid)
         size = np.where(valid, self.size, 0)
-        offsets = np.zeros(len(size) + 1, dtype=np.int64)
-        np.cumsum(size, out=offsets[1:])
-        total = int(offsets[-1])
-        if total:
-            gather = np.arange(total, dtype=np.int64) + np.repeat(self.at - offsets[:-1], size)
-            data = buf[gather]
-        else:
-            data = np.zeros(0, dtype=np.uint8)
+        ends = np.where(valid, self.at + size, 0)
+        reached = np.maximum.accumulate(ends) if count else ends
+        at = np.where(valid, self.at, np.concatenate(([0], reached[:-1])) if count else ends)
+        ends = at + size
+        if count and ((at[1:] < ends[:-1]).any() or at[0] < 0 or ends[-1] > len(buf)):
+            raise ColumnarUnsupportedError("values out of order in their messages")
+        offsets = np.zeros(2 * count + 1, dtype=np.int64)
+        offsets[1::2], offsets[2::2] = at, ends
+        large = count and ends[-1] >= 2**31
+        kind, offset_type = (pa.large_binary(), np.int64) if large else (pa.binary(), np.int32)
+        spans = pa.Array.from_buffers(
+            kind, 2 * count, [None, pa.py_buffer(offsets.astype(offset_type)), pa.py_buffer(buf)]
+        )
+        values = pc.take(spans, pa.array(np.arange(1, 2 * count, 2, dtype=np.int64)))
+        if values.offset:  # buffers that start at the first value, as the mask does
+            values = pa.concat_arrays([values])
         mask = None if valid.all() else pa.array(valid).buffers()[1]
-        offsets_type, string_type = (
-            (np.int32, pa.string()) if total < 2**31 else (np.int64, pa.large_string())
-        )
-        array = pa.Array.from_buffers(
-            string_type,
-            len(size),
-            [mask, pa.py_buffer(offsets.astype(offsets_type)), pa.py_buffer(data)],
-        )
+        string_type = pa.large_string() if large else pa.string()
+        array = pa.Array.from_buffers(string_type, count, [mask, *values.buffers()[1:]])
         array.validate(full=True)  # UTF-8, as the reference's bytes.decode would insist
         return array if string_type == pa.string() else array.cast(pa.string())
 
@@ -553,26 +563,32 @@ def _buffers(data: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return buf, offsets[:-1], offsets[1:]
 
 
-def _gather(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+def _words(buf: np.ndarray, at: np.ndarray, dtype: str) -> np.ndarray:
+    """The big-endian numbers of ``dtype`` starting at the offsets ``at``: read through a view
+    of the buffer with one (unaligned) number at every byte, so one gather reads them all."""
     import numpy as np
 
-    index = at[:, None] + np.arange(width, dtype=np.int64)
-    if len(at) and (index.max() >= len(buf) or index.min() < 0):
+    width = np.dtype(dtype).itemsize
+    if len(at) and (at.min() < 0 or at.max() + width > len(buf)):
         raise ColumnarUnsupportedError("a field past the end of the messages")
-    return buf[index]
+    if len(buf) < width:
+        return np.zeros(0, dtype=dtype)
+    words: np.ndarray = np.ndarray((len(buf) - width + 1,), dtype=dtype, buffer=buf, strides=(1,))
+    picked: np.ndarray = words[at]
+    return picked
 
 
 def _be_u16(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
-    return _gather(buf, at, 2).copy().view(">u2").ravel().astype("int64")
+    return _words(buf, at, ">u2").astype("int64")
 
 
 def _be_u32(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
-    return _gather(buf, at, 4).copy().view(">u4").ravel().astype("int64")
+    return _words(buf, at, ">u4").astype("int64")
 
 
 def _be_u64(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
-    return _gather(buf, at, 8).copy().view(">u8").ravel()
+    return _words(buf, at, ">u8").astype("uint64")
 
 
 def _be_i64(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
-    return _gather(buf, at, 8).copy().view(">i8").ravel().astype("int64")
+    return _words(buf, at, ">i8").astype("int64")
