@@ -5,11 +5,14 @@ benchmark's shape) into a throwaway cluster, then measures:
 
 - ``psql -c "COPY bench TO STDOUT" > /dev/null``: what the server and libpq deliver to one
   client that does nothing with the rows, the yardstick;
-- ``CopyTask`` alone, one range, in this process: the session, COPY (CSV) and the conversion to
-  typed Arrow batches, without Spark;
+- ``CopyTask`` alone, one range, in this process: the session, the ADBC read (binary COPY into
+  Arrow, in C) and the conversion to the lake's Arrow types, without Spark;
 - ``SnapshotCopy`` on a ``local[2]`` Spark session with 1 and with 2 tasks for the table: the
   whole snapshot (ranges, COPY, Arrow, Parquet written by Spark, footer count, commit), each in a
-  temporary slot's exported snapshot and a fresh sink.
+  temporary slot's exported snapshot and a fresh sink;
+- Spark writing the same rows, made in memory by one task (``mapInArrow``), into a Delta table
+  with and without Delta's per-file statistics, and into plain Parquet: the writer's own cost,
+  which bounds a snapshot task from below.
 
 MB/s is the table's heap size (``pg_relation_size``) over the time, the same numerator for every
 line. Spark's Python workers are started by a warm-up run first. Each figure is the best of
@@ -134,6 +137,18 @@ def main() -> None:
                     (f"`SnapshotCopy`, local[2] Spark, {tasks} task(s) "
                      f"(copy {summary['copy_s']:.2f} s)", seconds)
                 )  # fmt: skip
+            for label, fmt, stats in (
+                ("Spark alone: the same rows from memory, 1 task, into Delta", "delta", "true"),
+                ("Spark alone: the same, Delta without per-file statistics", "delta", "false"),
+                ("Spark alone: the same, into plain Parquet", "parquet", "true"),
+            ):
+                spark.conf.set("spark.databricks.delta.stats.collect", stats)
+                target = os.path.join(workdir, fmt)
+                seconds = best_of(
+                    args.repeat, lambda f=fmt, t=target: write_only(spark, f, t, args.rows)
+                )[0]
+                results.append((label, seconds))
+            spark.conf.unset("spark.databricks.delta.stats.collect")
         finally:
             spark.stop()
             shutil.rmtree(workdir, ignore_errors=True)
@@ -148,6 +163,31 @@ def main() -> None:
             print(
                 f"| {label} | {seconds:.2f} s | {args.rows / seconds:,.0f} | {mb / seconds:.1f} |"
             )
+
+
+def write_only(spark: Any, fmt: str, target: str, rows: int) -> None:
+    """Spark's write of ``rows`` rows of the benchmark's shape, made by one Python task."""
+
+    def make(_: Any) -> Any:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        step = 180_000
+        for first in range(1, rows + 1, step):
+            ids = pa.array(np.arange(first, min(first + step, rows + 1), dtype=np.int64))
+            yield pa.record_batch(
+                [ids, pc.remainder(ids, 1000),
+                 pc.binary_join_element_wise("label ", ids.cast(pa.string()), ""),
+                 pc.add(pc.multiply(ids, 1_000_000), 1_767_225_600_000_000).cast(
+                     pa.timestamp("us", tz="UTC"))],
+                names=["id", "qty", "label", "at"],
+            )  # fmt: skip
+
+    shutil.rmtree(target, ignore_errors=True)
+    one = spark.createDataFrame([(0,)], "x long").coalesce(1)
+    frame = one.mapInArrow(make, "id long, qty long, label string, at timestamp")
+    frame.write.format(fmt).mode("overwrite").save(target)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ __all__ = ["Behind", "prefetched"]
 
 T = TypeVar("T")
 _END = object()
+_JOIN_S = 5.0
 
 
 def prefetched(items: Iterator[T], *, depth: int = 2) -> Iterator[T]:
@@ -32,7 +33,7 @@ def prefetched(items: Iterator[T], *, depth: int = 2) -> Iterator[T]:
 
     The producer runs the whole iterator, so a resource it opens (a connection) is used and
     closed in that one thread. If the consumer stops early, the producer stops at its next
-    item and closes the iterator.
+    item and closes the iterator; the consumer waits a few seconds for that, not longer.
     """
     slots: queue.Queue[Any] = queue.Queue(maxsize=depth)
     stop = threading.Event()
@@ -72,7 +73,9 @@ def prefetched(items: Iterator[T], *, depth: int = 2) -> Iterator[T]:
             yield item
     finally:
         stop.set()
-        thread.join()
+        # The producer stops at its next item; one blocked waiting for the server's first
+        # rows (a failure or signal before any arrived) is left to finish on its own: a daemon.
+        thread.join(timeout=_JOIN_S)
 
 
 class Behind:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.exceptions import (
+    LakeError,
     PgLogReplError,
     SinkNotEmptyError,
     SlotError,
@@ -294,7 +295,7 @@ class TableCopy:
 
     table: str
     rows: int = 0
-    copy_bytes: int = 0
+    copy_bytes: int = 0  # Arrow bytes the tasks fetched (as ADBC typed them), not wire bytes
     tasks: int = 0
     blocks: int = 0
     seconds: float = 0.0
@@ -512,6 +513,12 @@ class SnapshotCopy:
         with reader.transaction(self.point.snapshot_name) as conn:
             tables = reader.published_tables(conn, self.publications, self.tables)
         for table in tables:  # before anything is copied: the drain would refuse them too
+            if not table.columns:
+                raise LakeError(
+                    f"table {table.table} publishes no columns, and a lake table needs one at "
+                    f"least (Parquet stores no rows without columns). Nothing was copied. Fix: "
+                    f"publish a column of it, or drop it from {self.publications}"
+                )
             names = refused_names(_plain_schema(table_info(table)))
             if names:
                 raise UnsupportedColumnNameError(str(table.table), names)

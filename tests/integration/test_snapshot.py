@@ -317,13 +317,13 @@ def test_identity_full_and_unique_index_and_types_equal_the_drains(
 
 
 def test_the_task_reads_hostile_names_in_the_snapshot_through_adbc_and_fails_cleanly(
-    src: Source,
+    src: Source, tmp_path: Path
 ) -> None:
     """One Spark task's read, without Spark: quotes, a semicolon, a backslash and unicode in
     the schema, table and column names and the row filter; ranges of heap blocks that add up to
     the table; rows written after the snapshot unseen. A snapshot that is gone, or a wrong
     password, is ``SnapshotReadError`` naming the table, and never the password."""
-    from airflow_pglogrepl.exceptions import ConnectionFailedError, SnapshotReadError
+    from airflow_pglogrepl.exceptions import ConnectionFailedError, LakeError, SnapshotReadError
     from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader
     from airflow_pglogrepl.spark.snapshot import CopyTask
 
@@ -364,6 +364,19 @@ def test_the_task_reads_hostile_names_in_the_snapshot_through_adbc_and_fails_cle
         list(CopyTask(wrong, stale, info).copy(BlockRange(0, None)))
     for failure in (gone.value, refused.value):
         assert password not in str(failure) and "not-" + password not in str(failure)
+
+    # a table without columns would lose its rows in Parquet: refused before any copy
+    src.sql('CREATE TABLE "Sch; ema".nocols ()')
+    src.sql('INSERT INTO "Sch; ema".nocols DEFAULT VALUES')
+    src.sql(f'ALTER PUBLICATION {src.publication} ADD TABLE "Sch; ema".nocols')
+    sink = tmp_path / "lake"
+    with hook.create_slot_with_snapshot(f"{src.slot}_nc", temporary=True) as held:
+        point = SnapshotPoint(held.slot, held.consistent_point, held.snapshot_name)
+        copy = SnapshotCopy(spark=None, lake=Lake(str(sink), held.slot), reader_params=params,
+                            point=point, publications=[src.publication])  # fmt: skip
+        with pytest.raises(LakeError, match=r"nocols publishes no columns.*Nothing was copied"):
+            copy.run()
+    assert not sink.exists() or not any(sink.rglob("*.parquet"))
 
 
 def _text(metadata: dict[bytes, bytes] | None) -> dict[str, str] | None:

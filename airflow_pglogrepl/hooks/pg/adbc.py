@@ -14,6 +14,7 @@ inside this process; the password is redacted from any error's text before it is
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -32,19 +33,25 @@ class AdbcError(Exception):
 
 
 class AdbcSession:
-    """One ADBC connection's cursor; each call raises ``AdbcError`` (redacted) on failure,
-    and only the caller's own errors pass through as they are."""
+    """One ADBC connection; each call raises ``AdbcError`` (redacted) on failure, and only the
+    caller's own errors pass through as they are."""
 
-    def __init__(self, cursor: Any, what: str, secrets: list[str]) -> None:
+    def __init__(self, conn: Any, cursor: Any, what: str, secrets: list[str]) -> None:
+        self._conn = conn
         self._cursor = cursor
         self._what = what
         self._secrets = secrets
 
     def run(self, statement: str) -> None:
-        """Execute a statement that returns no rows (``BEGIN``, ``SET TRANSACTION ...``)."""
+        """Execute a statement that returns no rows (``BEGIN``, ``SET TRANSACTION ...``), on a
+        statement of its own (the session's cursor caches the text it last ran)."""
         with self._guard():
-            self._cursor.adbc_statement.set_sql_query(statement)
-            self._cursor.adbc_statement.execute_update()
+            cursor = self._conn.cursor()
+            try:
+                cursor.adbc_statement.set_sql_query(statement)
+                cursor.adbc_statement.execute_update()
+            finally:
+                cursor.close()
 
     def set(self, settings: Mapping[str, str]) -> None:
         """Session settings through ``set_config`` (names and values bound)."""
@@ -71,12 +78,10 @@ class AdbcSession:
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
-        import pyarrow as pa
-        from adbc_driver_postgresql import dbapi
-
+        """Around ADBC's own calls only: whatever they raise is the session's failure."""
         try:
             yield
-        except (dbapi.Error, pa.ArrowException, OSError) as exc:
+        except Exception as exc:
             raise AdbcError(_message(self._what, exc, self._secrets)) from None
 
 
@@ -96,13 +101,15 @@ def adbc_session(params: Mapping[str, str], *, what: str) -> Iterator[AdbcSessio
     try:
         cursor = conn.cursor()
         try:
-            session = AdbcSession(cursor, what, secrets)
+            session = AdbcSession(conn, cursor, what, secrets)
             session.set(TEXT_OUTPUT)
             yield session
         finally:
-            cursor.close()
+            with contextlib.suppress(Exception):  # what was read is complete; nothing to keep
+                cursor.close()
     finally:
-        conn.close()
+        with contextlib.suppress(Exception):
+            conn.close()
 
 
 def _message(what: str, exc: Exception, secrets: list[str]) -> str:

@@ -357,7 +357,10 @@ def select_statement(
 
     A column read as text is ``format('%s', c)``: the type's output function, as pgoutput
     and ``COPY`` call it (``c::text`` is a different function for ``inet`` and ``xml``), NULL
-    only when the value is (``num_nulls``: a composite of NULL fields ``IS NULL`` too).
+    only when the value is (``num_nulls``: a composite of NULL fields ``IS NULL`` too). Both
+    are named with their schema: they take ``"any"``, so a function of the same name with the
+    column's exact type in a schema on the search path would be chosen over them. A
+    partitioned table is read whole (ctids are per partition).
     ``ONLY``: an inheritance child is published (and copied) as a table of its own. The row
     filter is the expression PostgreSQL itself printed (``pg_get_expr``), as logical
     replication's own table synchronization uses it.
@@ -369,8 +372,11 @@ def select_statement(
     columns = []
     for column, cast in zip(table.columns, casts, strict=True):
         name = sql.Identifier(column.name)
-        if cast is None:
-            value = sql.SQL("CASE WHEN num_nulls({0}) = 0 THEN format('%s', {0}) END").format(name)
+        if cast is None:  # pg_catalog's functions named: "any" arguments lose to a user's
+            value = sql.SQL(
+                "CASE WHEN pg_catalog.num_nulls({0}) OPERATOR(pg_catalog.=) 0"
+                " THEN pg_catalog.format('%s'::pg_catalog.text, {0}) END"
+            ).format(name)
         else:
             value = sql.SQL("{}::{}").format(name, sql.Identifier("pg_catalog", cast))
         columns.append(sql.SQL("{} AS {}").format(value, name))
