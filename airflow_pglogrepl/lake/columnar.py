@@ -83,7 +83,9 @@ class ColumnarDecoder:
         self._ref = PgOutputStream.from_options(options)
         self._txn: _Txn | None = None
         self.transactions = 0
-        self.last_commit: LSN | None = None
+        # the commit record LSN (a row's ``_commit_lsn``) of each transaction committed so far,
+        # in order; the drain takes them off as it cuts windows
+        self.commit_lsns: list[int] = []
 
     def feed(self, data: pa.Array) -> list[TablePiece]:
         """The changelog rows of one batch of messages (a ``binary`` or ``large_binary``
@@ -223,8 +225,7 @@ class ColumnarDecoder:
             self._txn = None
         self.transactions += len(commits)
         if len(commits):
-            end = _be_u64(buf, starts[commits[-1:]] + 10)
-            self.last_commit = LSN(int(end[0]))
+            self.commit_lsns.extend(_be_u64(buf, starts[commits] + 2).tolist())
         return seq, txn_of, txns
 
     def _truncated(self, raw: bytes) -> list[TableInfo]:

@@ -75,6 +75,11 @@ class DrainSource(Protocol):
 
 log = logging.getLogger("airflow_pglogrepl.drain")
 
+# Windows one peek may serve (``Drain._columnar_span``). The server keeps a peek's whole result
+# (spilled to a temporary file past work_mem) before it sends the first row: a few windows'
+# worth, not a whole backlog.
+PEEK_WINDOWS = 4
+
 
 class SlotAheadOfSinkError(PgLogReplError):
     """The slot confirmed changes the lake never committed: they are lost to this lake."""
@@ -210,20 +215,42 @@ class Drain:
         windows: list[WindowStats] = []
         next_commit = False
         while start < run_end and (self.max_windows is None or len(windows) < self.max_windows):
+            if self.columnar and not next_commit:
+                room = PEEK_WINDOWS
+                if self.max_windows is not None:
+                    room = min(room, self.max_windows - len(windows))
+                done: list[WindowStats] = []
+                declined = False
+                try:
+                    self._columnar_span(start, min(run_end, start + self.max_window_bytes * room),
+                                        done)  # fmt: skip
+                except (ColumnarUnsupportedError, ArrowPeekError) as exc:
+                    declined = True
+                    log.info("window from %s: decoded per message (%s)",
+                             done[-1].end if done else start, exc)  # fmt: skip
+                for stats in done:
+                    windows.append(stats)
+                    _log_window(stats, run_end)
+                if done:
+                    start = done[-1].end
+                    next_commit = done[-1].transactions == 0
+                if not declined:
+                    continue
+                if start >= run_end or (
+                    self.max_windows is not None and len(windows) >= self.max_windows
+                ):
+                    break
             end = run_end if next_commit else min(run_end, start + self.max_window_bytes)
-            stats = self._window(start, end, next_commit=next_commit)
+            stats = self._reference_window(start, end, next_commit=next_commit)
             windows.append(stats)
-            log.info(
-                "window %s..%s: %d transactions, %d changes, %d WAL bytes, %.2fs, lag left %d",
-                stats.start, stats.end, stats.transactions, stats.changes, stats.end - start,
-                stats.seconds, run_end - stats.end,
-            )  # fmt: skip
+            _log_window(stats, run_end)
             # A window without a single commit means the next commit is further away: a big
             # transaction still being written at the window's end, or only unpublished traffic.
             # Every peek decodes again from the slot's restart_lsn, which an open transaction
             # holds back, so stepping towards that commit window by window would re-decode the
             # transaction once per window. The next window is instead "up to the next commit":
-            # exactly one transaction, however big, streamed through in batches.
+            # exactly one transaction, however big, streamed through in batches (on the
+            # per-message path, which holds such a transaction in less memory).
             next_commit = stats.transactions == 0
             start = stats.end
         after = self.source.get_slot(self.slot).confirmed_flush_lsn
@@ -253,68 +280,60 @@ class Drain:
             raise SlotAheadOfSinkError(self.slot, slot_lsn, sink_lsn, self.lake.root)
         return slot_lsn
 
-    def _window(self, start: LSN, end: LSN, *, next_commit: bool = False) -> WindowStats:
-        """Drain ``[start, end)``; with ``next_commit``, only the first transaction that commits
-        before ``end``, and the window ends just past its commit record.
+    def _columnar_span(self, start: LSN, span_end: LSN, done: list[WindowStats]) -> None:
+        """The windows of ``[start, span_end)`` from one peek, on the columnar path; each is
+        appended to ``done`` once committed (and the slot advanced past it).
 
-        The columnar path (ADBC fetch, columnar decoder) takes the window when it can. Whatever
-        it declines (streamed transactions, a malformed message, a value it cannot convert, a
-        failed fetch) is decoded again, whole, by the reference path (psycopg, the per-message
-        decoder): that one gives the same rows, or the error that names the cause. Nothing of
-        the declined attempt is committed; its files stay invisible.
+        Every peek has the server decode from the slot's ``restart_lsn``, which moves only at
+        the server's running-transactions records (every 15 s under load), so one peek per
+        window can decode the same WAL again and again. One peek serves several windows: they
+        are cut here at the same LSNs separate peeks would have ended at (a window holds the
+        transactions whose commit record starts before its end), except that a window is never
+        committed empty in the middle of a span: it grows to the next boundary instead.
+
+        The window's stages overlap (``overlap``): the fetch runs ahead in a thread, the writes
+        behind in another, the decoder in this one.
         """
-        # A window "up to the next commit" holds one transaction bigger than a window: the
-        # reference path streams it in less memory (the columnar path's fetch and decode
-        # buffers cost about 40 MiB more for a 200,000-row transaction).
-        if self.columnar and not next_commit:
-            try:
-                return self._columnar_window(start, end)
-            except (ColumnarUnsupportedError, ArrowPeekError) as exc:
-                log.info("window %s..%s: decoded per message (%s)", start, end, exc)
-        return self._reference_window(start, end, next_commit=next_commit)
+        import numpy as np
 
-    def _columnar_window(self, start: LSN, end: LSN) -> WindowStats:
-        """The window on the columnar path, its stages overlapped (``overlap``): the fetch runs
-        ahead in a thread, the writes behind in another, the decoder in this one."""
-        began = time.monotonic()
-        stats = WindowStats(start=start, end=end, decoder="columnar")
-        window = self.lake.open_window(start)
         decoder = ColumnarDecoder(self.options)
         floors: dict[int, int] = {}
-        pending: dict[int, list[TablePiece]] = {}  # relation OID -> pieces of one description
-        queued_rows: dict[int, int] = {}
-        behind = Behind()
-        fetched = prefetched(self.source.peek_arrow(self.slot, upto_lsn=end, options=self.options))
+        last = int(span_end)
+        current = _OpenWindow(self, start, min(last, int(start) + self.max_window_bytes))
+        fetched = prefetched(
+            self.source.peek_arrow(self.slot, upto_lsn=span_end, options=self.options)
+        )
         assert isinstance(fetched, Generator)
         try:
             for data in fetched:
                 for piece in decoder.feed(data):
-                    table = piece.table
                     rows = piece.rows
-                    floor = self._floor(floors, table, start)
+                    floor = self._floor(floors, piece.table, start)
                     if floor:  # rows the table's state already holds (a re-snapshot after them)
                         rows = _at_or_after(rows, floor)
-                    stats.changes += rows.num_rows
-                    relid = table.relation_id or 0
-                    queued = pending.setdefault(relid, [])
-                    if queued and queued[0].table is not table:  # a new description: older first
-                        self._write_pieces(window, queued, stats, behind)
-                        queued_rows[relid] = 0
-                    queued.append(TablePiece(table, rows))
-                    queued_rows[relid] = queued_rows.get(relid, 0) + rows.num_rows
-                    if queued_rows[relid] >= self.batch_rows:
-                        self._write_pieces(window, queued, stats, behind)
-                        queued_rows[relid] = 0
-            for queued in pending.values():
-                if queued:
-                    self._write_pieces(window, queued, stats, behind)
-            behind.finish()
+                    while rows.num_rows:
+                        commit_lsns = rows.column(COMMIT_LSN).to_numpy()
+                        first = int(commit_lsns[0])
+                        if first >= current.boundary:
+                            if any(c < current.boundary for c in decoder.commit_lsns):
+                                done.append(current.commit(decoder.commit_lsns))
+                                current = _OpenWindow(self, LSN(current.boundary), current.boundary)
+                            while first >= current.boundary:  # never committed empty
+                                current.boundary += self.max_window_bytes
+                            # a commit record the peek read past its end (it began after a page
+                            # header that straddles it): the window ends just past it
+                            current.boundary = (
+                                min(current.boundary, last) if first < last else first + 1
+                            )
+                        split = int(np.searchsorted(commit_lsns, current.boundary))
+                        current.add(TablePiece(piece.table, rows.slice(0, split)))
+                        rows = rows.slice(split)
+            current.boundary = max(current.boundary, last)
+            done.append(current.commit(decoder.commit_lsns))
         except BaseException:
             fetched.close()
-            behind.close()
+            current.abandon()
             raise
-        stats.transactions = decoder.transactions
-        return self._commit(window, stats, began)
 
     def _write_pieces(
         self, window: Window, pieces: list[TablePiece], stats: WindowStats, behind: Behind
@@ -403,6 +422,64 @@ class Drain:
             _store(window, ref, rows)
         else:
             behind.submit(_store, window, ref, rows)
+
+
+def _log_window(stats: WindowStats, run_end: LSN) -> None:
+    log.info(
+        "window %s..%s (%s): %d transactions, %d changes, %d WAL bytes, %.2fs, lag left %d",
+        stats.start, stats.end, stats.decoder, stats.transactions, stats.changes,
+        stats.end - stats.start, stats.seconds, run_end - stats.end,
+    )  # fmt: skip
+
+
+class _OpenWindow:
+    """A columnar window being filled: its queued pieces per table, its writer, its boundary
+    (the LSN its transactions' commit records start before)."""
+
+    def __init__(self, drain: Drain, start: LSN, boundary: int) -> None:
+        self.drain = drain
+        self.began = time.monotonic()
+        self.stats = WindowStats(start=start, end=start, decoder="columnar")
+        self.window = drain.lake.open_window(start)
+        self.boundary = boundary
+        self.behind = Behind()
+        self.pending: dict[int, list[TablePiece]] = {}  # relation OID -> one description's
+        self.queued_rows: dict[int, int] = {}
+
+    def add(self, piece: TablePiece) -> None:
+        """Queue rows of the window; a table's queue is written once it holds ``batch_rows``,
+        or when the table's description changes (the older rows first)."""
+        rows = piece.rows.num_rows
+        if not rows:
+            return
+        self.stats.changes += rows
+        relid = piece.table.relation_id or 0
+        queued = self.pending.setdefault(relid, [])
+        if queued and queued[0].table is not piece.table:
+            self.drain._write_pieces(self.window, queued, self.stats, self.behind)
+            self.queued_rows[relid] = 0
+        queued.append(piece)
+        self.queued_rows[relid] = self.queued_rows.get(relid, 0) + rows
+        if self.queued_rows[relid] >= self.drain.batch_rows:
+            self.drain._write_pieces(self.window, queued, self.stats, self.behind)
+            self.queued_rows[relid] = 0
+
+    def commit(self, commit_lsns: list[int]) -> WindowStats:
+        """Write what is queued, wait for the writes, commit the window up to its boundary and
+        advance the slot; ``commit_lsns`` loses the transactions the window holds."""
+        for queued in self.pending.values():
+            if queued:
+                self.drain._write_pieces(self.window, queued, self.stats, self.behind)
+        self.behind.finish()
+        held = sum(1 for lsn in commit_lsns if lsn < self.boundary)
+        del commit_lsns[:held]
+        self.stats.transactions = held
+        self.stats.end = LSN(self.boundary)
+        return self.drain._commit(self.window, self.stats, self.began)
+
+    def abandon(self) -> None:
+        """A failure: let the writes in flight end; nothing of the window is committed."""
+        self.behind.close()
 
 
 def _preload() -> None:

@@ -113,6 +113,45 @@ def test_both_decoding_paths_write_the_same_lake(tmp_path: Path, arrow_fails: bo
     ]  # fmt: skip
 
 
+class CountingSource(FakeSource):
+    peeks = 0
+
+    def peek_arrow(
+        self, slot: str, *, upto_lsn: LSN | str, options: Mapping[str, str]
+    ) -> Iterator[Any]:
+        self.peeks += 1
+        yield from super().peek_arrow(slot, upto_lsn=upto_lsn, options=options)
+
+
+def test_one_peek_serves_several_windows_cut_where_separate_peeks_would_end(
+    tmp_path: Path,
+) -> None:
+    """Windows of 0x400 bytes from 0x1000, one peek for up to four: commits at 0x1100 and
+    0x1200 (window 1), none in 0x1400-0x1800 (no empty window committed: it grows), 0x1900
+    (window 2, ending at 0x1C00), 0x1D00 and 0x1E00 (the last, ending at the peek's end)."""
+    session = Session(start=0x1000)
+    items = relation(16384, "items", [("id", INT8, True), ("name", TEXT)])
+    session.add(items)
+    for xid, (commit, key) in enumerate([(0x1100, 1), (0x1200, 2), (0x1900, 3), (0x1D00, 4),
+                                         (0x1E00, 5)]):  # fmt: skip
+        session.lsn = commit - 0x40
+        session.begin(700 + xid, commit).insert(16384, str(key).encode(), b"v")
+        session.commit(commit, commit + 8)
+    source = CountingSource(session.rows, confirmed=0x1000, flush=0x1F00)
+    lake = Lake(str(tmp_path / "lake"), "s")
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x400)
+    result = drain.run(time.monotonic())
+    assert source.peeks == 1
+    assert [(int(w.start), int(w.end), w.transactions, w.changes) for w in result.windows] == [
+        (0x1000, 0x1400, 2, 2), (0x1400, 0x1C00, 1, 1), (0x1C00, 0x1F00, 2, 2)
+    ]  # fmt: skip
+    assert source.advances == [LSN(0x1400), LSN(0x1C00), LSN(0x1F00)]
+    rows = read_table(lake.paths.changes(TableRef("public", "items"))).to_pylist()
+    by_key = {r["id"]: r["_commit_lsn"] for r in rows}
+    assert by_key == {1: 0x1100, 2: 0x1200, 3: 0x1900, 4: 0x1D00, 5: 0x1E00}
+    assert [w["end_lsn"] for w in lake.windows()] == ["0/1400", "0/1C00", "0/1F00"]
+
+
 def test_a_slot_ahead_of_the_lake_is_refused_and_nothing_moves(tmp_path: Path) -> None:
     lake = Lake(str(tmp_path / "lake"), "s")
     lake.open_window(LSN(0x1000)).commit(LSN(0x1100), transactions=0, changes=0)
