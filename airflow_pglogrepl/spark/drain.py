@@ -189,6 +189,7 @@ class Drain:
         if max_window_bytes <= 0:
             raise ValueError("max_window_bytes must be positive")
         self.columnar = columnar
+        self.run_end = LSN(0)  # the flushed WAL position a run drains to (set by ``run``)
         self.source = source
         self.lake = lake
         self.slot = slot
@@ -210,7 +211,7 @@ class Drain:
         before = slot.confirmed_flush_lsn
         assert before is not None, "a logical slot always has confirmed_flush_lsn"
         start = self._reconcile(before, self.lake.position())
-        run_end = self.source.flush_lsn()
+        run_end = self.run_end = self.source.flush_lsn()
         startup = time.monotonic() - started
         windows: list[WindowStats] = []
         next_commit = False
@@ -228,9 +229,7 @@ class Drain:
                     declined = True
                     log.info("window from %s: decoded per message (%s)",
                              done[-1].end if done else start, exc)  # fmt: skip
-                for stats in done:
-                    windows.append(stats)
-                    _log_window(stats, run_end)
+                windows.extend(done)  # each logged as it committed
                 if done:
                     start = done[-1].end
                     next_commit = done[-1].transactions == 0
@@ -306,28 +305,36 @@ class Drain:
         assert isinstance(fetched, Generator)
         try:
             for data in fetched:
+                # A batch holds one piece per table, each with its rows of every transaction in
+                # the batch: a window is cut only once all pieces' rows before it are added.
+                pieces = []
                 for piece in decoder.feed(data):
                     rows = piece.rows
                     floor = self._floor(floors, piece.table, start)
                     if floor:  # rows the table's state already holds (a re-snapshot after them)
                         rows = _at_or_after(rows, floor)
-                    while rows.num_rows:
-                        commit_lsns = rows.column(COMMIT_LSN).to_numpy()
-                        first = int(commit_lsns[0])
-                        if first >= current.boundary:
-                            if any(c < current.boundary for c in decoder.commit_lsns):
-                                done.append(current.commit(decoder.commit_lsns))
-                                current = _OpenWindow(self, LSN(current.boundary), current.boundary)
-                            while first >= current.boundary:  # never committed empty
-                                current.boundary += self.max_window_bytes
-                            # a commit record the peek read past its end (it began after a page
-                            # header that straddles it): the window ends just past it
-                            current.boundary = (
-                                min(current.boundary, last) if first < last else first + 1
-                            )
-                        split = int(np.searchsorted(commit_lsns, current.boundary))
-                        current.add(TablePiece(piece.table, rows.slice(0, split)))
-                        rows = rows.slice(split)
+                    if rows.num_rows:
+                        pieces.append((piece.table, rows, rows.column(COMMIT_LSN).to_numpy()))
+                while pieces:
+                    first = min(int(lsns[0]) for _, _, lsns in pieces)
+                    if first >= last:
+                        # a commit record the peek read past its end (it began after a page
+                        # header straddling it): the window ends just past it
+                        current.boundary = first + 1
+                    elif first >= current.boundary:
+                        if any(c < current.boundary for c in decoder.commit_lsns):
+                            done.append(current.commit(decoder.commit_lsns))
+                            current = _OpenWindow(self, LSN(current.boundary), current.boundary)
+                        while first >= current.boundary:  # never committed empty
+                            current.boundary += self.max_window_bytes
+                        current.boundary = min(current.boundary, last)
+                    rest = []
+                    for table, rows, lsns in pieces:
+                        split = int(np.searchsorted(lsns, current.boundary))
+                        current.add(TablePiece(table, rows.slice(0, split)))
+                        if split < len(lsns):
+                            rest.append((table, rows.slice(split), lsns[split:]))
+                    pieces = rest
             current.boundary = max(current.boundary, last)
             done.append(current.commit(decoder.commit_lsns))
         except BaseException:
@@ -475,7 +482,9 @@ class _OpenWindow:
         del commit_lsns[:held]
         self.stats.transactions = held
         self.stats.end = LSN(self.boundary)
-        return self.drain._commit(self.window, self.stats, self.began)
+        stats = self.drain._commit(self.window, self.stats, self.began)
+        _log_window(stats, self.drain.run_end)
+        return stats
 
     def abandon(self) -> None:
         """A failure: let the writes in flight end; nothing of the window is committed."""

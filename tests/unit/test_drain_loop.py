@@ -70,10 +70,12 @@ class FakeSource:
         if self.arrow_fails:
             raise ArrowPeekError("ADBC is not here")
         rows = [r[2] for r in self.peek_changes(slot, upto_lsn=upto_lsn, options=options)]
-        for first in range(0, len(rows), 2):  # small batches: transactions span them
-            yield pa.array(rows[first : first + 2], pa.binary())
+        step = self.batch_messages
+        for first in range(0, len(rows), step):  # small batches: transactions span them
+            yield pa.array(rows[first : first + step], pa.binary())
 
     arrow_fails = False
+    batch_messages = 2
 
 
 def two_transactions() -> Session:
@@ -150,6 +152,42 @@ def test_one_peek_serves_several_windows_cut_where_separate_peeks_would_end(
     by_key = {r["id"]: r["_commit_lsn"] for r in rows}
     assert by_key == {1: 0x1100, 2: 0x1200, 3: 0x1900, 4: 0x1D00, 5: 0x1E00}
     assert [w["end_lsn"] for w in lake.windows()] == ["0/1400", "0/1C00", "0/1F00"]
+
+
+def test_a_window_is_cut_after_every_table_of_a_batch_and_a_later_decline_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """T1 (commit 0x1300) writes tables a and b; T2 (0x1600, past the first window's end 0x1400)
+    writes a; all in one batch, whose pieces are a = [T1, T2] and b = [T1]. The first window
+    must hold T1's rows of both tables before it commits. A logical message in the next batch
+    makes the columnar path decline: the per-message path goes on from 0x1400, where T1 is
+    already skipped, so a row of T1 left out of the first window would be lost."""
+    # The Relations come first in the stream with LSNs past 0x1400, so that a peek from 0x1000
+    # sees one description per table and the fake's peek from 0x1400 sees them too.
+    session = Session(start=0x1401)
+    table_a = relation(16384, "a", [("id", INT8, True), ("name", TEXT)])
+    table_b = relation(16385, "b", [("id", INT8, True), ("name", TEXT)])
+    session.add(table_a, table_b)
+    session.lsn = 0x1000
+    session.begin(700, 0x1300).insert(16384, b"1", b"t1").insert(16385, b"1", b"t1")
+    session.commit(0x1300, 0x1308)
+    session.lsn = 0x1500
+    session.begin(701, 0x1600).insert(16384, b"2", b"t2").commit(0x1600, 0x1608)
+    first_batch = len(session.rows)
+    session.begin(702, 0x1780)
+    session.raw(b"M\x01" + (0x1700).to_bytes(8, "big") + b"p\x00" + (1).to_bytes(4, "big") + b"x")
+    session.insert(16384, b"3", b"t3").commit(0x1780, 0x1788)
+    source = FakeSource(session.rows, confirmed=0x1000, flush=0x1800)
+    source.batch_messages = first_batch
+    lake = Lake(str(tmp_path / "lake"), "s")
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x400)
+    result = drain.run(time.monotonic())
+    assert [(int(w.start), int(w.end), w.decoder, w.transactions) for w in result.windows] == [
+        (0x1000, 0x1400, "columnar", 1), (0x1400, 0x1800, "reference", 2)
+    ]  # fmt: skip
+    for name, keys in (("a", [1, 2, 3]), ("b", [1])):
+        rows = read_table(lake.paths.changes(TableRef("public", name))).to_pylist()
+        assert sorted(r["id"] for r in rows) == keys, name
 
 
 def test_a_slot_ahead_of_the_lake_is_refused_and_nothing_moves(tmp_path: Path) -> None:
