@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -302,7 +302,6 @@ class Drain:
         fetched = prefetched(
             self.source.peek_arrow(self.slot, upto_lsn=span_end, options=self.options)
         )
-        assert isinstance(fetched, Generator)
         try:
             for data in fetched:
                 # A batch holds one piece per table, each with its rows of every transaction in
@@ -341,17 +340,6 @@ class Drain:
             fetched.close()
             current.abandon()
             raise
-
-    def _write_pieces(
-        self, window: Window, pieces: list[TablePiece], stats: WindowStats, behind: Behind
-    ) -> None:
-        """Hand one table description's queued pieces to the writer (and empty the queue)."""
-        import pyarrow as pa
-
-        table = pieces[0].table
-        rows = pa.concat_tables([p.rows for p in pieces]) if len(pieces) > 1 else pieces[0].rows
-        pieces.clear()
-        self._write(window, TableRef(table.schema, table.table), rows, stats, behind)
 
     def _reference_window(self, start: LSN, end: LSN, *, next_commit: bool = False) -> WindowStats:
         began = time.monotonic()
@@ -463,20 +451,30 @@ class _OpenWindow:
         relid = piece.table.relation_id or 0
         queued = self.pending.setdefault(relid, [])
         if queued and queued[0].table is not piece.table:
-            self.drain._write_pieces(self.window, queued, self.stats, self.behind)
+            self._write(queued)
             self.queued_rows[relid] = 0
         queued.append(piece)
         self.queued_rows[relid] = self.queued_rows.get(relid, 0) + rows
         if self.queued_rows[relid] >= self.drain.batch_rows:
-            self.drain._write_pieces(self.window, queued, self.stats, self.behind)
+            self._write(queued)
             self.queued_rows[relid] = 0
+
+    def _write(self, pieces: list[TablePiece]) -> None:
+        """Hand one table description's queued pieces to the writer (and empty the queue)."""
+        import pyarrow as pa
+
+        table = pieces[0].table
+        rows = pa.concat_tables([p.rows for p in pieces]) if len(pieces) > 1 else pieces[0].rows
+        pieces.clear()
+        ref = TableRef(table.schema, table.table)
+        self.drain._write(self.window, ref, rows, self.stats, self.behind)
 
     def commit(self, commit_lsns: list[int]) -> WindowStats:
         """Write what is queued, wait for the writes, commit the window up to its boundary and
         advance the slot; ``commit_lsns`` loses the transactions the window holds."""
         for queued in self.pending.values():
             if queued:
-                self.drain._write_pieces(self.window, queued, self.stats, self.behind)
+                self._write(queued)
         self.behind.finish()
         held = sum(1 for lsn in commit_lsns if lsn < self.boundary)
         del commit_lsns[:held]

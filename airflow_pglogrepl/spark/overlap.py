@@ -17,7 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -28,7 +28,7 @@ _END = object()
 _JOIN_S = 5.0
 
 
-def prefetched(items: Iterator[T], *, depth: int = 2) -> Iterator[T]:
+def prefetched(items: Iterator[T], *, depth: int = 2) -> Generator[T, None, None]:
     """``items``, produced by a thread of their own up to ``depth`` ahead of the consumer.
 
     The producer runs the whole iterator, so a resource it opens (a connection) is used and
