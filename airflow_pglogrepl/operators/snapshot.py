@@ -51,6 +51,9 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         default parallelism.
     :param rows_per_task: about this many rows per range.
     :param parallelism: tables copied at the same time.
+    :param lock_timeout: seconds the snapshot waits, in all, for ``ACCESS SHARE`` on the tables
+        it copies (it holds them until the copy is done, so no table rewrite can land in the
+        middle); a reader waits at most as long behind a statement it could not cancel.
     :param replace_slot: when the slot already exists and the sink holds no commit at all (a
         slot left by a killed run, or created for a drain that never ran), drop and re-create
         it; never done when the sink holds commits.
@@ -79,6 +82,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         tasks_per_table: int | None = None,
         rows_per_task: int = 1_000_000,
         parallelism: int = 4,
+        lock_timeout: float = 60.0,
         replace_slot: bool = False,
         bootstrap: bool = False,
         database: str | None = None,
@@ -96,6 +100,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         self.tasks_per_table = tasks_per_table
         self.rows_per_task = rows_per_task
         self.parallelism = parallelism
+        self.lock_timeout = lock_timeout
         self.replace_slot = replace_slot
         self.bootstrap = bootstrap
         self.database = database
@@ -247,6 +252,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         args += ["--consistent-point", str(exported.consistent_point)]
         args += ["--rows-per-task", str(int(str(self.rows_per_task)))]
         args += ["--parallelism", str(int(self.parallelism))]
+        args += ["--lock-timeout", str(float(self.lock_timeout))]
         if str(self.tasks_per_table) not in ("None", ""):  # templated: may render as text
             args += ["--tasks-per-table", str(int(str(self.tasks_per_table)))]
         return args

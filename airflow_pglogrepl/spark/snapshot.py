@@ -33,6 +33,7 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +45,7 @@ from airflow_pglogrepl.exceptions import (
     UnstorableValueError,
     UnsupportedColumnNameError,
 )
-from airflow_pglogrepl.faults import fault
+from airflow_pglogrepl.faults import fault, pause
 from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.delta import refused_names
 from airflow_pglogrepl.lake.evolve import numbered
@@ -59,11 +60,13 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_pglogrepl.hooks.pg.snapshot import CatalogColumn, SnapshotTable
+    from airflow_pglogrepl.hooks.pg.snapshot_guard import SnapshotGuard
 
 log = logging.getLogger("airflow_pglogrepl.snapshot")
 
 DEFAULT_ROWS_PER_TASK = 1_000_000
 CHUNK_BYTES = 8 << 20  # Arrow fetched, converted and handed to Spark at a time, per task
+DEFAULT_LOCK_TIMEOUT_S = 60.0  # for the copied tables' locks (see hooks.pg.snapshot_guard)
 # Rows per heap block assumed for a table the planner never measured (reltuples = -1); only
 # how finely it is split depends on it.
 UNKNOWN_ROWS_PER_BLOCK = 60
@@ -207,8 +210,10 @@ class CopyTask:
     """The function Spark runs per range (``mapInArrow``): copy the range, yield Arrow batches.
 
     Pickled to the executors with what it needs: the source's libpq parameters, the snapshot's
-    name and the table's description. Connection parameters travel inside the task, never in
-    Spark configuration or the environment of the executors, where the UI would show them.
+    name and the table's description. The parameters travel without the password
+    (``passfile.travelling_params``): Spark's RPC and event logs carry task bytes, and a
+    standalone cluster does not authenticate its RPC by default. Nor are they put in Spark
+    configuration or the executors' environment, where the UI would show them.
     """
 
     def __init__(
@@ -219,16 +224,22 @@ class CopyTask:
         *,
         chunk_bytes: int = CHUNK_BYTES,
         copied_bytes: Any = None,
+        lock_timeout_ms: int = 0,
     ) -> None:
+        if params.get("password"):
+            raise ValueError("CopyTask is pickled to executors: pass travelling_params(...)")
         self.params = params
         self.snapshot_name = snapshot_name
         self.table = table
         self.chunk_bytes = chunk_bytes
         self.copied_bytes = copied_bytes  # a Spark accumulator, or None
+        self.lock_timeout_ms = lock_timeout_ms
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for row in batch.to_pylist():
+                if row["start"] > 0:
+                    pause("before_later_range")
                 yield from self.copy(BlockRange(row["start"], row["stop"]))
 
     def copy(self, block_range: BlockRange) -> Iterator[pa.RecordBatch]:
@@ -238,7 +249,7 @@ class CopyTask:
         info = table_info(self.table)
         schema = _plain_schema(info)
         columns = _read_plan(info)
-        reader = SnapshotReader(self.params)
+        reader = SnapshotReader(self.params, lock_timeout_ms=self.lock_timeout_ms)
         total = 0
         batches = reader.arrow_batches(
             self.snapshot_name,
@@ -314,6 +325,8 @@ class SnapshotResult:
     copy_s: float = 0.0
     commit_s: float = 0.0
     committed: bool = False
+    # statements the snapshot's lock watcher canceled (``snapshot_guard.CanceledStatement``)
+    ddl_canceled: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         rows = sum(t.rows for t in self.tables)
@@ -342,6 +355,7 @@ class SnapshotResult:
                 }
                 for t in self.tables
             },
+            "ddl_canceled": list(self.ddl_canceled),
         }
 
 
@@ -462,6 +476,10 @@ class SnapshotCopy:
     ``tables`` only those tables are re-snapshotted into an existing sink; otherwise the sink
     must be empty and the whole publication is copied and committed at the consistent point.
     The snapshot must stay exported (its session open) until ``run`` returns.
+
+    While it copies, the tables are locked (``snapshot_guard``): no rewrite can land in the
+    middle, and one that landed before the locks is refused. ``lock_timeout_s`` bounds the wait
+    for those locks, and a reader's wait behind a statement the watcher could not cancel.
     """
 
     def __init__(
@@ -477,6 +495,7 @@ class SnapshotCopy:
         rows_per_task: int = DEFAULT_ROWS_PER_TASK,
         parallelism: int = 4,
         chunk_bytes: int = CHUNK_BYTES,
+        lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
     ) -> None:
         if not publications:
             raise ValueError("at least one publication is needed")
@@ -490,6 +509,8 @@ class SnapshotCopy:
         self.rows_per_task = rows_per_task
         self.parallelism = max(1, parallelism)
         self.chunk_bytes = chunk_bytes
+        self.lock_timeout_s = lock_timeout_s
+        self._task_params: dict[str, str] | None = None
 
     def run(self) -> SnapshotResult:
         """Copy, then commit; on failure remove what was staged and re-raise."""
@@ -506,12 +527,24 @@ class SnapshotCopy:
                 f"lake {self.lake.root} holds no commit yet: take an initial snapshot of the "
                 f"whole publication first (tables=None)"
             )
-        began = time.monotonic()
-        from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader
+        from airflow_pglogrepl.hooks.pg.passfile import travelling_params
+        from airflow_pglogrepl.hooks.pg.snapshot_guard import SnapshotGuard
 
-        reader = SnapshotReader(self.reader_params)
-        with reader.transaction(self.point.snapshot_name) as conn:
-            tables = reader.published_tables(conn, self.publications, self.tables)
+        with ExitStack() as stack:
+            guard = stack.enter_context(SnapshotGuard(self.reader_params, result.snapshot_name))
+            tables = self._plan(guard, result)
+            self._task_params = stack.enter_context(travelling_params(self.reader_params))
+            canceled = stack.enter_context(guard.watch())
+            self._copy_and_commit(tables, result)
+        result.ddl_canceled = [c.to_dict() for c in canceled]
+        fault("after_commit")
+        return result
+
+    def _plan(self, guard: SnapshotGuard, result: SnapshotResult) -> list[SnapshotTable]:
+        """The tables to copy, read and locked in the snapshot; refused before any copy when
+        the lake could not hold them."""
+        began = time.monotonic()
+        tables = guard.locked_tables(self.publications, self.tables, timeout_s=self.lock_timeout_s)
         for table in tables:  # before anything is copied: the drain would refuse them too
             if not table.columns:
                 raise LakeError(
@@ -523,6 +556,9 @@ class SnapshotCopy:
             if names:
                 raise UnsupportedColumnNameError(str(table.table), names)
         result.plan_s = time.monotonic() - began
+        return tables
+
+    def _copy_and_commit(self, tables: list[SnapshotTable], result: SnapshotResult) -> None:
         began = time.monotonic()
         if self.tables is not None:
             self._check_not_overtaken(tables)
@@ -539,8 +575,6 @@ class SnapshotCopy:
             raise
         result.commit_s = time.monotonic() - began
         result.committed = True
-        fault("after_commit")
-        return result
 
     # -- steps --------------------------------------------------------------------------------
 
@@ -560,13 +594,7 @@ class SnapshotCopy:
         ranges = plan_ranges(table, max_tasks=max_tasks, rows_per_task=self.rows_per_task)
         context = self.spark.sparkContext
         copied = context.accumulator(0)
-        task = CopyTask(
-            self.reader_params,
-            self.point.snapshot_name,
-            table,
-            chunk_bytes=self.chunk_bytes,
-            copied_bytes=copied,
-        )
+        task = self.copy_task(table, copied)
         spark_schema = from_arrow_schema(_plain_schema(table_info(table)))
         context.setJobDescription(f"pglogrepl snapshot {table.table} ({len(ranges)} ranges)")
         bounds = context.parallelize([(r.start, r.stop) for r in ranges], len(ranges))
@@ -610,6 +638,26 @@ class SnapshotCopy:
             table.table, rows, len(ranges), table.blocks, stats.seconds,
         )  # fmt: skip
         return stats
+
+    def copy_task(self, table: SnapshotTable, copied_bytes: Any = None) -> CopyTask:
+        """The function the executors run for ``table``'s ranges (only inside ``run``: its
+        parameters name the job's passfile instead of holding the password)."""
+        from airflow_pglogrepl.hooks.pg.snapshot_guard import readers_application_name
+
+        if self._task_params is None:
+            raise RuntimeError("SnapshotCopy.copy_task is only available inside run()")
+        params = {
+            **self._task_params,
+            "application_name": readers_application_name(self.point.snapshot_name),
+        }
+        return CopyTask(
+            params,
+            self.point.snapshot_name,
+            table,
+            chunk_bytes=self.chunk_bytes,
+            copied_bytes=copied_bytes,
+            lock_timeout_ms=int(self.lock_timeout_s * 1000),
+        )
 
     def _commit_initial(self, result: SnapshotResult) -> None:
         rows = {c.table: c.rows for c in result.tables}

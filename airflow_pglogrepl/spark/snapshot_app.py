@@ -64,6 +64,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--parallelism", type=int, default=4, help="tables copied at once")
     parser.add_argument(
+        "--lock-timeout", type=float, default=60.0, help="seconds to wait, in all, for the "
+        "ACCESS SHARE locks the copy holds on its tables",
+    )  # fmt: skip
+    parser.add_argument(
         "--snapshot-name", default=None,
         help=f"exported snapshot held by the caller (or ${SNAPSHOT_ENV})",
     )  # fmt: skip
@@ -168,6 +172,7 @@ def _copy(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any, point: An
         tasks_per_table=args.tasks_per_table,
         rows_per_task=args.rows_per_task,
         parallelism=args.parallelism,
+        lock_timeout_s=args.lock_timeout,
     ).run()
 
 

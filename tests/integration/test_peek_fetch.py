@@ -201,3 +201,28 @@ def test_rows_stream_and_an_early_stop_leaves_nothing_running(fetch: Fetch, mode
         )
     )
     assert count > BIG_ROWS
+
+
+def test_server_timeouts_do_not_end_a_big_peek(fetch: Fetch, mode: str) -> None:
+    """A role whose statements time out after 50 ms: the peek of the whole big transaction (a
+    tuplestore filled server-side first) takes longer, and still completes, on both paths."""
+    from airflow_pglogrepl.hooks.pg.source import PgSource
+
+    role = f"peek_short_{mode}"
+    fetch.cluster.execute(
+        f"DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN REPLICATION PASSWORD 'pw';"
+        f" ALTER ROLE {role} SET statement_timeout = 50; ALTER ROLE {role} SET lock_timeout = 50"
+    )
+    dsn = make_dsn({**fetch.cluster.params(DB), "user": role, "password": "pw"})
+    source = PgSource(dsn)
+    assert source.session().execute("SHOW statement_timeout").fetchone() == {
+        "statement_timeout": "50ms"
+    }
+    expected = len(
+        fetch.reference("pg_logical_slot_peek_binary_changes", SLOT, fetch.options, None, None)
+    )
+    rows = sum(1 for _ in source.peek_changes(SLOT, upto_lsn=None, options=fetch.options))
+    assert rows == expected > BIG_ROWS
+    end = source.flush_lsn()
+    arrow = sum(len(b) for b in source.peek_arrow(SLOT, upto_lsn=end, options=fetch.options))
+    assert arrow == expected

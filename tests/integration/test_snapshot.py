@@ -324,6 +324,7 @@ def test_the_task_reads_hostile_names_in_the_snapshot_through_adbc_and_fails_cle
     the table; rows written after the snapshot unseen. A snapshot that is gone, or a wrong
     password, is ``SnapshotReadError`` naming the table, and never the password."""
     from airflow_pglogrepl.exceptions import ConnectionFailedError, LakeError, SnapshotReadError
+    from airflow_pglogrepl.hooks.pg.passfile import travelling_params
     from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader
     from airflow_pglogrepl.spark.snapshot import CopyTask
 
@@ -343,25 +344,32 @@ def test_the_task_reads_hostile_names_in_the_snapshot_through_adbc_and_fails_cle
         with reader.transaction(held.snapshot_name) as conn:
             (info,) = reader.published_tables(conn, [src.publication])
         assert info.row_filter is not None and info.blocks > 2
-        task = CopyTask(params, held.snapshot_name, info)
-        middle = info.blocks // 2
-        rows = [
-            row
-            for block_range in (BlockRange(0, middle), BlockRange(middle, None))
-            for batch in task.copy(block_range)
-            for row in batch.to_pylist()
-        ]
+        with travelling_params(params) as task_params:
+            task = CopyTask(task_params, held.snapshot_name, info)
+            middle = info.blocks // 2
+            rows = [
+                row
+                for block_range in (BlockRange(0, middle), BlockRange(middle, None))
+                for batch in task.copy(block_range)
+                for row in batch.to_pylist()
+            ]
         stale = held.snapshot_name
     assert sorted(r["id"] for r in rows) == [g for g in range(1, 3001) if g % 10]
     row = next(r for r in rows if r["id"] == 7)
     assert row['co"l\\é'] == "v7" and str(row["at"]) == "2026-01-01 00:00:07+00:00"
 
     password = params["password"]
-    with pytest.raises(SnapshotReadError, match=r'Tab ""le"" é.*invalid snapshot.*again') as gone:
-        list(CopyTask(params, stale, info).copy(BlockRange(0, None)))
+    with (
+        travelling_params(params) as task_params,
+        pytest.raises(SnapshotReadError, match=r'Tab ""le"" é.*invalid snapshot.*again') as gone,
+    ):
+        list(CopyTask(task_params, stale, info).copy(BlockRange(0, None)))
     wrong = {**params, "password": "not-" + password}
-    with pytest.raises((SnapshotReadError, ConnectionFailedError)) as refused:
-        list(CopyTask(wrong, stale, info).copy(BlockRange(0, None)))
+    with (
+        travelling_params(wrong) as task_params,
+        pytest.raises((SnapshotReadError, ConnectionFailedError)) as refused,
+    ):
+        list(CopyTask(task_params, stale, info).copy(BlockRange(0, None)))
     for failure in (gone.value, refused.value):
         assert password not in str(failure) and "not-" + password not in str(failure)
 

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl import conninfo
-from airflow_pglogrepl.hooks.pg.connect import TEXT_OUTPUT
+from airflow_pglogrepl.hooks.pg.connect import TEXT_OUTPUT, long_work_settings
 
 __all__ = ["AdbcError", "AdbcSession", "adbc_session"]
 
@@ -60,6 +60,13 @@ class AdbcSession:
                 self._cursor.execute("SELECT set_config($1, $2, false)", (name, value))
                 self._cursor.fetchall()
 
+    def server_version(self) -> int:
+        """The server's ``server_version_num`` (settings depend on it)."""
+        with self._guard():
+            self._cursor.execute("SELECT current_setting('server_version_num')::int")
+            row = self._cursor.fetchone()
+        return int(row[0])
+
     def batches(self, query: str, *, batch_bytes: int) -> Iterator[pa.RecordBatch]:
         """The rows of ``query`` (no parameters: it streams) as record batches of about
         ``batch_bytes``, read one at a time."""
@@ -86,9 +93,12 @@ class AdbcSession:
 
 
 @contextmanager
-def adbc_session(params: Mapping[str, str], *, what: str) -> Iterator[AdbcSession]:
-    """An open ADBC session in autocommit mode with ``connect.TEXT_OUTPUT`` applied; closed on
-    the way out. ``what`` says in an error what was being done."""
+def adbc_session(
+    params: Mapping[str, str], *, what: str, lock_timeout_ms: int = 0
+) -> Iterator[AdbcSession]:
+    """An open ADBC session in autocommit mode with ``connect.TEXT_OUTPUT`` and
+    ``connect.long_work_settings`` applied (every bulk read may take long); closed on the way
+    out. ``what`` says in an error what was being done."""
     secrets = conninfo.secrets_of(dict(params))
     try:
         from adbc_driver_postgresql import dbapi
@@ -103,6 +113,8 @@ def adbc_session(params: Mapping[str, str], *, what: str) -> Iterator[AdbcSessio
         try:
             session = AdbcSession(conn, cursor, what, secrets)
             session.set(TEXT_OUTPUT)
+            version = session.server_version()
+            session.set(long_work_settings(version, lock_timeout_ms=lock_timeout_ms))
             yield session
         finally:
             with contextlib.suppress(Exception):  # what was read is complete; nothing to keep

@@ -39,6 +39,23 @@ TEXT_OUTPUT: dict[str, str] = {
 }
 
 
+def long_work_settings(server_version: int, *, lock_timeout_ms: int = 0) -> dict[str, str]:
+    """Session settings for work that may take hours (a snapshot's copy, the session holding
+    its locks, a peek of a big window): every server timeout that would end it is turned off,
+    whatever the server, database or role configured. ``lock_timeout_ms`` bounds lock waits
+    (0: wait). ``transaction_timeout`` exists from PostgreSQL 17; ``server_version`` is
+    ``server_version_num`` (``conn.info.server_version``)."""
+    settings = {
+        "statement_timeout": "0",
+        "idle_in_transaction_session_timeout": "0",
+        "idle_session_timeout": "0",
+        "lock_timeout": str(int(lock_timeout_ms)),
+    }
+    if server_version >= 170000:
+        settings["transaction_timeout"] = "0"
+    return settings
+
+
 def set_session(conn: Conn, settings: dict[str, str]) -> None:
     """Apply session settings (``set_config``: names and values bound, nothing composed)."""
     for name, value in settings.items():

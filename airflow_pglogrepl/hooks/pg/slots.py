@@ -16,7 +16,14 @@ from psycopg.types.numeric import Int8BinaryLoader, OidBinaryLoader
 from airflow_pglogrepl.exceptions import SlotAdvanceError, SlotNotFoundError, WrongPluginError
 from airflow_pglogrepl.hooks.errors import slot_errors
 from airflow_pglogrepl.hooks.lsn_adapters import PG_LSN_OID
-from airflow_pglogrepl.hooks.pg.connect import TEXT_OUTPUT, Conn, connect, set_session, show
+from airflow_pglogrepl.hooks.pg.connect import (
+    TEXT_OUTPUT,
+    Conn,
+    connect,
+    long_work_settings,
+    set_session,
+    show,
+)
 from airflow_pglogrepl.hooks.pg.server import CURRENT_LSN
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import validate_slot_name
@@ -169,6 +176,8 @@ def peek_changes(
     # Chunked rows need no transaction; a server-side cursor lives in one (rolled back).
     with connect(params, label=label, autocommit=chunked) as conn:
         set_session(conn, TEXT_OUTPUT)  # values print as the decoder reads them
+        # a big window is decoded into a tuplestore first: no configured timeout may end it
+        set_session(conn, long_work_settings(conn.info.server_version))
         with slot_errors(slot, setting=lambda s: show(conn, s)):
             rows = _fetch(conn, query, arguments, batch_rows, chunked=chunked)
             try:

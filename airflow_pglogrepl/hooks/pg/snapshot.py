@@ -29,7 +29,14 @@ from psycopg import sql
 from airflow_pglogrepl.exceptions import SnapshotReadError
 from airflow_pglogrepl.hooks.errors import slot_errors
 from airflow_pglogrepl.hooks.pg.adbc import AdbcError, adbc_session
-from airflow_pglogrepl.hooks.pg.connect import TEXT_OUTPUT, connect, set_session, show
+from airflow_pglogrepl.hooks.pg.connect import (
+    TEXT_OUTPUT,
+    connect,
+    long_work_settings,
+    set_session,
+    show,
+)
+from airflow_pglogrepl.hooks.pg.passfile import PASSFILE_HINT
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import validate_slot_name
 from airflow_pglogrepl.tables import TableRef
@@ -51,14 +58,9 @@ __all__ = [
 log = logging.getLogger("airflow_pglogrepl.snapshot")
 
 # Session settings of every reader: values come out in exactly the text forms the decoder's
-# converters parse (``pgoutput.values``), whatever the server's or role's defaults; the long
-# read-only transaction of a big range must not be cut short by a configured timeout.
-READER_SETTINGS: dict[str, str] = {
-    **TEXT_OUTPUT,
-    "client_encoding": "UTF8",
-    "statement_timeout": "0",
-    "idle_in_transaction_session_timeout": "0",
-}
+# converters parse (``pgoutput.values``), whatever the server's or role's defaults. Timeouts are
+# ``connect.long_work_settings``: a big range's read must not be cut short by a configured one.
+READER_SETTINGS: dict[str, str] = {**TEXT_OUTPUT, "client_encoding": "UTF8"}
 
 _SNAPSHOT_NAME = re.compile(r"[0-9A-F]{8,16}-[0-9A-F]{8,16}-[0-9]{1,10}", re.IGNORECASE)
 
@@ -207,6 +209,8 @@ def create_slot_with_snapshot(
     stack = ExitStack()
     try:
         conn = stack.enter_context(connect(params, label=label, replication=True))
+        # the session must outlive the whole copy, idle: no configured timeout may end it
+        set_session(conn, long_work_settings(conn.info.server_version))
         with slot_errors(name, setting=lambda s: show(conn, s)):
             row = conn.execute(statement).fetchone()
     except BaseException:
@@ -236,10 +240,17 @@ class SnapshotReader:
     executors. ``label`` names the source in errors (never the password).
     """
 
-    def __init__(self, params: Mapping[str, str], *, label: str = "PGLOGREPL_SOURCE_DSN") -> None:
+    def __init__(
+        self,
+        params: Mapping[str, str],
+        *,
+        label: str = "PGLOGREPL_SOURCE_DSN",
+        lock_timeout_ms: int = 0,
+    ) -> None:
         self.params = {k: str(v) for k, v in params.items()}
         self.params.setdefault("application_name", "airflow-pglogrepl-snapshot")
         self.label = label
+        self.lock_timeout_ms = lock_timeout_ms
 
     @contextmanager
     def transaction(self, snapshot_name: str) -> Iterator[psycopg.Connection[Any]]:
@@ -253,6 +264,7 @@ class SnapshotReader:
         conn = connect(self.params, label=f"{self.label}, reading the snapshot")
         with conn:
             set_session(conn, READER_SETTINGS)
+            set_session(conn, long_work_settings(conn.info.server_version))
             conn.autocommit = False
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
@@ -315,7 +327,9 @@ class SnapshotReader:
         what = f"{self.label}: reading {table.table} in snapshot {name!r} failed"
         settings = {k: v for k, v in READER_SETTINGS.items() if k not in TEXT_OUTPUT}
         try:
-            with adbc_session(self.params, what=what) as session:
+            with adbc_session(
+                self.params, what=what, lock_timeout_ms=self.lock_timeout_ms
+            ) as session:
                 session.set(settings)
                 # ADBC's own transaction control (autocommit off) would send a plain BEGIN
                 # before anything could follow it; the snapshot must be imported as the
@@ -333,6 +347,15 @@ class SnapshotReader:
                     "slot stays open, and the snapshot job holds it until every task has read; "
                     "run the snapshot again"
                 )
+            elif "lock timeout" in text:
+                text += (
+                    ". A statement waiting for an exclusive lock on the table (VACUUM FULL, "
+                    "CLUSTER, ALTER TABLE) queued ahead of this reader, and the snapshot could "
+                    "not cancel it (its role needs pg_signal_backend). Fix: end that statement "
+                    "and run the snapshot again"
+                )
+            elif "password" in text and "passfile" in self.params:
+                text += f". Note: {PASSFILE_HINT}"
             raise SnapshotReadError(text) from None
 
 
