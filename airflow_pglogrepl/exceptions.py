@@ -186,6 +186,30 @@ class ReplicationFailedError(PgLogReplError):
     """Replication is failing (table sync or apply errors) and will not heal by waiting."""
 
 
+class PrivilegeError(PgLogReplError):
+    """The connection's role lacks a privilege a step needs; nothing of the step was done."""
+
+    def __init__(self, role: str, what: str, fix: str) -> None:
+        self.role = role
+        super().__init__(f"role {role!r} may not {what}. Nothing was done. Fix: {fix}")
+
+
+class PasswordExposureError(PgLogReplError):
+    """A statement carrying a password would be written to the server's log or statistics."""
+
+    def __init__(self, kind: str, name: str, role: str, leaks: list[str]) -> None:
+        self.leaks = leaks
+        super().__init__(
+            f"{kind} {name!r}: the statement carries the publisher's password, and as role "
+            f"{role!r} this session cannot keep it out of the subscriber's server log and "
+            f"statistics: {'; '.join(leaks)}. Nothing was sent. Fix: connect as a superuser, "
+            f"or let the role set these parameters (PostgreSQL 15+: GRANT SET ON PARAMETER "
+            f"<name> TO {role}), or change them for the server, or (superuser-owned "
+            f"subscriptions only) leave the password out of the publisher connection and "
+            f"put it in the subscriber server's passfile"
+        )
+
+
 class FenceNotHeldError(PgLogReplError):
     """The write fence would not stop every write: nothing was changed (the fence rolled back)."""
 

@@ -1,16 +1,16 @@
 """Subscriptions on the subscriber: create, reconcile, alter, drop, and read their progress.
 
 The ``CONNECTION`` clause carries the publisher's password. It is sent as an ``sql.Literal`` in a
-session that first turns statement logging off (superusers may), so a failing
-``CREATE SUBSCRIPTION`` does not leave the password in the subscriber's server log; our own logs
-and errors never contain it (errors are redacted). See
+session that first turns off every setting that would keep the statement's text in the
+subscriber's log or statistics (``secret_statements``), and is not sent at all when one of them
+cannot be turned off; our own logs and errors never contain it (errors are redacted). See
 https://www.postgresql.org/docs/15/sql-createsubscription.html
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +20,14 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from airflow_pglogrepl import conninfo
-from airflow_pglogrepl.exceptions import DefinitionConflictError, PgLogReplError
+from airflow_pglogrepl.exceptions import (
+    DefinitionConflictError,
+    PasswordExposureError,
+    PgLogReplError,
+    PrivilegeError,
+)
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
+from airflow_pglogrepl.hooks.secret_statements import quiet_secret_statements
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.records import (
     Reconciled,
@@ -136,7 +142,7 @@ class SubscriptionsMixin(PgSessionHook):
         dsn = conninfo.make_dsn(publisher_params)
         secrets = conninfo.secrets_of(publisher_params)
         with self.session() as conn, _redacted(secrets):
-            _quiet_statement_log(conn)
+            _keep_password_home(conn, name, bool(secrets))
             current = self.get_subscription(name, conn=conn)
             if current is None:
                 run_ddl(conn, _create_statement(name, dsn, publications, options))
@@ -384,12 +390,25 @@ def _differs(current: SubscriptionInfo, key: str, value: Any) -> bool:
     return bool(have[key] != value)
 
 
-def _quiet_statement_log(conn: Conn) -> None:
-    """Keep the publisher's password out of the subscriber's server log for this session."""
-    for setting in ("log_statement", "log_min_error_statement"):
-        value = "none" if setting == "log_statement" else "panic"
-        with suppress(pgerr.InsufficientPrivilege):  # not a superuser: server settings apply
-            conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(setting), sql.Literal(value)))
+def _keep_password_home(conn: Conn, name: str, has_password: bool) -> None:
+    """Before a statement with the publisher's password is sent: make sure it will be kept in
+    no log or statistics of the subscriber (``secret_statements``), or refuse. On PostgreSQL
+    15 only superusers create subscriptions: a statement that fails for that would reach the
+    log under the server's ``log_min_error_statement``, so it is refused here first."""
+    row = conn.execute(
+        "SELECT current_user AS role, current_setting('is_superuser') = 'on' AS superuser"
+    ).fetchone()
+    assert row is not None
+    if not row["superuser"] and conn.info.server_version < 160000:
+        raise PrivilegeError(
+            row["role"],
+            f"create or alter subscription {name!r}: before PostgreSQL 16 that needs a superuser",
+            "connect to the subscriber as a superuser (PostgreSQL 16+: a member of "
+            "pg_create_subscription with CREATE on the database)",
+        )
+    leaks = quiet_secret_statements(conn)
+    if leaks and has_password:
+        raise PasswordExposureError("subscription", name, row["role"], leaks)
 
 
 def _publisher_unreachable(exc: Exception) -> bool:
