@@ -178,6 +178,23 @@ class ObjectNotFoundError(PgLogReplError):
         super().__init__(f"{kind} {name!r} does not exist. Fix: {fix}")
 
 
+class PublicationNotFoundError(ObjectNotFoundError):
+    """A publication a drain or peek reads does not exist (in the slot's database)."""
+
+    def __init__(self, names: list[str], slot: str | None = None) -> None:
+        self.names = names
+        where = f" of slot {slot!r}'s database" if slot else ""
+        super().__init__(
+            "publication",
+            ", ".join(names),
+            f"create it again in the database{where} (CREATE PUBLICATION, or "
+            f"CreatePublicationOperator), or drain with the publications that exist. Nothing "
+            f"was committed and the slot did not move: on PostgreSQL 18 a missing publication "
+            f"is only a warning, and every window would come back empty while the slot "
+            f"advanced past the changes",
+        )
+
+
 class UnsupportedFeatureError(PgLogReplError):
     """The server version lacks a feature the task asks for."""
 

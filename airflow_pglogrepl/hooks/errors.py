@@ -15,6 +15,7 @@ from psycopg import errors as pgerr
 
 from airflow_pglogrepl.exceptions import (
     InvalidSlotNameError,
+    PublicationNotFoundError,
     ServerNotConfiguredError,
     SlotAdvanceError,
     SlotAlreadyExistsError,
@@ -23,6 +24,7 @@ from airflow_pglogrepl.exceptions import (
 )
 
 _ACTIVE_PID = re.compile(r"active for PID (\d+)")
+_MISSING_PUBLICATION = re.compile(r'publication "(.*)" does not exist')
 WAL_LEVEL_FIX = (
     "set wal_level = logical (ALTER SYSTEM SET wal_level = 'logical' or in postgresql.conf) "
     "and restart PostgreSQL; wal_level only changes on restart"
@@ -44,6 +46,10 @@ def slot_errors(slot: str, *, setting: Callable[[str], str]) -> Iterator[None]:
     try:
         yield
     except pgerr.UndefinedObject as exc:
+        # 42704 is any missing object: a publication pgoutput was asked to read, too
+        publication = _MISSING_PUBLICATION.search(exc.diag.message_primary or str(exc))
+        if publication:
+            raise PublicationNotFoundError([publication.group(1)], slot) from exc
         raise SlotNotFoundError(slot) from exc
     except pgerr.ObjectInUse as exc:
         match = _ACTIVE_PID.search(str(exc))

@@ -59,6 +59,13 @@ class PublicationsMixin(PgSessionHook):
             ).fetchall()
         return [TableRef(row["schemaname"], row["tablename"]) for row in rows]
 
+    def missing_publications(self, names: Sequence[str]) -> list[str]:
+        """The ``names`` no publication of the connected database has."""
+        from airflow_pglogrepl.hooks.pg.server import missing_publications
+
+        with self.session() as conn:
+            return missing_publications(conn, names)
+
     def get_publication(self, name: str, *, conn: Conn | None = None) -> PublicationInfo | None:
         """The publication's definition, or ``None`` when it does not exist."""
         with self._use(conn) as c:

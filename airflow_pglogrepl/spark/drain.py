@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from airflow_pglogrepl.exceptions import ArrowPeekError, PgLogReplError
+from airflow_pglogrepl.exceptions import ArrowPeekError, PgLogReplError, PublicationNotFoundError
 from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.changelog import COMMIT_LSN
@@ -57,6 +57,8 @@ class DrainSource(Protocol):
     def advance_slot(self, name: str, upto: LSN | str) -> LSN: ...
 
     def flush_lsn(self) -> LSN: ...
+
+    def missing_publications(self, names: Sequence[str]) -> list[str]: ...
 
     def peek_changes(
         self,
@@ -208,6 +210,7 @@ class Drain:
         if self.columnar:
             _preload()
         slot = check_slot(self.source, self.slot)
+        self._require_publications()
         before = slot.confirmed_flush_lsn
         assert before is not None, "a logical slot always has confirmed_flush_lsn"
         start = self._reconcile(before, self.lake.position())
@@ -262,6 +265,11 @@ class Drain:
             startup_s=startup,
             lag_bytes_left=max(0, self.source.flush_lsn() - (after or run_end)),
         )
+
+    def _require_publications(self) -> None:
+        missing = self.source.missing_publications(self.publications)
+        if missing:
+            raise PublicationNotFoundError(missing, self.slot)
 
     def _reconcile(self, slot_lsn: LSN, sink_lsn: LSN | None) -> LSN:
         if sink_lsn is None:
@@ -386,6 +394,9 @@ class Drain:
     def _commit(self, window: Window, stats: WindowStats, began: float) -> WindowStats:
         """Commit the window to the lake, then, and only then, advance the slot to its end."""
         fault("after_write")
+        # PostgreSQL 18 only warns about a missing publication and decodes nothing of it: a
+        # window read without one must not commit, or the slot would move past its changes.
+        self._require_publications()
         window.commit(stats.end, transactions=stats.transactions, changes=stats.changes)
         fault("after_commit")
         # The window is durable in the sink: only now may the slot forget it.

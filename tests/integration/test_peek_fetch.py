@@ -226,3 +226,14 @@ def test_server_timeouts_do_not_end_a_big_peek(fetch: Fetch, mode: str) -> None:
     end = source.flush_lsn()
     arrow = sum(len(b) for b in source.peek_arrow(SLOT, upto_lsn=end, options=fetch.options))
     assert arrow == expected
+
+
+def test_a_missing_publication_is_named_not_taken_for_a_missing_slot(
+    fetch: Fetch, mode: str
+) -> None:
+    """Both are SQLSTATE 42704: the error says which object is missing."""
+    from airflow_pglogrepl.exceptions import PublicationNotFoundError
+
+    options = {"proto_version": "1", "publication_names": '"gone ""pub"""'}
+    with pytest.raises(PublicationNotFoundError, match="publication 'gone \"pub\"' does not"):
+        list(fetch.hook().peek_changes(SLOT, upto_lsn=fetch.small_end, options=options))

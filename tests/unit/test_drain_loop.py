@@ -8,13 +8,18 @@ import dataclasses
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from airflow_pglogrepl.exceptions import ArrowPeekError, SlotInUseError, SlotLostError
+from airflow_pglogrepl.exceptions import (
+    ArrowPeekError,
+    PublicationNotFoundError,
+    SlotInUseError,
+    SlotLostError,
+)
 from airflow_pglogrepl.lake.delta import read_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
@@ -42,6 +47,7 @@ class FakeSource:
         )  # fmt: skip
         self.flush = LSN(flush)
         self.advances: list[LSN] = []
+        self.dropped_publications: set[str] = set()
 
     def get_slot(self, name: str, *, plugin: str | None = None) -> SlotInfo:
         return self.slot
@@ -53,6 +59,9 @@ class FakeSource:
 
     def flush_lsn(self) -> LSN:
         return self.flush
+
+    def missing_publications(self, names: Sequence[str]) -> list[str]:
+        return [n for n in names if n in self.dropped_publications]
 
     def peek_changes(
         self, slot: str, *, upto_lsn: LSN | str | None, options: Mapping[str, str],
@@ -207,6 +216,37 @@ def test_a_lake_ahead_of_the_slot_moves_the_slot_up_first(tmp_path: Path) -> Non
     drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=1024)
     result = drain.run(time.monotonic()).to_dict()
     assert source.advances == [LSN(0x1300)] and result["changes"] == 0  # nothing drained twice
+
+
+class DroppingSource(FakeSource):
+    """PostgreSQL 18: the publication is dropped after the first advance, and a peek only
+    warns, so every later window would come back empty."""
+
+    def advance_slot(self, name: str, upto: LSN | str) -> LSN:
+        end = super().advance_slot(name, upto)
+        self.dropped_publications.add("p")
+        self.rows = []
+        return end
+
+
+@pytest.mark.parametrize("arrow_fails", [False, True])
+def test_a_dropped_publication_stops_the_drain_before_a_commit(
+    tmp_path: Path, arrow_fails: bool
+) -> None:
+    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x2000)
+    source.dropped_publications.add("p")
+    lake = Lake(str(tmp_path / "lake"), "s")
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x180)
+    with pytest.raises(PublicationNotFoundError, match=r"publication 'p' does not exist"):
+        drain.run(time.monotonic())
+    assert source.advances == [] and lake.position() is None
+
+    source = DroppingSource(two_transactions().rows, confirmed=0x1000, flush=0x2000)
+    source.arrow_fails = arrow_fails
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x180)
+    with pytest.raises(PublicationNotFoundError, match=r"slot did not move"):
+        drain.run(time.monotonic())
+    assert source.advances == [LSN(0x1180)] and lake.position() == LSN(0x1180)
 
 
 def test_drain_refusal_names_lost_before_in_use() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from psycopg import sql
 
 from airflow_pglogrepl.hooks.pg.connect import Conn
@@ -32,3 +34,13 @@ def current_wal_lsn(conn: Conn) -> LSN:
     row = conn.execute(sql.SQL("SELECT {} AS lsn").format(CURRENT_LSN)).fetchone()
     assert row is not None
     return LSN(row["lsn"])
+
+
+def missing_publications(conn: Conn, names: Sequence[str]) -> list[str]:
+    """The ``names`` no publication of the connected database has."""
+    rows = conn.execute(
+        "SELECT n AS name FROM unnest(%s::text[]) WITH ORDINALITY AS u(n, i)"
+        " WHERE NOT EXISTS (SELECT 1 FROM pg_publication p WHERE p.pubname = u.n) ORDER BY i",
+        (list(names),),
+    ).fetchall()
+    return [row["name"] for row in rows]

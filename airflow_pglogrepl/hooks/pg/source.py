@@ -48,6 +48,10 @@ class PgSource:
         with self.session() as conn:
             return slots.drop_slot(conn, name, missing_ok=missing_ok)
 
+    def missing_publications(self, names: Sequence[str]) -> list[str]:
+        with self.session() as conn:
+            return server.missing_publications(conn, names)
+
     def flush_lsn(self) -> LSN:
         with self.session() as conn:
             return server.flush_lsn(conn)
