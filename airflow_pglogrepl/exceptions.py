@@ -272,6 +272,20 @@ class TableRewrittenError(SnapshotReadError):
         )
 
 
+class CatalogChangedError(SnapshotReadError):
+    """What a snapshot's copy depends on in the catalog changed after its consistent point."""
+
+    def __init__(self, differences: list[str]) -> None:
+        self.differences = differences
+        shown = "; ".join(differences[:10]) + (" ..." if len(differences) > 10 else "")
+        super().__init__(
+            f"the catalog changed after the snapshot's consistent point, so the copy would not "
+            f"be the tables at that point (a table added to or dropped from a publication, a "
+            f"row filter or column list changed, a partition attached or detached, columns "
+            f"renamed or retyped): {shown}. Nothing was committed. Fix: run the snapshot again"
+        )
+
+
 class ArrowPeekError(PgLogReplError):
     """The ADBC fetch of a window failed (or ADBC is missing): the drain decodes that window
     through psycopg and the reference decoder instead, which names the cause if it fails too."""

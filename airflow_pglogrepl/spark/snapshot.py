@@ -535,8 +535,11 @@ class SnapshotCopy:
             tables = self._plan(guard, result)
             self._task_params = stack.enter_context(travelling_params(self.reader_params))
             canceled = stack.enter_context(guard.watch())
-            self._copy_and_commit(tables, result)
-        result.ddl_canceled = [c.to_dict() for c in canceled]
+            try:
+                self._copy_and_commit(tables, result, guard)
+            finally:
+                result.ddl_canceled = [c.to_dict() for c in canceled]
+                self._task_params = None  # its passfile is gone with the block
         fault("after_commit")
         return result
 
@@ -558,7 +561,9 @@ class SnapshotCopy:
         result.plan_s = time.monotonic() - began
         return tables
 
-    def _copy_and_commit(self, tables: list[SnapshotTable], result: SnapshotResult) -> None:
+    def _copy_and_commit(
+        self, tables: list[SnapshotTable], result: SnapshotResult, guard: SnapshotGuard
+    ) -> None:
         began = time.monotonic()
         if self.tables is not None:
             self._check_not_overtaken(tables)
@@ -568,6 +573,7 @@ class SnapshotCopy:
             fault("after_copy")
             began = time.monotonic()
             if self.tables is None:
+                guard.verify()  # a partition attached during the copy: not the table at the point
                 self._commit_initial(result)
         except BaseException:
             if self.tables is None:

@@ -18,8 +18,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from airflow_pglogrepl.exceptions import SnapshotLockError, TableRewrittenError
+from airflow_pglogrepl.exceptions import SnapshotLockError, SnapshotReadError
 from airflow_pglogrepl.faults import PAUSE_ENV
+from airflow_pglogrepl.hooks.pg.snapshot_guard import readers_application_name
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.spark.snapshot import SnapshotCopy, SnapshotPoint
@@ -183,6 +184,23 @@ def test_rewrites_wait_for_the_copy_and_the_state_is_the_consistent_point(
             while not any(pause_dir.glob("before_later_range.*")):
                 assert runner.is_alive() and time.monotonic() < deadline, results
                 time.sleep(0.05)
+            # an impostor: a session named like the readers, waiting behind an unrelated lock
+            holder = src.cluster.connect(src.db)
+            holder.execute("SELECT pg_advisory_lock(42)")
+            impostor: dict[str, Any] = {}
+            name = readers_application_name(exported.snapshot_name)
+            waiting = threading.Thread(
+                target=_run_ddl,
+                args=(
+                    src,
+                    f"SET application_name = '{name}'; SELECT pg_advisory_lock(42)",
+                    impostor,
+                ),
+            )
+            waiting.start()
+            while not (impostor.get("pid") and _waiting_for_lock(src, impostor["pid"])):
+                assert time.monotonic() < deadline and "error" not in impostor, impostor
+                time.sleep(0.05)
             for statement in ("VACUUM FULL t", "ALTER TABLE t ALTER COLUMN v TYPE bigint"):
                 out: dict[str, Any] = {}
                 thread = threading.Thread(target=_run_ddl, args=(src, statement, out))
@@ -204,25 +222,46 @@ def test_rewrites_wait_for_the_copy_and_the_state_is_the_consistent_point(
     assert result.committed
     assert lake_table(str(tmp_path / "lake"), "t") == expected
     canceled = {c["pid"] for c in result.to_dict()["ddl_canceled"] if c["canceled"]}
+    assert holder.info.backend_pid not in canceled and "error" not in impostor
+    holder.close()  # the impostor gets its lock and ends
+    waiting.join(timeout=60)
+    assert impostor.get("done")
     for _, out in ddl:
         assert "done" not in out, "a rewrite landed while the snapshot copied"
         assert out["pid"] in canceled and isinstance(out["error"], psycopg.errors.QueryCanceled)
 
 
 @pytest.mark.parametrize(
-    "statement",
-    ["ALTER TABLE t ALTER COLUMN v TYPE bigint", "TRUNCATE t", "VACUUM FULL t"],
+    ("statement", "error"),
+    [
+        ("ALTER TABLE t ALTER COLUMN v TYPE bigint", r"public\.t were rewritten.*again"),
+        ("TRUNCATE t", r"public\.t were rewritten.*again"),
+        ("VACUUM FULL t", r"public\.t were rewritten.*again"),
+        # same file: readers would take the columns by today's names (swapped values)
+        (
+            "ALTER TABLE t RENAME v TO x; ALTER TABLE t RENAME pad TO v; ALTER TABLE t RENAME x"
+            " TO pad",
+            r"catalog changed.*at the snapshot column public\.t\.2 v,.*Nothing",
+        ),
+        # copied at the snapshot, but its changes before the ADD are never decoded
+        (
+            "ALTER PUBLICATION guard_pub ADD TABLE u",
+            r"catalog changed.*now member guard_pub:public\.u\. Nothing",
+        ),
+    ],
 )
-def test_a_rewrite_before_the_lock_is_refused(
-    src: Source, tmp_path: Path, spark: Any, statement: str
+def test_a_rewrite_or_catalog_change_before_the_lock_is_refused(
+    src: Source, tmp_path: Path, spark: Any, statement: str, error: str
 ) -> None:
-    """A rewrite that commits between the snapshot and its lock: the snapshot would read the
-    table empty (ALTER, TRUNCATE) or moved; it is refused, nothing copied."""
+    """A change that commits between the snapshot and its lock: the snapshot would read the
+    table empty (ALTER, TRUNCATE), moved, with columns swapped, or a table whose earlier
+    changes the slot never sends. Refused, nothing copied."""
+    src.sql("CREATE TABLE u (id int PRIMARY KEY); INSERT INTO u VALUES (1)")
     hook = DsnReplicationHook(src.dsn)
     with hook.create_slot_with_snapshot(src.slot, temporary=True) as exported:
         src.sql(statement)
         copy = _copy(src, tmp_path / "lake", exported, spark)
-        with pytest.raises(TableRewrittenError, match=r"public\.t were rewritten.*again"):
+        with pytest.raises(SnapshotReadError, match=error):
             copy.run()
     assert not any((tmp_path / "lake").rglob("*.parquet"))
 

@@ -43,14 +43,16 @@ def long_work_settings(server_version: int, *, lock_timeout_ms: int = 0) -> dict
     """Session settings for work that may take hours (a snapshot's copy, the session holding
     its locks, a peek of a big window): every server timeout that would end it is turned off,
     whatever the server, database or role configured. ``lock_timeout_ms`` bounds lock waits
-    (0: wait). ``transaction_timeout`` exists from PostgreSQL 17; ``server_version`` is
+    (0: wait). ``idle_session_timeout`` exists from PostgreSQL 14, ``transaction_timeout``
+    from 17; ``server_version`` is
     ``server_version_num`` (``conn.info.server_version``)."""
     settings = {
         "statement_timeout": "0",
         "idle_in_transaction_session_timeout": "0",
-        "idle_session_timeout": "0",
         "lock_timeout": str(int(lock_timeout_ms)),
     }
+    if server_version >= 140000:
+        settings["idle_session_timeout"] = "0"
     if server_version >= 170000:
         settings["transaction_timeout"] = "0"
     return settings

@@ -34,7 +34,12 @@ import psycopg
 from psycopg import errors as pgerr
 from psycopg import sql
 
-from airflow_pglogrepl.exceptions import SnapshotLockError, TableRewrittenError
+from airflow_pglogrepl.exceptions import (
+    CatalogChangedError,
+    PgLogReplError,
+    SnapshotLockError,
+    TableRewrittenError,
+)
 from airflow_pglogrepl.hooks.pg.connect import Conn, connect, long_work_settings, set_session
 from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader, SnapshotTable
 from airflow_pglogrepl.tables import TableRef
@@ -72,14 +77,56 @@ JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind IN ('r', 'm', 't')
 """
 
-# Sessions a reader of the snapshot is waiting behind (not the guard: its lock is compatible).
+# A session waiting for ACCESS EXCLUSIVE on a copied relation (a condition both queries below
+# repeat: the cancel checks it again, in its own statement, just before it signals).
+_WAITS_EXCLUSIVE = """EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = {pid} AND NOT l.granted
+    AND l.locktype = 'relation' AND l.mode = 'AccessExclusiveLock'
+    AND l.relation = ANY(%(relids)s::oid[]))"""
+
+# Statements a reader of this snapshot (same role, its application name) waits behind that wait
+# for ACCESS EXCLUSIVE on a copied relation themselves: nothing else is ever canceled (a name
+# in pg_stat_activity is no proof; a role's own sessions and the lock it waits for are).
 _QUEUED = """
-SELECT DISTINCT w.pid, w.usename AS role, coalesce(w.application_name, '') AS application_name,
+SELECT DISTINCT w.pid, w.query_start, w.usename AS role,
+    coalesce(w.application_name, '') AS application_name,
     coalesce(substring(w.query from '^\\s*([A-Za-z]+(\\s+[A-Za-z]+)?)'), '') AS statement
 FROM pg_stat_activity r
 CROSS JOIN LATERAL unnest(pg_blocking_pids(r.pid)) AS b(pid)
 JOIN pg_stat_activity w ON w.pid = b.pid
-WHERE r.application_name = %s AND w.pid <> %s
+WHERE r.application_name = %(readers)s AND r.usename = current_user AND w.pid <> %(guard)s
+    AND """ + _WAITS_EXCLUSIVE.format(pid="w.pid")
+_CANCEL = "SELECT pg_cancel_backend(%(pid)s) AS ok WHERE " + _WAITS_EXCLUSIVE.format(pid="%(pid)s")
+
+# What the copy depends on in the catalog, as rows that compare equal while nothing changed:
+# the publications' definitions and memberships, each copied table's partition tree and
+# columns. Run in the snapshot and in a fresh session: any difference means the catalog moved
+# after the consistent point (a table added to a publication, a partition attached, columns
+# renamed) and the copy would not be the table at the snapshot.
+_FINGERPRINT = """
+WITH RECURSIVE tree(relid) AS (
+    SELECT unnest(%(roots)s::oid[])
+    UNION SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid
+        JOIN pg_class c ON c.oid = tree.relid WHERE c.relkind = 'p'),
+pubs AS (SELECT * FROM pg_publication WHERE pubname = ANY(%(pubs)s))
+SELECT 'publication' AS kind, pubname::text AS name,
+    concat_ws(',', puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot)
+        AS detail FROM pubs
+UNION ALL
+SELECT 'member', p.pubname || ':' || pr.prrelid::regclass::text,
+    concat_ws(',', pr.prqual::text, pr.prattrs::text)
+FROM pg_publication_rel pr JOIN pubs p ON p.oid = pr.prpubid
+UNION ALL
+SELECT 'schema', p.pubname || ':' || pn.pnnspid::regnamespace::text, ''
+FROM pg_publication_namespace pn JOIN pubs p ON p.oid = pn.pnpubid
+UNION ALL
+SELECT 'partition', i.inhparent::regclass::text, i.inhrelid::regclass::text
+FROM pg_inherits i WHERE i.inhparent IN (SELECT relid FROM tree)
+    AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = i.inhparent AND c.relkind = 'p')
+UNION ALL
+SELECT 'column', a.attrelid::regclass::text || '.' || a.attnum,
+    concat_ws(',', a.attname, a.atttypid, a.atttypmod, a.attisdropped, a.attgenerated)
+FROM pg_attribute a WHERE a.attrelid IN (SELECT relid FROM tree) AND a.attnum > 0
+ORDER BY 1, 2, 3
 """
 
 
@@ -124,6 +171,8 @@ class SnapshotGuard:
         self.reader = SnapshotReader(self.params, label=label)
         self._stack = ExitStack()
         self._conn: Conn | None = None
+        self._publications: list[str] = []
+        self._roots: list[int] = []
 
     def __enter__(self) -> SnapshotGuard:
         try:
@@ -166,12 +215,20 @@ class SnapshotGuard:
             lambda: self.reader.published_tables(self.conn, publications, tables),
         )  # fmt: skip
         for table in found:
-            name = sql.Identifier(table.table.schema, table.table.name)
-            statement = sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(name)
+            # ONLY for a plain table: it is copied without its inheritance children (they are
+            # published, and copied, as tables of their own); a partitioned one with its
+            # partitions, which its read goes through
+            statement = sql.SQL("LOCK TABLE {}{} IN ACCESS SHARE MODE").format(
+                sql.SQL("" if table.relkind == "p" else "ONLY "),
+                sql.Identifier(table.table.schema, table.table.name),
+            )
             self._locking(deadline, timeout_s, table.relid, str(table.table),
                           partial(self.conn.execute, statement))  # fmt: skip
         set_session(self.conn, {"lock_timeout": "0"})
+        self._publications = list(publications)
+        self._roots = [t.relid for t in found]
         self._check_not_rewritten(found)
+        self.verify()
         log.info("snapshot %s holds ACCESS SHARE on %d table(s) until the copy is done",
                  self.snapshot_name, len(found))  # fmt: skip
         return found
@@ -212,6 +269,26 @@ class SnapshotGuard:
         if changed:
             raise TableRewrittenError(sorted(set(changed)))
 
+    def verify(self) -> None:
+        """Refuse when what the copy depends on in the catalog (``_FINGERPRINT``) differs
+        between the snapshot and now: a table added to or dropped from a publication, a row
+        filter or column list changed, a partition attached or detached, columns renamed or
+        retyped. Called once the tables are locked, and again before the commit point (an
+        ``ATTACH PARTITION`` does not wait for the locks).
+
+        :raises CatalogChangedError: what differs (at most ten lines of it).
+        """
+        arguments = {"roots": self._roots, "pubs": self._publications}
+        then = [tuple(r.values()) for r in self.conn.execute(_FINGERPRINT, arguments)]
+        with connect(self.params, label=self.label, application_name="pglogrepl verify") as c:
+            set_session(c, {"search_path": "pg_catalog"})
+            now = [tuple(r.values()) for r in c.execute(_FINGERPRINT, arguments)]
+        if then != now:
+            before, after = set(then), set(now)
+            lines = [f"at the snapshot {_line(r)}" for r in sorted(before - after)]
+            lines += [f"now {_line(r)}" for r in sorted(after - before)]
+            raise CatalogChangedError(lines)
+
     @contextmanager
     def watch(self, *, interval_s: float = 0.5) -> Iterator[list[CanceledStatement]]:
         """While the block runs, cancel any statement a reader of this snapshot waits behind
@@ -220,8 +297,10 @@ class SnapshotGuard:
         stop = threading.Event()
         guard_pid = self.conn.info.backend_pid
         readers = readers_application_name(self.snapshot_name)
+        # read here: the guard's connection is not for the watcher's thread
+        arguments = {"readers": readers, "guard": guard_pid, "relids": self._relids()}
         watcher = threading.Thread(
-            target=self._watch, args=(readers, guard_pid, interval_s, stop, seen),
+            target=self._watch, args=(arguments, interval_s, stop, seen),
             name="pglogrepl-snapshot-watch", daemon=True,
         )  # fmt: skip
         watcher.start()
@@ -233,29 +312,43 @@ class SnapshotGuard:
 
     def _watch(
         self,
-        readers: str,
-        guard_pid: int,
+        arguments: dict[str, Any],
         interval_s: float,
         stop: threading.Event,
         seen: list[CanceledStatement],
     ) -> None:
-        warned: set[int] = set()
+        handled: set[tuple[int, Any]] = set()  # a statement, not a session: retries come again
         try:
             with connect(self.params, label=self.label, application_name="pglogrepl watch") as c:
+                set_session(c, {"search_path": "pg_catalog"})
                 set_session(c, long_work_settings(c.info.server_version))
                 while not stop.wait(interval_s):
-                    for row in c.execute(_QUEUED, (readers, guard_pid)).fetchall():
-                        if row["pid"] in warned:
+                    for row in c.execute(_QUEUED, arguments).fetchall():
+                        if (row["pid"], row["query_start"]) in handled:
                             continue
-                        warned.add(row["pid"])
-                        seen.append(_cancel(c, row))
-        except psycopg.Error as exc:  # the copy goes on; its readers' lock_timeout still holds
-            log.warning("the snapshot's lock watcher stopped: %s", type(exc).__name__)
+                        handled.add((row["pid"], row["query_start"]))
+                        seen.append(_cancel(c, row, arguments))
+        except (psycopg.Error, PgLogReplError) as exc:  # the readers' lock_timeout still holds
+            log.warning("the snapshot's lock watcher stopped: %s", exc)
+
+    def _relids(self) -> list[int]:
+        """The copied tables and every partition below them (what readers lock)."""
+        rows = self.conn.execute(
+            "WITH RECURSIVE tree(relid) AS (SELECT unnest(%s::oid[]) UNION"
+            " SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid)"
+            " SELECT relid::int8 AS relid FROM tree",
+            (self._roots,),
+        ).fetchall()
+        return [row["relid"] for row in rows]
 
 
-def _cancel(conn: Conn, row: dict[str, Any]) -> CanceledStatement:
+def _line(row: tuple[Any, ...]) -> str:
+    return " ".join(str(value) for value in row if value not in ("", None))
+
+
+def _cancel(conn: Conn, row: dict[str, Any], arguments: dict[str, Any]) -> CanceledStatement:
     try:
-        ok = conn.execute("SELECT pg_cancel_backend(%s) AS ok", (row["pid"],)).fetchone()
+        ok = conn.execute(_CANCEL, {**arguments, "pid": row["pid"]}).fetchone()
         canceled = bool(ok and ok["ok"])
     except pgerr.InsufficientPrivilege:
         canceled = False
