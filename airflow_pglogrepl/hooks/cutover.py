@@ -24,7 +24,7 @@ from psycopg import sql
 
 # FenceNotHeldError is defined with the other errors; importable from here as well.
 from airflow_pglogrepl.exceptions import FenceNotHeldError as FenceNotHeldError
-from airflow_pglogrepl.exceptions import ObjectNotFoundError
+from airflow_pglogrepl.exceptions import ObjectNotFoundError, PrivilegeError
 from airflow_pglogrepl.hooks.base import Conn, run_ddl
 from airflow_pglogrepl.hooks.pg.connect import TEXT_OUTPUT, set_session
 from airflow_pglogrepl.hooks.slots import SlotsMixin
@@ -198,6 +198,9 @@ class SequenceState:
     increment: int
     min_value: int
     max_value: int
+    # ``last_value`` reads NULL both for a sequence never used and for one the role may not
+    # read (it needs SELECT or USAGE): this tells them apart
+    readable: bool = True
 
 
 @dataclass(frozen=True)
@@ -468,11 +471,24 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
         """
         with self.session(autocommit=False) as conn:
             conn.execute("SET LOCAL synchronous_commit = local")
-            with suppress(pgerr.InsufficientPrivilege):
+            try:
                 conn.execute(
                     "SELECT pg_logical_emit_message(true, %s, %s)",
                     (FENCE_MESSAGE_PREFIX, json.dumps(dict(note), default=str)),
                 )
+            except pgerr.InsufficientPrivilege:
+                # without the message no commit record is written, so nothing flushes the
+                # WAL: a fence LSN read now could lie past WAL the subscriber is never sent
+                conn.rollback()
+                role = _scalar(conn, "SELECT current_user AS v")
+                raise PrivilegeError(
+                    role,
+                    "mark the fence LSN: it may not execute pg_logical_emit_message, whose "
+                    "commit record flushes the WAL up to the fence",
+                    f"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO "
+                    f"{sql.Identifier(role).as_string(conn)} in this database; the fence itself is "
+                    f"in place (WriteFenceReleaseOperator undoes it)",
+                ) from None
             conn.commit()
             row = conn.execute("SELECT pg_current_wal_lsn() AS lsn").fetchone()
             conn.rollback()
@@ -518,7 +534,9 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
         with self.session() as conn:
             rows = conn.execute(
                 "SELECT q.schemaname, q.sequencename, q.last_value, q.increment_by, q.min_value,"
-                " q.max_value FROM unnest(%s::text[], %s::text[]) AS w(schema_name, seq_name)"
+                " q.max_value, has_sequence_privilege(format('%%I.%%I', q.schemaname,"
+                " q.sequencename), 'SELECT, USAGE') AS readable"
+                " FROM unnest(%s::text[], %s::text[]) AS w(schema_name, seq_name)"
                 " JOIN pg_sequences q ON q.schemaname = w.schema_name"
                 " AND q.sequencename = w.seq_name",
                 ([s.schema for s in sequences], [s.name for s in sequences]),
@@ -530,6 +548,7 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
                 increment=row["increment_by"],
                 min_value=row["min_value"],
                 max_value=row["max_value"],
+                readable=row["readable"],
             )
             for row in rows
         }

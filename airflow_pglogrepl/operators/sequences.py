@@ -149,6 +149,18 @@ class SyncSequencesOperator(BaseOperator):
                 errors.append(f"{entry['sequence']}: {plan.reason}")
             report.append(entry)
 
+        unreadable = [
+            f"{side} sequence {state.sequence}: this role may not read its last_value (it "
+            f"reads NULL, as for a sequence never used); GRANT SELECT ON SEQUENCE "
+            f"{state.sequence} to the {side} connection's role"
+            for side, states in (("publisher", pub_states), ("subscriber", sub_states))
+            for state in states.values()
+            if not state.readable
+        ]
+        if unreadable:
+            raise AirflowFailException(
+                "sequence sync refused, nothing was changed:\n- " + "\n- ".join(unreadable)
+            )
         for owned in sub_owned:
             source = pub_owned.get((owned.table, owned.column))
             pub_state = pub_states.get(source.sequence) if source else None

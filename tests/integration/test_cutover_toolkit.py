@@ -313,6 +313,42 @@ def test_sync_sequences_puts_subscriber_past_the_publisher(pair: Pair) -> None:
     assert again["changed"] == 0
 
 
+def _conn_as(pair: Pair, role: str, password: str) -> str:
+    """An Airflow connection id for ``role`` on the publisher database."""
+    from urllib.parse import quote
+
+    conn_id = f"as_{next(_ids)}"
+    cluster = pair.publisher
+    set_airflow_connection(conn_id, f"postgres://{quote(role, safe='')}:"
+                           f"{quote(password, safe='')}@{cluster.host}:{cluster.port}/"
+                           f"{pair.pub_db}")  # fmt: skip
+    return conn_id
+
+
+def test_privileges_the_cutover_lacks_are_reported_not_swallowed(pair: Pair) -> None:
+    """A sequence the role may not read has last_value NULL, as if never used: the sync would
+    have skipped it silently. A fence LSN marked without pg_logical_emit_message flushes
+    nothing. Both are refused, naming the grant."""
+    from airflow_pglogrepl.exceptions import PrivilegeError
+
+    pair.both("CREATE SEQUENCE guarded_seq")
+    pair.pub("SELECT nextval('guarded_seq') FROM generate_series(1, 9)")
+    role, password = pair.role("seq")
+    publisher_as_role = _conn_as(pair, role, password)
+    with pytest.raises(AirflowFailException, match=r"guarded_seq: this role may not read.*GRANT"):
+        SyncSequencesOperator(
+            task_id="seq", publisher_conn_id=publisher_as_role, subscriber_conn_id=pair.sub_conn,
+            sequences=["guarded_seq"],
+        ).execute(_ctx())  # fmt: skip
+    assert pair.sub("SELECT last_value, is_called FROM guarded_seq") == [(1, False)]
+
+    # function privileges are per database: this one only
+    pair.pub("REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC")
+    hook = PgLogicalReplicationHook(postgres_conn_id=publisher_as_role)
+    with pytest.raises(PrivilegeError, match=r"mark the fence LSN.*GRANT EXECUTE"):
+        hook.mark_fence_lsn({"test": True})
+
+
 # -- parity --------------------------------------------------------------------------------------
 
 
