@@ -59,6 +59,14 @@ class PublicationsMixin(PgSessionHook):
             ).fetchall()
         return [TableRef(row["schemaname"], row["tablename"]) for row in rows]
 
+    def source_identity(self) -> dict[str, object]:
+        """The server's system identifier, timeline and the database (see
+        ``hooks.pg.server.source_identity``)."""
+        from airflow_pglogrepl.hooks.pg.server import source_identity
+
+        with self.session() as conn:
+            return source_identity(conn)
+
     def missing_publications(self, names: Sequence[str]) -> list[str]:
         """The ``names`` no publication of the connected database has."""
         from airflow_pglogrepl.hooks.pg.server import missing_publications

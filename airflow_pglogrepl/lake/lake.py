@@ -87,6 +87,8 @@ def windows_schema() -> pa.Schema:
             pa.field("tables", pa.string()),  # JSON: table -> rows written
             pa.field("committed_at", pa.timestamp("us", tz="UTC")),
             pa.field("writer", pa.string()),  # host:pid
+            # JSON: system_identifier, timeline, database of the source (``source_identity``)
+            pa.field("source", pa.string()),
         ]
     )
 
@@ -99,6 +101,8 @@ class Lake:
         self.slot = slot
         self.app = app_id(slot)
         self.origins = origins
+        # the source's identity, recorded with each commit (set by the drain and the snapshot)
+        self.source: dict[str, object] | None = None
         self._versions: dict[str, LSN | None] = {}
         self._covered: dict[str, LSN | None] = {}
 
@@ -185,6 +189,13 @@ class Lake:
                 if r["slot"] == self.slot]  # fmt: skip
         return sorted(rows, key=lambda r: LSN(r["end_lsn"]))
 
+    def recorded_source(self) -> dict[str, Any] | None:
+        """The source identity recorded with the lake's last commit of this slot (None: none
+        committed, or committed before identities were recorded)."""
+        rows = self.windows()
+        text = rows[-1].get("source") if rows else None
+        return json.loads(text) if text else None
+
     # -- writing --------------------------------------------------------------------------------
 
     def open_window(self, start: LSN) -> Window:
@@ -205,9 +216,13 @@ class Lake:
             "tables": json.dumps(tables or {}, sort_keys=True),
             "committed_at": dt.datetime.now(dt.UTC),
             "writer": f"{socket.gethostname()}:{os.getpid()}",
+            "source": json.dumps(self.source, sort_keys=True) if self.source else None,
         }
         rows = pa.Table.from_pylist([row], schema=windows_schema())
         uri = self.paths.windows()
+        current = delta.arrow_schema(uri)
+        if current is not None and "source" not in current.names:  # a lake from before it
+            delta.evolve_schema(uri, windows_schema())
         written = delta.write_file(uri, rows, prefix=f"{int(end):016X}")
         delta.commit_files(uri, rows.schema, [written], app=self.app, version=int(end),
                            name="pglogrepl windows")  # fmt: skip

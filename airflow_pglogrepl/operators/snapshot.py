@@ -59,7 +59,10 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         it; never done when the sink holds commits.
     :param bootstrap: the first task of a drain DAG: succeed without doing anything when the
         sink already holds commits of an existing slot (its snapshot, or windows drained without
-        one), take the snapshot otherwise (``replace_slot`` implied).
+        one), take the snapshot otherwise. An existing slot with a lake that holds nothing is
+        replaced only when the lake holds the uncommitted snapshot a killed run took at the
+        slot's position; otherwise the task fails, since an empty-looking path may be an
+        unmounted volume or a changed sink (``replace_slot=True`` is the explicit signal).
     :param database: the slot's database, when not the connection's.
     :param conn_id: the Spark connection; it must exist.
     """
@@ -136,15 +139,18 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         from airflow_pglogrepl.exceptions import PgLogReplError, SlotNotFoundError
         from airflow_pglogrepl.spark.snapshot import bootstrap_plan
 
+        slot_lsn: str | None = None
         try:
-            hook.get_slot(self.slot_name)
+            found = hook.get_slot(self.slot_name)
             exists = True
+            slot_lsn = str(found.confirmed_flush_lsn) if found.confirmed_flush_lsn else None
         except SlotNotFoundError:
             exists = False
         try:
             plan = bootstrap_plan(
                 slot=str(self.slot_name), slot_exists=exists, status=self._sink_status(),
                 lake=str(self.sink), replace_slot=self.replace_slot, bootstrap=self.bootstrap,
+                slot_lsn=slot_lsn,
             )  # fmt: skip
         except PgLogReplError as exc:
             raise AirflowFailException(str(exc)) from exc  # a human must decide: no retry
@@ -162,8 +168,11 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
             return self._unchanged("drained", None)
         if plan.action == "replace_slot":
             self.log.warning(
-                "Dropping slot %s (lake empty) to re-create it with an exported snapshot",
+                "Dropping slot %s (%s) to re-create it with an exported snapshot",
                 self.slot_name,
+                "replace_slot=True"
+                if self.replace_slot
+                else "the lake holds the uncommitted snapshot a killed run took at its position",
             )
             hook.drop_slot(self.slot_name)
         exported = hook.create_slot_with_snapshot(self.slot_name)

@@ -60,6 +60,8 @@ class DrainSource(Protocol):
 
     def missing_publications(self, names: Sequence[str]) -> list[str]: ...
 
+    def source_identity(self) -> dict[str, object]: ...
+
     def peek_changes(
         self,
         slot: str,
@@ -95,6 +97,27 @@ class SlotAheadOfSinkError(PgLogReplError):
             f"{sink_lsn} and {slot_lsn} were consumed by someone else and are not in the lake. "
             f"Nothing was drained. Fix: find what advanced the slot; rebuild the sink from a new "
             f"initial snapshot, or accept the gap explicitly by recording it"
+        )
+
+
+class SinkFromAnotherSourceError(PgLogReplError):
+    """The lake's commits came from another server, or another timeline of this one: its LSNs
+    and the slot's do not describe the same WAL, so neither can move the other."""
+
+    def __init__(
+        self, slot: str, sink: str, recorded: dict[str, Any], current: dict[str, Any]
+    ) -> None:
+        def show(identity: dict[str, Any]) -> str:
+            return (
+                f"system identifier {identity.get('system_identifier')}, timeline "
+                f"{identity.get('timeline')}, database {identity.get('database')!r}"
+            )
+
+        super().__init__(
+            f"lake {sink} was written from {show(recorded)}, but slot {slot!r} is on "
+            f"{show(current)}. Nothing was drained and the slot did not move. Fix: point the "
+            f"drain at the server the lake came from (PGLOGREPL_SOURCE_DSN, or the connection), "
+            f"or, after a failover or restore, take a new initial snapshot into a new lake"
         )
 
 
@@ -213,6 +236,7 @@ class Drain:
         self._require_publications()
         before = slot.confirmed_flush_lsn
         assert before is not None, "a logical slot always has confirmed_flush_lsn"
+        self.lake.source = self.source.source_identity()
         start = self._reconcile(before, self.lake.position())
         run_end = self.run_end = self.source.flush_lsn()
         startup = time.monotonic() - started
@@ -272,6 +296,18 @@ class Drain:
             raise PublicationNotFoundError(missing, self.slot)
 
     def _reconcile(self, slot_lsn: LSN, sink_lsn: LSN | None) -> LSN:
+        recorded = self.lake.recorded_source()
+        current = self.lake.source or {}
+        if recorded and recorded.get("system_identifier") != current.get("system_identifier"):
+            raise SinkFromAnotherSourceError(self.slot, self.lake.root, recorded, current)
+        if sink_lsn is not None and sink_lsn > slot_lsn:
+            if recorded is None:
+                log.warning(
+                    "lake %s records no source identity (its last commit predates them): "
+                    "advancing slot %s to it unchecked", self.lake.root, self.slot,
+                )  # fmt: skip
+            elif recorded.get("timeline") != current.get("timeline"):
+                raise SinkFromAnotherSourceError(self.slot, self.lake.root, recorded, current)
         if sink_lsn is None:
             log.info("empty lake: starting at the slot's confirmed_flush_lsn %s", slot_lsn)
             return slot_lsn

@@ -385,6 +385,13 @@ def resolve(lake: Lake, consistent_point: LSN | None = None) -> dict[str, Any]:
     status: dict[str, Any] = {
         "commits": len(windows),
         "snapshot_lsn": existing["end_lsn"] if existing else None,
+        # state tables of this slot with no snapshot committed: what a killed one left, at
+        # the consistent points it was taken at
+        "uncommitted_snapshots": sorted(
+            {str(v) for t in lake.state_tables() if (v := lake.state_version(t)) is not None}
+        )
+        if not windows
+        else [],
     }
     if consistent_point is not None:
         status["committed"] = snapshot_committed(lake, consistent_point)
@@ -409,11 +416,17 @@ def bootstrap_plan(
     lake: str,
     replace_slot: bool,
     bootstrap: bool = False,
+    slot_lsn: str | None = None,
 ) -> BootstrapPlan:
     """One rule for ``InitialSnapshotOperator`` and ``snapshot_app``: from whether the slot
-    exists and where the lake stands (``resolve``), what to do, or why not (raises).
+    exists (at ``slot_lsn``, its ``confirmed_flush_lsn``) and where the lake stands
+    (``resolve``), what to do, or why not (raises).
 
-    A slot is never replaced while the lake holds commits: the lake depends on it.
+    A slot is never replaced while the lake holds commits: the lake depends on it. Nor just
+    because the lake looks empty: an unmounted volume or a changed sink path look empty too,
+    and dropping the slot would lose every change it holds for the real lake. Without
+    ``replace_slot``, bootstrap replaces it only when the lake holds the uncommitted snapshot
+    a killed run took at exactly the slot's position (it never moved since).
     """
     if slot_exists and status.get("snapshot_lsn"):
         return BootstrapPlan("exists", status["snapshot_lsn"])
@@ -430,14 +443,18 @@ def bootstrap_plan(
             f"initial snapshot starts a new, empty lake"
         )
     if slot_exists:
-        if not (replace_slot or bootstrap):
-            raise SlotError(
-                slot,
-                f"slot {slot!r} already exists and lake {lake} holds nothing: a snapshot can "
-                f"only be exported when the slot is created. Fix: drop the slot, or set "
-                f"replace_slot=True (--replace-slot; nothing in the lake depends on it)",
-            )
-        return BootstrapPlan("replace_slot")
+        left = status.get("uncommitted_snapshots") or []
+        if replace_slot or (bootstrap and slot_lsn is not None and slot_lsn in left):
+            return BootstrapPlan("replace_slot")
+        raise SlotError(
+            slot,
+            f"slot {slot!r} already exists (at {slot_lsn or 'an unknown position'}) and lake "
+            f"{lake} holds nothing of it: a snapshot can only be exported when the slot is "
+            f"created, and the slot was left alone. If the lake should hold data (a volume not "
+            f"mounted, a changed sink path or PGLOGREPL_SINK), fix the path: dropping the slot "
+            f"would lose every change it holds for the real lake. If the slot is what a killed "
+            f"snapshot left behind, set replace_slot=True (--replace-slot) or drop the slot",
+        )
     return BootstrapPlan("create")
 
 
@@ -532,6 +549,7 @@ class SnapshotCopy:
 
         with ExitStack() as stack:
             guard = stack.enter_context(SnapshotGuard(self.reader_params, result.snapshot_name))
+            self.lake.source = guard.source_identity()
             tables = self._plan(guard, result)
             self._task_params = stack.enter_context(travelling_params(self.reader_params))
             canceled = stack.enter_context(guard.watch())

@@ -24,7 +24,7 @@ from airflow_pglogrepl.lake.delta import read_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.records import SlotInfo
-from airflow_pglogrepl.spark.drain import Drain, SlotAheadOfSinkError
+from airflow_pglogrepl.spark.drain import Drain, SinkFromAnotherSourceError, SlotAheadOfSinkError
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.verdicts import drain_refusal
 from tests.unit.pgoutput_encoder import Session, relation
@@ -62,6 +62,11 @@ class FakeSource:
 
     def missing_publications(self, names: Sequence[str]) -> list[str]:
         return [n for n in names if n in self.dropped_publications]
+
+    def source_identity(self) -> dict[str, object]:
+        return dict(self.identity)
+
+    identity: dict[str, object] = {"system_identifier": "7", "timeline": 1, "database": "db"}
 
     def peek_changes(
         self, slot: str, *, upto_lsn: LSN | str | None, options: Mapping[str, str],
@@ -247,6 +252,50 @@ def test_a_dropped_publication_stops_the_drain_before_a_commit(
     with pytest.raises(PublicationNotFoundError, match=r"slot did not move"):
         drain.run(time.monotonic())
     assert source.advances == [LSN(0x1180)] and lake.position() == LSN(0x1180)
+
+
+def test_a_lake_from_another_server_or_timeline_moves_nothing(tmp_path: Path) -> None:
+    """Before: a lake ahead of the slot moved the slot up to it, whichever server wrote it
+    (a changed DSN, a restored cluster, a promoted standby's new timeline)."""
+    lake = Lake(str(tmp_path / "lake"), "s")
+    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1100)
+    Drain(source=source, lake=lake, slot="s", publications=["p"],
+          max_window_bytes=1024).run(time.monotonic())  # fmt: skip
+    position = lake.position()
+    assert lake.recorded_source() == source.identity and position is not None
+
+    other = FakeSource([], confirmed=0x1000, flush=0x2000)  # the lake is ahead of this slot
+    other.identity = {**source.identity, "system_identifier": "8"}
+    drain = Drain(source=other, lake=lake, slot="s", publications=["p"], max_window_bytes=1024)
+    with pytest.raises(SinkFromAnotherSourceError, match=r"system identifier 7.*identifier 8"):
+        drain.run(time.monotonic())
+    promoted = FakeSource([], confirmed=0x1000, flush=0x2000)
+    promoted.identity = {**source.identity, "timeline": 2}
+    drain = Drain(source=promoted, lake=lake, slot="s", publications=["p"], max_window_bytes=1024)
+    with pytest.raises(SinkFromAnotherSourceError, match=r"timeline 1.*timeline 2"):
+        drain.run(time.monotonic())
+    assert other.advances == [] and promoted.advances == []
+    assert lake.position() == position
+
+
+def test_a_windows_table_from_before_source_identities_takes_them(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    from airflow_pglogrepl.lake import delta
+    from airflow_pglogrepl.lake.lake import windows_schema
+
+    lake = Lake(str(tmp_path / "lake"), "s")
+    old = pa.schema([f for f in windows_schema() if f.name != "source"])
+    row = {"kind": "window", "slot": "s", "start_lsn": "0/1000", "end_lsn": "0/1100",
+           "transactions": 0, "changes": 0, "tables": "{}", "committed_at": None,
+           "writer": "old:1"}  # fmt: skip
+    uri = lake.paths.windows()
+    written = delta.write_file(uri, pa.Table.from_pylist([row], schema=old), prefix="old")
+    delta.commit_files(uri, old, [written], app=lake.app, version=0x1100)
+    assert lake.recorded_source() is None
+    lake.source = {"system_identifier": "7", "timeline": 1, "database": "db"}
+    lake.record(kind="window", start=LSN(0x1100), end=LSN(0x1200))
+    assert lake.recorded_source() == lake.source and lake.position() == LSN(0x1200)
 
 
 def test_drain_refusal_names_lost_before_in_use() -> None:

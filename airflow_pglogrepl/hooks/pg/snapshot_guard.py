@@ -41,6 +41,7 @@ from airflow_pglogrepl.exceptions import (
     TableRewrittenError,
 )
 from airflow_pglogrepl.hooks.pg.connect import Conn, connect, long_work_settings, set_session
+from airflow_pglogrepl.hooks.pg.server import source_identity
 from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader, SnapshotTable
 from airflow_pglogrepl.tables import TableRef
 
@@ -268,6 +269,10 @@ class SnapshotGuard:
                 changed.append(str(table.table))
         if changed:
             raise TableRewrittenError(sorted(set(changed)))
+
+    def source_identity(self) -> dict[str, object]:
+        """The server's identity (``server.source_identity``), recorded with the commit."""
+        return source_identity(self.conn)
 
     def verify(self) -> None:
         """Refuse when what the copy depends on in the catalog (``_FINGERPRINT``) differs

@@ -48,6 +48,10 @@ class PgSource:
         with self.session() as conn:
             return slots.drop_slot(conn, name, missing_ok=missing_ok)
 
+    def source_identity(self) -> dict[str, object]:
+        with self.session() as conn:
+            return server.source_identity(conn)
+
     def missing_publications(self, names: Sequence[str]) -> list[str]:
         with self.session() as conn:
             return server.missing_publications(conn, names)
