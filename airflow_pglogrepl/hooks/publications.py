@@ -17,6 +17,7 @@ from psycopg import sql
 from airflow_pglogrepl.exceptions import DefinitionConflictError, UnsupportedFeatureError
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
 from airflow_pglogrepl.records import PublicationInfo, PublishedTable, Reconciled
+from airflow_pglogrepl.row_filter import check_row_filter
 from airflow_pglogrepl.tables import TableRef
 
 PUBLISH_OPERATIONS = ("insert", "update", "delete", "truncate")
@@ -177,7 +178,8 @@ def _table_spec(table: PublishedTable) -> sql.Composable:
     if table.row_filter:
         # A row filter is an SQL expression by nature (trusted DAG-author input, like any SQL
         # operator's text); run_ddl keeps it to this one statement.
-        parts.append(sql.SQL("WHERE ({})").format(sql.SQL(table.row_filter)))
+        row_filter = check_row_filter(table.row_filter, table=str(table.table))
+        parts.append(sql.SQL("WHERE ({})").format(sql.SQL(row_filter)))
     return sql.SQL(" ").join(parts)
 
 

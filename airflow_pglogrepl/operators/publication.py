@@ -25,13 +25,15 @@ class CreatePublicationOperator(BaseOperator):
     :param all_tables: publish every table (``FOR ALL TABLES``); only when asked explicitly.
     :param publish: operations to publish (subset of insert, update, delete, truncate).
     :param publish_via_partition_root: publish partition changes as the root table's.
-    :param row_filters: per table, a ``WHERE`` expression (PostgreSQL 15+; trusted SQL).
+    :param row_filters: per table, a ``WHERE`` expression (PostgreSQL 15+). It is SQL written
+        by the DAG author: not templated (a DAG run's ``conf`` can never supply one), and
+        checked to be one parenthesis-balanced expression (``row_filter.check_row_filter``).
     :param column_lists: per table, the columns to publish (PostgreSQL 15+).
     :param database: the database on the publisher, when not the connection's.
     """
 
     template_fields: Sequence[str] = (
-        "publication", "postgres_conn_id", "database", "tables", "row_filters", "column_lists",
+        "publication", "postgres_conn_id", "database", "tables", "column_lists",
     )  # fmt: skip
     ui_color = "#d6eaf8"
 

@@ -349,6 +349,19 @@ def test_privileges_the_cutover_lacks_are_reported_not_swallowed(pair: Pair) -> 
         hook.mark_fence_lsn({"test": True})
 
 
+def test_a_row_filter_cannot_leave_its_where(pair: Pair) -> None:
+    """Before: the filter was pasted as given, and this one published a second table."""
+    pair.pub("CREATE TABLE open_t (id int PRIMARY KEY, region text);"
+             " CREATE TABLE secret_t (id int PRIMARY KEY)")  # fmt: skip
+    operator = CreatePublicationOperator(
+        task_id="pub", publication="filtered", postgres_conn_id=pair.pub_conn, tables=["open_t"],
+        row_filters={"open_t": "true) , public.secret_t WHERE (true"},
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"row filter of public\.open_t .*closes more"):
+        operator.execute(_ctx())
+    assert pair.pub("SELECT tablename FROM pg_publication_tables WHERE pubname = 'filtered'") == []
+
+
 # -- parity --------------------------------------------------------------------------------------
 
 
