@@ -98,11 +98,50 @@ class ServerFacts(_Record):
     max_sync_workers_per_subscription: int
     logical_decoding_work_mem: int
     max_slot_wal_keep_size: int | None
+    # bytes a session's temporary files may hold (None: unlimited); a peek holds its whole
+    # result, at least the biggest transaction of a window, in one
+    temp_file_limit: int | None = None
 
     @property
     def major_version(self) -> int:
         """15 for 15.x, and so on."""
         return self.version_num // 10000
+
+
+@dataclass(frozen=True)
+class SlotSpill(_Record):
+    """A slot's decoding statistics (``pg_stat_replication_slots``, cumulative since reset).
+
+    Transactions larger than ``logical_decoding_work_mem`` are spilled to disk (or streamed):
+    ``spill_bytes / spill_txns`` is the average size of those, so the largest is at least that.
+    """
+
+    slot: str
+    spill_txns: int
+    spill_bytes: int
+    stream_txns: int
+    stream_bytes: int
+    total_txns: int
+    total_bytes: int
+
+    @property
+    def largest_at_least(self) -> int:
+        """A lower bound of the biggest transaction decoded (0 when none was spilled)."""
+        averages = [b // t for b, t in ((self.spill_bytes, self.spill_txns),
+                                          (self.stream_bytes, self.stream_txns)) if t]  # fmt: skip
+        return max(averages, default=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slot": self.slot,
+            "spill_txns": self.spill_txns,
+            "spill_bytes": self.spill_bytes,
+            "stream_txns": self.stream_txns,
+            "stream_bytes": self.stream_bytes,
+            "total_txns": self.total_txns,
+            "total_bytes": self.total_bytes,
+            "largest_transaction_at_least": self.largest_at_least,
+        }
 
 
 @dataclass(frozen=True)

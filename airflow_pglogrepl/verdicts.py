@@ -12,7 +12,7 @@ from typing import Any
 
 from airflow_pglogrepl.exceptions import SlotError, SlotInUseError, SlotLostError
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.records import REL_STATES, SlotInfo, SubscriptionStatus
+from airflow_pglogrepl.records import REL_STATES, SlotInfo, SlotSpill, SubscriptionStatus
 
 
 @dataclass(frozen=True)
@@ -149,10 +149,15 @@ def slot_health(
     max_slot_wal_keep_size: int | None,
     inactive_since: dt.datetime | None,
     now: dt.datetime,
+    temp_file_limit: int | None = None,
+    spill: SlotSpill | None = None,
 ) -> list[str]:
     """Problems with a slot (empty when healthy), each naming the slot and the fix."""
     problems: list[str] = []
     name = slot.name
+    largest = spill.largest_at_least if spill is not None else 0
+    if temp_file_limit is not None and largest >= temp_file_limit:
+        problems.append(temp_file_limit_problem(name, temp_file_limit, largest))
     if policy.plugin is not None and slot.plugin != policy.plugin:
         problems.append(
             f"slot {name!r} uses plugin {slot.plugin!r}, expected {policy.plugin!r}. Fix: create "
@@ -194,6 +199,19 @@ def slot_health(
                 f"restart its consumer or drop it"
             )
     return problems
+
+
+def temp_file_limit_problem(slot: str, limit: int, largest: int) -> str:
+    """A peek holds a window's whole result, at least its biggest transaction, in a temporary
+    file: past ``temp_file_limit`` it fails, every time, while the slot keeps WAL."""
+    return (
+        f"slot {slot!r}: temp_file_limit is {limit} bytes, and transactions this slot decoded "
+        f"were at least {largest} bytes (pg_stat_replication_slots: spilled or streamed ones, "
+        f"on average). A drain's peek holds a window, and at least its biggest transaction, in "
+        f"a temporary file: a window holding such a transaction fails every time while WAL "
+        f"piles up. Fix: ALTER ROLE <drain role> SET temp_file_limit = -1 (a superuser may), "
+        f"or raise it above the biggest transaction"
+    )
 
 
 def drain_refusal(slot: SlotInfo) -> SlotError | None:

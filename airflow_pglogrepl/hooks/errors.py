@@ -66,6 +66,17 @@ def slot_errors(slot: str, *, setting: Callable[[str], str]) -> Iterator[None]:
             raise _slots_exhausted(_safe(setting, "max_replication_slots")) from exc
         raise _advance_error(slot, exc) from exc
     except pgerr.ConfigurationLimitExceeded as exc:
+        # 53400 is any configured limit: slots, or the peek's temporary file
+        if "temp_file_limit" in str(exc):
+            raise ServerNotConfiguredError(
+                "temp_file_limit",
+                _safe(setting, "temp_file_limit"),
+                "larger than the biggest transaction a window holds, or -1",
+                f"a peek of slot {slot!r} holds its window, whole transactions, in a temporary "
+                f"file, and one is bigger than that. Nothing was committed and the slot did not "
+                f"move; every retry fails alike. ALTER ROLE <drain role> SET temp_file_limit = "
+                f"-1 (a superuser may)",
+            ) from exc
         raise _slots_exhausted(_safe(setting, "max_replication_slots")) from exc
     except pgerr.InvalidParameterValue as exc:
         raise _advance_error(slot, exc) from exc

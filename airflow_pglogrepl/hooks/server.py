@@ -19,6 +19,7 @@ _SETTINGS = (
     "max_sync_workers_per_subscription",
     "logical_decoding_work_mem",
     "max_slot_wal_keep_size",
+    "temp_file_limit",
 )
 _UNIT_BYTES = {"B": 1, "kB": 1024, "8kB": 8192, "MB": 1024**2, "16MB": 16 * 1024**2, "GB": 1024**3}
 
@@ -43,6 +44,7 @@ class ServerMixin(PgSessionHook):
         assert head is not None
         values = {row["name"]: _setting_value(row["setting"], row["unit"]) for row in rows}
         keep = values.get("max_slot_wal_keep_size")
+        temp = values.get("temp_file_limit")
         return ServerFacts(
             version_num=head["version_num"],
             version=head["version"],
@@ -55,6 +57,7 @@ class ServerMixin(PgSessionHook):
             max_sync_workers_per_subscription=int(values["max_sync_workers_per_subscription"]),
             logical_decoding_work_mem=int(values["logical_decoding_work_mem"]),
             max_slot_wal_keep_size=None if keep is None or int(keep) < 0 else int(keep),
+            temp_file_limit=None if temp is None or int(temp) < 0 else int(temp),
         )
 
     def require_logical_decoding(self, *, conn: Conn | None = None) -> ServerFacts:

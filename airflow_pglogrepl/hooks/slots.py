@@ -14,13 +14,24 @@ from airflow_pglogrepl.hooks.pg import arrow_peek, slots
 from airflow_pglogrepl.hooks.pg.slots import OUTPUT_PLUGINS, slot_info
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import validate_slot_name
-from airflow_pglogrepl.records import SlotCreated, SlotInfo
+from airflow_pglogrepl.records import SlotCreated, SlotInfo, SlotSpill
 
 __all__ = ["OUTPUT_PLUGINS", "SlotsMixin"]
 
 
 class SlotsMixin(PgSessionHook):
     """Replication slots on the connected database."""
+
+    def slot_spill(self, name: str) -> SlotSpill | None:
+        """The slot's decoding statistics (``pg_stat_replication_slots``), or None before the
+        slot decoded anything."""
+        with self.session() as conn:
+            row = conn.execute(
+                "SELECT slot_name AS slot, spill_txns, spill_bytes, stream_txns, stream_bytes,"
+                " total_txns, total_bytes FROM pg_stat_replication_slots WHERE slot_name = %s",
+                (name,),
+            ).fetchone()
+        return None if row is None else SlotSpill(**row)
 
     def create_logical_slot(
         self,

@@ -94,9 +94,11 @@ class SlotHealthCheckOperator(BaseOperator):
 
     Checks: ``wal_status`` ``lost`` (unusable) or ``unreserved`` (about to be), retained WAL
     above ``max_retained_bytes`` or above ``max_retained_fraction`` of ``max_slot_wal_keep_size``,
-    inactive longer than ``max_inactive``, and optionally the plugin and whether another session
-    holds it. The slot record is pushed to XCom (``return_value``) either way, with
-    ``problems`` listing what failed.
+    inactive longer than ``max_inactive``, ``temp_file_limit`` below the size of transactions
+    the slot decoded (``pg_stat_replication_slots``: a drain's peek holds whole transactions in
+    a temporary file, and fails for ever on one bigger than the limit), and optionally the
+    plugin and whether another session holds it. The slot record is pushed to XCom
+    (``return_value``) either way, with ``problems`` listing what failed.
 
     Inactivity: PostgreSQL 17 reports ``inactive_since``; on older servers the task carries the
     moment it first saw the slot inactive forward from its previous run's XCom.
@@ -153,16 +155,21 @@ class SlotHealthCheckOperator(BaseOperator):
             max_inactive=self.max_inactive,
             allow_active=self.allow_active,
         )
+        spill = hook.slot_spill(slot.name)
         problems = slot_health(
             slot,
             policy,
             max_slot_wal_keep_size=facts.max_slot_wal_keep_size,
             inactive_since=inactive_since,
             now=now,
+            temp_file_limit=facts.temp_file_limit,
+            spill=spill,
         )
         record = {
             **slot.to_dict(),
             "observed_inactive_since": inactive_since.isoformat() if inactive_since else None,
+            "temp_file_limit": facts.temp_file_limit,
+            "decoding": spill.to_dict() if spill is not None else None,
             "problems": problems,
         }
         self.log.info(

@@ -36,6 +36,7 @@ class Check(StrEnum):
     WAL_LEVEL = "wal_level"
     REPLICATION_SLOTS = "max_replication_slots"
     WAL_SENDERS = "max_wal_senders"
+    TEMP_FILE_LIMIT = "temp_file_limit"
     REPLICATION_ROLE = "replication_role"
     # publisher tables
     NO_TABLES = "no_tables"

@@ -96,6 +96,21 @@ def check_publisher(inspection: Inspection) -> list[Finding]:
                 f"ALTER SYSTEM SET wal_level = 'logical' {RESTART}",
             )
         )
+    if server.temp_file_limit is not None:
+        findings.append(
+            Finding(
+                Check.TEMP_FILE_LIMIT,
+                Severity.WARNING,
+                Side.PUBLISHER,
+                f"temp_file_limit is {server.temp_file_limit} bytes. A drain's peek holds each "
+                f"window, and at least its biggest transaction, in a temporary file: one "
+                f"transaction bigger than that stops the drain for good while WAL piles up "
+                f"(subscriptions are not affected). SlotHealthCheckOperator compares it with "
+                f"the transactions a slot decoded.",
+                "ALTER ROLE <drain role> SET temp_file_limit = -1 (a superuser may), or keep "
+                "it above the biggest transaction the application writes",
+            )
+        )
     usage = inspection.publisher.publisher_usage or PublisherUsage(0, 0)
     need = demand(inspection)
     for finding in (

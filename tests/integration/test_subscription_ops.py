@@ -166,3 +166,45 @@ def test_slot_operators_and_health(publisher: PgCluster, publisher_conn_id: str)
     assert DropReplicationSlotOperator(
         task_id="d", slot_name="ops_health", postgres_conn_id=publisher_conn_id
     ).execute(_ctx()) == {"slot": "ops_health", "dropped": True}
+
+
+def test_a_temp_file_limit_below_the_slots_transactions_is_reported(
+    publisher: PgCluster,
+) -> None:
+    """A peek holds whole transactions in a temporary file: with temp_file_limit below one, the
+    drain fails every time. Slot health names it from pg_stat_replication_slots, and the
+    peek's failure names temp_file_limit. Before: healthy, and the error was reported as
+    max_replication_slots exhausted (both are SQLSTATE 53400)."""
+    from airflow_pglogrepl.exceptions import ServerNotConfiguredError
+    from airflow_pglogrepl.hooks.pg.source import PgSource
+
+    db = "ops_temp_limit"
+    publisher.create_database(db)
+    conn_id = "ops_temp_limit"
+    set_airflow_connection(conn_id, publisher.airflow_uri(db))
+    publisher.execute(f"ALTER DATABASE {db} SET logical_decoding_work_mem = '64kB'")
+    publisher.execute("CREATE TABLE big (id int PRIMARY KEY, pad text);"
+                      " CREATE PUBLICATION big_pub FOR TABLE big", dbname=db)  # fmt: skip
+    publisher.execute("SELECT pg_create_logical_replication_slot('ops_temp', 'pgoutput')",
+                      dbname=db)  # fmt: skip
+    publisher.execute("INSERT INTO big SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g",
+                      dbname=db)  # fmt: skip
+    source = PgSource(publisher.dsn(db))
+    options = {"proto_version": "1", "publication_names": "big_pub"}
+    assert sum(1 for _ in source.peek_changes("ops_temp", upto_lsn=None, options=options)) > 20000
+    hook = PgLogicalReplicationHook(postgres_conn_id=conn_id)
+    wait_until(lambda: (spill := hook.slot_spill("ops_temp")) is not None and spill.spill_txns > 0,
+               what="the peek's spill counted")  # fmt: skip
+    publisher.execute(f"ALTER DATABASE {db} SET temp_file_limit = '1MB'")
+    try:
+        ti = FakeTI()
+        with pytest.raises(Exception, match=r"temp_file_limit is 1048576 bytes.*at least"):
+            SlotHealthCheckOperator(
+                task_id="h", slot_name="ops_temp", postgres_conn_id=conn_id,
+            ).execute(_ctx(ti))  # fmt: skip
+        assert ti.pushed["return_value"]["decoding"]["spill_txns"] >= 1
+        with pytest.raises(ServerNotConfiguredError, match=r"temp_file_limit is '1MB'.*-1"):
+            list(PgSource(publisher.dsn(db)).peek_changes("ops_temp", upto_lsn=None,
+                                                          options=options))  # fmt: skip
+    finally:
+        publisher.execute("SELECT pg_drop_replication_slot('ops_temp')", dbname=db)
