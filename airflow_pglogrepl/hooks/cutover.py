@@ -26,6 +26,13 @@ from psycopg import sql
 from airflow_pglogrepl.exceptions import FenceNotHeldError as FenceNotHeldError
 from airflow_pglogrepl.exceptions import ObjectNotFoundError, PrivilegeError
 from airflow_pglogrepl.hooks.base import Conn, run_ddl
+from airflow_pglogrepl.hooks.fence_guard import (
+    fenced_members,
+    guarded_tables,
+    install_guard,
+    lock_holders,
+    remove_guard,
+)
 from airflow_pglogrepl.hooks.pg.connect import TEXT_OUTPUT, set_session
 from airflow_pglogrepl.hooks.slots import SlotsMixin
 from airflow_pglogrepl.hooks.subscriptions import SubscriptionsMixin
@@ -177,6 +184,16 @@ class FencedBackend:
             "backend_start": self.backend_start.isoformat(),
             "application_name": self.application_name,
         }
+
+
+@dataclass(frozen=True)
+class GuardOutcome:
+    """What ``guard_write_fence`` did: ``installed``, or the lock ``holders`` it waited for
+    (``pid`` and ``gid``: a prepared transaction has no pid)."""
+
+    installed: bool
+    members: tuple[str, ...]
+    holders: tuple[dict[str, Any], ...]
 
 
 @dataclass(frozen=True)
@@ -365,6 +382,45 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
             changes=tuple(changes),
         )
 
+    def guard_write_fence(
+        self, roles: Sequence[str], tables: Sequence[TableRef], *, lock_timeout_s: float
+    ) -> GuardOutcome:
+        """Put the guard trigger (``fence_guard``) on ``tables`` and their partitions, for
+        ``roles``, every role already fenced here, and their members. Waits at most
+        ``lock_timeout_s`` for transactions that wrote to them; when they do not end, nothing
+        is changed and the outcome names who holds the locks (prepared transactions too)."""
+        with self.session(autocommit=False) as conn:
+            relations = _fence_relations(conn, tables)
+            fenced = sorted(set(roles) | set(_fence_states(conn)))
+            members = fenced_members(conn, fenced)
+            try:
+                install_guard(conn, [(t.schema, t.name) for t in relations.values()], members,
+                              int(lock_timeout_s * 1000))  # fmt: skip
+            except pgerr.LockNotAvailable:
+                conn.rollback()
+                holders = lock_holders(conn, list(relations))
+                conn.rollback()
+                return GuardOutcome(False, tuple(members), tuple(holders))
+            except pgerr.InsufficientPrivilege as exc:
+                conn.rollback()
+                role = _scalar(conn, "SELECT current_user AS v")
+                raise PrivilegeError(
+                    role,
+                    f"guard the fenced tables with a trigger ({exc.diag.message_primary})",
+                    "connect as a superuser or the tables' owner (CREATE on the database for "
+                    "the pglogrepl schema, TRIGGER on the tables), or set guard=False and "
+                    "accept the write paths it leaves open (see the task log)",
+                ) from None
+            conn.commit()
+        return GuardOutcome(True, tuple(members), ())
+
+    def fence_prepared_writers(self, tables: Sequence[TableRef]) -> list[dict[str, Any]]:
+        """Prepared transactions holding a write lock on ``tables``: a ``COMMIT PREPARED`` of
+        one commits writes after the fence."""
+        with self.session() as conn:
+            relations = _fence_relations(conn, tables)
+            return [h for h in lock_holders(conn, list(relations)) if h["gid"] is not None]
+
     def write_fence_states(self, *, conn: Conn | None = None) -> dict[str, RoleFence]:
         """The saved fence of every fenced role in the connected database, by role name."""
         with self._use(conn) as c:
@@ -405,6 +461,12 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
                 results.append(
                     FenceReleased(role, True, tuple(sorted(restored)), restored_to, missing)
                 )
+            remaining = sorted(set(saved) - {r.role for r in results})
+            guarded = guarded_tables(conn)
+            if guarded and remaining:  # the others stay fenced: their guard keeps only them
+                install_guard(conn, guarded, fenced_members(conn, remaining), 30_000)
+            elif guarded:
+                remove_guard(conn)
             conn.commit()
         for released in results:
             self.log.info(
@@ -424,16 +486,18 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
 
         Those with a transaction that began before ``fenced_at`` (it may hold writes made before
         the fence and commit them after); with ``sessions``, also every session opened before it
-        (a read-only fence applies to new sessions only).
+        (a read-only fence applies to new sessions only). A session counts when it logged in as
+        one of ``roles`` or as a member of one: ``SET ROLE`` is not visible from outside.
         """
         with self.session() as conn:
+            members = fenced_members(conn, roles)
             rows = conn.execute(
                 "SELECT pid, usename AS role, state, xact_start, backend_start,"
                 " coalesce(application_name, '') AS application_name FROM pg_stat_activity"
                 " WHERE datname = current_database() AND pid <> pg_backend_pid()"
                 " AND backend_type = 'client backend' AND usename = ANY(%s)"
                 " AND (xact_start <= %s OR (%s AND backend_start <= %s)) ORDER BY pid",
-                (list(roles), fenced_at, sessions, fenced_at),
+                (members, fenced_at, sessions, fenced_at),
             ).fetchall()
         return [FencedBackend(**row) for row in rows]
 

@@ -65,6 +65,13 @@ class WriteFenceOperator(BaseOperator):
        ... SET default_transaction_read_only = on`` (``read_only``). With revoking, the fence is
        checked before it commits: a role that would still be able to write (a superuser,
        privileges through ``PUBLIC`` or a group role) fails the task and nothing is changed.
+       Then (``guard``, on by default) a trigger on each table refuses the writes of the roles
+       and their members whatever path they take: ``BEGIN READ WRITE`` past a read-only
+       default, a ``SECURITY DEFINER`` function, a session that ran ``SET ROLE``
+       (``hooks.fence_guard``). Putting it in waits for transactions that wrote to the tables:
+       those still open after ``grace_period`` are ended (per ``terminate``), and a prepared
+       transaction holding writes fails the task (``COMMIT``/``ROLLBACK PREPARED`` it first).
+       What the fence does not stop is logged and returned under ``not_stopped``.
     2. Waits up to ``grace_period`` seconds for the roles' sessions that could still commit a
        write to finish, then ends the rest with ``pg_terminate_backend``: with ``terminate``
        ``"transactions"``, sessions in a transaction begun before the fence; ``"sessions"``:
@@ -88,6 +95,8 @@ class WriteFenceOperator(BaseOperator):
     :param grace_period: seconds open transactions get to finish before being ended.
     :param terminate: which sessions are ended after the grace period (see above).
     :param terminate_timeout: seconds to wait for each ended session to exit.
+    :param guard: also put the guard trigger on the tables (needs the tables' owner or a
+        superuser); without it, the write paths above stay open and are listed.
     :param database: the publisher database, when not the connection's.
     """
 
@@ -109,6 +118,7 @@ class WriteFenceOperator(BaseOperator):
         terminate: TerminateMode = "auto",
         terminate_timeout: float = 5.0,
         database: str | None = None,
+        guard: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -130,6 +140,7 @@ class WriteFenceOperator(BaseOperator):
         self.terminate = terminate
         self.terminate_timeout = terminate_timeout
         self.database = database
+        self.guard = guard
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_pglogrepl.exceptions import FenceNotHeldError
@@ -140,11 +151,22 @@ class WriteFenceOperator(BaseOperator):
         applied = hook.apply_write_fence(
             roles, tables, revoke=self.revoke_privileges, read_only=self.read_only
         )
-        sessions = self._terminate_sessions()
         started = time.monotonic()
+        terminated: list[dict[str, Any]] = []
+        if self.guard:
+            terminated += self._guard(hook, roles, tables)
+        prepared = hook.fence_prepared_writers(tables)
+        if prepared:
+            raise FenceNotHeldError(
+                "write fence is in place but prepared transaction(s) hold writes to fenced "
+                "tables and would commit them after it: "
+                + ", ".join(f"{p['gid']!r} (on {p['relation']})" for p in prepared)
+                + ". Fix: COMMIT PREPARED or ROLLBACK PREPARED each (pg_prepared_xacts) and "
+                "run the fence again; WriteFenceReleaseOperator undoes the fence"
+            )
+        sessions = self._terminate_sessions()
         left = self._wait(hook, roles, applied.fenced_at, sessions)
         waited = time.monotonic() - started
-        terminated: list[dict[str, Any]] = []
         if left and self.terminate != "none":
             gone = set(
                 hook.terminate_backends([b.pid for b in left], timeout_s=self.terminate_timeout)
@@ -177,7 +199,12 @@ class WriteFenceOperator(BaseOperator):
             ", ".join(roles), fence_lsn,
         )  # fmt: skip
         context["ti"].xcom_push(key="fence_lsn", value=str(fence_lsn))
+        not_stopped = self._not_stopped()
+        for path in not_stopped:
+            self.log.warning("Write fence does not stop: %s", path)
         return {
+            "guard": self.guard,
+            "not_stopped": not_stopped,
             "fence_lsn": str(fence_lsn),
             "roles": roles,
             "revoke_privileges": self.revoke_privileges,
@@ -186,6 +213,65 @@ class WriteFenceOperator(BaseOperator):
             "terminated": terminated,
             **applied.to_dict(),
         }
+
+    def _guard(
+        self, hook: PgLogicalReplicationHook, roles: list[str], tables: list[TableRef]
+    ) -> list[dict[str, Any]]:
+        """Put the guard in: wait ``grace_period`` for writers, end them, try once more."""
+        from airflow_pglogrepl.exceptions import FenceNotHeldError
+
+        outcome = hook.guard_write_fence(roles, tables, lock_timeout_s=max(0.1, self.grace_period))
+        terminated: list[dict[str, Any]] = []
+        if not outcome.installed:
+            prepared = [h for h in outcome.holders if h["gid"] is not None]
+            holders = [h for h in outcome.holders if h["pid"] is not None]
+            if holders and not prepared and self.terminate != "none":
+                gone = set(hook.terminate_backends([h["pid"] for h in holders],
+                                                   timeout_s=self.terminate_timeout))  # fmt: skip
+                for holder in holders:
+                    if holder["pid"] in gone:
+                        self.log.warning(
+                            "Ended session %d of %s: its transaction wrote to %s before the "
+                            "fence and was still open after the grace period",
+                            holder["pid"], holder["role"], holder["relation"],
+                        )  # fmt: skip
+                        terminated.append({k: _plain(v) for k, v in holder.items() if k != "gid"})
+                outcome = hook.guard_write_fence(
+                    roles, tables, lock_timeout_s=max(1.0, self.terminate_timeout)
+                )
+        if not outcome.installed:
+            raise FenceNotHeldError(
+                "write fence: the guard could not be put on the tables, because these hold "
+                "writes (or DDL locks) on them: "
+                + ", ".join(
+                    f"prepared transaction {h['gid']!r}"
+                    if h["gid"] is not None
+                    else f"pid {h['pid']} ({h['role']}, {h['state']})"
+                    for h in outcome.holders
+                )
+                + " (on "
+                + ", ".join(sorted({str(h["relation"]) for h in outcome.holders}))
+                + "). Fix: end them (COMMIT/ROLLBACK PREPARED for prepared transactions, "
+                "pg_terminate_backend for sessions), then run the fence again; "
+                "WriteFenceReleaseOperator undoes what it changed"
+            )
+        self.log.info("Write fence guard on %d tables for %s", len(tables),
+                      ", ".join(outcome.members))  # fmt: skip
+        return terminated
+
+    def _not_stopped(self) -> list[str]:
+        from airflow_pglogrepl.hooks.fence_guard import NOT_STOPPED
+
+        if self.guard:
+            return list(NOT_STOPPED)
+        paths = ["a SECURITY DEFINER function owned by a role that is not fenced (guard=False)"]
+        if not self.revoke_privileges:
+            paths.insert(
+                0,
+                "a transaction that runs BEGIN READ WRITE or SET transaction_read_only = off "
+                "(read_only is only a default; guard=False)",
+            )
+        return paths
 
     def _terminate_sessions(self) -> bool:
         if self.terminate == "auto":
@@ -253,6 +339,10 @@ class WriteFenceReleaseOperator(BaseOperator):
             "roles_released": [r.role for r in released if r.fenced],
             "roles_not_fenced": [r.role for r in released if not r.fenced],
         }
+
+
+def _plain(value: Any) -> Any:
+    return value.isoformat() if hasattr(value, "isoformat") else value
 
 
 def _run_id(context: Context) -> str | None:

@@ -32,6 +32,7 @@ LOGICAL_SETTINGS: dict[str, str] = {
     "max_logical_replication_workers": "16",
     "max_worker_processes": "24",
     "max_sync_workers_per_subscription": "4",
+    "max_prepared_transactions": "8",  # the write fence's tests prepare transactions
     "wal_sender_timeout": "60s",
     # Throwaway data: durability buys nothing here and fsync dominates small-test latency.
     "fsync": "off",

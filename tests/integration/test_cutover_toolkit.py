@@ -266,6 +266,82 @@ def test_fence_refuses_a_fence_that_cannot_hold_and_read_only_mode(pair: Pair) -
         conn.execute("INSERT INTO ro_t VALUES (1)")
 
 
+def test_the_fence_holds_against_every_way_around_it(pair: Pair) -> None:
+    """Each path around privileges and read-only defaults: a write after the fence fails, or
+    the fence refuses to report success. Before the guard, each of these wrote after it."""
+    pair.pub("CREATE TABLE f_t (id int PRIMARY KEY)")
+    app, app_pw = pair.role("app")
+    alice, alice_pw = pair.role("alice")  # logs in as herself, writes as app
+    owner, _ = pair.role("owner")
+    app_id, alice_id, owner_id = (sql.Identifier(r) for r in (app, alice, owner))
+    pair.pub(sql.SQL("GRANT SELECT, INSERT ON f_t TO {}, {}").format(app_id, owner_id))
+    pair.pub(sql.SQL("GRANT {} TO {}").format(app_id, alice_id))
+    pair.pub(sql.SQL("ALTER ROLE {} NOINHERIT").format(alice_id))
+    pair.pub(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(owner_id))
+    pair.pub(sql.SQL(
+        "CREATE FUNCTION public.add_row(i int) RETURNS void LANGUAGE sql SECURITY DEFINER"
+        " AS 'INSERT INTO public.f_t VALUES (i)'; ALTER FUNCTION public.add_row(int) OWNER TO {}"
+    ).format(owner_id))  # fmt: skip
+
+    # SET ROLE: alice's open transaction wrote as app before the fence
+    set_role = pair.connect_as(alice, alice_pw)
+    set_role.execute("BEGIN")
+    set_role.execute(sql.SQL("SET ROLE {}").format(app_id))
+    set_role.execute("INSERT INTO f_t VALUES (1)")
+
+    def fence(**options: Any) -> dict[str, Any]:
+        return WriteFenceOperator(
+            task_id="write_fence", postgres_conn_id=pair.pub_conn, roles=[app],
+            tables=["f_t"], grace_period=0.3, **options,
+        ).execute(_ctx())  # fmt: skip
+
+    result = fence(revoke_privileges=False, read_only=True)
+    assert set_role.info.backend_pid in [t["pid"] for t in result["terminated"]]
+    with pytest.raises(psycopg.OperationalError):
+        set_role.execute("COMMIT")
+    assert result["guard"] and any("DISABLE TRIGGER" in p for p in result["not_stopped"])
+
+    fresh = pair.connect_as(app, app_pw)  # read_only is only a default
+    fresh.execute("BEGIN READ WRITE")
+    with pytest.raises(pgerr.ReadOnlySqlTransaction, match="write fence"):
+        fresh.execute("INSERT INTO f_t VALUES (2)")
+    fresh.execute("ROLLBACK")
+    fresh.execute("SET default_transaction_read_only = off")
+    with pytest.raises(pgerr.ReadOnlySqlTransaction, match="write fence"):  # SECURITY DEFINER
+        fresh.execute("SELECT public.add_row(3)")
+    with (
+        pytest.raises(pgerr.ReadOnlySqlTransaction, match="write fence"),
+        fresh.cursor().copy("COPY f_t FROM STDIN") as copy,
+    ):
+        copy.write_row((7,))
+    other = pair.connect_as(alice, alice_pw)  # a new session of a member, SET ROLE again
+    other.execute(sql.SQL("SET ROLE {}").format(app_id))
+    other.execute("SET default_transaction_read_only = off")
+    with pytest.raises(pgerr.ReadOnlySqlTransaction, match="write fence"):
+        other.execute("INSERT INTO f_t VALUES (4)")
+    assert pair.pub("SELECT count(*) FROM f_t") == [(0,)]
+    WriteFenceReleaseOperator(task_id="r", postgres_conn_id=pair.pub_conn).execute(_ctx())
+    assert pair.pub("SELECT count(*) FROM pg_trigger WHERE tgname = 'pglogrepl_write_fence'") == [
+        (0,)
+    ]
+    with pair.connect_as(app, app_pw) as again:
+        again.execute("INSERT INTO f_t VALUES (5)")  # released: writes again
+
+    # a prepared transaction holds writes the fence cannot end: it refuses to report success
+    prepared = pair.connect_as(app, app_pw)
+    prepared.execute("BEGIN")
+    prepared.execute("INSERT INTO f_t VALUES (6)")
+    prepared.execute("PREPARE TRANSACTION 'fence_test_gid'")
+    try:
+        with pytest.raises(FenceNotHeldError, match="prepared transaction 'fence_test_gid'"):
+            fence()
+    finally:
+        pair.pub("ROLLBACK PREPARED 'fence_test_gid'")
+        WriteFenceReleaseOperator(task_id="r", postgres_conn_id=pair.pub_conn).execute(_ctx())
+    for conn in (set_role, fresh, other, prepared):
+        conn.close()
+
+
 # -- sequences -----------------------------------------------------------------------------------
 
 
