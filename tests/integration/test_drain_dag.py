@@ -50,12 +50,10 @@ def latest_xcom(task_id: str, key: str = "return_value") -> Any:
 
 @pytest.fixture
 def drain_source(publisher: PgCluster) -> str:
-    """A database with a published table and a pgoutput slot; returns the connection id."""
+    """A database with a published table (no slot: the DAG's snapshot creates it); returns the
+    connection id."""
     db = "drain_dag"
     publisher.create_database(db)
-    publisher.execute(
-        "SELECT pg_create_logical_replication_slot('lake_dag', 'pgoutput')", dbname=db
-    )
     publisher.execute(
         "CREATE TABLE orders (id int PRIMARY KEY, amount numeric(12, 2), note text)", dbname=db
     )

@@ -142,6 +142,17 @@ def _run(copy: SnapshotCopy, results: dict[str, Any]) -> None:
         results["error"] = exc
 
 
+def _start_paused(copy: SnapshotCopy, results: dict[str, Any], pause_dir: Path) -> threading.Thread:
+    """Run the copy in a thread; return once a task waits before a later range."""
+    runner = threading.Thread(target=_run, args=(copy, results))
+    runner.start()
+    deadline = time.monotonic() + 120
+    while not any(pause_dir.glob("before_later_range.*")):
+        assert runner.is_alive() and time.monotonic() < deadline, results
+        time.sleep(0.05)
+    return runner
+
+
 def _waiting_for_lock(src: Source, pid: int) -> bool:
     rows = src.sql("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,))
     return bool(rows) and rows[0][0] == "Lock"
@@ -178,12 +189,8 @@ def test_rewrites_wait_for_the_copy_and_the_state_is_the_consistent_point(
             src.sql("INSERT INTO t VALUES (100000, 1, 'after the snapshot')")
             copy = _copy(src, tmp_path / "lake", exported, spark, tasks_per_table=4,
                          rows_per_task=500)  # fmt: skip
-            runner = threading.Thread(target=_run, args=(copy, results))
-            runner.start()
+            runner = _start_paused(copy, results, pause_dir)
             deadline = time.monotonic() + 120
-            while not any(pause_dir.glob("before_later_range.*")):
-                assert runner.is_alive() and time.monotonic() < deadline, results
-                time.sleep(0.05)
             # an impostor: a session named like the readers, waiting behind an unrelated lock
             holder = src.cluster.connect(src.db)
             holder.execute("SELECT pg_advisory_lock(42)")
@@ -316,12 +323,7 @@ def test_server_timeouts_do_not_end_a_long_snapshot(
                                 reader_params=hook.connection_params(), point=point,
                                 publications=[src.publication], tasks_per_table=4,
                                 rows_per_task=500)  # fmt: skip
-            runner = threading.Thread(target=_run, args=(copy, results))
-            runner.start()
-            deadline = time.monotonic() + 120
-            while not any(pause_dir.glob("before_later_range.*")):
-                assert runner.is_alive() and time.monotonic() < deadline, results
-                time.sleep(0.05)
+            runner = _start_paused(copy, results, pause_dir)
             time.sleep(1.0)  # longer than every timeout of the role: that is the test
             (pause_dir / "go").touch()
             runner.join(timeout=300)
