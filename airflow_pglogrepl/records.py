@@ -101,6 +101,9 @@ class ServerFacts(_Record):
     # bytes a session's temporary files may hold (None: unlimited); a peek holds its whole
     # result, at least the biggest transaction of a window, in one
     temp_file_limit: int | None = None
+    # a lower bound of the biggest transaction any slot here decoded (pg_stat_replication_slots:
+    # spilled or streamed bytes per transaction); None when none was that big
+    largest_decoded_transaction: int | None = None
 
     @property
     def major_version(self) -> int:

@@ -41,6 +41,11 @@ class ServerMixin(PgSessionHook):
                 "SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%s)",
                 (list(_SETTINGS),),
             ).fetchall()
+            largest = c.execute(
+                "SELECT max(greatest(spill_bytes / nullif(spill_txns, 0),"
+                " stream_bytes / nullif(stream_txns, 0)))::int8 AS v"
+                " FROM pg_stat_replication_slots"
+            ).fetchone()
         assert head is not None
         values = {row["name"]: _setting_value(row["setting"], row["unit"]) for row in rows}
         keep = values.get("max_slot_wal_keep_size")
@@ -58,6 +63,7 @@ class ServerMixin(PgSessionHook):
             logical_decoding_work_mem=int(values["logical_decoding_work_mem"]),
             max_slot_wal_keep_size=None if keep is None or int(keep) < 0 else int(keep),
             temp_file_limit=None if temp is None or int(temp) < 0 else int(temp),
+            largest_decoded_transaction=largest["v"] if largest else None,
         )
 
     def require_logical_decoding(self, *, conn: Conn | None = None) -> ServerFacts:

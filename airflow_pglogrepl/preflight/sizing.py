@@ -97,6 +97,14 @@ def check_publisher(inspection: Inspection) -> list[Finding]:
             )
         )
     if server.temp_file_limit is not None:
+        largest = server.largest_decoded_transaction
+        above = ": above it" if largest and largest >= server.temp_file_limit else ""
+        seen = (
+            f" Slots here already decoded transactions of at least {largest} bytes "
+            f"(pg_stat_replication_slots){above}."
+            if largest
+            else " No slot here decoded a transaction big enough to spill yet."
+        )
         findings.append(
             Finding(
                 Check.TEMP_FILE_LIMIT,
@@ -105,8 +113,7 @@ def check_publisher(inspection: Inspection) -> list[Finding]:
                 f"temp_file_limit is {server.temp_file_limit} bytes. A drain's peek holds each "
                 f"window, and at least its biggest transaction, in a temporary file: one "
                 f"transaction bigger than that stops the drain for good while WAL piles up "
-                f"(subscriptions are not affected). SlotHealthCheckOperator compares it with "
-                f"the transactions a slot decoded.",
+                f"(subscriptions are not affected).{seen}",
                 "ALTER ROLE <drain role> SET temp_file_limit = -1 (a superuser may), or keep "
                 "it above the biggest transaction the application writes",
             )

@@ -196,6 +196,9 @@ def test_a_temp_file_limit_below_the_slots_transactions_is_reported(
     wait_until(lambda: (spill := hook.slot_spill("ops_temp")) is not None and spill.spill_txns > 0,
                what="the peek's spill counted")  # fmt: skip
     publisher.execute(f"ALTER DATABASE {db} SET temp_file_limit = '1MB'")
+    facts = hook.server_facts()  # what preflight reports from
+    assert facts.temp_file_limit == 1 << 20
+    assert (facts.largest_decoded_transaction or 0) >= 1 << 20
     try:
         ti = FakeTI()
         with pytest.raises(Exception, match=r"temp_file_limit is 1048576 bytes.*at least"):

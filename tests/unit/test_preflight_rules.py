@@ -384,6 +384,19 @@ def test_wal_level_and_role() -> None:
     assert ok.ok, ok.summary()
 
 
+def test_temp_file_limit_is_reported_against_the_biggest_transaction_decoded() -> None:
+    unlimited = evaluate(inspection([keyed("a")]))
+    assert Check.TEMP_FILE_LIMIT.value not in unlimited.checks()
+    limited = evaluate(
+        inspection([keyed("a")], pub_server=server(temp_file_limit=1 << 20,
+                                                   largest_decoded_transaction=3 << 20))
+    )  # fmt: skip
+    (finding,) = [f for f in limited.warnings if f.check is Check.TEMP_FILE_LIMIT]
+    assert "1048576 bytes" in finding.message and "at least 3145728 bytes" in finding.message
+    assert "above it" in finding.message and "temp_file_limit = -1" in finding.fix
+    assert limited.ok  # a warning: subscriptions do not peek
+
+
 # -- publisher tables -------------------------------------------------------------------------
 
 
