@@ -84,11 +84,14 @@ _ERRORS_OLD = sql.SQL("NULL::int AS apply_error_count, NULL::int AS sync_error_c
 
 @dataclass(frozen=True)
 class DropResult:
-    """What dropping a subscription did; ``slot_left_behind``: a slot left on the publisher."""
+    """What dropping a subscription did; ``slot_left_behind``: its slot left on the publisher;
+    ``sync_slots_left_behind``: table-sync slots that may be left there too (tables that were
+    not ready: their sync worker creates a slot of its own and drops it only when done)."""
 
     dropped: bool
     slot_left_behind: str | None = None
     reason: str | None = None
+    sync_slots_left_behind: tuple[str, ...] = ()
 
 
 class SubscriptionsMixin(PgSessionHook):
@@ -287,17 +290,23 @@ class SubscriptionsMixin(PgSessionHook):
                     info.slot_name,
                 )
                 ident = sql.Identifier(name)
+                sync_slots = _sync_slot_names(conn, name)
                 if info.enabled:
                     run_ddl(conn, sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(ident))
                 run_ddl(conn, sql.SQL("ALTER SUBSCRIPTION {} SET (slot_name = NONE)").format(ident))
                 run_ddl(conn, drop)
-                self.log.warning(
-                    "Replication slot %s is left on the publisher and retains WAL until dropped "
-                    "there: SELECT pg_drop_replication_slot('%s')",
-                    info.slot_name,
-                    info.slot_name,
+                for slot in (info.slot_name, *sync_slots):
+                    self.log.warning(
+                        "Replication slot %s %s on the publisher and retains WAL until dropped "
+                        "there: SELECT pg_drop_replication_slot('%s')",
+                        slot, "is left" if slot == info.slot_name else "may be left", slot,
+                    )  # fmt: skip
+                return DropResult(
+                    dropped=True,
+                    slot_left_behind=info.slot_name,
+                    reason=reason,
+                    sync_slots_left_behind=sync_slots,
                 )
-                return DropResult(dropped=True, slot_left_behind=info.slot_name, reason=reason)
         self.log.info("Dropped subscription %s (and its slot %s)", name, info.slot_name)
         return DropResult(dropped=True)
 
@@ -373,6 +382,22 @@ def _create_statement(
     if options:
         statement = statement + sql.SQL(" WITH ({})").format(_option_list(options))
     return statement
+
+
+def _sync_slot_names(conn: Conn, name: str) -> tuple[str, ...]:
+    """The table-sync slots the subscription may have on the publisher: one per table not yet
+    ready, named ``pg_<subscription oid>_sync_<table oid>_<subscriber system identifier>`` as
+    PostgreSQL names them (``ReplicationSlotNameForTablesync``)."""
+    rows = conn.execute(
+        sql.SQL(
+            "SELECT format('pg_%%s_sync_%%s_%%s', s.oid, sr.srrelid,"
+            " (SELECT system_identifier FROM pg_control_system())) AS slot"
+            " FROM pg_subscription s JOIN pg_subscription_rel sr ON sr.srsubid = s.oid"
+            " WHERE s.subname = %s AND {} AND sr.srsubstate <> 'r' ORDER BY 1"
+        ).format(_THIS_DB),
+        (name,),
+    ).fetchall()
+    return tuple(row["slot"] for row in rows)
 
 
 def _differs(current: SubscriptionInfo, key: str, value: Any) -> bool:

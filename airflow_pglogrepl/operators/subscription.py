@@ -212,7 +212,9 @@ class DropSubscriptionOperator(BaseOperator):
 
     When the publisher is unreachable the subscription is detached from its slot and dropped;
     the slot left behind is named in the log and in XCom (``slot_left_behind``): it retains WAL
-    on the publisher until dropped there. Succeeds when the subscription is already gone.
+    on the publisher until dropped there. So may the table-sync slots of tables that were not
+    ready yet (``sync_slots_left_behind``, each with the command that drops it in the log).
+    Succeeds when the subscription is already gone.
 
     :param subscription: subscription name.
     :param subscriber_conn_id: Airflow connection of the subscriber.
@@ -241,5 +243,6 @@ class DropSubscriptionOperator(BaseOperator):
             "subscription": self.subscription,
             "dropped": result.dropped,
             "slot_left_behind": result.slot_left_behind,
+            "sync_slots_left_behind": list(result.sync_slots_left_behind),
             "reason": result.reason,
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,12 +66,41 @@ def _subscribe(publisher_conn: str, subscriber: PgCluster, name: str) -> None:
     ).execute(_ctx())  # fmt: skip
 
 
+def _subscribe_table(publisher_conn: str, name: str, table: str) -> None:
+    CreatePublicationOperator(
+        task_id="p", publication="ops_pub", postgres_conn_id=publisher_conn, tables=[table]
+    ).execute(_ctx())
+    CreateSubscriptionOperator(
+        task_id="s", subscription=name, publications=["ops_pub"],
+        publisher_conn_id=publisher_conn, subscriber_conn_id="pglogrepl_subscriber",
+    ).execute(_ctx())  # fmt: skip
+
+
 def test_drop_with_unreachable_publisher_detaches_and_names_the_slot(
     lonely_publisher: PgCluster, subscriber: PgCluster, subscriber_conn_id: str
 ) -> None:
-    lonely_publisher.execute("CREATE TABLE ops_t (id int PRIMARY KEY)")
-    _subscribe("lonely_pub", subscriber, "ops_unreachable")
-    lonely_publisher.stop()
+    lonely_publisher.execute(
+        "CREATE TABLE ops_hold (id int PRIMARY KEY); INSERT INTO ops_hold VALUES (1)"
+    )
+    # The table's sync holds a slot of its own on the publisher until its copy is done: keep
+    # the copy waiting (a trigger that fires in the sync worker too waits for an advisory lock
+    # this test holds), so the publisher goes away with that slot.
+    subscriber.execute(
+        "CREATE TABLE IF NOT EXISTS ops_hold (id int PRIMARY KEY);"
+        " CREATE OR REPLACE FUNCTION ops_hold_copy() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$BEGIN PERFORM pg_advisory_lock(4242); PERFORM pg_advisory_unlock(4242);"
+        " RETURN NEW; END$$;"
+        " CREATE OR REPLACE TRIGGER hold BEFORE INSERT ON ops_hold FOR EACH ROW"
+        " EXECUTE FUNCTION ops_hold_copy(); ALTER TABLE ops_hold ENABLE ALWAYS TRIGGER hold"
+    )
+    with subscriber.connect() as holder:
+        holder.execute("SELECT pg_advisory_lock(4242)")
+        _subscribe_table("lonely_pub", "ops_unreachable", "ops_hold")
+        wait_until(lambda: lonely_publisher.execute(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'pg\\_%\\_sync\\_%'"
+        ) == [(1,)], what="the table-sync slot")  # fmt: skip
+        lonely_publisher.stop()
+        holder.execute("SELECT pg_advisory_unlock(4242)")
     result = DropSubscriptionOperator(
         task_id="d", subscription="ops_unreachable", subscriber_conn_id=subscriber_conn_id
     ).execute(_ctx())
@@ -81,7 +111,11 @@ def test_drop_with_unreachable_publisher_detaches_and_names_the_slot(
     assert hook.get_subscription("ops_unreachable") is None
     lonely_publisher.start()
     slots = PgLogicalReplicationHook(postgres_conn_id="lonely_pub").list_slots()
-    assert [s.name for s in slots] == ["ops_unreachable"]  # really left behind, as reported
+    # every slot left on the publisher was named: the subscription's, and the table-sync slot
+    # of the table whose copy had not finished (before: only the first)
+    assert {s.name for s in slots} == {"ops_unreachable", *result["sync_slots_left_behind"]}
+    (sync,) = result["sync_slots_left_behind"]
+    assert re.fullmatch(r"pg_\d+_sync_\d+_\d+", sync)
 
 
 def test_drop_when_reachable_takes_the_slot_and_is_idempotent(
