@@ -5,8 +5,9 @@ restricts (columns, constants, built-in immutable operators and functions). It c
 parameter, so it is pasted into the DDL, between parentheses. What it must never do is leave
 them: ``true) , other_table WHERE (true`` would publish another table, a ``--`` comment would
 swallow the closing parenthesis. ``check_row_filter`` scans the text as PostgreSQL's lexer
-would (string literals, quoted identifiers, comments, dollar quotes) and refuses anything but a
-single parenthesis-balanced expression; a statement can also never be stacked after it (the
+would (string literals, quoted identifiers, comments, dollar quotes), with
+``standard_conforming_strings`` on (the publication's session sets it), and refuses anything but
+a single parenthesis-balanced expression; a statement can also never be stacked after it (the
 DDL goes through the extended protocol, one statement only). Row filters are code written by
 the DAG author, not values: the operators do not template them, so a DAG run's ``conf`` never
 reaches one.
@@ -32,7 +33,8 @@ def check_row_filter(text: str, *, table: str) -> str:
     while i < n:
         ch = text[i]
         if ch == "'":
-            escapes = i > 0 and text[i - 1] in "eE" and (i < 2 or not text[i - 2].isalnum())
+            # an E'' string (backslash escapes) when the E starts a token of its own
+            escapes = i > 0 and text[i - 1] in "eE" and (i < 2 or not _in_word(text[i - 2]))
             i = _skip_quoted(text, i, "'", backslash=escapes)
             if i < 0:
                 raise refuse("a string literal is not closed")
@@ -62,6 +64,10 @@ def check_row_filter(text: str, *, table: str) -> str:
     if not text.strip():
         raise refuse("it is empty")
     return text
+
+
+def _in_word(ch: str) -> bool:
+    return ch.isalnum() or ch in "_$"
 
 
 def _skip_quoted(text: str, start: int, quote: str, *, backslash: bool) -> int:

@@ -27,6 +27,7 @@ from airflow_pglogrepl.exceptions import FenceNotHeldError as FenceNotHeldError
 from airflow_pglogrepl.exceptions import ObjectNotFoundError, PrivilegeError
 from airflow_pglogrepl.hooks.base import Conn, run_ddl
 from airflow_pglogrepl.hooks.fence_guard import (
+    GuardHijackedError,
     fenced_members,
     guarded_tables,
     install_guard,
@@ -396,11 +397,14 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
             try:
                 install_guard(conn, [(t.schema, t.name) for t in relations.values()], members,
                               int(lock_timeout_s * 1000))  # fmt: skip
-            except pgerr.LockNotAvailable:
+            except (pgerr.LockNotAvailable, pgerr.DeadlockDetected):
                 conn.rollback()
                 holders = lock_holders(conn, list(relations))
                 conn.rollback()
                 return GuardOutcome(False, tuple(members), tuple(holders))
+            except GuardHijackedError as exc:
+                conn.rollback()
+                raise FenceNotHeldError(f"write fence: {exc}") from None
             except pgerr.InsufficientPrivilege as exc:
                 conn.rollback()
                 role = _scalar(conn, "SELECT current_user AS v")
@@ -463,10 +467,19 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
                 )
             remaining = sorted(set(saved) - {r.role for r in results})
             guarded = guarded_tables(conn)
-            if guarded and remaining:  # the others stay fenced: their guard keeps only them
-                install_guard(conn, guarded, fenced_members(conn, remaining), 30_000)
-            elif guarded:
-                remove_guard(conn)
+            try:
+                if guarded and remaining:  # the others stay fenced: the guard keeps only them
+                    install_guard(conn, guarded, fenced_members(conn, remaining), 10_000)
+                elif guarded:
+                    remove_guard(conn)
+            except (pgerr.LockNotAvailable, pgerr.DeadlockDetected):
+                conn.rollback()
+                raise FenceNotHeldError(
+                    "write fence release: the guard's triggers could not be changed within 10s "
+                    "(a long query or transaction holds a lock on a fenced table). Nothing was "
+                    "released: the fence stays in place. Fix: run the release again, or end "
+                    "the blocking session (pg_locks, pg_stat_activity)"
+                ) from None
             conn.commit()
         for released in results:
             self.log.info(
@@ -943,7 +956,10 @@ def _role_oids(conn: Conn, roles: Sequence[str]) -> dict[str, int]:
 
 
 def _fence_relations(conn: Conn, tables: Sequence[TableRef]) -> dict[int, TableRef]:
-    """Tables to fence by oid: the given ones with their partitions and partition ancestors."""
+    """Tables to fence by oid: the given ones, their partitions, and every table they inherit
+    from (a partition's ancestors, and plain inheritance parents too: ``UPDATE parent`` and
+    ``DELETE FROM parent`` change a child's rows, and check only the parent's privileges and
+    triggers)."""
     if not tables:
         raise ValueError("a write fence needs at least one table")
     schemas, names = [t.schema for t in tables], [t.name for t in tables]
@@ -960,11 +976,12 @@ def _fence_relations(conn: Conn, tables: Sequence[TableRef]) -> dict[int, TableR
             "table", ", ".join(str(t) for t in sorted(missing)), "check the table list"
         )
     rows = conn.execute(
-        "WITH wanted AS (SELECT c.oid FROM unnest(%s::text[], %s::text[])"
+        "WITH RECURSIVE wanted AS (SELECT c.oid FROM unnest(%s::text[], %s::text[])"
         "  AS w(schema_name, table_name) JOIN pg_namespace n ON n.nspname = w.schema_name"
         "  JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = w.table_name),"
-        " related AS (SELECT oid AS relid FROM wanted"
-        "  UNION SELECT a.relid FROM wanted, pg_partition_ancestors(wanted.oid) a"
+        " ancestors(relid) AS (SELECT oid FROM wanted"
+        "  UNION SELECT i.inhparent FROM pg_inherits i JOIN ancestors a ON i.inhrelid = a.relid),"
+        " related AS (SELECT relid FROM ancestors"
         "  UNION SELECT t.relid FROM wanted, pg_partition_tree(wanted.oid) t)"
         " SELECT c.oid::int AS oid, n.nspname AS schema, c.relname AS name FROM related r"
         " JOIN pg_class c ON c.oid = r.relid JOIN pg_namespace n ON n.oid = c.relnamespace"

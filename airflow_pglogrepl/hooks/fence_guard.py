@@ -32,6 +32,7 @@ https://www.postgresql.org/docs/15/explicit-locking.html
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,12 +45,18 @@ __all__ = [
     "GUARD_SCHEMA",
     "GUARD_TRIGGER",
     "NOT_STOPPED",
+    "GuardHijackedError",
     "fenced_members",
     "guarded_tables",
     "install_guard",
     "lock_holders",
     "remove_guard",
 ]
+
+
+class GuardHijackedError(Exception):
+    """The guard's schema belongs to a role the fencing role does not trust."""
+
 
 GUARD_SCHEMA = "pglogrepl"
 GUARD_FUNCTION = "write_fence_guard"
@@ -61,12 +68,15 @@ NOT_STOPPED = (
     "a role made a member of a fenced role after the fence is not in the guard's list",
 )
 
-# The guard itself: no table access, a fixed search_path, the roles in its arguments.
+# The guard itself: no table access, the roles in its arguments, every type named with its
+# schema and pg_temp searched last (types are looked up there too: a session's own
+# ``pg_temp.text`` must not change what the comparison means).
 _FUNCTION = """
 CREATE OR REPLACE FUNCTION {function}() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog AS $guard$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $guard$
 BEGIN
-    IF session_user::text = ANY(TG_ARGV) OR current_user::text = ANY(TG_ARGV) THEN
+    IF session_user::pg_catalog.text = ANY(TG_ARGV)
+        OR current_user::pg_catalog.text = ANY(TG_ARGV) THEN
         RAISE EXCEPTION 'write fence: %.% is fenced for a cutover; % may not write to it',
             TG_TABLE_SCHEMA, TG_TABLE_NAME, session_user
             USING ERRCODE = 'read_only_sql_transaction',
@@ -90,6 +100,7 @@ LEFT JOIN pg_locks x ON l.pid IS NULL AND x.pid IS NULL AND x.locktype = 'transa
     AND x.virtualtransaction = l.virtualtransaction
 LEFT JOIN pg_prepared_xacts p ON p.transaction = x.transactionid
 WHERE l.locktype = 'relation' AND l.granted AND l.relation = ANY(%s::oid[])
+    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
     AND l.mode IN ('RowExclusiveLock', 'ShareUpdateExclusiveLock', 'ShareLock',
                    'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
     AND l.pid IS DISTINCT FROM pg_backend_pid()
@@ -113,16 +124,29 @@ def install_guard(
     conn: Conn, relations: Sequence[tuple[str, str]], members: Sequence[str], lock_timeout_ms: int
 ) -> None:
     """In ``conn``'s open transaction: the guard function, and the trigger on each relation
-    (replaced when there, with ``members`` as its list). Raises ``LockNotAvailable`` when a
-    table's lock is not had within ``lock_timeout_ms`` (the caller rolls back)."""
+    (replaced when there, with ``members`` as its list). Raises ``LockNotAvailable`` when the
+    tables' locks are not had within ``lock_timeout_ms`` in all (the caller rolls back), and
+    ``GuardHijackedError`` when the guard's schema belongs to a role that could remove it."""
     function = sql.Identifier(GUARD_SCHEMA, GUARD_FUNCTION)
-    conn.execute(
-        "SELECT set_config('lock_timeout', %s, true)", (str(max(1, int(lock_timeout_ms))),)
-    )
+    deadline = time.monotonic() + max(1, int(lock_timeout_ms)) / 1000
     conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(GUARD_SCHEMA)))
+    owner = conn.execute(
+        "SELECT r.rolname, r.rolsuper OR r.rolname = current_user AS trusted"
+        " FROM pg_namespace n JOIN pg_roles r ON r.oid = n.nspowner WHERE n.nspname = %s",
+        (GUARD_SCHEMA,),
+    ).fetchone()
+    if owner is None or not owner["trusted"]:
+        raise GuardHijackedError(
+            f"schema {GUARD_SCHEMA!r} exists and belongs to role "
+            f"{owner['rolname'] if owner else '?'}, who could drop the fence's guard (DROP "
+            f"FUNCTION ... CASCADE). Fix: drop or rename that schema, or give it to this "
+            f"role or a superuser (ALTER SCHEMA {GUARD_SCHEMA} OWNER TO ...), then fence again"
+        )
     conn.execute(sql.SQL(_FUNCTION).format(function=function))
     arguments = sql.SQL(", ").join(sql.Literal(m) for m in members)
     for schema, name in relations:
+        remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", (str(remaining_ms),))
         conn.execute(
             sql.SQL(
                 "CREATE OR REPLACE TRIGGER {trigger} BEFORE INSERT OR UPDATE OR DELETE OR "
@@ -136,9 +160,12 @@ def install_guard(
         )
 
 
-def remove_guard(conn: Conn) -> list[str]:
-    """In ``conn``'s open transaction: drop every guard trigger of this database, and the
-    function; returns the tables it was on."""
+def remove_guard(conn: Conn, *, lock_timeout_ms: int = 10_000) -> list[str]:
+    """In ``conn``'s open transaction: drop every guard trigger of this database, the function,
+    and the schema when nothing else is in it; returns the tables it was on. ``DROP TRIGGER``
+    takes ``ACCESS EXCLUSIVE``: each lock wait is bounded (``LockNotAvailable``, the caller
+    rolls back), so a long query on a table cannot queue the application behind the release."""
+    conn.execute("SELECT set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))
     tables = guarded_tables(conn)
     for schema, name in tables:
         conn.execute(
@@ -149,6 +176,16 @@ def remove_guard(conn: Conn) -> list[str]:
     conn.execute(
         sql.SQL("DROP FUNCTION IF EXISTS {}()").format(sql.Identifier(GUARD_SCHEMA, GUARD_FUNCTION))
     )
+    empty = conn.execute(
+        "SELECT n.nspowner = (SELECT oid FROM pg_roles WHERE rolname = current_user) AND"
+        " NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid) AND"
+        " NOT EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid) AND"
+        " NOT EXISTS (SELECT 1 FROM pg_type t WHERE t.typnamespace = n.oid) AS v"
+        " FROM pg_namespace n WHERE n.nspname = %s",
+        (GUARD_SCHEMA,),
+    ).fetchone()
+    if empty and empty["v"]:
+        conn.execute(sql.SQL("DROP SCHEMA {}").format(sql.Identifier(GUARD_SCHEMA)))
     return [f"{schema}.{name}" for schema, name in tables]
 
 

@@ -101,6 +101,9 @@ class PublicationsMixin(PgSessionHook):
                 f"publication {name!r}: give a table list, or all_tables=True without tables"
             )
         with self.session(autocommit=False) as conn:
+            # row filters are pasted into the DDL: their literals must read as check_row_filter
+            # scanned them (with standard_conforming_strings off, '\'' would not end there)
+            conn.execute("SELECT set_config('standard_conforming_strings', 'on', false)")
             before = _read_publication(conn, name)
             if any(t.columns is not None or t.row_filter for t in tables):
                 _require_15(conn, name)

@@ -225,7 +225,10 @@ class WriteFenceOperator(BaseOperator):
         if not outcome.installed:
             prepared = [h for h in outcome.holders if h["gid"] is not None]
             holders = [h for h in outcome.holders if h["pid"] is not None]
-            if holders and not prepared and self.terminate != "none":
+            others = [h for h in holders if h["role"] not in outcome.members]
+            # only the fenced roles' sessions are ended: another role's transaction (a DBA's
+            # VACUUM or CREATE INDEX CONCURRENTLY, an unfenced writer) is not the fence's to kill
+            if holders and not prepared and not others and self.terminate != "none":
                 gone = set(hook.terminate_backends([h["pid"] for h in holders],
                                                    timeout_s=self.terminate_timeout))  # fmt: skip
                 for holder in holders:
@@ -251,8 +254,9 @@ class WriteFenceOperator(BaseOperator):
                 )
                 + " (on "
                 + ", ".join(sorted({str(h["relation"]) for h in outcome.holders}))
-                + "). Fix: end them (COMMIT/ROLLBACK PREPARED for prepared transactions, "
-                "pg_terminate_backend for sessions), then run the fence again; "
+                + "). Sessions of roles that are not fenced are never ended by the fence. Fix: "
+                "let them finish or end them (COMMIT/ROLLBACK PREPARED for prepared "
+                "transactions, pg_terminate_backend for sessions), then run the fence again; "
                 "WriteFenceReleaseOperator undoes what it changed"
             )
         self.log.info("Write fence guard on %d tables for %s", len(tables),

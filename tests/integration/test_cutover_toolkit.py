@@ -269,12 +269,14 @@ def test_fence_refuses_a_fence_that_cannot_hold_and_read_only_mode(pair: Pair) -
 def test_the_fence_holds_against_every_way_around_it(pair: Pair) -> None:
     """Each path around privileges and read-only defaults: a write after the fence fails, or
     the fence refuses to report success. Before the guard, each of these wrote after it."""
-    pair.pub("CREATE TABLE f_t (id int PRIMARY KEY)")
+    pair.pub("CREATE TABLE f_parent (id int); CREATE TABLE f_t (id int PRIMARY KEY);"
+             " ALTER TABLE f_t INHERIT f_parent")  # fmt: skip
     app, app_pw = pair.role("app")
     alice, alice_pw = pair.role("alice")  # logs in as herself, writes as app
     owner, _ = pair.role("owner")
     app_id, alice_id, owner_id = (sql.Identifier(r) for r in (app, alice, owner))
     pair.pub(sql.SQL("GRANT SELECT, INSERT ON f_t TO {}, {}").format(app_id, owner_id))
+    pair.pub(sql.SQL("GRANT SELECT, DELETE ON f_parent TO {}").format(app_id))
     pair.pub(sql.SQL("GRANT {} TO {}").format(app_id, alice_id))
     pair.pub(sql.SQL("ALTER ROLE {} NOINHERIT").format(alice_id))
     pair.pub(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(owner_id))
@@ -282,6 +284,15 @@ def test_the_fence_holds_against_every_way_around_it(pair: Pair) -> None:
         "CREATE FUNCTION public.add_row(i int) RETURNS void LANGUAGE sql SECURITY DEFINER"
         " AS 'INSERT INTO public.f_t VALUES (i)'; ALTER FUNCTION public.add_row(int) OWNER TO {}"
     ).format(owner_id))  # fmt: skip
+
+    # the guard's schema made beforehand by a role that could then drop the guard: refused
+    pair.pub(sql.SQL("CREATE SCHEMA pglogrepl AUTHORIZATION {}").format(app_id))
+    with pytest.raises(FenceNotHeldError, match=r"schema 'pglogrepl' exists and belongs to"):
+        WriteFenceOperator(task_id="f", postgres_conn_id=pair.pub_conn, roles=[owner],
+                           tables=["f_t"], revoke_privileges=False, read_only=True,
+                           grace_period=0.3).execute(_ctx())  # fmt: skip
+    pair.pub("DROP SCHEMA pglogrepl")
+    WriteFenceReleaseOperator(task_id="r", postgres_conn_id=pair.pub_conn).execute(_ctx())
 
     # SET ROLE: alice's open transaction wrote as app before the fence
     set_role = pair.connect_as(alice, alice_pw)
@@ -314,6 +325,14 @@ def test_the_fence_holds_against_every_way_around_it(pair: Pair) -> None:
         fresh.cursor().copy("COPY f_t FROM STDIN") as copy,
     ):
         copy.write_row((7,))
+    # a session's own pg_temp.text must not change what the guard compares
+    fresh.execute("CREATE DOMAIN pg_temp.text AS varchar(1)")
+    with pytest.raises(pgerr.ReadOnlySqlTransaction, match="write fence"):
+        fresh.execute("INSERT INTO f_t VALUES (8)")
+    pair.pub("INSERT INTO f_t VALUES (9)")  # the fence's own role is not fenced
+    with pytest.raises(pgerr.ReadOnlySqlTransaction, match="write fence"):  # through the parent
+        fresh.execute("DELETE FROM f_parent")
+    pair.pub("DELETE FROM f_t WHERE id = 9")
     other = pair.connect_as(alice, alice_pw)  # a new session of a member, SET ROLE again
     other.execute(sql.SQL("SET ROLE {}").format(app_id))
     other.execute("SET default_transaction_read_only = off")
@@ -324,6 +343,7 @@ def test_the_fence_holds_against_every_way_around_it(pair: Pair) -> None:
     assert pair.pub("SELECT count(*) FROM pg_trigger WHERE tgname = 'pglogrepl_write_fence'") == [
         (0,)
     ]
+    assert pair.pub("SELECT count(*) FROM pg_namespace WHERE nspname = 'pglogrepl'") == [(0,)]
     with pair.connect_as(app, app_pw) as again:
         again.execute("INSERT INTO f_t VALUES (5)")  # released: writes again
 

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.unit
         "coalesce(a, b) IN (1, 2, 3)",
         "s = E'it\\'s ) here'",
         "s = 'it''s'",
+        "v = x_E'a\\'",  # x_E is one word, so no E'' string: the quote after \\ ends it
     ],
 )
 def test_expressions_pass(text: str) -> None:
