@@ -48,6 +48,11 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     :param max_window_bytes: WAL bytes per window.
     :param max_windows: stop after this many windows (default: up to the WAL at start).
     :param materialize: merge committed changes into ``state/``.
+    :param accept_source_change: drain although the lake was written from another system
+        identifier or timeline (``SinkFromAnotherSourceError``). For one run, after checking
+        that the change was deliberate: a ``pg_upgrade`` (new system identifier, slots carried
+        over from 17) or a promotion whose slot is before the switch point. The new source is
+        recorded from then on.
     :param database: the slot's database, when not the connection's.
     :param conn_id: the Spark connection; it must exist (the provider would otherwise silently
         submit to YARN).
@@ -72,6 +77,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         materialize: bool = True,
         database: str | None = None,
         conn_id: str = "spark_default",
+        accept_source_change: bool = False,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", "pglogrepl-drain")
@@ -85,6 +91,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         self.max_windows = max_windows
         self.materialize = materialize
         self.database = database
+        self.accept_source_change = accept_source_change
 
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         from airflow.sdk.exceptions import AirflowFailException
@@ -137,6 +144,8 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         args += ["--publication", *[str(p) for p in self.publications]]
         if str(self.max_windows) not in ("None", ""):  # templated: may render as text
             args += ["--max-windows", str(int(str(self.max_windows)))]
+        if self.accept_source_change:
+            args.append("--accept-source-change")
         if not self.materialize:
             args.append("--no-materialize")
         return args

@@ -116,8 +116,11 @@ class SinkFromAnotherSourceError(PgLogReplError):
         super().__init__(
             f"lake {sink} was written from {show(recorded)}, but slot {slot!r} is on "
             f"{show(current)}. Nothing was drained and the slot did not move. Fix: point the "
-            f"drain at the server the lake came from (PGLOGREPL_SOURCE_DSN, or the connection), "
-            f"or, after a failover or restore, take a new initial snapshot into a new lake"
+            f"drain at the server the lake came from (PGLOGREPL_SOURCE_DSN, or the connection). "
+            f"If the change was deliberate and the lake's history is this server's (a pg_upgrade "
+            f"that carried the slot over, or a promotion whose slot was synced before the "
+            f"switch), drain once with accept_source_change=True (--accept-source-change); "
+            f"otherwise take a new initial snapshot into a new lake"
         )
 
 
@@ -210,10 +213,12 @@ class Drain:
         max_windows: int | None = None,
         batch_rows: int = 200_000,
         columnar: bool = True,
+        accept_source_change: bool = False,
     ) -> None:
         if max_window_bytes <= 0:
             raise ValueError("max_window_bytes must be positive")
         self.columnar = columnar
+        self.accept_source_change = accept_source_change
         self.run_end = LSN(0)  # the flushed WAL position a run drains to (set by ``run``)
         self.source = source
         self.lake = lake
@@ -298,16 +303,24 @@ class Drain:
     def _reconcile(self, slot_lsn: LSN, sink_lsn: LSN | None) -> LSN:
         recorded = self.lake.recorded_source()
         current = self.lake.source or {}
-        if recorded and recorded.get("system_identifier") != current.get("system_identifier"):
-            raise SinkFromAnotherSourceError(self.slot, self.lake.root, recorded, current)
-        if sink_lsn is not None and sink_lsn > slot_lsn:
-            if recorded is None:
-                log.warning(
-                    "lake %s records no source identity (its last commit predates them): "
-                    "advancing slot %s to it unchecked", self.lake.root, self.slot,
-                )  # fmt: skip
-            elif recorded.get("timeline") != current.get("timeline"):
-                raise SinkFromAnotherSourceError(self.slot, self.lake.root, recorded, current)
+        ahead = sink_lsn is not None and sink_lsn > slot_lsn
+        changed = recorded is not None and (
+            recorded.get("system_identifier") != current.get("system_identifier")
+            or (ahead and recorded.get("timeline") != current.get("timeline"))
+        )
+        if changed and not self.accept_source_change:
+            raise SinkFromAnotherSourceError(self.slot, self.lake.root, recorded or {}, current)
+        if changed:
+            log.warning(
+                "lake %s was written from %s, the slot is on %s: draining on as asked "
+                "(accept_source_change), and recording the new source", self.lake.root,
+                recorded, current,
+            )  # fmt: skip
+        if ahead and recorded is None:
+            log.warning(
+                "lake %s records no source identity (its last commit predates them): "
+                "advancing slot %s to it unchecked", self.lake.root, self.slot,
+            )  # fmt: skip
         if sink_lsn is None:
             log.info("empty lake: starting at the slot's confirmed_flush_lsn %s", slot_lsn)
             return slot_lsn

@@ -47,6 +47,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--merge-parallelism", type=int, default=4, help="tables merged into state/ at once"
     )
+    parser.add_argument(
+        "--accept-source-change", action="store_true", help="the lake's source changed on "
+        "purpose (pg_upgrade gives a new system identifier; a promotion a new timeline): drain "
+        "on, and record the new source",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -152,6 +157,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                 publications=args.publication,
                 max_window_bytes=args.max_window_bytes,
                 max_windows=args.max_windows,
+                accept_source_change=args.accept_source_change,
                 batch_rows=args.batch_rows,
             )
             result = drain.run(started).to_dict()

@@ -276,6 +276,11 @@ def test_a_lake_from_another_server_or_timeline_moves_nothing(tmp_path: Path) ->
         drain.run(time.monotonic())
     assert other.advances == [] and promoted.advances == []
     assert lake.position() == position
+    # a deliberate change (pg_upgrade keeps slots, gives a new system identifier): on request
+    Drain(source=other, lake=lake, slot="s", publications=["p"], max_window_bytes=1024,
+          accept_source_change=True).run(time.monotonic())  # fmt: skip
+    assert other.advances[0] == position  # the slot moved up to the lake first
+    assert lake.recorded_source() == other.identity  # and the new source is recorded
 
 
 def test_a_windows_table_from_before_source_identities_takes_them(tmp_path: Path) -> None:
