@@ -104,6 +104,8 @@ class ServerFacts(_Record):
     # a lower bound of the biggest transaction any slot here decoded (pg_stat_replication_slots:
     # spilled or streamed bytes per transaction); None when none was that big
     largest_decoded_transaction: int | None = None
+    # 18+: caps the subscriber's replication origins (None before 18: max_replication_slots)
+    max_active_replication_origins: int | None = None
 
     @property
     def major_version(self) -> int:

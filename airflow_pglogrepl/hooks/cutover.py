@@ -40,6 +40,7 @@ from airflow_pglogrepl.hooks.subscriptions import SubscriptionsMixin
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.records import RelState
 from airflow_pglogrepl.tables import TableRef
+from airflow_pglogrepl.versions import Features
 
 FENCE_STATE_SETTING = ("pglogrepl", "fence_state")
 FENCE_STATE_NAME = ".".join(FENCE_STATE_SETTING)
@@ -522,7 +523,7 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
         if not pids:
             return []
         with self.session() as conn:
-            if conn.info.server_version >= 140000:
+            if Features.of(conn.info.server_version).terminate_backend_timeout:
                 rows = conn.execute(
                     "SELECT p AS pid, pg_terminate_backend(p, %s) AS ok FROM unnest(%s::int[]) p",
                     (int(timeout_s * 1000), list(pids)),
@@ -709,7 +710,7 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
         if not status.exists:
             return SubscriptionErrors(name=name, exists=False)
         with self.session() as conn:
-            newer = conn.info.server_version >= 150000
+            newer = Features.of(conn.info.server_version).subscription_skip
             head = conn.execute(
                 sql.SQL(
                     "SELECT s.oid, s.subslotname, s.subpublications, {skip} AS skip_lsn,"
@@ -803,7 +804,7 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
         with self.session() as conn:
             info = self._require(conn, name)
             ident = sql.Identifier(name)
-            if conn.info.server_version >= 150000:
+            if Features.of(conn.info.server_version).subscription_skip:
                 run_ddl(
                     conn,
                     sql.SQL("ALTER SUBSCRIPTION {} SKIP (lsn = {})").format(

@@ -20,6 +20,7 @@ _SETTINGS = (
     "logical_decoding_work_mem",
     "max_slot_wal_keep_size",
     "temp_file_limit",
+    "max_active_replication_origins",
 )
 _UNIT_BYTES = {"B": 1, "kB": 1024, "8kB": 8192, "MB": 1024**2, "16MB": 16 * 1024**2, "GB": 1024**3}
 
@@ -50,6 +51,7 @@ class ServerMixin(PgSessionHook):
         values = {row["name"]: _setting_value(row["setting"], row["unit"]) for row in rows}
         keep = values.get("max_slot_wal_keep_size")
         temp = values.get("temp_file_limit")
+        origins = values.get("max_active_replication_origins")
         return ServerFacts(
             version_num=head["version_num"],
             version=head["version"],
@@ -64,6 +66,7 @@ class ServerMixin(PgSessionHook):
             max_slot_wal_keep_size=None if keep is None or int(keep) < 0 else int(keep),
             temp_file_limit=None if temp is None or int(temp) < 0 else int(temp),
             largest_decoded_transaction=largest["v"] if largest else None,
+            max_active_replication_origins=(None if origins is None else int(origins)),
         )
 
     def require_logical_decoding(self, *, conn: Conn | None = None) -> ServerFacts:

@@ -36,6 +36,7 @@ from airflow_pglogrepl.records import (
     SubscriptionStatus,
 )
 from airflow_pglogrepl.tables import TableRef
+from airflow_pglogrepl.versions import Features
 
 # Options CREATE SUBSCRIPTION takes (PostgreSQL 15); those ALTER SUBSCRIPTION ... SET accepts.
 CREATE_OPTIONS = frozenset(
@@ -315,7 +316,11 @@ class SubscriptionsMixin(PgSessionHook):
     def subscription_status(self, name: str) -> SubscriptionStatus:
         """Sync states of every table, worker presence, received LSNs and error counters."""
         with self.session() as conn:
-            errors = _ERRORS_15 if conn.info.server_version >= 150000 else _ERRORS_OLD
+            errors = (
+                _ERRORS_15
+                if Features.of(conn.info.server_version).subscription_skip
+                else _ERRORS_OLD
+            )
             head = conn.execute(_STATUS.format(errors=errors, this_db=_THIS_DB), (name,)).fetchone()
             rels = conn.execute(_RELS, (name,)).fetchall() if head else []
         return _status(name, head, rels)
@@ -323,7 +328,11 @@ class SubscriptionsMixin(PgSessionHook):
     async def asubscription_status(self, name: str) -> SubscriptionStatus:
         """``subscription_status`` for triggers (non-blocking)."""
         async with self.asession() as conn:
-            errors = _ERRORS_15 if conn.info.server_version >= 150000 else _ERRORS_OLD
+            errors = (
+                _ERRORS_15
+                if Features.of(conn.info.server_version).subscription_skip
+                else _ERRORS_OLD
+            )
             cur = await conn.execute(_STATUS.format(errors=errors, this_db=_THIS_DB), (name,))
             head = await cur.fetchone()
             rels = await (await conn.execute(_RELS, (name,))).fetchall() if head else []
@@ -400,6 +409,11 @@ def _sync_slot_names(conn: Conn, name: str) -> tuple[str, ...]:
     return tuple(row["slot"] for row in rows)
 
 
+def _errors_columns(server_version: int) -> sql.SQL:
+    """The error counters' columns: from ``pg_stat_subscription_stats`` where it exists."""
+    return _ERRORS_15 if Features.of(server_version).subscription_skip else _ERRORS_OLD
+
+
 def _differs(current: SubscriptionInfo, key: str, value: Any) -> bool:
     have: dict[str, Any] = {
         "slot_name": current.slot_name,
@@ -424,7 +438,10 @@ def _keep_password_home(conn: Conn, name: str, has_password: bool) -> None:
         "SELECT current_user AS role, current_setting('is_superuser') = 'on' AS superuser"
     ).fetchone()
     assert row is not None
-    if not row["superuser"] and conn.info.server_version < 160000:
+    if (
+        not row["superuser"]
+        and not Features.of(conn.info.server_version).non_superuser_subscriptions
+    ):
         raise PrivilegeError(
             row["role"],
             f"create or alter subscription {name!r}: before PostgreSQL 16 that needs a superuser",

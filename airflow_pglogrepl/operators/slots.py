@@ -148,6 +148,14 @@ class SlotHealthCheckOperator(BaseOperator):
         facts = hook.server_facts()
         now = dt.datetime.now(dt.UTC)
         inactive_since = slot.inactive_since or self._first_seen_inactive(context, slot.active, now)
+        # whose clock the inactivity is: the server's own (17+), or this task's runs
+        inactive_source = (
+            "server: pg_replication_slots.inactive_since"
+            if slot.inactive_since is not None
+            else "this task: first run that saw it inactive (XCom)"
+            if inactive_since is not None
+            else None
+        )
         policy = HealthPolicy(
             plugin=self.plugin,
             max_retained_bytes=self.max_retained_bytes,
@@ -168,6 +176,7 @@ class SlotHealthCheckOperator(BaseOperator):
         record = {
             **slot.to_dict(),
             "observed_inactive_since": inactive_since.isoformat() if inactive_since else None,
+            "inactive_since_source": inactive_source,
             "temp_file_limit": facts.temp_file_limit,
             "decoding": spill.to_dict() if spill is not None else None,
             "problems": problems,

@@ -16,6 +16,7 @@ from typing import Any
 from airflow_pglogrepl.preflight._text import counted
 from airflow_pglogrepl.preflight.facts import Inspection, PublisherUsage, SubscriberUsage
 from airflow_pglogrepl.preflight.report import Check, Finding, Severity, Side
+from airflow_pglogrepl.versions import Features
 
 RESTART = "and restart PostgreSQL (the setting only changes on restart)"
 
@@ -197,14 +198,20 @@ def check_subscriber(inspection: Inspection) -> list[Finding]:
                 f"what parallel query and extensions use on top",
             )
         )
-    # Up to PostgreSQL 17 the subscriber's max_replication_slots also caps replication origins,
-    # which each subscription and each table-sync worker hold (18 has its own setting).
-    if server.major_version < 18:
+    # Replication origins, which each subscription and each table-sync worker hold, are capped
+    # by the subscriber's max_replication_slots up to 17 and by their own setting from 18.
+    setting = Features.of(server.version_num).origins_setting
+    maximum = (
+        server.max_replication_slots
+        if setting == "max_replication_slots"
+        else server.max_active_replication_origins
+    )
+    if maximum is not None:
         origins = _shortage(
             check=Check.REPLICATION_ORIGINS,
             side=Side.SUBSCRIBER,
-            setting="max_replication_slots",
-            maximum=server.max_replication_slots,
+            setting=setting,
+            maximum=maximum,
             in_use=usage.origins_in_use,
             what_in_use="replication origins held by existing subscriptions and sync workers",
             need=need,

@@ -186,6 +186,7 @@ def test_slot_operators_and_health(publisher: PgCluster, publisher_conn_id: str)
     ).execute(_ctx())  # fmt: skip
     assert healthy["problems"] == [] and healthy["retained_bytes"] > 100_000
     assert healthy["observed_inactive_since"] is not None
+    assert healthy["inactive_since_source"].startswith("this task")  # 15 has no clock of its own
 
     ti = FakeTI(previous={"observed_inactive_since": "2020-01-01T00:00:00+00:00"})
     with pytest.raises(Exception, match="slot health check failed") as info:

@@ -359,14 +359,26 @@ def test_subscriber_capacity_and_worker_processes() -> None:
     assert "raise max_replication_slots by 2 to 10" in origins.fix
 
 
-def test_origins_are_not_checked_from_postgresql_18() -> None:
-    report = evaluate(
+def test_origins_are_counted_against_their_own_setting_from_postgresql_18() -> None:
+    """18 caps origins by max_active_replication_origins (default 10), no longer by
+    max_replication_slots. Before: no check at all on 18, so 20 planned subscriptions on a
+    subscriber that can run 10 passed as ready."""
+    fits = evaluate(
         inspection(
             [keyed("a")],
-            sub_server=server(version_num=180000, max_replication_slots=0),
+            sub_server=server(
+                version_num=180000, max_replication_slots=0, max_active_replication_origins=10
+            ),
         )
     )
-    assert Check.REPLICATION_ORIGINS.value not in report.checks()
+    assert Check.REPLICATION_ORIGINS.value not in fits.checks()
+    report = evaluate(inspection([keyed("a")], planned=20, sub_server=server(
+        version_num=180000, max_replication_slots=100, max_active_replication_origins=10,
+        max_logical_replication_workers=100, max_worker_processes=200)))  # fmt: skip
+    origins = next(f for f in report.problems if f.check is Check.REPLICATION_ORIGINS)
+    assert origins.message.startswith("max_active_replication_origins is 10")
+    assert "max_active_replication_origins" in origins.fix
+    assert not report.ok
 
 
 def test_wal_level_and_role() -> None:

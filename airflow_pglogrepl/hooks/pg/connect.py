@@ -11,6 +11,7 @@ from psycopg.rows import dict_row
 from airflow_pglogrepl import conninfo
 from airflow_pglogrepl.exceptions import ConnectionFailedError
 from airflow_pglogrepl.hooks.lsn_adapters import register_lsn_adapters
+from airflow_pglogrepl.versions import Features
 
 Conn: TypeAlias = psycopg.Connection[dict[str, Any]]
 AsyncConn: TypeAlias = psycopg.AsyncConnection[dict[str, Any]]
@@ -51,9 +52,10 @@ def long_work_settings(server_version: int, *, lock_timeout_ms: int = 0) -> dict
         "idle_in_transaction_session_timeout": "0",
         "lock_timeout": str(int(lock_timeout_ms)),
     }
-    if server_version >= 140000:
+    features = Features.of(server_version)
+    if features.idle_session_timeout:
         settings["idle_session_timeout"] = "0"
-    if server_version >= 170000:
+    if features.transaction_timeout:
         settings["transaction_timeout"] = "0"
     return settings
 
