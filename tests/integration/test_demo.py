@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_demo_runs_and_reports(tmp_path: Path) -> None:
+def test_demo_runs_and_reports(tmp_path: Path, pg_tool: Callable[[str], Path]) -> None:
+    pg_tool("pgbench")  # the demo's write load
     summary_file = tmp_path / "summary.json"
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "demo.py"), "--summary", str(summary_file)],

@@ -9,7 +9,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -323,7 +323,9 @@ def test_transaction_larger_than_window_drains_whole_in_flat_memory(
     assert big["windows"] < 12, big
 
 
-def test_refuses_before_spark_starts(source: Source, tmp_path: Path, pg_bindir: Path) -> None:
+def test_refuses_before_spark_starts(
+    source: Source, tmp_path: Path, pg_tool: Callable[[str], Path]
+) -> None:
     sink = str(tmp_path / "lake")
     missing = Source(source.cluster, source.db, "no_such_slot", "p")
     result = drain_app(missing, sink)
@@ -335,7 +337,7 @@ def test_refuses_before_spark_starts(source: Source, tmp_path: Path, pg_bindir: 
     finally:
         source.sql("SELECT pg_drop_replication_slot('td_slot')")
     consumer = subprocess.Popen(
-        [str(pg_bindir / "pg_recvlogical"), "-d", source.dsn, "--slot", source.slot, "--start",
+        [str(pg_tool("pg_recvlogical")), "-d", source.dsn, "--slot", source.slot, "--start",
          "--no-loop", "-o", "proto_version=1", "-o", "publication_names=p", "-f", os.devnull],
     )  # fmt: skip
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -150,12 +150,15 @@ def test_temporary_slot_lives_with_its_session(
 
 @pytest.fixture
 def consumer(
-    publisher: PgCluster, pg_bindir: Path, hook: PgLogicalReplicationHook, slot_name: str
+    publisher: PgCluster,
+    pg_tool: Callable[[str], Path],
+    hook: PgLogicalReplicationHook,
+    slot_name: str,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """pg_recvlogical streaming from the slot: the slot is active in another session."""
     hook.create_logical_slot(slot_name)
     proc = subprocess.Popen(
-        [str(pg_bindir / "pg_recvlogical"), "-h", publisher.host, "-p", str(publisher.port),
+        [str(pg_tool("pg_recvlogical")), "-h", publisher.host, "-p", str(publisher.port),
          "-U", publisher.superuser, "-d", "postgres", "--slot", slot_name, "--start",
          "--no-loop", "-o", "proto_version=1", "-o", "publication_names=none_yet",
          "-f", os.devnull],
