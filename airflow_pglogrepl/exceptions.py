@@ -117,15 +117,51 @@ class WrongPluginError(SlotError):
 
 
 class SlotLostError(SlotError):
-    """The slot's WAL was removed (``wal_status = lost``): nothing can be decoded from it."""
+    """The slot was invalidated (``wal_status = lost``): nothing can be decoded from it.
 
-    def __init__(self, slot: str) -> None:
-        super().__init__(
-            slot,
-            f"replication slot {slot!r} is lost (wal_status = lost): the WAL it needed was "
-            f"removed, so nothing can be drained from it. Fix: drop it and start again from a "
-            f"new initial snapshot",
-        )
+    ``reason`` is the server's ``invalidation_reason`` (PostgreSQL 17+), ``None`` before."""
+
+    def __init__(self, slot: str, reason: str | None = None) -> None:
+        self.reason = reason
+        super().__init__(slot, lost_slot_message(slot, reason, "nothing can be drained from it"))
+
+
+# pg_replication_slots.invalidation_reason (17+): why, and what keeps it from happening again.
+INVALIDATION_CAUSES: dict[str, tuple[str, str]] = {
+    "wal_removed": (
+        "the WAL it needed was removed",
+        "raise max_slot_wal_keep_size (or -1) or consume the slot more often",
+    ),
+    "rows_removed": (
+        "catalog rows it needed were removed by VACUUM on the primary (a slot on a standby)",
+        "turn on hot_standby_feedback with a physical slot between standby and primary",
+    ),
+    "wal_level_insufficient": (
+        "wal_level was lowered below logical on the primary",
+        "keep wal_level = logical",
+    ),
+    "idle_timeout": (
+        "it was inactive longer than idle_replication_slot_timeout (PostgreSQL 18)",
+        "raise idle_replication_slot_timeout (0 turns it off) or consume the slot more often",
+    ),
+}
+
+
+def lost_slot_message(slot: str, reason: str | None, consequence: str) -> str:
+    """Why a slot is lost and what to do, in the server's own terms where it says them."""
+    if reason in INVALIDATION_CAUSES:
+        cause, prevent = INVALIDATION_CAUSES[reason]
+        why = f"invalidated ({reason}): {cause}"
+    elif reason:
+        why, prevent = f"invalidated ({reason})", "see the server log for the invalidation"
+    else:
+        why = "lost (wal_status = lost): the WAL it needed was removed"
+        prevent = "raise max_slot_wal_keep_size (or -1) or consume the slot more often"
+    return (
+        f"replication slot {slot!r} is {why}, so {consequence}. It can never be used again. "
+        f"Fix: drop it and start again (for a subscription: recreate it with copy_data; for a "
+        f"drain: a new initial snapshot); to keep it from happening again, {prevent}"
+    )
 
 
 class SlotAdvanceError(SlotError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_pglogrepl import __version__
+from airflow_pglogrepl.versions import SUPPORTED_MAJORS
 
 INTEGRATION = "PostgreSQL logical replication"
 
@@ -19,7 +20,9 @@ def get_provider_info() -> dict[str, Any]:
         "name": "PostgreSQL logical replication",
         "description": (
             "Publications, subscriptions, preflight checks, readiness and lag sensors, "
-            "sensor-gated cutovers, and exactly-once slot drains into a Delta Lake lake on Spark."
+            "sensor-gated cutovers (major-version upgrades among them), and exactly-once slot "
+            "drains into a Delta Lake lake on Spark. Supports PostgreSQL "
+            f"{SUPPORTED_MAJORS[0]} to {SUPPORTED_MAJORS[-1]}."
         ),
         "versions": [__version__],
         "integrations": [

@@ -58,6 +58,9 @@ class SlotInfo(_Record):
     retained_bytes: int | None
     current_lsn: LSN
     inactive_since: dt.datetime | None = None  # PostgreSQL 17+
+    invalidation_reason: str | None = None  # 17+: why wal_status is lost
+    failover: bool | None = None  # 17+: synchronized to standbys (sync_replication_slots)
+    synced: bool | None = None  # 17+: a standby's copy of a primary's failover slot
 
     @property
     def is_logical(self) -> bool:
@@ -106,6 +109,9 @@ class ServerFacts(_Record):
     largest_decoded_transaction: int | None = None
     # 18+: caps the subscriber's replication origins (None before 18: max_replication_slots)
     max_active_replication_origins: int | None = None
+    # 18+: seconds a slot may stay inactive before a checkpoint invalidates it (None: off or
+    # before 18)
+    idle_replication_slot_timeout_s: int | None = None
 
     @property
     def major_version(self) -> int:
@@ -212,7 +218,9 @@ class SubscriptionInfo(_Record):
     binary: bool
     streaming: str
     synchronous_commit: str
-    target: dict[str, str]  # host, port, dbname, user of the publisher (from subconninfo)
+    # host, port, dbname, user of the publisher (from subconninfo); None when this role may not
+    # read subconninfo (superusers only; a non-superuser owns subscriptions on PostgreSQL 16+)
+    target: dict[str, str] | None
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -10,7 +10,12 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_pglogrepl.exceptions import SlotError, SlotInUseError, SlotLostError
+from airflow_pglogrepl.exceptions import (
+    SlotError,
+    SlotInUseError,
+    SlotLostError,
+    lost_slot_message,
+)
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.records import REL_STATES, SlotInfo, SlotSpill, SubscriptionStatus
 
@@ -124,11 +129,7 @@ def reached(position: LSN | None, target: LSN, *, what: str) -> Verdict:
 
 
 def _lost(slot: SlotInfo) -> str:
-    return (
-        f"slot {slot.name!r} is lost (wal_status = lost): the WAL it needed was removed "
-        f"(max_slot_wal_keep_size). It can never be used again. Fix: drop it and start over "
-        f"(for a subscription: recreate it with copy_data; for a drain: a new initial snapshot)"
-    )
+    return lost_slot_message(slot.name, slot.invalidation_reason, "it cannot be consumed")
 
 
 @dataclass(frozen=True)
@@ -151,8 +152,13 @@ def slot_health(
     now: dt.datetime,
     temp_file_limit: int | None = None,
     spill: SlotSpill | None = None,
+    idle_timeout_s: int | None = None,
 ) -> list[str]:
-    """Problems with a slot (empty when healthy), each naming the slot and the fix."""
+    """Problems with a slot (empty when healthy), each naming the slot and the fix.
+
+    ``idle_timeout_s`` is the server's ``idle_replication_slot_timeout`` (PostgreSQL 18): an
+    inactive slot is reported once it has used half of it, before a checkpoint invalidates it.
+    """
     problems: list[str] = []
     name = slot.name
     largest = spill.largest_at_least if spill is not None else 0
@@ -198,6 +204,17 @@ def slot_health(
                 f" more than {policy.max_inactive}; it keeps WAL while nobody reads it. Fix: "
                 f"restart its consumer or drop it"
             )
+    if idle_timeout_s is not None and not slot.active and inactive_since is not None:
+        idle = now - inactive_since
+        limit = dt.timedelta(seconds=idle_timeout_s)
+        if idle * 2 >= limit and slot.wal_status != "lost":
+            left = max(limit - idle, dt.timedelta(0))
+            problems.append(
+                f"slot {name!r} has been inactive for {idle} and idle_replication_slot_timeout "
+                f"is {limit}: the first checkpoint after {left} more invalidates it for good. "
+                f"Fix: run its consumer now and more often than that, or raise "
+                f"idle_replication_slot_timeout (0 turns it off)"
+            )
     return problems
 
 
@@ -220,7 +237,7 @@ def drain_refusal(slot: SlotInfo) -> SlotError | None:
     drain application asks again (the slot can change in between): the same rule, in one place.
     """
     if slot.wal_status == "lost":
-        return SlotLostError(slot.name)
+        return SlotLostError(slot.name, slot.invalidation_reason)
     if slot.active:
         return SlotInUseError(slot.name, slot.active_pid)
     return None

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["OLDEST_SUPPORTED", "Features"]
+__all__ = ["OLDEST_SUPPORTED", "SUPPORTED_MAJORS", "Features"]
 
-OLDEST_SUPPORTED = 150000
+# The majors the test suite runs on (make test: the whole suite on the first, the tests marked
+# ``pgversion`` on the others); README, docs/versions.md and the provider metadata say the same.
+SUPPORTED_MAJORS = (15, 16, 17, 18)
+OLDEST_SUPPORTED = SUPPORTED_MAJORS[0] * 10000
 
 
 @dataclass(frozen=True)
@@ -69,3 +72,33 @@ class Features:
     def subscription_skip(self) -> bool:
         """15+: ``ALTER SUBSCRIPTION ... SKIP`` and ``pg_stat_subscription_stats``."""
         return self.version_num >= 150000
+
+    @property
+    def conflict_counters(self) -> bool:
+        """18+: ``pg_stat_subscription_stats.confl_*``, conflicts the apply worker met (some it
+        resolves silently: a change to a row the subscriber lacks is skipped)."""
+        return self.version_num >= 180000
+
+    @property
+    def subscription_origin(self) -> bool:
+        """16+: subscription options ``origin``, ``password_required``, ``run_as_owner`` and
+        ``streaming = parallel``."""
+        return self.version_num >= 160000
+
+    @property
+    def failover_slots(self) -> bool:
+        """17+: subscription option ``failover`` (slots synchronized to standbys)."""
+        return self.version_num >= 170000
+
+    @property
+    def emit_message_signature(self) -> str:
+        """``pg_logical_emit_message``'s text variant as GRANT and REVOKE name it: 17 added a
+        ``flush`` argument (defaulted, so calls stay the same; the signature does not)."""
+        extra = ", boolean" if self.version_num >= 170000 else ""
+        return f"pg_logical_emit_message(boolean, text, text{extra})"
+
+    @property
+    def missing_publication_skipped(self) -> bool:
+        """18+: pgoutput skips a publication that does not exist (a WARNING) where older
+        servers fail the decoding: the caller has to look for it itself."""
+        return self.version_num >= 180000

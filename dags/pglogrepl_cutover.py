@@ -1,7 +1,11 @@
 """Sensor-gated cutover from one PostgreSQL to another with native logical replication.
 
 preflight -> publication -> subscription -> every table ready -> small lag -> no apply errors
--> approval -> write fence -> catch-up to the fence LSN -> sequence sync -> parity -> finalize.
+-> approval -> write fence -> catch-up to the fence LSN -> sequence sync -> parity -> finalize,
+then a summary (outcome, versions, fence LSN, parity and the write downtime) whatever happened.
+
+The same DAG upgrades to a new major version: the subscriber runs the new version (see the
+runbook "Upgrade to a new major version").
 
 Nothing before the fence changes what the application sees: a failed gate there simply stops the
 run (re-run it once fixed; every step is idempotent). From the fence on, a failure releases the
@@ -35,6 +39,7 @@ from airflow_pglogrepl.operators.preflight import ReplicationPreflightOperator
 from airflow_pglogrepl.operators.publication import CreatePublicationOperator
 from airflow_pglogrepl.operators.sequences import SyncSequencesOperator
 from airflow_pglogrepl.operators.subscription import CreateSubscriptionOperator
+from airflow_pglogrepl.operators.summary import CutoverSummaryOperator
 from airflow_pglogrepl.sensors.progress import LsnCatchUpSensor, ReplicationLagSensor
 from airflow_pglogrepl.sensors.subscription import SubscriptionReadySensor
 
@@ -169,8 +174,11 @@ with DAG(
         trigger_rule="one_failed",
     )
 
+    summary = CutoverSummaryOperator(task_id="cutover_summary")
+
     preflight >> publication >> subscription >> ready >> lag >> apply_errors
     gate = approval_gate()
     apply_errors >> gate >> [approve, not_required] >> fence
     fence >> catch_up >> sequences >> parity >> finalize
     [fence, catch_up, sequences, parity] >> release
+    [finalize, release] >> summary

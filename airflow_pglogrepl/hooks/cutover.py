@@ -253,6 +253,9 @@ class SubscriptionErrors:
     skip_lsn: LSN | None = None
     origin_lsn: LSN | None = None
     not_ready: tuple[RelState, ...] = ()
+    # 18+: pg_stat_subscription_stats' conflict counters by kind (insert_exists, ...); None
+    # before 18, where the server does not count them
+    conflicts: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -269,6 +272,7 @@ class SubscriptionErrors:
             "skip_lsn": str(self.skip_lsn) if self.skip_lsn else None,
             "origin_lsn": str(self.origin_lsn) if self.origin_lsn else None,
             "not_ready": [rel.to_dict() for rel in self.not_ready],
+            "conflicts": self.conflicts,
         }
 
 
@@ -563,7 +567,8 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
                     role,
                     "mark the fence LSN: it may not execute pg_logical_emit_message, whose "
                     "commit record flushes the WAL up to the fence",
-                    f"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO "
+                    f"GRANT EXECUTE ON FUNCTION "
+                    f"{Features.of(conn.info.server_version).emit_message_signature} TO "
                     f"{sql.Identifier(role).as_string(conn)} in this database; the fence itself is "
                     f"in place (WriteFenceReleaseOperator undoes it)",
                 ) from None
@@ -737,6 +742,18 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
             ).fetchone()
             if head is None:  # dropped between the two reads
                 return SubscriptionErrors(name=name, exists=False)
+            conflicts: dict[str, int] | None = None
+            if Features.of(conn.info.server_version).conflict_counters:
+                counted = conn.execute(
+                    "SELECT to_jsonb(st) AS st FROM pg_stat_subscription_stats st"
+                    " WHERE st.subid = %s",
+                    (head["oid"],),
+                ).fetchone()
+                conflicts = {
+                    key.removeprefix("confl_"): int(value)
+                    for key, value in (counted["st"] if counted else {}).items()
+                    if key.startswith("confl_")
+                }
             origin: LSN | None = None
             with suppress(pgerr.InsufficientPrivilege):  # superusers (and grantees) only
                 row = conn.execute(
@@ -758,6 +775,7 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
             skip_lsn=head["skip_lsn"],
             origin_lsn=origin,
             not_ready=status.not_ready,
+            conflicts=conflicts,
         )
 
     def pending_transaction(

@@ -21,6 +21,7 @@ _SETTINGS = (
     "max_slot_wal_keep_size",
     "temp_file_limit",
     "max_active_replication_origins",
+    "idle_replication_slot_timeout",
 )
 _UNIT_BYTES = {"B": 1, "kB": 1024, "8kB": 8192, "MB": 1024**2, "16MB": 16 * 1024**2, "GB": 1024**3}
 
@@ -52,6 +53,7 @@ class ServerMixin(PgSessionHook):
         keep = values.get("max_slot_wal_keep_size")
         temp = values.get("temp_file_limit")
         origins = values.get("max_active_replication_origins")
+        idle = values.get("idle_replication_slot_timeout")
         return ServerFacts(
             version_num=head["version_num"],
             version=head["version"],
@@ -67,6 +69,9 @@ class ServerMixin(PgSessionHook):
             temp_file_limit=None if temp is None or int(temp) < 0 else int(temp),
             largest_decoded_transaction=largest["v"] if largest else None,
             max_active_replication_origins=(None if origins is None else int(origins)),
+            idle_replication_slot_timeout_s=(
+                int(idle) if idle is not None and int(idle) > 0 else None
+            ),
         )
 
     def require_logical_decoding(self, *, conn: Conn | None = None) -> ServerFacts:

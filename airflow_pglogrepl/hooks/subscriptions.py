@@ -38,21 +38,39 @@ from airflow_pglogrepl.records import (
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.versions import Features
 
-# Options CREATE SUBSCRIPTION takes (PostgreSQL 15); those ALTER SUBSCRIPTION ... SET accepts.
+# Options CREATE SUBSCRIPTION takes (15 to 18); those ALTER SUBSCRIPTION ... SET accepts.
 CREATE_OPTIONS = frozenset(
     {"copy_data", "create_slot", "enabled", "connect", "slot_name", "synchronous_commit",
-     "streaming", "binary", "two_phase", "disable_on_error", "origin"}
+     "streaming", "binary", "two_phase", "disable_on_error", "origin", "password_required",
+     "run_as_owner", "failover"}
 )  # fmt: skip
 SETTABLE_OPTIONS = frozenset(
-    {"slot_name", "synchronous_commit", "streaming", "binary", "disable_on_error", "origin"}
-)
+    {"slot_name", "synchronous_commit", "streaming", "binary", "disable_on_error", "origin",
+     "password_required", "run_as_owner"}
+)  # fmt: skip
+# The first major version that takes an option (or a value of one); older ones refuse it.
+OPTION_SINCE: dict[str, int] = {
+    "origin": 16,
+    "password_required": 16,
+    "run_as_owner": 16,
+    "streaming=parallel": 16,
+    "failover": 17,
+}
 TARGET_KEYS = ("host", "port", "dbname", "user")
 
 _THIS_DB = sql.SQL("s.subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())")
 _INFO = sql.SQL(
     "SELECT s.subname, s.subenabled, s.subslotname, s.subpublications, s.subbinary,"
-    " s.substream::text AS substream, s.subsynccommit, s.subconninfo"
+    " s.substream::text AS substream, s.subsynccommit"
     " FROM pg_subscription s WHERE s.subname = %s AND {this_db}"
+).format(this_db=_THIS_DB)
+# subconninfo holds the publisher's password: only superusers may read it (a column privilege,
+# checked when the statement is parsed, so a separate statement after has_column_privilege).
+_CONNINFO_READABLE = sql.SQL(
+    "SELECT has_column_privilege('pg_catalog.pg_subscription', 'subconninfo', 'SELECT') AS ok"
+)
+_CONNINFO = sql.SQL(
+    "SELECT s.subconninfo FROM pg_subscription s WHERE s.subname = %s AND {this_db}"
 ).format(this_db=_THIS_DB)
 _RELS = sql.SQL(
     "SELECT n.nspname AS schema, c.relname AS name, sr.srsubstate::text AS state,"
@@ -104,9 +122,14 @@ class SubscriptionsMixin(PgSessionHook):
         """The subscription's definition (without the password), or ``None``."""
         with self._use(conn) as c:
             row = c.execute(_INFO, (name,)).fetchone()
+            stored = _stored_conninfo(c, name) if row is not None else None
         if row is None:
             return None
-        target = conninfo_to_dict(row["subconninfo"])
+        target = (
+            None
+            if stored is None
+            else {key: str(stored[key]) for key in TARGET_KEYS if stored.get(key) is not None}
+        )
         return SubscriptionInfo(
             name=row["subname"],
             enabled=row["subenabled"],
@@ -115,7 +138,7 @@ class SubscriptionsMixin(PgSessionHook):
             binary=row["subbinary"],
             streaming={"f": "off", "t": "on", "p": "parallel"}.get(row["substream"], "off"),
             synchronous_commit=row["subsynccommit"],
-            target={key: str(target[key]) for key in TARGET_KEYS if target.get(key) is not None},
+            target=target,
         )
 
     def ensure_subscription(
@@ -146,6 +169,7 @@ class SubscriptionsMixin(PgSessionHook):
         dsn = conninfo.make_dsn(publisher_params)
         secrets = conninfo.secrets_of(publisher_params)
         with self.session() as conn, _redacted(secrets):
+            _require_version(name, options, conn.info.server_version)
             _keep_password_home(conn, name, bool(secrets))
             current = self.get_subscription(name, conn=conn)
             if current is None:
@@ -164,7 +188,24 @@ class SubscriptionsMixin(PgSessionHook):
     ) -> tuple[str, ...]:
         name = current.name
         wanted = {k: str(publisher_params[k]) for k in TARGET_KEYS if publisher_params.get(k)}
-        if wanted != current.target:
+        details: list[str] = []
+        stored = _stored_conninfo(conn, name)
+        if current.target is None or stored is None:
+            # A non-superuser owner (PostgreSQL 16+) may not read subconninfo: the stored
+            # publisher cannot be compared, so the task's connection is applied as declared.
+            self.log.warning(
+                "Subscription %s: this role may not read pg_subscription.subconninfo "
+                "(superusers only), so whether it points at %s cannot be checked; the task's "
+                "connection is applied",
+                name,
+                _target(wanted),
+            )
+            run_ddl(conn, _connection_statement(name, publisher_params))
+            details.append(
+                "connection applied as declared (values not shown; the stored one is readable "
+                "by superusers only)"
+            )
+        elif wanted != current.target:
             raise DefinitionConflictError(
                 "subscription",
                 name,
@@ -172,21 +213,8 @@ class SubscriptionsMixin(PgSessionHook):
                 "drop it first (DropSubscriptionOperator) if the publisher really moved, or "
                 "correct the publisher connection",
             )
-        details: list[str] = []
-        stored = conn.execute(
-            sql.SQL("SELECT subconninfo FROM pg_subscription s WHERE s.subname = %s AND {}").format(
-                _THIS_DB
-            ),
-            (name,),
-        ).fetchone()
-        assert stored is not None
-        if conninfo_to_dict(stored["subconninfo"]) != dict(publisher_params):
-            run_ddl(
-                conn,
-                sql.SQL("ALTER SUBSCRIPTION {} CONNECTION {}").format(
-                    sql.Identifier(name), sql.Literal(conninfo.make_dsn(publisher_params))
-                ),
-            )
+        elif stored != dict(publisher_params):
+            run_ddl(conn, _connection_statement(name, publisher_params))
             details.append("connection options updated (values not shown)")
         if sorted(current.publications) != sorted(publications):
             refresh = current.enabled
@@ -414,6 +442,21 @@ def _errors_columns(server_version: int) -> sql.SQL:
     return _ERRORS_15 if Features.of(server_version).subscription_skip else _ERRORS_OLD
 
 
+def _require_version(name: str, options: Mapping[str, Any], version_num: int) -> None:
+    """Refuse, before anything is sent, options this server's version does not have."""
+    used = {key for key in options if options[key] is not None}
+    if str(options.get("streaming")).lower() == "parallel":
+        used.add("streaming=parallel")
+    major = Features.of(version_num).major
+    newer = sorted(f"{key} (PostgreSQL {OPTION_SINCE[key]}+)" for key in used
+                   if key in OPTION_SINCE and major < OPTION_SINCE[key])  # fmt: skip
+    if newer:
+        raise ValueError(
+            f"subscription {name!r}: the subscriber runs PostgreSQL {major}, which has no "
+            f"{', '.join(newer)}. Fix: leave them out, or subscribe from a newer subscriber"
+        )
+
+
 def _differs(current: SubscriptionInfo, key: str, value: Any) -> bool:
     have: dict[str, Any] = {
         "slot_name": current.slot_name,
@@ -451,6 +494,22 @@ def _keep_password_home(conn: Conn, name: str, has_password: bool) -> None:
     leaks = quiet_secret_statements(conn)
     if leaks and has_password:
         raise PasswordExposureError("subscription", name, row["role"], leaks)
+
+
+def _stored_conninfo(conn: Conn, name: str) -> dict[str, Any] | None:
+    """The subscription's stored connection parameters, or None when this role may not read
+    them (or the subscription is gone)."""
+    readable = conn.execute(_CONNINFO_READABLE).fetchone()
+    if readable is None or not readable["ok"]:
+        return None
+    row = conn.execute(_CONNINFO, (name,)).fetchone()
+    return None if row is None else dict(conninfo_to_dict(row["subconninfo"]))
+
+
+def _connection_statement(name: str, publisher_params: Mapping[str, str]) -> sql.Composed:
+    return sql.SQL("ALTER SUBSCRIPTION {} CONNECTION {}").format(
+        sql.Identifier(name), sql.Literal(conninfo.make_dsn(publisher_params))
+    )
 
 
 def _publisher_unreachable(exc: Exception) -> bool:

@@ -22,7 +22,7 @@ See https://www.postgresql.org/docs/15/logical-replication-conflicts.html
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, Context
@@ -33,6 +33,22 @@ if TYPE_CHECKING:
     from airflow_pglogrepl.hooks.cutover import PendingTransaction, SubscriptionErrors
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
     from airflow_pglogrepl.lsn import LSN
+
+# What each PostgreSQL 18 conflict counter means for a move: the apply worker stops on the
+# *_exists ones (they are apply errors too) and resolves the others by itself, silently.
+CONFLICT_MEANINGS = {
+    "insert_exists": "an inserted row's key already exists on the subscriber (the worker stops)",
+    "update_exists": "an updated row's new key already exists on the subscriber (the worker stops)",
+    "multiple_unique_conflicts": "a change hit several unique keys on the subscriber "
+    "(the worker stops)",
+    "update_missing": "the publisher updated rows the subscriber does not have; the updates were "
+    "skipped, so the subscriber has diverged",
+    "delete_missing": "the publisher deleted rows the subscriber does not have (skipped)",
+    "update_origin_differs": "rows last changed on the subscriber by another origin were "
+    "overwritten (something else writes there)",
+    "delete_origin_differs": "rows last changed on the subscriber by another origin were deleted "
+    "(something else writes there)",
+}
 
 LOG_HINT = (
     "The subscriber's server log has the error; its CONTEXT line ends with "
@@ -47,11 +63,15 @@ def subscription_problems(
     max_sync_errors: int,
     worker_seen: bool,
     fail_if_disabled: bool,
+    max_conflicts: Mapping[str, int] | None = None,
 ) -> list[str]:
     """What is wrong with the subscription's apply and table sync, one sentence each.
 
-    ``worker_seen``: an apply worker was running at some point while the check looked. Pure.
+    ``worker_seen``: an apply worker was running at some point while the check looked.
+    ``max_conflicts``: conflicts tolerated per kind (PostgreSQL 18 counts them; none by
+    default). Pure.
     """
+    max_conflicts = max_conflicts or {}
     name = errors.name
     if not errors.exists:
         return [f"subscription {name!r} does not exist on the subscriber"]
@@ -70,6 +90,13 @@ def subscription_problems(
             f"{sync_errors} table sync error(s){since} (sync_error_count, allowed "
             f"{max_sync_errors})" + (f"; tables not ready: {stuck}" if stuck else "")
         )
+    for kind, count in sorted((errors.conflicts or {}).items()):
+        if count > max_conflicts.get(kind, 0):
+            meaning = CONFLICT_MEANINGS.get(kind, "see the subscriber's server log")
+            problems.append(
+                f"{count} {kind} conflict(s){since} (pg_stat_subscription_stats.confl_{kind}, "
+                f"PostgreSQL 18): {meaning}"
+            )
     if errors.enabled and not worker_seen:
         problems.append("subscription is enabled but its apply worker is not running")
     if not errors.enabled and fail_if_disabled:
@@ -128,6 +155,10 @@ class SubscriptionErrorCheckOperator(BaseOperator):
     :param publisher_conn_id: the publisher's connection, to name the stuck transaction's tables.
     :param max_apply_errors: apply errors tolerated.
     :param max_sync_errors: table sync errors tolerated.
+    :param max_conflicts: conflicts tolerated per kind (``{"delete_missing": 10}``); PostgreSQL
+        18 counts them (``confl_*``), and by default any conflict fails: some the worker
+        resolves silently (an update of a row the subscriber lacks is skipped), so the
+        subscriber may have diverged without an error. Older servers do not count them.
     :param worker_grace_period: seconds an enabled subscription may be seen without a worker.
     :param fail_if_disabled: a disabled subscription fails the check.
     :param subscriber_database: subscriber database, when not the connection's.
@@ -148,6 +179,7 @@ class SubscriptionErrorCheckOperator(BaseOperator):
         publisher_conn_id: str | None = None,
         max_apply_errors: int = 0,
         max_sync_errors: int = 0,
+        max_conflicts: dict[str, int] | None = None,
         worker_grace_period: float = 15.0,
         fail_if_disabled: bool = True,
         subscriber_database: str | None = None,
@@ -160,6 +192,7 @@ class SubscriptionErrorCheckOperator(BaseOperator):
         self.publisher_conn_id = publisher_conn_id
         self.max_apply_errors = max_apply_errors
         self.max_sync_errors = max_sync_errors
+        self.max_conflicts = dict(max_conflicts or {})
         self.worker_grace_period = worker_grace_period
         self.fail_if_disabled = fail_if_disabled
         self.subscriber_database = subscriber_database
@@ -184,6 +217,7 @@ class SubscriptionErrorCheckOperator(BaseOperator):
             errors,
             max_apply_errors=self.max_apply_errors,
             max_sync_errors=self.max_sync_errors,
+            max_conflicts=self.max_conflicts,
             worker_seen=worker_seen,
             fail_if_disabled=self.fail_if_disabled,
         )

@@ -9,6 +9,7 @@ subscription to confirm that LSN. What the fence changed is saved on the publish
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -18,8 +19,6 @@ from airflow.sdk import BaseOperator, Context
 from airflow_pglogrepl.operators._hooks import replication_hook
 
 if TYPE_CHECKING:
-    import datetime as dt
-
     from airflow_pglogrepl.hooks.cutover import FencedBackend
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
     from airflow_pglogrepl.tables import TableRef
@@ -151,6 +150,8 @@ class WriteFenceOperator(BaseOperator):
         applied = hook.apply_write_fence(
             roles, tables, revoke=self.revoke_privileges, read_only=self.read_only
         )
+        # The write downtime starts here (CutoverSummaryOperator): the worker's clock.
+        write_fence_at = dt.datetime.now(dt.UTC)
         started = time.monotonic()
         terminated: list[dict[str, Any]] = []
         if self.guard:
@@ -211,6 +212,8 @@ class WriteFenceOperator(BaseOperator):
             "read_only": self.read_only,
             "waited_seconds": round(waited, 3),
             "terminated": terminated,
+            "write_fence_at": write_fence_at.isoformat(),
+            "server_version": hook.server_facts().version,
             **applied.to_dict(),
         }
 

@@ -8,6 +8,7 @@ with ``copy_data = false``: the old primary then follows every write made after 
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -133,6 +134,11 @@ class FinalizeCutoverOperator(BaseOperator):
         if self.reverse_subscription:
             assert old_primary is not None and self.reverse_publication
             result["reverse_subscription"] = self._reverse_subscription(new_primary, old_primary)
+        if result.get("dropped") or info is None:
+            # The new primary stands alone from here: the end of the write downtime
+            # (CutoverSummaryOperator), on the worker's clock like the fence's start.
+            result["switched_at"] = dt.datetime.now(dt.UTC).isoformat()
+        result["server_version"] = new_primary.server_facts().version
         return result
 
     def _reverse_publication(

@@ -100,6 +100,10 @@ class SlotHealthCheckOperator(BaseOperator):
     plugin and whether another session holds it. The slot record is pushed to XCom
     (``return_value``) either way, with ``problems`` listing what failed.
 
+    On PostgreSQL 18 a slot inactive for half of ``idle_replication_slot_timeout`` fails the
+    check too: the server invalidates it at the first checkpoint past the timeout. A lost slot
+    is reported with the server's ``invalidation_reason`` (17+) and what prevents it.
+
     Inactivity: PostgreSQL 17 reports ``inactive_since``; on older servers the task carries the
     moment it first saw the slot inactive forward from its previous run's XCom.
 
@@ -172,12 +176,14 @@ class SlotHealthCheckOperator(BaseOperator):
             now=now,
             temp_file_limit=facts.temp_file_limit,
             spill=spill,
+            idle_timeout_s=facts.idle_replication_slot_timeout_s,
         )
         record = {
             **slot.to_dict(),
             "observed_inactive_since": inactive_since.isoformat() if inactive_since else None,
             "inactive_since_source": inactive_source,
             "temp_file_limit": facts.temp_file_limit,
+            "idle_replication_slot_timeout_s": facts.idle_replication_slot_timeout_s,
             "decoding": spill.to_dict() if spill is not None else None,
             "problems": problems,
         }

@@ -51,10 +51,20 @@ class CreateSubscriptionOperator(BaseOperator):
     :param connect: connect to the publisher at creation (False implies no slot, no copy).
     :param slot_name: slot name (default: the subscription's, made valid if needed).
     :param synchronous_commit: the apply worker's ``synchronous_commit``.
-    :param streaming: stream large in-progress transactions (``True``/``False``/``"parallel"``).
+    :param streaming: stream large in-progress transactions (``True``/``False``/``"parallel"``;
+        ``"parallel"`` needs PostgreSQL 16+).
     :param binary: transfer values in binary form.
     :param two_phase: decode prepared transactions at PREPARE.
     :param disable_on_error: disable the subscription on an apply error (PostgreSQL 15+).
+    :param origin: ``"none"`` to receive only changes made on the publisher itself, not ones
+        it replicated from elsewhere (bidirectional setups; PostgreSQL 16+), or ``"any"``.
+    :param password_required: ``False`` lets a non-superuser's subscription connect without a
+        password (set by a superuser; PostgreSQL 16+).
+    :param run_as_owner: apply as the subscription's owner instead of each table's owner
+        (PostgreSQL 16+).
+    :param failover: the slot is synchronized to the publisher's standbys, so the subscription
+        survives a publisher failover (PostgreSQL 17+; needs ``sync_replication_slots``).
+    Options the subscriber's version does not have are refused before anything is sent.
     :param connect_timeout: libpq ``connect_timeout`` the subscriber uses, in seconds.
     """
 
@@ -85,6 +95,10 @@ class CreateSubscriptionOperator(BaseOperator):
         binary: bool | None = None,
         two_phase: bool | None = None,
         disable_on_error: bool | None = None,
+        origin: str | None = None,
+        password_required: bool | None = None,
+        run_as_owner: bool | None = None,
+        failover: bool | None = None,
         connect_timeout: int = 10,
         **kwargs: Any,
     ) -> None:
@@ -111,6 +125,10 @@ class CreateSubscriptionOperator(BaseOperator):
                 "binary": binary,
                 "two_phase": two_phase,
                 "disable_on_error": disable_on_error,
+                "origin": origin,
+                "password_required": password_required,
+                "run_as_owner": run_as_owner,
+                "failover": failover,
             }.items()
             if value is not None
         }

@@ -37,6 +37,7 @@ class Check(StrEnum):
     REPLICATION_SLOTS = "max_replication_slots"
     WAL_SENDERS = "max_wal_senders"
     TEMP_FILE_LIMIT = "temp_file_limit"
+    IDLE_SLOT_TIMEOUT = "idle_replication_slot_timeout"
     REPLICATION_ROLE = "replication_role"
     # publisher tables
     NO_TABLES = "no_tables"

@@ -119,6 +119,20 @@ def check_publisher(inspection: Inspection) -> list[Finding]:
                 "it above the biggest transaction the application writes",
             )
         )
+    if server.idle_replication_slot_timeout_s is not None:
+        findings.append(
+            Finding(
+                Check.IDLE_SLOT_TIMEOUT,
+                Severity.WARNING,
+                Side.PUBLISHER,
+                f"idle_replication_slot_timeout is {server.idle_replication_slot_timeout_s} s "
+                f"(PostgreSQL 18): a slot nobody reads for longer is invalidated at the next "
+                f"checkpoint, for good. A subscription's slot is read all the time; a drain's "
+                f"slot is idle between runs, so a schedule slower than that loses it.",
+                "schedule drains well within the timeout, or ALTER SYSTEM SET "
+                "idle_replication_slot_timeout = 0 (off)",
+            )
+        )
     usage = inspection.publisher.publisher_usage or PublisherUsage(0, 0)
     need = demand(inspection)
     for finding in (

@@ -8,7 +8,9 @@ same authentication path as production; the superuser's password is random per c
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import hashlib
 import os
 import pwd
 import secrets
@@ -94,6 +96,52 @@ def server_os_user() -> pwd.struct_passwd | None:
             f"as does not exist. Fix: create it ('useradd --system {name}') or set "
             f"PGLOGREPL_PG_OS_USER to an existing unprivileged user"
         ) from None
+
+
+def servable_bindir(bindir: Path) -> Path:
+    """``bindir``, or a copy of its installation the server's OS user can run.
+
+    As root the servers run as an unprivileged user, who cannot run binaries that sit in a
+    private home (a clone under ``/root`` fetching ``make pg-binaries``). Then the installation
+    (``bindir``'s parent as a whole, links kept: relocatable builds) is copied once to a
+    world-readable folder under the temporary directory, named by its path and modification
+    time, and reused.
+    """
+    user = server_os_user()
+    if user is None or _runs_as(user, bindir / "postgres"):
+        return bindir
+    install = bindir.absolute().parent
+    digest = hashlib.sha256(f"{install}:{install.stat().st_mtime_ns}".encode()).hexdigest()[:16]
+    target = Path(tempfile.gettempdir()) / f"pglogrepl-pg-{user.pw_name}-{digest}"
+    if not (target / bindir.name / "postgres").exists():
+        staging = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=target.parent))
+        shutil.copytree(install, staging / "install", symlinks=True)
+        os.chmod(staging, 0o755)
+        with contextlib.suppress(OSError):  # another process won the race: its copy is as good
+            os.rename(staging / "install", target)
+        shutil.rmtree(staging, ignore_errors=True)
+        os.chmod(target, 0o755)
+    if not _runs_as(user, target / bindir.name / "postgres"):
+        raise ClusterError(
+            f"the OS user {user.pw_name!r} cannot run {bindir / 'postgres'}, nor a copy of it in "
+            f"{target}. Fix: put the PostgreSQL binaries where that user can read them"
+        )
+    return target / bindir.name
+
+
+def _runs_as(user: pwd.struct_passwd, program: Path) -> bool:
+    try:
+        result = subprocess.run(
+            [str(program), "--version"],
+            capture_output=True,
+            user=user.pw_uid,
+            group=user.pw_gid,
+            extra_groups=[],
+            check=False,
+        )
+    except OSError:
+        return False
+    return result.returncode == 0
 
 
 @dataclass
@@ -274,7 +322,7 @@ def start_cluster(
         name=name,
         basedir=basedir,
         port=free_port(),
-        bindir=bindir or find_bindir(),
+        bindir=servable_bindir(bindir or find_bindir()),
         settings=dict(LOGICAL_SETTINGS if settings is None else settings),
     )
     cluster.init()
@@ -296,13 +344,17 @@ def local_cluster(
     settings: Mapping[str, str] | None = None,
     *,
     keep: bool = False,
+    bindir: Path | None = None,
 ) -> Iterator[PgCluster]:
-    """A started cluster in a fresh temporary directory; stopped and removed afterwards."""
+    """A started cluster in a fresh temporary directory; stopped and removed afterwards.
+
+    ``bindir`` picks the server binaries (another major version); ``find_bindir()`` by default.
+    """
     basedir = Path(tempfile.mkdtemp(prefix=f"pglogrepl-{name}-"))
     os.chmod(basedir, 0o755)
     cluster = None
     try:
-        cluster = start_cluster(name, basedir / "cluster", settings)
+        cluster = start_cluster(name, basedir / "cluster", settings, bindir)
         yield cluster
     finally:
         if cluster is not None:

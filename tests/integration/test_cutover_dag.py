@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from airflow_pglogrepl.testing.pgcluster import PgCluster
+from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, PgCluster, local_cluster
 from tests.conftest import set_airflow_connection
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,6 +59,23 @@ class Move:
 @pytest.fixture
 def move(publisher: PgCluster, subscriber: PgCluster) -> Iterator[Move]:
     """Same schema on both sides, data and an application role on the old primary."""
+    yield from _move(publisher, subscriber)
+
+
+@pytest.fixture(scope="module")
+def newest_major(pg_bindir_of: Callable[[int], Path]) -> Iterator[PgCluster]:
+    """A PostgreSQL 18 server: the new primary of a major-version upgrade."""
+    with local_cluster("new-major", LOGICAL_SETTINGS, bindir=pg_bindir_of(18)) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def upgrade(publisher: PgCluster, newest_major: PgCluster) -> Iterator[Move]:
+    """The move from the session's server (PostgreSQL 15 in CI) to PostgreSQL 18."""
+    yield from _move(publisher, newest_major)
+
+
+def _move(publisher: PgCluster, subscriber: PgCluster) -> Iterator[Move]:
     n = next(_ids)
     db = f"cut{n}"
     role, password = f"cut{n}_app", f"pw-{os.urandom(6).hex()}"
@@ -96,6 +113,21 @@ def pgbench_load(move: Move, tmp_path: Path) -> subprocess.Popen[str]:
         env={**os.environ, "PGPASSWORD": move.password},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+
+
+def cutover_under_load(
+    move: Move, tmp_path: Path, pg_tool: Callable[[str], Path]
+) -> dict[str, tuple[str, Any]]:
+    """The DAG run to its end while pgbench writes to the old primary; the task states."""
+    pg_tool("pgbench")
+    load = pgbench_load(move, tmp_path)
+    try:
+        result = dags_test(move.conf())
+    finally:
+        load.terminate()
+        load.wait(timeout=30)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
+    return task_states()
 
 
 def dags_test(conf: dict[str, Any]) -> subprocess.CompletedProcess[str]:
@@ -147,17 +179,13 @@ def task_states() -> dict[str, tuple[str, Any]]:
 def test_cutover_under_write_load(
     airflow_home: Path, move: Move, tmp_path: Path, pg_tool: Callable[[str], Path]
 ) -> None:
-    pg_tool("pgbench")
-    load = pgbench_load(move, tmp_path)
-    try:
-        result = dags_test(move.conf())
-    finally:
-        load.terminate()
-        load.wait(timeout=30)
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
-    states = task_states()
+    states = cutover_under_load(move, tmp_path, pg_tool)
     assert states["release_fence"][0] == "skipped"
     assert states["approval_not_required"][0] == "success"
+    summary = states["cutover_summary"][1]
+    assert summary["outcome"] == "switched" and summary["parity_passed"] is True, summary
+    assert 0 < summary["write_downtime_seconds"] < 600, summary
+    assert summary["fence_lsn"] == states["write_fence"][1]["fence_lsn"]
     assert states["approve_cutover"][0] == "skipped"
     parity = states["parity_check"][1]
     assert parity["passed"] and parity["checked"] == 2, parity
@@ -191,6 +219,7 @@ def test_cutover_under_write_load(
     assert all(not name.startswith(f"{move.db}_sub") for (name,) in slots), slots
 
 
+@pytest.mark.pgversion
 def test_parity_failure_stops_before_finalize_and_releases_the_fence(
     airflow_home: Path, move: Move
 ) -> None:
@@ -204,6 +233,10 @@ def test_parity_failure_stops_before_finalize_and_releases_the_fence(
     assert states["parity_check"][0] == "failed"
     assert states["finalize"][0] == "upstream_failed"
     assert states["release_fence"][0] == "success"
+    assert states["cutover_summary"][0] == "failed"
+    summary = states["cutover_summary"][1]
+    assert summary["outcome"].startswith("fenced, then rolled back"), summary
+    assert summary["write_downtime_seconds"] is None and summary["parity_passed"] is False
     parity = states["parity_check"][1]
     assert parity["differing"] == ["public.accounts"], parity
     assert parity["tables"][0]["row_difference"] == 1
@@ -223,3 +256,33 @@ def test_parity_failure_stops_before_finalize_and_releases_the_fence(
     move.subscriber.execute(
         sql.SQL("DROP SUBSCRIPTION {}").format(sql.Identifier(f"{move.db}_sub")), dbname=move.db
     )
+
+
+def test_major_version_upgrade_under_write_load(
+    airflow_home: Path, upgrade: Move, tmp_path: Path, pg_tool: Callable[[str], Path]
+) -> None:
+    """The cutover DAG as a major-version upgrade: the old primary on the session's server
+    (15), the new one on 18, pgbench writing throughout. Parity must be equal, and the summary
+    says the versions and the write downtime (fence to switch)."""
+    states = cutover_under_load(upgrade, tmp_path, pg_tool)
+    parity = states["parity_check"][1]
+    assert parity["passed"] and parity["checked"] == 2, parity
+    summary = states["cutover_summary"][1]
+    old_major = upgrade.publisher.execute("SHOW server_version")[0][0]
+    assert summary["old_primary_version"] == old_major
+    assert summary["new_primary_version"].startswith("18."), summary
+    assert summary["outcome"] == "switched" and 0 < summary["write_downtime_seconds"] < 600
+    # the load really wrote through the move, and nothing after the fence on the old primary
+    fence_lsn = summary["fence_lsn"]
+    written, after = upgrade.publisher.execute(
+        "SELECT count(*), count(*) FILTER (WHERE lsn > %s::pg_lsn)"
+        " FROM pg_logical_slot_peek_changes(%s, NULL, NULL) WHERE data LIKE 'table %%'",
+        (fence_lsn, upgrade.db),
+        dbname=upgrade.db,
+    )[0]
+    assert written > 100 and after == 0, (written, after)
+    for seq in ("accounts_id_seq", "history_hid_seq"):
+        old = upgrade.publisher.execute(f"SELECT last_value FROM {seq}", dbname=upgrade.db)[0][0]
+        new = upgrade.subscriber.execute(f"SELECT last_value FROM {seq}", dbname=upgrade.db)
+        assert new[0][0] >= old, (seq, old, new)
+    print(f"\n{summary['text']}")  # the measured downtime, for the runbook (pytest -s)

@@ -206,6 +206,7 @@ def test_random_dml_in_many_windows_lands_exactly(
         source.sql("SELECT pg_drop_replication_slot(%s)", (reference.slot,))
 
 
+@pytest.mark.pgversion
 def test_hostile_names_go_through_the_columnar_path(
     spark: Any, source: Source, tmp_path: Path
 ) -> None:
@@ -300,6 +301,7 @@ def test_crash_then_rerun_is_exactly_once(
     assert lake.position() == source.hook().get_slot(source.slot).confirmed_flush_lsn
 
 
+@pytest.mark.pgversion
 def test_transaction_larger_than_window_drains_whole_in_flat_memory(
     source: Source, tmp_path: Path
 ) -> None:

@@ -25,6 +25,9 @@ from airflow_pglogrepl.testing.pgcluster import PgCluster
 from airflow_pglogrepl.testing.wait import wait_until
 from tests.conftest import set_airflow_connection
 
+# Behaviour here depends on the server's major version: make test runs it on 15 to 18.
+pytestmark = pytest.mark.pgversion
+
 
 @pytest.fixture
 def hook(publisher_conn_id: str) -> PgLogicalReplicationHook:
@@ -224,3 +227,44 @@ def test_hostile_slot_name_is_rejected_and_never_executed(
     with pytest.raises(SlotNotFoundError):
         hook.get_slot(HOSTILE)
     assert publisher.execute("SELECT to_regclass('public.x') IS NOT NULL") == [(True,)]
+
+
+def test_an_idle_timeout_is_seen_coming_and_named_when_it_struck(pg_bindir: Path) -> None:
+    """PostgreSQL 18's idle_replication_slot_timeout: the health check fails while the slot is
+    still usable, and once a checkpoint invalidated it the refusal names the timeout (not
+    max_slot_wal_keep_size, which would not help)."""
+    import datetime as dt
+
+    from airflow_pglogrepl.hooks.replication import DsnReplicationHook
+    from airflow_pglogrepl.testing.pgcluster import local_cluster
+    from airflow_pglogrepl.verdicts import HealthPolicy, drain_refusal, slot_health
+
+    with local_cluster("idle-timeout") as cluster:
+        if int(cluster.execute("SHOW server_version_num")[0][0]) < 180000:
+            pytest.skip("idle_replication_slot_timeout needs PostgreSQL 18+")
+        hook = DsnReplicationHook(cluster.dsn())
+        hook.create_logical_slot("idle_one", plugin="pgoutput")
+        cluster.execute("ALTER SYSTEM SET idle_replication_slot_timeout = '1s'")
+        cluster.execute("SELECT pg_reload_conf()")
+        wait_until(lambda: hook.server_facts().idle_replication_slot_timeout_s == 1,
+                   what="the reload", timeout=30)  # fmt: skip
+        wait_until(lambda: cluster.execute(
+            "SELECT now() - inactive_since > interval '1s' FROM pg_replication_slots")[0][0],
+            what="a second of inactivity", timeout=30)  # fmt: skip
+        slot = hook.get_slot("idle_one")
+        assert slot.inactive_since is not None and slot.invalidation_reason is None
+        (warning,) = slot_health(
+            slot, HealthPolicy(), max_slot_wal_keep_size=None, inactive_since=slot.inactive_since,
+            now=dt.datetime.now(dt.UTC), idle_timeout_s=1,
+        )  # fmt: skip
+        assert "idle_replication_slot_timeout" in warning
+
+        def invalidated() -> bool:
+            cluster.execute("CHECKPOINT")
+            return hook.get_slot("idle_one").invalidation_reason is not None
+
+        wait_until(invalidated, what="the invalidation at a checkpoint", timeout=30)
+        lost = hook.get_slot("idle_one")
+        assert (lost.wal_status, lost.invalidation_reason) == ("lost", "idle_timeout")
+        refusal = drain_refusal(lost)
+        assert refusal is not None and "idle_replication_slot_timeout" in str(refusal)

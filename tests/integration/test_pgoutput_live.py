@@ -46,6 +46,9 @@ from airflow_pglogrepl.pgoutput.values import (
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, PgCluster, local_cluster
 from tests.conftest import set_airflow_connection
 
+# Behaviour here depends on the server's major version: make test runs it on 15 to 18.
+pytestmark = pytest.mark.pgversion
+
 SETTINGS = {
     **LOGICAL_SETTINGS,
     "max_prepared_transactions": "10",
@@ -387,7 +390,18 @@ def test_every_message_kind_really_occurred(live: Live) -> None:
     assert all(isinstance(a, StreamAbortMessage) for a in aborts)
     whole = [a for a in aborts if isinstance(a, StreamAbortMessage) and a.xid == a.subxid]
     partial = [a for a in aborts if isinstance(a, StreamAbortMessage) and a.xid != a.subxid]
-    assert whole and partial  # an aborted streamed transaction and a rolled-back savepoint
+    assert partial  # a rolled-back savepoint inside a streamed transaction
+    # The aborted transaction of 3000 'z' rows: up to 17 it is streamed when it outgrows
+    # logical_decoding_work_mem, then aborted (a whole stream abort). PostgreSQL 18 looks the
+    # transaction up first and discards one that already aborted (every peek here decodes after
+    # the fact), so neither its rows nor an abort are sent.
+    streamed_z = sum(
+        1 for row in live.pgoutput_rows(2) if bytes(row[2][:1]) == b"I" and b"zzzz" in bytes(row[2])
+    )
+    if int(live.cluster.execute("SHOW server_version_num")[0][0]) >= 180000:
+        assert (whole, streamed_z) == ([], 0)
+    else:
+        assert whole and streamed_z > 0, (whole, streamed_z)  # the rest was still in memory
 
 
 def test_protocol_versions_agree(live: Live) -> None:

@@ -28,6 +28,9 @@ from airflow_pglogrepl.testing.pgcluster import PgCluster, local_cluster
 from airflow_pglogrepl.testing.wait import wait_until
 from tests.conftest import set_airflow_connection
 
+# Behaviour here depends on the server's major version: make test runs it on 15 to 18.
+pytestmark = pytest.mark.pgversion
+
 
 class FakeTI:
     """Just enough of a TaskInstance for operators that push and pull XCom."""
@@ -186,17 +189,27 @@ def test_slot_operators_and_health(publisher: PgCluster, publisher_conn_id: str)
     ).execute(_ctx())  # fmt: skip
     assert healthy["problems"] == [] and healthy["retained_bytes"] > 100_000
     assert healthy["observed_inactive_since"] is not None
-    assert healthy["inactive_since_source"].startswith("this task")  # 15 has no clock of its own
+    # whose clock: the server's own from 17 (pg_replication_slots.inactive_since); before, the
+    # first run of this task that saw the slot inactive
+    own_clock = int(publisher.execute("SHOW server_version_num")[0][0]) >= 170000
+    source = "server: pg_replication_slots" if own_clock else "this task"
+    assert healthy["inactive_since_source"].startswith(source), healthy
 
+    # 15 to 16 go by the earlier run's XCom; 17+ by the server, whose clock has the slot idle
+    # for a moment already: over a limit of a millisecond either way
     ti = FakeTI(previous={"observed_inactive_since": "2020-01-01T00:00:00+00:00"})
     with pytest.raises(Exception, match="slot health check failed") as info:
         SlotHealthCheckOperator(
             task_id="h", slot_name="ops_health", postgres_conn_id=publisher_conn_id,
-            plugin="test_decoding", max_retained_bytes=1000, max_inactive=dt.timedelta(hours=1),
+            plugin="test_decoding", max_retained_bytes=1000,
+            max_inactive=dt.timedelta(milliseconds=1),
         ).execute(_ctx(ti))  # fmt: skip
     text = str(info.value)
     assert "uses plugin 'pgoutput'" in text and "retains" in text and "inactive for" in text
-    assert len(ti.pushed["return_value"]["problems"]) == 3
+    record = ti.pushed["return_value"]
+    assert len(record["problems"]) == 3 and record["inactive_since_source"].startswith(source)
+    seen = record["observed_inactive_since"]
+    assert seen.startswith("2020") != own_clock, seen
 
     assert DropReplicationSlotOperator(
         task_id="d", slot_name="ops_health", postgres_conn_id=publisher_conn_id
@@ -246,3 +259,28 @@ def test_a_temp_file_limit_below_the_slots_transactions_is_reported(
                                                           options=options))  # fmt: skip
     finally:
         publisher.execute("SELECT pg_drop_replication_slot('ops_temp')", dbname=db)
+
+
+def test_options_newer_than_the_subscriber_are_refused_before_anything_is_sent(
+    subscriber: PgCluster, publisher: PgCluster
+) -> None:
+    """origin, password_required, run_as_owner and streaming = parallel came with 16, failover
+    with 17: an older subscriber refuses them naming the version; a newer one takes them."""
+    from airflow_pglogrepl.hooks.replication import DsnReplicationHook
+
+    hook = DsnReplicationHook(subscriber.dsn())
+    major = int(subscriber.execute("SHOW server_version_num")[0][0]) // 10000
+    params = publisher.params()
+    for options, since in (({"origin": "none"}, 16), ({"streaming": "parallel"}, 16),
+                           ({"failover": False}, 17)):  # fmt: skip
+        create = {"connect": False, "enabled": False, "create_slot": False, **options}
+        if major < since:
+            with pytest.raises(ValueError, match=f"PostgreSQL {major}, which has no .*{since}"):
+                hook.ensure_subscription("too_new", publisher_params=params,
+                                         publications=["p"], options=create)  # fmt: skip
+            assert hook.get_subscription("too_new") is None
+        else:
+            made = hook.ensure_subscription("too_new", publisher_params=params,
+                                            publications=["p"], options=create)  # fmt: skip
+            assert made.action == "created"
+            hook.drop_subscription("too_new")

@@ -18,6 +18,9 @@ from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.hooks.secret_statements import quiet_secret_statements
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, PgCluster, local_cluster
 
+# Behaviour here depends on the server's major version: make test runs it on 15 to 18.
+pytestmark = pytest.mark.pgversion
+
 DB = "secret_sub"
 KEEPING = {
     **LOGICAL_SETTINGS,
@@ -134,3 +137,41 @@ def test_what_a_role_cannot_quiet_is_named_and_a_grant_fixes_it(keeping: PgClust
             "REVOKE SET ON PARAMETER log_statement, log_min_duration_statement,"
             " log_min_error_statement, pg_stat_statements.track FROM app_sub"
         )
+
+
+def test_a_non_superuser_owns_and_reconciles_its_subscription(
+    keeping: PgCluster, publisher: PgCluster
+) -> None:
+    """PostgreSQL 16+: a member of pg_create_subscription owns subscriptions, but may not read
+    pg_subscription.subconninfo. Creating, re-running (reconcile), reading and dropping work;
+    before, every read of the definition failed with "permission denied"."""
+    from airflow_pglogrepl.conninfo import make_dsn
+
+    if keeping.execute("SHOW server_version_num")[0][0] < "160000":
+        pytest.skip("non-superuser subscription owners need PostgreSQL 16+")
+    settings = "log_statement, log_min_duration_statement, log_min_error_statement, " \
+        "pg_stat_statements.track"  # fmt: skip
+    keeping.execute(f"GRANT pg_create_subscription TO app_sub; GRANT SET ON PARAMETER {settings} "
+                    f"TO app_sub")  # fmt: skip
+    keeping.execute(f"GRANT CREATE ON DATABASE {DB} TO app_sub")
+    hook = DsnReplicationHook(make_dsn({**keeping.params(DB), "user": "app_sub",
+                                        "password": "app-pw"}))  # fmt: skip
+    target = publisher.params(DB)
+    try:
+        created = hook.ensure_subscription("app_owned", publisher_params=target,
+                                           publications=["p"], options={})  # fmt: skip
+        assert created.action == "created"
+        info = hook.get_subscription("app_owned")
+        assert info is not None and info.target is None and info.publications == ("p",)
+        again = hook.ensure_subscription("app_owned", publisher_params=target,
+                                         publications=["p"], options={"binary": True})  # fmt: skip
+        assert again.action == "changed"
+        assert any("connection applied as declared" in d for d in again.details)
+        assert "binary -> True" in again.details
+        assert hook.drop_subscription("app_owned").dropped
+    finally:
+        keeping.execute("DROP SUBSCRIPTION IF EXISTS app_owned", dbname=DB)
+        keeping.execute(f"REVOKE CREATE ON DATABASE {DB} FROM app_sub")
+        keeping.execute(f"REVOKE pg_create_subscription FROM app_sub; REVOKE SET ON PARAMETER "
+                        f"{settings} FROM app_sub")  # fmt: skip
+    assert _kept_anywhere(keeping, publisher.password) == []

@@ -164,13 +164,26 @@ DATABASE_DEFAULTS = {
 
 
 def columns_of(src: Source) -> list[Col]:
-    """Every column, with hstore when the server has the extension."""
+    """Every column, with hstore when the server has the extension, and xml only when the
+    server was built with libxml (PyPI's PostgreSQL 18 build is not: xml input fails there)."""
     columns = list(COLUMNS)
+    if not _has_libxml(src):
+        columns = [c for c in columns if c.type != "xml"]
     if src.sql("SELECT 1 FROM pg_available_extensions WHERE name = 'hstore'"):
         src.sql("CREATE EXTENSION hstore")
         columns.append(Col("hs", "hstore", TEXT, ("'a=>1, \"b c\"=>NULL'", "''",
                                                   "'\"=>\"=>\",\"'")))  # fmt: skip
     return columns
+
+
+def _has_libxml(src: Source) -> bool:
+    import psycopg
+
+    try:
+        src.sql("SELECT '<a/>'::xml")
+    except psycopg.errors.FeatureNotSupported:
+        return False
+    return True
 
 
 def insert_rows(src: Source, columns: list[Col], ids: tuple[int, ...]) -> None:
@@ -244,6 +257,7 @@ def assert_lake_equals_source(src: Source, sink: str, columns: list[Col]) -> Non
     assert not wrong, wrong
 
 
+@pytest.mark.pgversion
 @pytest.mark.usefixtures("spark")
 def test_every_type_through_snapshot_drain_and_merge_equals_the_source(
     spark: Any, source: Source, tmp_path: Path

@@ -463,6 +463,22 @@ def test_publisher_and_subscriber_run_logical_wal(compose: dict[str, Any]) -> No
         assert int(settings.get("max_replication_slots", "10")) >= 4, name
 
 
+def test_postgres_servers_run_versions_the_tests_cover(compose: dict[str, Any]) -> None:
+    """Publisher and subscriber default to majors the suite runs on (15 in full, 18 as the
+    upgrade's new primary), and an 18+ image gets its data volume where 18's image keeps data
+    (a mount at /var/lib/postgresql/data stops it from starting)."""
+    from airflow_pglogrepl.versions import SUPPORTED_MAJORS
+
+    for name in ("publisher", "subscriber"):
+        svc = services(compose)[name]
+        major = int(str(svc["image"]).rpartition(":")[2].split(".")[0].split("-")[0])
+        assert major in SUPPORTED_MAJORS, f"{name}: PostgreSQL {major} is not tested"
+        targets = [str(v).split(":")[1] for v in svc.get("volumes", [])]
+        if major >= 18:
+            assert "/var/lib/postgresql" in targets and "/var/lib/postgresql/data" not in targets
+    assert services(compose)["subscriber"]["image"].endswith(":18")
+
+
 def test_postgres_connections_reach_logical_servers(compose: dict[str, Any]) -> None:
     all_services = services(compose)
     for name, svc in airflow_services(compose).items():

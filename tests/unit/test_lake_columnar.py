@@ -261,8 +261,8 @@ def test_an_open_transaction_carries_into_the_next_batch() -> None:
 
 
 def test_peek_arguments_travel_as_a_text_array_literal_not_sql() -> None:
-    from airflow_pglogrepl.hooks.pg.arrow_peek import _text_array
+    from airflow_pglogrepl.hooks.pg.adbc import text_array_literal
 
-    assert _text_array(["publication_names", '"a ""b""", c\\d']) == (
+    assert text_array_literal(["publication_names", '"a ""b""", c\\d']) == (
         '{"publication_names","\\"a \\"\\"b\\"\\"\\", c\\\\d"}'
     )

@@ -409,6 +409,18 @@ def test_temp_file_limit_is_reported_against_the_biggest_transaction_decoded() -
     assert limited.ok  # a warning: subscriptions do not peek
 
 
+def test_an_idle_slot_timeout_is_a_warning_for_drains() -> None:
+    """PostgreSQL 18's idle_replication_slot_timeout invalidates a drain's slot between runs
+    scheduled further apart than it."""
+    assert Check.IDLE_SLOT_TIMEOUT.value not in evaluate(inspection([keyed("a")])).checks()
+    report = evaluate(
+        inspection([keyed("a")], pub_server=server(idle_replication_slot_timeout_s=3600))
+    )
+    (finding,) = [f for f in report.warnings if f.check is Check.IDLE_SLOT_TIMEOUT]
+    assert "3600 s" in finding.message and "= 0 (off)" in finding.fix
+    assert report.ok
+
+
 # -- publisher tables -------------------------------------------------------------------------
 
 

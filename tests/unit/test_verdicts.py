@@ -126,3 +126,46 @@ def test_inactive_too_long() -> None:
     assert not slot_health(
         _slot(), policy, max_slot_wal_keep_size=None, inactive_since=recent, now=NOW
     )
+
+
+@pytest.mark.parametrize(
+    ("reason", "cause", "prevent"),
+    [
+        (None, "the WAL it needed was removed", "max_slot_wal_keep_size"),
+        ("wal_removed", "invalidated (wal_removed)", "max_slot_wal_keep_size"),
+        ("idle_timeout", "idle_replication_slot_timeout", "0 turns it off"),
+        ("rows_removed", "VACUUM on the primary", "hot_standby_feedback"),
+        ("some_new_reason", "invalidated (some_new_reason)", "server log"),
+    ],
+)
+def test_a_lost_slot_says_the_servers_reason_and_what_prevents_it(
+    reason: str | None, cause: str, prevent: str
+) -> None:
+    """PostgreSQL 17+ says why a slot was invalidated; the advice follows the reason (an idle
+    timeout on 18 is not cured by max_slot_wal_keep_size)."""
+    from airflow_pglogrepl.verdicts import drain_refusal
+
+    slot = _slot(wal_status="lost", invalidation_reason=reason)
+    (problem,) = slot_health(
+        slot, HealthPolicy(), max_slot_wal_keep_size=None, inactive_since=None, now=NOW
+    )
+    refusal = drain_refusal(slot)
+    assert refusal is not None
+    for text in (problem, str(refusal)):
+        assert cause in text and prevent in text and "drop it and start again" in text
+
+
+def test_an_idle_slot_is_reported_before_the_idle_timeout_invalidates_it() -> None:
+    """PostgreSQL 18's idle_replication_slot_timeout: at half of it the check fails, naming the
+    time left; an active slot, or one idle for less, passes."""
+
+    def problems(idle: dt.timedelta, active: bool = False) -> list[str]:
+        return slot_health(
+            _slot(active=active), HealthPolicy(), max_slot_wal_keep_size=None,
+            inactive_since=NOW - idle, now=NOW, idle_timeout_s=3600,
+        )  # fmt: skip
+
+    (problem,) = problems(dt.timedelta(minutes=40))
+    assert "idle_replication_slot_timeout is 1:00:00" in problem and "0:20:00 more" in problem
+    assert problems(dt.timedelta(minutes=20)) == []
+    assert problems(dt.timedelta(minutes=40), active=True) == []

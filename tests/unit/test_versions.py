@@ -34,3 +34,30 @@ def test_long_work_turns_off_only_the_timeouts_the_server_has() -> None:
     assert long_work_settings(170000)["transaction_timeout"] == "0"
     assert long_work_settings(150000)["idle_session_timeout"] == "0"
     assert long_work_settings(150000, lock_timeout_ms=500)["lock_timeout"] == "500"
+
+
+def test_every_place_that_names_the_supported_versions_agrees() -> None:
+    """versions.SUPPORTED_MAJORS is what the matrix runs (Makefile), what the provider metadata,
+    README and docs/versions.md say: a version added or dropped in one place fails here."""
+    import re
+    from pathlib import Path
+
+    from airflow_pglogrepl.get_provider_info import get_provider_info
+    from airflow_pglogrepl.versions import SUPPORTED_MAJORS
+
+    repo = Path(__file__).resolve().parents[2]
+    makefile = (repo / "Makefile").read_text()
+    matrix = re.search(r"^PG_MATRIX \?= (.*)$", makefile, re.M)
+    fetched = re.search(r"^PG_BINARIES := (.*)$", makefile, re.M)
+    assert matrix is not None and fetched is not None
+    others = tuple(int(v) for v in matrix.group(1).split())
+    assert (SUPPORTED_MAJORS[0], *others) == SUPPORTED_MAJORS
+    assert tuple(int(spec.split("=")[0]) for spec in fetched.group(1).split()) == others
+    first, last = SUPPORTED_MAJORS[0], SUPPORTED_MAJORS[-1]
+    assert f"PostgreSQL {first} to {last}" in get_provider_info()["description"]
+    listed = ", ".join(str(v) for v in SUPPORTED_MAJORS[:-1]) + f" and {last}"
+    assert f"**{listed}**" in (repo / "README.md").read_text()
+    versions_doc = (repo / "docs" / "versions.md").read_text()
+    assert f"**Supported: PostgreSQL {listed}**" in versions_doc
+    rows = {int(m) for m in re.findall(r"^\| (\d\d) \|", versions_doc, re.M)}
+    assert rows == set(SUPPORTED_MAJORS)

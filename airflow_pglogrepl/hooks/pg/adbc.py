@@ -67,6 +67,15 @@ class AdbcSession:
             row = self._cursor.fetchone()
         return int(row[0])
 
+    def missing_publications(self, names: list[str]) -> list[str]:
+        """The ``names`` no publication of the connected database has (``server``'s query)."""
+        from airflow_pglogrepl.hooks.pg.server import MISSING_PUBLICATIONS
+
+        with self._guard():
+            query = MISSING_PUBLICATIONS.replace("%s", "$1")
+            self._cursor.execute(query, (text_array_literal(names),))
+            return [str(row[0]) for row in self._cursor.fetchall()]
+
     def batches(self, query: str, *, batch_bytes: int) -> Iterator[pa.RecordBatch]:
         """The rows of ``query`` (no parameters: it streams) as record batches of about
         ``batch_bytes``, read one at a time."""
@@ -128,3 +137,10 @@ def _message(what: str, exc: Exception, secrets: list[str]) -> str:
     """One line: what was being done, the driver's text (the server's message in it), redacted."""
     text = conninfo.redact(f"{type(exc).__name__}: {exc}", secrets)  # before spaces change
     return f"{what}: " + " ".join(text.split())
+
+
+def text_array_literal(items: list[str]) -> str:
+    """A ``text[]`` literal (array input syntax, not SQL) to bind as one text parameter: every
+    element quoted, ``"`` and ``\\`` escaped."""
+    quoted = ('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items)
+    return "{" + ",".join(quoted) + "}"

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from airflow_pglogrepl.exceptions import ArrowPeekError
-from airflow_pglogrepl.hooks.pg.adbc import AdbcError, adbc_session
+from airflow_pglogrepl.exceptions import ArrowPeekError, PublicationNotFoundError
+from airflow_pglogrepl.hooks.pg.adbc import AdbcError, adbc_session, text_array_literal
+from airflow_pglogrepl.hooks.pg.server import publication_list
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import validate_slot_name
 
@@ -51,20 +52,18 @@ def peek_arrow(
     arguments = {
         "slot": slot,
         "upto": str(LSN(upto_lsn)),
-        "options": _text_array([item for pair in options.items() for item in pair]),
+        "options": text_array_literal([item for pair in options.items() for item in pair]),
     }
     what = f"{label}: peeking slot {slot!r} through ADBC failed"
     try:
         with adbc_session(params, what=what) as session:
+            # Looked for first on every version: 18 decodes past a missing publication with
+            # only a warning, and older servers' error reaches us as ADBC's text only.
+            missing = session.missing_publications(publication_list(options))
+            if missing:
+                raise PublicationNotFoundError(missing, slot)
             session.set({f"pglogrepl.peek_{name}": value for name, value in arguments.items()})
             for batch in session.batches(_PEEK, batch_bytes=batch_bytes):
                 yield batch.column(0)
     except AdbcError as exc:
         raise ArrowPeekError(str(exc)) from None
-
-
-def _text_array(items: list[str]) -> str:
-    """A ``text[]`` literal (array input syntax, not SQL): every element quoted, ``"`` and
-    ``\\`` escaped."""
-    quoted = ('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items)
-    return "{" + ",".join(quoted) + "}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from psycopg import sql
 
@@ -36,13 +36,50 @@ def current_wal_lsn(conn: Conn) -> LSN:
     return LSN(row["lsn"])
 
 
+MISSING_PUBLICATIONS = (
+    "SELECT n AS name FROM unnest(%s::text[]) WITH ORDINALITY AS u(n, i)"
+    " WHERE NOT EXISTS (SELECT 1 FROM pg_publication p WHERE p.pubname = u.n) ORDER BY i"
+)
+
+
+def publication_list(options: Mapping[str, str]) -> list[str]:
+    """The publications pgoutput's ``publication_names`` option names: a comma-separated list
+    of identifiers as the server splits it (``SplitIdentifierString``): double quotes keep case
+    and commas, ``""`` is a quote, unquoted names fold to lower case."""
+    text = options.get("publication_names", "")
+    names: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        while i < n and text[i].isspace():
+            i += 1
+        if i < n and text[i] == '"':
+            name, i = [], i + 1
+            while i < n:
+                if text[i] == '"':
+                    if i + 1 < n and text[i + 1] == '"':
+                        name.append('"')
+                        i += 2
+                        continue
+                    i += 1
+                    break
+                name.append(text[i])
+                i += 1
+            names.append("".join(name))
+        else:
+            start = i
+            while i < n and text[i] != "," and not text[i].isspace():
+                i += 1
+            if i > start:
+                names.append(text[start:i].lower())
+        while i < n and text[i] != ",":
+            i += 1
+        i += 1
+    return names
+
+
 def missing_publications(conn: Conn, names: Sequence[str]) -> list[str]:
     """The ``names`` no publication of the connected database has."""
-    rows = conn.execute(
-        "SELECT n AS name FROM unnest(%s::text[]) WITH ORDINALITY AS u(n, i)"
-        " WHERE NOT EXISTS (SELECT 1 FROM pg_publication p WHERE p.pubname = u.n) ORDER BY i",
-        (list(names),),
-    ).fetchall()
+    rows = conn.execute(MISSING_PUBLICATIONS, (list(names),)).fetchall()
     return [row["name"] for row in rows]
 
 

@@ -13,9 +13,15 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 from psycopg.types.numeric import Int8BinaryLoader, OidBinaryLoader
 
-from airflow_pglogrepl.exceptions import SlotAdvanceError, SlotNotFoundError, WrongPluginError
+from airflow_pglogrepl.exceptions import (
+    PublicationNotFoundError,
+    SlotAdvanceError,
+    SlotNotFoundError,
+    WrongPluginError,
+)
 from airflow_pglogrepl.hooks.errors import slot_errors
 from airflow_pglogrepl.hooks.lsn_adapters import PG_LSN_OID
+from airflow_pglogrepl.hooks.pg import server
 from airflow_pglogrepl.hooks.pg.connect import (
     TEXT_OUTPUT,
     Conn,
@@ -28,6 +34,7 @@ from airflow_pglogrepl.hooks.pg.server import CURRENT_LSN
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import validate_slot_name
 from airflow_pglogrepl.records import SlotCreated, SlotInfo
+from airflow_pglogrepl.versions import Features
 
 OUTPUT_PLUGINS = ("pgoutput", "test_decoding", "wal2json")
 
@@ -178,6 +185,11 @@ def peek_changes(
         set_session(conn, TEXT_OUTPUT)  # values print as the decoder reads them
         # a big window is decoded into a tuplestore first: no configured timeout may end it
         set_session(conn, long_work_settings(conn.info.server_version))
+        if Features.of(conn.info.server_version).missing_publication_skipped:
+            # 18 decodes past a missing publication with only a warning: look first
+            missing = server.missing_publications(conn, server.publication_list(options))
+            if missing:
+                raise PublicationNotFoundError(missing, slot)
         with slot_errors(slot, setting=lambda s: show(conn, s)):
             rows = _fetch(conn, query, arguments, batch_rows, chunked=chunked)
             try:
@@ -254,4 +266,7 @@ def slot_info(row: dict[str, Any]) -> SlotInfo:
         retained_bytes=row["retained_bytes"],
         current_lsn=row["current_lsn"],
         inactive_since=dt.datetime.fromisoformat(since) if since else None,
+        invalidation_reason=s.get("invalidation_reason"),
+        failover=s.get("failover"),
+        synced=s.get("synced"),
     )

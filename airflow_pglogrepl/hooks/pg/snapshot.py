@@ -341,11 +341,14 @@ class SnapshotReader:
                 yield from session.batches(query, batch_bytes=batch_bytes)
         except AdbcError as exc:
             text = str(exc)
-            if "invalid snapshot identifier" in text:
+            # 15 to 17 say "invalid snapshot identifier", 18 'snapshot "..." does not exist'
+            if "invalid snapshot identifier" in text or re.search(
+                r'snapshot "[^"]*" does not exist', text
+            ):
                 text += (
-                    ". Fix: an exported snapshot lives only while the session that created the "
-                    "slot stays open, and the snapshot job holds it until every task has read; "
-                    "run the snapshot again"
+                    ". The exported snapshot no longer exists. Fix: an exported snapshot lives "
+                    "only while the session that created the slot stays open, and the snapshot "
+                    "job holds it until every task has read; run the snapshot again"
                 )
             elif "lock timeout" in text:
                 text += (

@@ -1,0 +1,22 @@
+"""pgoutput's publication_names as the server splits it: the inverse of how we quote it."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from airflow_pglogrepl.hooks.pg.server import publication_list
+from airflow_pglogrepl.spark.drain import _quote_publication
+
+
+def test_quoted_unquoted_and_spaces() -> None:
+    text = ' Plain , "Keep Case" ,"a,b", "say ""hi"""'
+    assert publication_list({"publication_names": text}) == ["plain", "Keep Case", "a,b",
+                                                              'say "hi"']  # fmt: skip
+    assert publication_list({}) == []
+
+
+@given(st.lists(st.text(min_size=1).filter(lambda s: "\x00" not in s), min_size=1, max_size=4))
+def test_what_we_quote_splits_back_to_the_names(names: list[str]) -> None:
+    text = ",".join(_quote_publication(name) for name in names)
+    assert publication_list({"publication_names": text}) == names
