@@ -204,7 +204,13 @@ def slot_health(
                 f" more than {policy.max_inactive}; it keeps WAL while nobody reads it. Fix: "
                 f"restart its consumer or drop it"
             )
-    if idle_timeout_s is not None and not slot.active and inactive_since is not None:
+    # a standby's synced copy of a failover slot is exempt from the timeout
+    if (
+        idle_timeout_s is not None
+        and not slot.active
+        and not slot.synced
+        and inactive_since is not None
+    ):
         idle = now - inactive_since
         limit = dt.timedelta(seconds=idle_timeout_s)
         if idle * 2 >= limit and slot.wal_status != "lost":

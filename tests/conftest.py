@@ -61,14 +61,31 @@ def airflow_environment(home: Path) -> dict[str, str]:
     }
 
 
+# What a test needs, read from the fixtures it uses; tests that start what they need themselves
+# (a drain application or the demo in a subprocess) say so with the mark.
+NEEDS_BY_FIXTURE = {
+    "live": {"publisher", "subscriber", "replica_level_cluster", "pg_bindir", "pg_tool",
+             "pg_bindir_of", "publisher_conn_id", "subscriber_conn_id"},
+    "spark": {"spark"},
+    "airflow": {"airflow_home"},
+}  # fmt: skip
+NEEDS = ("live", "spark", "airflow", "docker")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark tests by folder: tests/unit is ``unit``, tests/integration is ``live``."""
+    """Mark tests by what they need: ``live`` (PostgreSQL clusters; every test under
+    tests/integration), ``spark`` (a JVM), ``airflow`` (a migrated metadata database),
+    ``docker`` (docker-compose). A test that needs none of them is ``unit``: ``make test-unit``
+    runs those alone, without a server or a JVM."""
     for item in items:
-        parts = Path(str(item.fspath)).relative_to(TESTS).parts
-        if parts[0] == "unit":
-            item.add_marker(pytest.mark.unit)
-        elif parts[0] == "integration":
+        fixtures = set(getattr(item, "fixturenames", ()))
+        for need, names in NEEDS_BY_FIXTURE.items():
+            if fixtures & names:
+                item.add_marker(need)
+        if Path(str(item.fspath)).relative_to(TESTS).parts[0] == "integration":
             item.add_marker(pytest.mark.live)
+        if not any(item.get_closest_marker(need) for need in NEEDS):
+            item.add_marker(pytest.mark.unit)
 
 
 # -- live clusters ----------------------------------------------------------------------------

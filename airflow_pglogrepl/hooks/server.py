@@ -53,7 +53,11 @@ class ServerMixin(PgSessionHook):
         keep = values.get("max_slot_wal_keep_size")
         temp = values.get("temp_file_limit")
         origins = values.get("max_active_replication_origins")
-        idle = values.get("idle_replication_slot_timeout")
+        idle = next(
+            (_seconds(r["setting"], r["unit"]) for r in rows
+             if r["name"] == "idle_replication_slot_timeout"),
+            None,
+        )  # fmt: skip
         return ServerFacts(
             version_num=head["version_num"],
             version=head["version"],
@@ -69,9 +73,7 @@ class ServerMixin(PgSessionHook):
             temp_file_limit=None if temp is None or int(temp) < 0 else int(temp),
             largest_decoded_transaction=largest["v"] if largest else None,
             max_active_replication_origins=(None if origins is None else int(origins)),
-            idle_replication_slot_timeout_s=(
-                int(idle) if idle is not None and int(idle) > 0 else None
-            ),
+            idle_replication_slot_timeout_s=idle if idle else None,
         )
 
     def require_logical_decoding(self, *, conn: Conn | None = None) -> ServerFacts:
@@ -115,3 +117,11 @@ def _setting_value(setting: str, unit: str | None) -> str | int:
     if number < 0 or unit not in _UNIT_BYTES:
         return number
     return number * _UNIT_BYTES[unit]
+
+
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "min": 60, "h": 3600, "d": 86400}
+
+
+def _seconds(setting: str, unit: str | None) -> int:
+    """A time setting in whole seconds, whatever unit the server reports it in."""
+    return int(int(setting) * _UNIT_SECONDS.get(unit or "s", 1))

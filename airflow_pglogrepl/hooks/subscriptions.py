@@ -61,9 +61,18 @@ TARGET_KEYS = ("host", "port", "dbname", "user")
 _THIS_DB = sql.SQL("s.subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())")
 _INFO = sql.SQL(
     "SELECT s.subname, s.subenabled, s.subslotname, s.subpublications, s.subbinary,"
-    " s.substream::text AS substream, s.subsynccommit"
+    " s.substream::text AS substream, s.subsynccommit, s.subdisableonerr, {newer}"
     " FROM pg_subscription s WHERE s.subname = %s AND {this_db}"
-).format(this_db=_THIS_DB)
+)
+# Options that ALTER ... SET can change, as the catalog has them (16+ and 17+ columns).
+_OPTIONS_16 = sql.SQL("s.suborigin, s.subpasswordrequired, s.subrunasowner")
+_READ_BACK = (
+    ("disable_on_error", "subdisableonerr"),
+    ("origin", "suborigin"),
+    ("password_required", "subpasswordrequired"),
+    ("run_as_owner", "subrunasowner"),
+)
+_OPTIONS_15 = sql.SQL("NULL AS suborigin, NULL AS subpasswordrequired, NULL AS subrunasowner")
 # subconninfo holds the publisher's password: only superusers may read it (a column privilege,
 # checked when the statement is parsed, so a separate statement after has_column_privilege).
 _CONNINFO_READABLE = sql.SQL(
@@ -121,7 +130,12 @@ class SubscriptionsMixin(PgSessionHook):
     def get_subscription(self, name: str, *, conn: Conn | None = None) -> SubscriptionInfo | None:
         """The subscription's definition (without the password), or ``None``."""
         with self._use(conn) as c:
-            row = c.execute(_INFO, (name,)).fetchone()
+            newer = (
+                _OPTIONS_16
+                if Features.of(c.info.server_version).subscription_origin
+                else _OPTIONS_15
+            )
+            row = c.execute(_INFO.format(newer=newer, this_db=_THIS_DB), (name,)).fetchone()
             stored = _stored_conninfo(c, name) if row is not None else None
         if row is None:
             return None
@@ -139,6 +153,7 @@ class SubscriptionsMixin(PgSessionHook):
             streaming={"f": "off", "t": "on", "p": "parallel"}.get(row["substream"], "off"),
             synchronous_commit=row["subsynccommit"],
             target=target,
+            options={key: row[column] for key, column in _READ_BACK if row[column] is not None},
         )
 
     def ensure_subscription(
@@ -153,7 +168,9 @@ class SubscriptionsMixin(PgSessionHook):
 
         ``publisher_params`` are libpq parameters as the *subscriber's server* will use them.
         An existing subscription pointing at another publisher (host, port, database or user)
-        raises ``DefinitionConflictError``; a changed password is applied in place.
+        raises ``DefinitionConflictError``; a changed password is applied in place. A role that
+        may not read ``subconninfo`` (a non-superuser owner, PostgreSQL 16+) can do neither:
+        the connection is then left as it is, with a warning, never applied blindly.
         Publications and settable options are reconciled; ``enabled`` is left as it is (use
         ``enable_subscription``), because re-running a DAG must not undo a DBA's deliberate
         ``DISABLE``.
@@ -192,18 +209,15 @@ class SubscriptionsMixin(PgSessionHook):
         stored = _stored_conninfo(conn, name)
         if current.target is None or stored is None:
             # A non-superuser owner (PostgreSQL 16+) may not read subconninfo: the stored
-            # publisher cannot be compared, so the task's connection is applied as declared.
+            # publisher cannot be compared. Applying the task's connection blindly could point
+            # the subscription at another server: it is left alone.
             self.log.warning(
-                "Subscription %s: this role may not read pg_subscription.subconninfo "
-                "(superusers only), so whether it points at %s cannot be checked; the task's "
-                "connection is applied",
+                "Subscription %s: pg_subscription.subconninfo is readable by superusers only, "
+                "so whether it still points at %s is not checked and its connection is left "
+                "as it is (a changed password or publisher is applied by a superuser, or by "
+                "dropping and creating the subscription)",
                 name,
                 _target(wanted),
-            )
-            run_ddl(conn, _connection_statement(name, publisher_params))
-            details.append(
-                "connection applied as declared (values not shown; the stored one is readable "
-                "by superusers only)"
             )
         elif wanted != current.target:
             raise DefinitionConflictError(
@@ -463,12 +477,15 @@ def _differs(current: SubscriptionInfo, key: str, value: Any) -> bool:
         "synchronous_commit": current.synchronous_commit,
         "binary": current.binary,
         "streaming": current.streaming,
+        **current.options,
     }
     if key not in have:
         return True
     if key == "streaming":
-        wanted = {True: "on", False: "off"}.get(value, str(value))
+        wanted = {True: "on", False: "off"}.get(value, str(value).lower())
         return bool(wanted != have[key])
+    if key == "origin":
+        return str(value).lower() != str(have[key]).lower()
     return bool(have[key] != value)
 
 

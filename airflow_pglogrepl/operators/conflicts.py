@@ -90,13 +90,7 @@ def subscription_problems(
             f"{sync_errors} table sync error(s){since} (sync_error_count, allowed "
             f"{max_sync_errors})" + (f"; tables not ready: {stuck}" if stuck else "")
         )
-    for kind, count in sorted((errors.conflicts or {}).items()):
-        if count > max_conflicts.get(kind, 0):
-            meaning = CONFLICT_MEANINGS.get(kind, "see the subscriber's server log")
-            problems.append(
-                f"{count} {kind} conflict(s){since} (pg_stat_subscription_stats.confl_{kind}, "
-                f"PostgreSQL 18): {meaning}"
-            )
+    problems += conflict_problems(errors, max_conflicts)
     if errors.enabled and not worker_seen:
         problems.append("subscription is enabled but its apply worker is not running")
     if not errors.enabled and fail_if_disabled:
@@ -107,6 +101,17 @@ def subscription_problems(
             f"the worker has not reached it yet"
         )
     return problems
+
+
+def conflict_problems(errors: SubscriptionErrors, max_conflicts: Mapping[str, int]) -> list[str]:
+    """The conflict counters (PostgreSQL 18) above what is tolerated, one sentence each."""
+    since = f" since {errors.stats_reset.isoformat()}" if errors.stats_reset else ""
+    return [
+        f"{count} {kind} conflict(s){since} (pg_stat_subscription_stats.confl_{kind}, "
+        f"PostgreSQL 18): {CONFLICT_MEANINGS.get(kind, 'see the subscriber log')}"
+        for kind, count in sorted((errors.conflicts or {}).items())
+        if count > max_conflicts.get(kind, 0)
+    ]
 
 
 def describe_pending(pending: PendingTransaction) -> str:
@@ -221,9 +226,12 @@ class SubscriptionErrorCheckOperator(BaseOperator):
             worker_seen=worker_seen,
             fail_if_disabled=self.fail_if_disabled,
         )
+        conflicts = conflict_problems(errors, self.max_conflicts)
+        # Counted conflicts alone stop nothing: there is no stuck transaction to look up.
+        blocking = [p for p in problems if p not in conflicts]
         pending: PendingTransaction | None = None
         pending_error: str | None = None
-        if problems and errors.exists and errors.slot_name and self.publisher_conn_id:
+        if blocking and errors.exists and errors.slot_name and self.publisher_conn_id:
             pending, pending_error = self._pending(errors)
         report = {
             **errors.to_dict(),
@@ -247,11 +255,21 @@ class SubscriptionErrorCheckOperator(BaseOperator):
             lines.append(
                 f"could not read the stuck transaction from the publisher: {pending_error}"
             )
-        lines.append(
-            f"{LOG_HINT}. Fix the conflicting rows on the subscriber (the worker then retries by "
-            f"itself), or skip that whole transaction with SkipConflictingTransactionOperator("
-            f"subscription={self.subscription!r}, lsn='<finish LSN from the log>')"
-        )
+        if blocking:
+            lines.append(
+                f"{LOG_HINT}. Fix the conflicting rows on the subscriber (the worker then "
+                f"retries by itself), or skip that whole transaction with "
+                f"SkipConflictingTransactionOperator(subscription={self.subscription!r}, "
+                f"lsn='<finish LSN from the log>')"
+            )
+        if conflicts:
+            lines.append(
+                "The subscriber's log names each conflict's table and key. Make the rows agree "
+                "(the parity check finds them), then reset the counters, which only grow: "
+                "pg_stat_reset_subscription_stats for this subscription "
+                "(PgLogicalReplicationHook.reset_subscription_error_stats), or tolerate them "
+                "with max_conflicts"
+            )
         context["ti"].xcom_push(key="return_value", value=report)
         raise AirflowFailException("subscription errors:\n- " + "\n- ".join(lines))
 

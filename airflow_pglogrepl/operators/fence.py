@@ -147,11 +147,17 @@ class WriteFenceOperator(BaseOperator):
         hook = replication_hook(self.postgres_conn_id, self.database)
         roles = names(self.roles)
         tables = resolve_tables(hook, names(self.tables), self.publication)
+        server_version = hook.server_facts().version
         applied = hook.apply_write_fence(
             roles, tables, revoke=self.revoke_privileges, read_only=self.read_only
         )
-        # The write downtime starts here (CutoverSummaryOperator): the worker's clock.
+        # The write downtime starts here, on the worker's clock. Pushed at once: the summary
+        # must know the fence was applied even when a step below fails.
         write_fence_at = dt.datetime.now(dt.UTC)
+        context["ti"].xcom_push(
+            key=FENCE_APPLIED_KEY,
+            value={"write_fence_at": write_fence_at.isoformat(), "server_version": server_version},
+        )
         started = time.monotonic()
         terminated: list[dict[str, Any]] = []
         if self.guard:
@@ -213,7 +219,7 @@ class WriteFenceOperator(BaseOperator):
             "waited_seconds": round(waited, 3),
             "terminated": terminated,
             "write_fence_at": write_fence_at.isoformat(),
-            "server_version": hook.server_facts().version,
+            "server_version": server_version,
             **applied.to_dict(),
         }
 
@@ -346,6 +352,10 @@ class WriteFenceReleaseOperator(BaseOperator):
             "roles_released": [r.role for r in released if r.fenced],
             "roles_not_fenced": [r.role for r in released if not r.fenced],
         }
+
+
+# XCom key WriteFenceOperator pushes the moment the fence is applied (CutoverSummaryOperator).
+FENCE_APPLIED_KEY = "fence_applied"
 
 
 def _plain(value: Any) -> Any:

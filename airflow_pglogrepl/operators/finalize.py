@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from airflow_pglogrepl.tables import TableRef
 
 
+# XCom key FinalizeCutoverOperator pushes the moment the subscription is dropped.
+DROPPED_KEY = "subscription_dropped"
+
+
 class FinalizeCutoverOperator(BaseOperator):
     """Disable and drop the subscription; optionally set up reverse replication.
 
@@ -101,13 +105,18 @@ class FinalizeCutoverOperator(BaseOperator):
             if self.publisher_conn_id
             else None
         )
-        result: dict[str, Any] = {"subscription": self.subscription}
+        result: dict[str, Any] = {
+            "subscription": self.subscription,
+            "server_version": new_primary.server_facts().version,
+        }
 
         info = new_primary.get_subscription(self.subscription)
         tables: list[TableRef] = parse_tables(names(self.tables))
         if info is None:
             self.log.info("Subscription %s does not exist (already dropped)", self.subscription)
-            result.update(dropped=False, slot_name=None, slot_left_behind=None)
+            result.update(
+                dropped=False, already_dropped=True, slot_name=None, slot_left_behind=None
+            )
         else:
             if not tables:
                 status = new_primary.subscription_status(self.subscription)
@@ -115,6 +124,11 @@ class FinalizeCutoverOperator(BaseOperator):
             if info.enabled:
                 new_primary.disable_subscription(self.subscription)
             dropped = new_primary.drop_subscription(self.subscription)
+            # The new primary stands alone from here. Pushed at once: should a step below fail,
+            # the summary must not take this run for one that can simply be triggered again.
+            context["ti"].xcom_push(
+                key=DROPPED_KEY, value={"dropped_at": dt.datetime.now(dt.UTC).isoformat()}
+            )
             result.update(
                 dropped=dropped.dropped,
                 slot_name=info.slot_name,
@@ -134,11 +148,11 @@ class FinalizeCutoverOperator(BaseOperator):
         if self.reverse_subscription:
             assert old_primary is not None and self.reverse_publication
             result["reverse_subscription"] = self._reverse_subscription(new_primary, old_primary)
-        if result.get("dropped") or info is None:
-            # The new primary stands alone from here: the end of the write downtime
-            # (CutoverSummaryOperator), on the worker's clock like the fence's start.
+        if result.get("dropped"):
+            # Reverse replication is in place too: the end of the write downtime
+            # (CutoverSummaryOperator), on the worker's clock like the fence's start. A retry
+            # that found the subscription gone cannot know when it went: no figure then.
             result["switched_at"] = dt.datetime.now(dt.UTC).isoformat()
-        result["server_version"] = new_primary.server_facts().version
         return result
 
     def _reverse_publication(

@@ -113,6 +113,11 @@ def servable_bindir(bindir: Path) -> Path:
     install = bindir.absolute().parent
     digest = hashlib.sha256(f"{install}:{install.stat().st_mtime_ns}".encode()).hexdigest()[:16]
     target = Path(tempfile.gettempdir()) / f"pglogrepl-pg-{user.pw_name}-{digest}"
+    if target.exists() and target.stat().st_uid != os.geteuid():
+        raise ClusterError(
+            f"{target} exists but is not ours (owner uid {target.stat().st_uid}); it would run "
+            f"as the server. Fix: remove it"
+        )
     if not (target / bindir.name / "postgres").exists():
         staging = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=target.parent))
         shutil.copytree(install, staging / "install", symlinks=True)

@@ -642,6 +642,8 @@ def test_a_silently_skipped_update_fails_the_check_where_the_server_counts_it(pa
     with pytest.raises(AirflowFailException, match="update_missing conflict") as failure:
         check.execute(_ctx(ti))
     assert "diverged" in str(failure.value)
+    assert "pg_stat_reset_subscription_stats" in str(failure.value)  # the counters only grow
+    assert ti.pushed["return_value"]["pending_transaction"] is None  # nothing is stuck
     assert ti.pushed["return_value"]["conflicts"]["update_missing"] == 1
     tolerant = SubscriptionErrorCheckOperator(
         task_id="check", subscription="diverge_sub", subscriber_conn_id=pair.sub_conn,

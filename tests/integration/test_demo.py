@@ -8,6 +8,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+# The demo runs Airflow's dags test and Spark in a process of its own.
+pytestmark = [pytest.mark.spark, pytest.mark.airflow]
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -33,6 +33,9 @@ from tests.drain_support import (
     source_rows,
 )
 
+# Drains run in this process's Spark session or as an application of their own (a JVM).
+pytestmark = pytest.mark.spark
+
 _ids = itertools.count(1)
 
 

@@ -15,6 +15,9 @@ from airflow_pglogrepl.testing.pgcluster import PgCluster
 from tests.conftest import set_airflow_connection
 from tests.drain_support import lake_rows, source_rows
 
+# The DAG's task runs spark-submit (a JVM).
+pytestmark = pytest.mark.spark
+
 REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "pglogrepl_incremental_drain"
 

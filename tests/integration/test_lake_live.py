@@ -24,6 +24,9 @@ from airflow_pglogrepl.testing.wait import wait_until
 from tests.drain_support import all_changelog_keys, lake_rows, source_rows
 from tests.integration.test_drain import Source, drain_app, drain_in_process, source, summary
 
+# Merges and readers run Spark, some as applications of their own (a JVM).
+pytestmark = pytest.mark.spark
+
 __all__ = ["source"]  # the fixture, shared with the drain tests
 
 T, U = TableRef("public", "t"), TableRef("public", "u")

@@ -283,4 +283,8 @@ def test_options_newer_than_the_subscriber_are_refused_before_anything_is_sent(
             made = hook.ensure_subscription("too_new", publisher_params=params,
                                             publications=["p"], options=create)  # fmt: skip
             assert made.action == "created"
+            # read back from the catalog: running it again changes nothing
+            again = hook.ensure_subscription("too_new", publisher_params=params,
+                                             publications=["p"], options=create)  # fmt: skip
+            assert again.action == "unchanged", again.details
             hook.drop_subscription("too_new")

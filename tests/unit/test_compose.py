@@ -302,6 +302,7 @@ def _compose_cli() -> list[str] | None:
     return None
 
 
+@pytest.mark.docker
 def test_docker_compose_config_accepts_the_file() -> None:
     cli = _compose_cli()
     assert cli is not None, (

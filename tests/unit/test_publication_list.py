@@ -16,7 +16,19 @@ def test_quoted_unquoted_and_spaces() -> None:
     assert publication_list({}) == []
 
 
-@given(st.lists(st.text(min_size=1).filter(lambda s: "\x00" not in s), min_size=1, max_size=4))
+def test_only_ascii_folds_and_long_names_are_cut_as_the_server_cuts_them() -> None:
+    assert publication_list({"publication_names": "Café,ÉTÉ"}) == ["café", "ÉtÉ"]
+    long = "é" * 40  # 80 bytes: cut to 31 whole characters (62 bytes), not inside the 32nd
+    assert publication_list({"publication_names": f'"{long}"'}) == ["é" * 31]
+
+
+@given(
+    st.lists(
+        st.text(min_size=1).filter(lambda s: "\x00" not in s and len(s.encode()) < 64),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_what_we_quote_splits_back_to_the_names(names: list[str]) -> None:
     text = ",".join(_quote_publication(name) for name in names)
     assert publication_list({"publication_names": text}) == names

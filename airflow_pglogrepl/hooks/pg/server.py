@@ -42,15 +42,21 @@ MISSING_PUBLICATIONS = (
 )
 
 
+_SPACE = " \t\n\r\f\v"  # scanner_isspace
+_NAMEDATALEN = 64
+
+
 def publication_list(options: Mapping[str, str]) -> list[str]:
     """The publications pgoutput's ``publication_names`` option names: a comma-separated list
     of identifiers as the server splits it (``SplitIdentifierString``): double quotes keep case
-    and commas, ``""`` is a quote, unquoted names fold to lower case."""
+    and commas, ``""`` is a quote, unquoted names fold A-Z to lower case (only those), and a
+    name is cut to 63 bytes as the server cuts identifiers. A list the server would refuse
+    (an unclosed quote) is read as far as it goes: the server's own error follows."""
     text = options.get("publication_names", "")
     names: list[str] = []
     i, n = 0, len(text)
     while i < n:
-        while i < n and text[i].isspace():
+        while i < n and text[i] in _SPACE:
             i += 1
         if i < n and text[i] == '"':
             name, i = [], i + 1
@@ -64,17 +70,32 @@ def publication_list(options: Mapping[str, str]) -> list[str]:
                     break
                 name.append(text[i])
                 i += 1
-            names.append("".join(name))
+            names.append(_truncated("".join(name)))
         else:
             start = i
-            while i < n and text[i] != "," and not text[i].isspace():
+            while i < n and text[i] != "," and text[i] not in _SPACE:
                 i += 1
             if i > start:
-                names.append(text[start:i].lower())
+                names.append(_truncated(_ascii_lower(text[start:i])))
         while i < n and text[i] != ",":
             i += 1
         i += 1
     return names
+
+
+def _ascii_lower(name: str) -> str:
+    return name.translate(_FOLD)
+
+
+_FOLD = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def _truncated(name: str) -> str:
+    """Cut to NAMEDATALEN - 1 bytes of UTF-8, never inside a character."""
+    raw = name.encode()
+    if len(raw) < _NAMEDATALEN:
+        return name
+    return raw[: _NAMEDATALEN - 1].decode(errors="ignore")
 
 
 def missing_publications(conn: Conn, names: Sequence[str]) -> list[str]:
