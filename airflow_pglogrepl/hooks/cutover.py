@@ -22,9 +22,7 @@ from typing import Any, LiteralString
 from psycopg import errors as pgerr
 from psycopg import sql
 
-# FenceNotHeldError is defined with the other errors; importable from here as well.
-from airflow_pglogrepl.exceptions import FenceNotHeldError as FenceNotHeldError
-from airflow_pglogrepl.exceptions import ObjectNotFoundError, PrivilegeError
+from airflow_pglogrepl.exceptions import FenceNotHeldError, ObjectNotFoundError, PrivilegeError
 from airflow_pglogrepl.hooks.base import Conn, run_ddl
 from airflow_pglogrepl.hooks.fence_guard import (
     GuardHijackedError,
@@ -429,11 +427,6 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
         with self.session() as conn:
             relations = _fence_relations(conn, tables)
             return [h for h in lock_holders(conn, list(relations)) if h["gid"] is not None]
-
-    def write_fence_states(self, *, conn: Conn | None = None) -> dict[str, RoleFence]:
-        """The saved fence of every fenced role in the connected database, by role name."""
-        with self._use(conn) as c:
-            return _fence_states(c)
 
     def release_write_fence(self, roles: Sequence[str] | None = None) -> list[FenceReleased]:
         """Give back what the fence took from ``roles`` (default: every fenced role), exactly.

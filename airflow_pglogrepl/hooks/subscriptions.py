@@ -28,7 +28,6 @@ from airflow_pglogrepl.exceptions import (
 )
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
 from airflow_pglogrepl.hooks.secret_statements import quiet_secret_statements
-from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.records import (
     Reconciled,
     RelState,
@@ -544,8 +543,3 @@ def _redacted(secrets: Sequence[str]) -> Iterator[None]:
     except psycopg.Error as exc:
         text = conninfo.redact(str(exc).strip(), secrets)
         raise PgLogReplError(f"subscription statement failed: {text}") from None
-
-
-def lsn_or_none(value: Any) -> LSN | None:
-    """An ``LSN`` from a ``pg_lsn`` column value (already adapted) or ``None``."""
-    return None if value is None else LSN(value)

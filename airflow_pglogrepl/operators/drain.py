@@ -20,7 +20,6 @@ from airflow_pglogrepl.operators._spark import (
     PACKAGE_DIR,
     PackageSparkSubmitOperator,
     sink_asset,
-    spark_home_env,
 )
 
 __all__ = ["DRAIN_APP", "DSN_ENV", "PACKAGE_DIR", "SlotDrainOperator", "sink_asset"]
@@ -28,7 +27,6 @@ __all__ = ["DRAIN_APP", "DSN_ENV", "PACKAGE_DIR", "SlotDrainOperator", "sink_ass
 DRAIN_APP = str(PACKAGE_DIR / "spark" / "drain_app.py")
 
 # Kept importable from here under its former name (the DAG tests find Spark's home with it).
-_spark_home_env = spark_home_env
 
 
 class SlotDrainOperator(PackageSparkSubmitOperator):

@@ -1,9 +1,9 @@
-"""Logical decoding output, decoded: pgoutput's binary messages and test_decoding's text lines.
+"""pgoutput's binary messages, decoded.
 
 Pure code (no Airflow, no psycopg), so it runs inside Spark executors and is tested without a
-server. The drain feeds the rows it peeks from a slot to ``PgOutputStream`` (or
-``TestDecodingStream``) and gets ``TransactionBegin``, ``Change``, ``LogicalMessage`` and
-``TransactionCommit`` records in commit order; ``decode_message`` parses a single message.
+server. The drain feeds the rows it peeks from a slot to ``PgOutputStream`` and gets
+``TransactionBegin``, ``Change``, ``LogicalMessage`` and ``TransactionCommit`` records in commit
+order; ``decode_message`` parses a single message.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from airflow_pglogrepl.pgoutput.changes import (
 from airflow_pglogrepl.pgoutput.decoder import decode_message
 from airflow_pglogrepl.pgoutput.messages import UNCHANGED_TOAST, MessageType, PgOutputMessage
 from airflow_pglogrepl.pgoutput.stream import PgOutputStream
-from airflow_pglogrepl.pgoutput.test_decoding import TestDecodingStream
 from airflow_pglogrepl.pgoutput.values import Interval
 
 __all__ = [
@@ -36,7 +35,6 @@ __all__ = [
     "PgOutputMessage",
     "PgOutputStream",
     "TableInfo",
-    "TestDecodingStream",
     "TransactionBegin",
     "TransactionBuffer",
     "TransactionCommit",

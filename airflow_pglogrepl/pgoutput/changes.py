@@ -1,7 +1,7 @@
 """What a drain consumes: one ``Change`` per row change, plus transaction boundaries and messages.
 
-Both decoders (pgoutput's ``PgOutputStream`` and ``TestDecodingStream``) produce these same
-records, so the drain does not care which output plugin a slot uses. Events come in commit order:
+``PgOutputStream`` produces these records (and the tests' decoder of test_decoding's text
+output the same ones, to compare the two plugins). Events come in commit order:
 ``TransactionBegin``, the transaction's ``Change`` and transactional ``LogicalMessage`` records
 (``seq`` 0, 1, 2 ...), then ``TransactionCommit``, whose ``end_lsn`` is where the slot may be
 advanced once everything before it is durably stored.

@@ -669,5 +669,6 @@ def _as_bytes(data: object) -> bytes:
         return bytes(data)
     raise TypeError(
         f"pgoutput rows carry bytes (pg_logical_slot_peek_binary_changes), got "
-        f"{type(data).__name__}; test_decoding's text rows go to TestDecodingStream"
+        f"{type(data).__name__}: is this a text plugin's slot (test_decoding)? The drain reads "
+        f"pgoutput slots only"
     )

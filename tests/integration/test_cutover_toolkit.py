@@ -16,8 +16,7 @@ from psycopg import errors as pgerr
 from psycopg import sql
 
 from airflow_pglogrepl.conninfo import make_dsn
-from airflow_pglogrepl.exceptions import ReplicationFailedError
-from airflow_pglogrepl.hooks.cutover import FenceNotHeldError
+from airflow_pglogrepl.exceptions import FenceNotHeldError, ReplicationFailedError
 from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.operators.conflicts import (

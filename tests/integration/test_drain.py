@@ -23,7 +23,7 @@ from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.spark.drain import Drain, SlotAheadOfSinkError
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import PgCluster
-from tests.drain_support import (
+from tests.support.drain import (
     TYPED_TABLE,
     all_changelog_keys,
     changelog,

@@ -13,7 +13,7 @@ import pytest
 
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 from tests.conftest import set_airflow_connection
-from tests.drain_support import lake_rows, source_rows
+from tests.support.drain import lake_rows, source_rows
 
 # The DAG's task runs spark-submit (a JVM).
 pytestmark = pytest.mark.spark
@@ -129,11 +129,11 @@ def test_drain_dag_end_to_end_with_spark_submit(
 @pytest.fixture(scope="module")
 def standalone_master(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A Spark standalone master and one worker (separate JVMs) on loopback, from pyspark."""
-    from airflow_pglogrepl.operators.drain import _spark_home_env
+    from airflow_pglogrepl.operators._spark import spark_home_env
     from airflow_pglogrepl.testing.pgcluster import free_port
     from airflow_pglogrepl.testing.wait import wait_until
 
-    home = os.environ.get("SPARK_HOME") or _spark_home_env()["SPARK_HOME"]
+    home = os.environ.get("SPARK_HOME") or spark_home_env()["SPARK_HOME"]
     spark_class = str(Path(home) / "bin" / "spark-class")
     work = tmp_path_factory.mktemp("spark-standalone")
     port, ui = free_port(), free_port()

@@ -21,8 +21,8 @@ from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.wait import wait_until
-from tests.drain_support import all_changelog_keys, lake_rows, source_rows
 from tests.integration.test_drain import Source, drain_app, drain_in_process, source, summary
+from tests.support.drain import all_changelog_keys, lake_rows, source_rows
 
 # Merges and readers run Spark, some as applications of their own (a JVM).
 pytestmark = pytest.mark.spark

@@ -30,7 +30,6 @@ from airflow_pglogrepl.pgoutput import (
     Change,
     LogicalMessage,
     PgOutputStream,
-    TestDecodingStream,
     TransactionCommit,
 )
 from airflow_pglogrepl.pgoutput.changes import Event
@@ -45,6 +44,7 @@ from airflow_pglogrepl.pgoutput.values import (
 )
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, PgCluster, local_cluster
 from tests.conftest import set_airflow_connection
+from tests.support.decoding_text import TestDecodingStream
 
 # Behaviour here depends on the server's major version: make test runs it on 15 to 18.
 pytestmark = pytest.mark.pgversion

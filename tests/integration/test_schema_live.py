@@ -15,8 +15,8 @@ import pytest
 
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.tables import TableRef
-from tests.drain_support import all_changelog_keys, normalize, read_delta
 from tests.integration.test_drain import Source, drain_in_process, source
+from tests.support.drain import all_changelog_keys, normalize, read_delta
 
 __all__ = ["source"]  # the fixture, shared with the drain tests
 

@@ -32,8 +32,8 @@ from airflow_pglogrepl.spark.snapshot import (
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 from tests.conftest import set_airflow_connection
-from tests.drain_support import TYPED_TABLE, insert_sql, normalize, random_row, read_delta
 from tests.integration.test_drain import Source, drain_in_process
+from tests.support.drain import TYPED_TABLE, insert_sql, normalize, random_row, read_delta
 
 _ids = itertools.count(1)
 

@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 import pytest
 
 from airflow_pglogrepl.tables import TableRef
-from tests.drain_support import read_delta
 from tests.integration.test_drain import Source, drain_in_process, source
 from tests.integration.test_schema_live import ONE_WINDOW, assert_state_equals_source, re_snapshot
+from tests.support.drain import read_delta
 
 __all__ = ["source"]  # the fixture, shared with the drain tests
 

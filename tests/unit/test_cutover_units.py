@@ -38,7 +38,7 @@ from airflow_pglogrepl.pgoutput.messages import (
 )
 from airflow_pglogrepl.records import RelState
 from airflow_pglogrepl.tables import TableRef
-from tests.unit.pgoutput_encoder import T0, encode, relation
+from tests.support.pgoutput_encoder import T0, encode, relation
 
 HOSTILE = TableRef('Sales "Q1"', "Ordërs; drop")
 

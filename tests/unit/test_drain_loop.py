@@ -27,7 +27,7 @@ from airflow_pglogrepl.records import SlotInfo
 from airflow_pglogrepl.spark.drain import Drain, SinkFromAnotherSourceError, SlotAheadOfSinkError
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.verdicts import drain_refusal
-from tests.unit.pgoutput_encoder import Session, relation
+from tests.support.pgoutput_encoder import Session, relation
 
 pytestmark = pytest.mark.unit
 

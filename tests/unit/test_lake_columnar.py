@@ -36,7 +36,7 @@ from airflow_pglogrepl.pgoutput.messages import (
     UpdateMessage,
 )
 from airflow_pglogrepl.pgoutput.values import OID
-from tests.unit.pgoutput_encoder import encode, relation
+from tests.support.pgoutput_encoder import encode, relation
 
 pytestmark = pytest.mark.unit
 

@@ -38,7 +38,7 @@ from airflow_pglogrepl.pgoutput.messages import (
     TypeMessage,
     UpdateMessage,
 )
-from tests.unit.pgoutput_encoder import cstr, i32, ts, u8, u16, u32, u64
+from tests.support.pgoutput_encoder import cstr, i32, ts, u8, u16, u32, u64
 
 T1 = dt.datetime(2026, 11, 22, 5, 10, 25, 790058, tzinfo=dt.UTC)
 T2 = dt.datetime(2026, 11, 22, 5, 10, 25, 790841, tzinfo=dt.UTC)

@@ -37,7 +37,7 @@ from airflow_pglogrepl.pgoutput.messages import (
     TypeMessage,
     UpdateMessage,
 )
-from tests.unit.pgoutput_encoder import encode
+from tests.support.pgoutput_encoder import encode
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -42,7 +42,7 @@ from airflow_pglogrepl.pgoutput.messages import (
     UpdateMessage,
 )
 from airflow_pglogrepl.pgoutput.values import OID
-from tests.unit.pgoutput_encoder import T0, Session, relation, u16, u32
+from tests.support.pgoutput_encoder import T0, Session, relation, u16, u32
 
 T1 = T0 + dt.timedelta(seconds=1)
 T2 = T0 + dt.timedelta(seconds=2)
@@ -258,7 +258,7 @@ def test_message_types_above_the_stream_version() -> None:
 
 
 def test_text_rows_are_refused_with_a_pointer() -> None:
-    with pytest.raises(TypeError, match="TestDecodingStream"):
+    with pytest.raises(TypeError, match="pgoutput slots only"):
         list(PgOutputStream().decode([(LSN(1), 1, "BEGIN 1")]))
 
 
@@ -376,7 +376,7 @@ def test_streamed_messages_and_truncates_wait_for_the_commit() -> None:
 
 
 def _encode(message: Any) -> bytes:
-    from tests.unit.pgoutput_encoder import encode
+    from tests.support.pgoutput_encoder import encode
 
     return encode(message)
 

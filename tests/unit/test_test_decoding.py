@@ -14,12 +14,11 @@ from airflow_pglogrepl.pgoutput import (
     UNCHANGED_TOAST,
     Change,
     LogicalMessage,
-    TestDecodingStream,
     TransactionBegin,
     TransactionCommit,
 )
 from airflow_pglogrepl.pgoutput.changes import Event
-from airflow_pglogrepl.pgoutput.test_decoding import parse_tuple_text
+from tests.support.decoding_text import TestDecodingStream, parse_tuple_text
 
 COMMIT_TS = dt.datetime(2015, 3, 13, 7, 3, 49, 803582, tzinfo=dt.UTC)
 
