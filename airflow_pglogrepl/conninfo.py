@@ -28,6 +28,10 @@ LIBPQ_KEYWORDS = frozenset(
 )  # fmt: skip
 
 SECRET_KEYWORDS = frozenset({"password", "sslpassword"})
+
+# The one way a Spark application is told its source: the environment, never argv (which ps and
+# the Spark UI show). The operators set it, the applications read it, errors name it.
+SOURCE_DSN_ENV = "PGLOGREPL_SOURCE_DSN"
 DEFAULT_APPLICATION_NAME = "airflow-pglogrepl"
 _MASK = "***"
 

@@ -36,6 +36,7 @@ from airflow_pglogrepl.hooks.pg.connect import TEXT_OUTPUT, set_session
 from airflow_pglogrepl.hooks.slots import SlotsMixin
 from airflow_pglogrepl.hooks.subscriptions import SubscriptionsMixin
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.names import publication_names_option
 from airflow_pglogrepl.records import RelState
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.versions import Features
@@ -788,7 +789,7 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
         """
         options = {
             "proto_version": "1",
-            "publication_names": ",".join(_quote_ident_list_item(p) for p in publications),
+            "publication_names": publication_names_option(publications),
         }
         rows = self.peek_changes(
             slot, upto_lsn=None, options=options, binary=True, upto_nchanges=max_changes
@@ -938,11 +939,6 @@ def _grouped(grants: Iterable[FenceGrant]) -> dict[tuple[TableRef, bool], list[s
     for grant in sorted(grants):
         groups.setdefault((grant.table, grant.grantable), []).append(grant.privilege)
     return groups
-
-
-def _quote_ident_list_item(name: str) -> str:
-    # publication_names is parsed as a list of identifiers (SplitIdentifierString): quote each.
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _scalar(conn: Conn, query: LiteralString) -> Any:

@@ -8,6 +8,7 @@ parameter, so hostile names are data, never SQL. The methods live in one mixin p
 
 from __future__ import annotations
 
+from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
 from airflow_pglogrepl.hooks.catalog import CatalogMixin
 from airflow_pglogrepl.hooks.cutover import CutoverMixin
 from airflow_pglogrepl.hooks.locks import WriterLockMixin
@@ -53,7 +54,7 @@ class DsnReplicationHook(PgLogicalReplicationHook):
     ``PgSource`` over the same statements.
     """
 
-    def __init__(self, dsn: str, *, label: str = "PGLOGREPL_SOURCE_DSN") -> None:
+    def __init__(self, dsn: str, *, label: str = SOURCE_DSN_ENV) -> None:
         super().__init__(postgres_conn_id=label)
         from airflow_pglogrepl.hooks.pg.connect import dsn_params
 

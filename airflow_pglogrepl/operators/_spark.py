@@ -26,8 +26,10 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Asset
 
+from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
+
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
-DSN_ENV = "PGLOGREPL_SOURCE_DSN"
+DSN_ENV = SOURCE_DSN_ENV
 
 
 def sink_asset(sink: str) -> Asset:

@@ -16,7 +16,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-DSN_ENV = "PGLOGREPL_SOURCE_DSN"
+from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
+
+DSN_ENV = SOURCE_DSN_ENV
 
 
 def spark_session(app_name: str) -> Any:

@@ -39,6 +39,7 @@ from airflow_pglogrepl.lake.columnar import (
 )
 from airflow_pglogrepl.lake.lake import Lake, Window
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.names import publication_names_option
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
 from airflow_pglogrepl.spark.overlap import Behind, prefetched
 from airflow_pglogrepl.tables import TableRef
@@ -229,7 +230,7 @@ class Drain:
         self.batch_rows = batch_rows
         self.options = {
             "proto_version": "1",
-            "publication_names": ",".join(_quote_publication(p) for p in self.publications),
+            "publication_names": publication_names_option(self.publications),
             "messages": "false",
         }
 
@@ -577,8 +578,3 @@ def check_slot(source: DrainSource, slot_name: str) -> SlotInfo:
 
 def _events(stream: PgOutputStream, rows: Iterator[Any]) -> Iterator[Any]:
     yield from stream.decode(rows)
-
-
-def _quote_publication(name: str) -> str:
-    # publication_names is parsed as a list of identifiers (SplitIdentifierString): quote each.
-    return '"' + name.replace('"', '""') + '"'

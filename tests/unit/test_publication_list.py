@@ -1,12 +1,11 @@
-"""pgoutput's publication_names as the server splits it: the inverse of how we quote it."""
+"""pgoutput's publication_names as the server splits it: the inverse of how we write it."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_pglogrepl.hooks.pg.server import publication_list
-from airflow_pglogrepl.spark.drain import _quote_publication
+from airflow_pglogrepl.names import publication_list, publication_names_option
 
 
 def test_quoted_unquoted_and_spaces() -> None:
@@ -30,5 +29,5 @@ def test_only_ascii_folds_and_long_names_are_cut_as_the_server_cuts_them() -> No
     )
 )
 def test_what_we_quote_splits_back_to_the_names(names: list[str]) -> None:
-    text = ",".join(_quote_publication(name) for name in names)
+    text = publication_names_option(names)
     assert publication_list({"publication_names": text}) == names

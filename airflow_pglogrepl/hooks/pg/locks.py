@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
 from airflow_pglogrepl.exceptions import LakeWriterBusyError
 from airflow_pglogrepl.hooks.pg.connect import Conn, connect
 
@@ -48,7 +49,7 @@ def writer_lock_holder(conn: Conn, slot: str) -> dict[str, Any] | None:
 
 @contextmanager
 def writer_lock(
-    params: dict[str, str], slot: str, *, role: str = "drain", label: str = "PGLOGREPL_SOURCE_DSN"
+    params: dict[str, str], slot: str, *, role: str = "drain", label: str = SOURCE_DSN_ENV
 ) -> Iterator[None]:
     """Hold the writer lock of ``slot``'s lake in a session of its own, or raise
     ``LakeWriterBusyError`` at once.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from psycopg import sql
 
@@ -40,62 +40,6 @@ MISSING_PUBLICATIONS = (
     "SELECT n AS name FROM unnest(%s::text[]) WITH ORDINALITY AS u(n, i)"
     " WHERE NOT EXISTS (SELECT 1 FROM pg_publication p WHERE p.pubname = u.n) ORDER BY i"
 )
-
-
-_SPACE = " \t\n\r\f\v"  # scanner_isspace
-_NAMEDATALEN = 64
-
-
-def publication_list(options: Mapping[str, str]) -> list[str]:
-    """The publications pgoutput's ``publication_names`` option names: a comma-separated list
-    of identifiers as the server splits it (``SplitIdentifierString``): double quotes keep case
-    and commas, ``""`` is a quote, unquoted names fold A-Z to lower case (only those), and a
-    name is cut to 63 bytes as the server cuts identifiers. A list the server would refuse
-    (an unclosed quote) is read as far as it goes: the server's own error follows."""
-    text = options.get("publication_names", "")
-    names: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        while i < n and text[i] in _SPACE:
-            i += 1
-        if i < n and text[i] == '"':
-            name, i = [], i + 1
-            while i < n:
-                if text[i] == '"':
-                    if i + 1 < n and text[i + 1] == '"':
-                        name.append('"')
-                        i += 2
-                        continue
-                    i += 1
-                    break
-                name.append(text[i])
-                i += 1
-            names.append(_truncated("".join(name)))
-        else:
-            start = i
-            while i < n and text[i] != "," and text[i] not in _SPACE:
-                i += 1
-            if i > start:
-                names.append(_truncated(_ascii_lower(text[start:i])))
-        while i < n and text[i] != ",":
-            i += 1
-        i += 1
-    return names
-
-
-def _ascii_lower(name: str) -> str:
-    return name.translate(_FOLD)
-
-
-_FOLD = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
-
-
-def _truncated(name: str) -> str:
-    """Cut to NAMEDATALEN - 1 bytes of UTF-8, never inside a character."""
-    raw = name.encode()
-    if len(raw) < _NAMEDATALEN:
-        return name
-    return raw[: _NAMEDATALEN - 1].decode(errors="ignore")
 
 
 def missing_publications(conn: Conn, names: Sequence[str]) -> list[str]:

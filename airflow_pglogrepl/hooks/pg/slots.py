@@ -32,7 +32,7 @@ from airflow_pglogrepl.hooks.pg.connect import (
 )
 from airflow_pglogrepl.hooks.pg.server import CURRENT_LSN
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.names import validate_slot_name
+from airflow_pglogrepl.names import publication_list, validate_slot_name
 from airflow_pglogrepl.records import SlotCreated, SlotInfo
 from airflow_pglogrepl.versions import Features
 
@@ -187,7 +187,7 @@ def peek_changes(
         set_session(conn, long_work_settings(conn.info.server_version))
         if Features.of(conn.info.server_version).missing_publication_skipped:
             # 18 decodes past a missing publication with only a warning: look first
-            missing = server.missing_publications(conn, server.publication_list(options))
+            missing = server.missing_publications(conn, publication_list(options))
             if missing:
                 raise PublicationNotFoundError(missing, slot)
         with slot_errors(slot, setting=lambda s: show(conn, s)):

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
 from airflow_pglogrepl.exceptions import SnapshotReadError
 from airflow_pglogrepl.hooks.errors import slot_errors
 from airflow_pglogrepl.hooks.pg.adbc import AdbcError, adbc_session
@@ -193,7 +194,7 @@ def create_slot_with_snapshot(
     *,
     plugin: str = "pgoutput",
     temporary: bool = False,
-    label: str = "PGLOGREPL_SOURCE_DSN",
+    label: str = SOURCE_DSN_ENV,
 ) -> ExportedSnapshot:
     """``CREATE_REPLICATION_SLOT name [TEMPORARY] LOGICAL plugin (SNAPSHOT 'export')``.
 
@@ -244,7 +245,7 @@ class SnapshotReader:
         self,
         params: Mapping[str, str],
         *,
-        label: str = "PGLOGREPL_SOURCE_DSN",
+        label: str = SOURCE_DSN_ENV,
         lock_timeout_ms: int = 0,
     ) -> None:
         self.params = {k: str(v) for k, v in params.items()}

@@ -34,6 +34,7 @@ import psycopg
 from psycopg import errors as pgerr
 from psycopg import sql
 
+from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
 from airflow_pglogrepl.exceptions import (
     CatalogChangedError,
     PgLogReplError,
@@ -164,7 +165,7 @@ class SnapshotGuard:
     """
 
     def __init__(
-        self, params: Mapping[str, str], snapshot_name: str, *, label: str = "PGLOGREPL_SOURCE_DSN"
+        self, params: Mapping[str, str], snapshot_name: str, *, label: str = SOURCE_DSN_ENV
     ) -> None:
         self.params = {k: str(v) for k, v in params.items()}
         self.snapshot_name = snapshot_name
