@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
 from airflow_pglogrepl.hooks.catalog import CatalogMixin
-from airflow_pglogrepl.hooks.cutover import CutoverMixin
+from airflow_pglogrepl.hooks.conflicts import ConflictsMixin
+from airflow_pglogrepl.hooks.fence import FenceMixin
 from airflow_pglogrepl.hooks.locks import WriterLockMixin
+from airflow_pglogrepl.hooks.parity import ParityMixin
 from airflow_pglogrepl.hooks.publications import PublicationsMixin
+from airflow_pglogrepl.hooks.sequences import SequencesMixin
 from airflow_pglogrepl.hooks.server import ServerMixin
 from airflow_pglogrepl.hooks.slots import OUTPUT_PLUGINS, SlotsMixin
 from airflow_pglogrepl.hooks.snapshot import SnapshotMixin
@@ -24,7 +27,10 @@ __all__ = ["OUTPUT_PLUGINS", "PgLogicalReplicationHook"]
 class PgLogicalReplicationHook(
     SnapshotMixin,
     WriterLockMixin,
-    CutoverMixin,
+    FenceMixin,
+    SequencesMixin,
+    ParityMixin,
+    ConflictsMixin,
     CatalogMixin,
     PublicationsMixin,
     SubscriptionsMixin,

@@ -30,9 +30,10 @@ from airflow.sdk import BaseOperator, Context
 from airflow_pglogrepl.operators._hooks import replication_hook
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.hooks.cutover import PendingTransaction, SubscriptionErrors
+    from airflow_pglogrepl.hooks.conflicts import SubscriptionErrors
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
     from airflow_pglogrepl.lsn import LSN
+    from airflow_pglogrepl.pgoutput.pending import PendingTransaction
 
 # What each PostgreSQL 18 conflict counter means for a move: the apply worker stops on the
 # *_exists ones (they are apply errors too) and resolves the others by itself, silently.

@@ -4,7 +4,7 @@ The fence stops the application's roles writing to the tables being moved, waits
 for their open transactions, ends the ones left, and records the fence LSN: the publisher's WAL
 position once no fenced write can commit any more. ``LsnCatchUpSensor`` then waits for the
 subscription to confirm that LSN. What the fence changed is saved on the publisher itself (see
-``airflow_pglogrepl.hooks.cutover``), so the release restores exactly that, even after retries.
+``airflow_pglogrepl.hooks.fence``), so the release restores exactly that, even after retries.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from airflow.sdk import BaseOperator, Context
 from airflow_pglogrepl.operators._hooks import replication_hook
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.hooks.cutover import FencedBackend
+    from airflow_pglogrepl.hooks.fence import FencedBackend
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
     from airflow_pglogrepl.tables import TableRef
 

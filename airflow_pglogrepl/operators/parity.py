@@ -20,7 +20,7 @@ from airflow_pglogrepl.operators.fence import names, resolve_tables
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
-    from airflow_pglogrepl.hooks.cutover import TableChecksum
+    from airflow_pglogrepl.hooks.parity import TableChecksum
     from airflow_pglogrepl.tables import TableRef
 
 

@@ -19,7 +19,7 @@ from airflow_pglogrepl.operators._hooks import replication_hook
 from airflow_pglogrepl.operators.fence import names, resolve_tables
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.hooks.cutover import SequenceState
+    from airflow_pglogrepl.hooks.sequences import SequenceState
 
 
 @dataclass(frozen=True)

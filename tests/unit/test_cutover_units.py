@@ -8,16 +8,10 @@ from typing import Any
 import pytest
 
 from airflow_pglogrepl.exceptions import InvalidLSNError
-from airflow_pglogrepl.hooks.cutover import (
-    FenceGrant,
-    PendingTransaction,
-    RoleFence,
-    SequenceState,
-    SubscriptionErrors,
-    TableChecksum,
-    first_pending_transaction,
-    parse_role_settings,
-)
+from airflow_pglogrepl.hooks.conflicts import SubscriptionErrors
+from airflow_pglogrepl.hooks.fence import FenceGrant, RoleFence, parse_role_settings
+from airflow_pglogrepl.hooks.parity import TableChecksum
+from airflow_pglogrepl.hooks.sequences import SequenceState
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.operators.conflicts import (
     SkipConflictingTransactionOperator,
@@ -36,6 +30,7 @@ from airflow_pglogrepl.pgoutput.messages import (
     TruncateMessage,
     UpdateMessage,
 )
+from airflow_pglogrepl.pgoutput.pending import PendingTransaction, first_pending_transaction
 from airflow_pglogrepl.records import RelState
 from airflow_pglogrepl.tables import TableRef
 from tests.support.pgoutput_encoder import T0, encode, relation

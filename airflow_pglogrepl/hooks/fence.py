@@ -1,4 +1,4 @@
-"""The cutover's statements: write fences, sequence values, table checksums, apply-error facts.
+"""The write fence's statements: revoke writes, guard them, release exactly what was taken.
 
 A write fence lives in the publisher's catalogs, not in Airflow: what it revoked and which role
 setting it replaced are stored per role and database as the placeholder setting
@@ -6,8 +6,7 @@ setting it replaced are stored per role and database as the placeholder setting
 the ``REVOKE``s. So a retried or repeated fence never forgets the grants of its first run, and the
 release restores exactly what was taken, whoever runs it. Role settings are catalog rows: logical
 replication does not carry them, and a ``FOR ALL TABLES`` publication does not see them.
-See https://www.postgresql.org/docs/15/sql-alterrole.html and
-https://www.postgresql.org/docs/15/logical-replication-restrictions.html (sequences).
+See https://www.postgresql.org/docs/15/sql-alterrole.html
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, LiteralString
 
@@ -23,7 +21,7 @@ from psycopg import errors as pgerr
 from psycopg import sql
 
 from airflow_pglogrepl.exceptions import FenceNotHeldError, ObjectNotFoundError, PrivilegeError
-from airflow_pglogrepl.hooks.base import Conn, run_ddl
+from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
 from airflow_pglogrepl.hooks.fence_guard import (
     GuardHijackedError,
     fenced_members,
@@ -32,12 +30,7 @@ from airflow_pglogrepl.hooks.fence_guard import (
     lock_holders,
     remove_guard,
 )
-from airflow_pglogrepl.hooks.pg.connect import TEXT_OUTPUT, set_session
-from airflow_pglogrepl.hooks.slots import SlotsMixin
-from airflow_pglogrepl.hooks.subscriptions import SubscriptionsMixin
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.names import publication_names_option
-from airflow_pglogrepl.records import RelState
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.versions import Features
 
@@ -46,9 +39,6 @@ FENCE_STATE_NAME = ".".join(FENCE_STATE_SETTING)
 FENCE_PRIVILEGES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
 FENCE_MESSAGE_PREFIX = "pglogrepl.fence"
 READ_ONLY_SETTING = "default_transaction_read_only"
-
-# Row text must read the same on both servers: fix every setting that changes a type's output.
-_STABLE_OUTPUT = {**TEXT_OUTPUT, "lc_monetary": "C"}
 
 
 @dataclass(frozen=True, order=True)
@@ -197,118 +187,8 @@ class GuardOutcome:
     holders: tuple[dict[str, Any], ...]
 
 
-@dataclass(frozen=True)
-class OwnedSequence:
-    """A sequence behind an identity or serial column (``kind``: ``identity`` or ``serial``)."""
-
-    sequence: TableRef
-    table: TableRef
-    column: str
-    kind: str
-
-
-@dataclass(frozen=True)
-class SequenceState:
-    """One row of ``pg_sequences``; ``last_value`` is ``None`` until ``nextval`` first ran."""
-
-    sequence: TableRef
-    last_value: int | None
-    increment: int
-    min_value: int
-    max_value: int
-    # ``last_value`` reads NULL both for a sequence never used and for one the role may not
-    # read (it needs SELECT or USAGE): this tells them apart
-    readable: bool = True
-
-
-@dataclass(frozen=True)
-class TableChecksum:
-    """Row count and order-independent checksum of a table (see ``table_checksum``)."""
-
-    rows: int
-    checksum: int
-
-
-@dataclass(frozen=True)
-class SubscriptionErrors:
-    """What the subscriber can tell, over SQL, about a subscription's apply and sync errors.
-
-    The error text itself (and the failing transaction's finish LSN, in the line
-    ``... in transaction <xid>, finished at <LSN>``) is only in the subscriber's server log.
-    ``origin_lsn`` is the end of the last remote transaction applied (its replication origin);
-    ``skip_lsn`` a pending ``ALTER SUBSCRIPTION ... SKIP`` (PostgreSQL 15+).
-    """
-
-    name: str
-    exists: bool
-    enabled: bool = False
-    slot_name: str | None = None
-    publications: tuple[str, ...] = ()
-    apply_worker_pid: int | None = None
-    sync_workers: tuple[TableRef, ...] = ()
-    apply_error_count: int | None = None
-    sync_error_count: int | None = None
-    stats_reset: dt.datetime | None = None
-    skip_lsn: LSN | None = None
-    origin_lsn: LSN | None = None
-    not_ready: tuple[RelState, ...] = ()
-    # 18+: pg_stat_subscription_stats' conflict counters by kind (insert_exists, ...); None
-    # before 18, where the server does not count them
-    conflicts: dict[str, int] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "subscription": self.name,
-            "exists": self.exists,
-            "enabled": self.enabled,
-            "slot_name": self.slot_name,
-            "publications": list(self.publications),
-            "apply_worker_pid": self.apply_worker_pid,
-            "sync_workers": [str(t) for t in self.sync_workers],
-            "apply_error_count": self.apply_error_count,
-            "sync_error_count": self.sync_error_count,
-            "stats_reset": self.stats_reset.isoformat() if self.stats_reset else None,
-            "skip_lsn": str(self.skip_lsn) if self.skip_lsn else None,
-            "origin_lsn": str(self.origin_lsn) if self.origin_lsn else None,
-            "not_ready": [rel.to_dict() for rel in self.not_ready],
-            "conflicts": self.conflicts,
-        }
-
-
-@dataclass(frozen=True)
-class PendingTransaction:
-    """The first transaction the subscriber has not applied, as the publisher's slot holds it.
-
-    ``finish_lsn`` is its commit record's LSN: what the subscriber log calls ``finished at`` and
-    what ``ALTER SUBSCRIPTION ... SKIP (lsn = ...)`` takes. ``changes`` counts changes per table
-    and kind (``insert``, ``update``, ``delete``, ``truncate``); ``complete`` is False when the
-    peek stopped before its commit.
-    """
-
-    xid: int
-    finish_lsn: LSN
-    commit_time: dt.datetime
-    changes: tuple[tuple[TableRef, str, int], ...]
-    complete: bool = True
-
-    @property
-    def tables(self) -> tuple[TableRef, ...]:
-        """The tables it changes, in the order they first appear."""
-        return tuple(dict.fromkeys(table for table, _, _ in self.changes))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "xid": self.xid,
-            "finish_lsn": str(self.finish_lsn),
-            "commit_time": self.commit_time.isoformat(),
-            "tables": [str(t) for t in self.tables],
-            "changes": [{"table": str(t), "kind": k, "count": n} for t, k, n in self.changes],
-            "complete": self.complete,
-        }
-
-
-class CutoverMixin(SubscriptionsMixin, SlotsMixin):
-    """Fence writes, copy sequence values, checksum tables, read and skip apply errors."""
+class FenceMixin(PgSessionHook):
+    """The write fence on the publisher (the old primary of a cutover)."""
 
     # -- write fence (publisher) ------------------------------------------------------------
 
@@ -571,357 +451,6 @@ class CutoverMixin(SubscriptionsMixin, SlotsMixin):
             conn.rollback()
         assert row is not None
         return LSN(row["lsn"])
-
-    # -- sequences --------------------------------------------------------------------------
-
-    def owned_sequences(self, tables: Sequence[TableRef]) -> list[OwnedSequence]:
-        """Sequences behind identity and serial columns of ``tables`` (``pg_depend``)."""
-        if not tables:
-            return []
-        with self.session() as conn:
-            rows = conn.execute(
-                "SELECT sn.nspname AS seq_schema, s.relname AS seq_name, n.nspname AS schema,"
-                " c.relname AS name, a.attname AS column, d.deptype::text AS deptype"
-                " FROM unnest(%s::text[], %s::text[]) AS w(schema_name, table_name)"
-                " JOIN pg_namespace n ON n.nspname = w.schema_name"
-                " JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = w.table_name"
-                " JOIN pg_depend d ON d.refobjid = c.oid"
-                "  AND d.refclassid = 'pg_class'::regclass AND d.classid = 'pg_class'::regclass"
-                "  AND d.deptype IN ('a', 'i')"
-                " JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S'"
-                " JOIN pg_namespace sn ON sn.oid = s.relnamespace"
-                " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = d.refobjsubid"
-                " ORDER BY 3, 4, 5",
-                ([t.schema for t in tables], [t.name for t in tables]),
-            ).fetchall()
-        return [
-            OwnedSequence(
-                sequence=TableRef(row["seq_schema"], row["seq_name"]),
-                table=TableRef(row["schema"], row["name"]),
-                column=row["column"],
-                kind="identity" if row["deptype"] == "i" else "serial",
-            )
-            for row in rows
-        ]
-
-    def sequence_states(self, sequences: Sequence[TableRef]) -> dict[TableRef, SequenceState]:
-        """``pg_sequences`` rows of ``sequences`` that exist (``last_value`` needs SELECT)."""
-        if not sequences:
-            return {}
-        with self.session() as conn:
-            rows = conn.execute(
-                "SELECT q.schemaname, q.sequencename, q.last_value, q.increment_by, q.min_value,"
-                " q.max_value, has_sequence_privilege(format('%%I.%%I', q.schemaname,"
-                " q.sequencename), 'SELECT, USAGE') AS readable"
-                " FROM unnest(%s::text[], %s::text[]) AS w(schema_name, seq_name)"
-                " JOIN pg_sequences q ON q.schemaname = w.schema_name"
-                " AND q.sequencename = w.seq_name",
-                ([s.schema for s in sequences], [s.name for s in sequences]),
-            ).fetchall()
-        return {
-            TableRef(row["schemaname"], row["sequencename"]): SequenceState(
-                sequence=TableRef(row["schemaname"], row["sequencename"]),
-                last_value=row["last_value"],
-                increment=row["increment_by"],
-                min_value=row["min_value"],
-                max_value=row["max_value"],
-                readable=row["readable"],
-            )
-            for row in rows
-        }
-
-    def column_max(self, table: TableRef, column: str) -> int | None:
-        """``max(column)`` of ``table`` (an integer column), ``None`` when the table is empty."""
-        with self.session() as conn:
-            row = conn.execute(
-                sql.SQL("SELECT max({})::numeric AS v FROM {}").format(
-                    sql.Identifier(column), sql.Identifier(table.schema, table.name)
-                )
-            ).fetchone()
-        return None if row is None or row["v"] is None else int(row["v"])
-
-    def set_sequence(self, sequence: TableRef, value: int) -> None:
-        """``setval(sequence, value, true)``: the next ``nextval`` returns ``value`` + increment."""
-        with self.session() as conn:
-            row = conn.execute(
-                "SELECT setval(c.oid, %s, true) AS v FROM pg_class c"
-                " JOIN pg_namespace n ON n.oid = c.relnamespace"
-                " WHERE n.nspname = %s AND c.relname = %s AND c.relkind = 'S'",
-                (value, sequence.schema, sequence.name),
-            ).fetchone()
-        if row is None:
-            raise ObjectNotFoundError("sequence", str(sequence), "check the sequence name")
-        self.log.info("setval(%s, %d)", sequence, value)
-
-    # -- table parity -----------------------------------------------------------------------
-
-    def table_columns(self, tables: Sequence[TableRef]) -> dict[TableRef, tuple[str, ...]]:
-        """Replicated columns of each table that exists, in column order.
-
-        Dropped and generated columns are left out: logical replication does not carry
-        generated values (PostgreSQL 15), the subscriber computes its own.
-        """
-        if not tables:
-            return {}
-        with self.session() as conn:
-            rows = conn.execute(
-                "SELECT n.nspname AS schema, c.relname AS name,"
-                " coalesce(array_agg(a.attname::text ORDER BY a.attnum)"
-                "  FILTER (WHERE a.attnum IS NOT NULL), '{}') AS columns"
-                " FROM unnest(%s::text[], %s::text[]) AS w(schema_name, table_name)"
-                " JOIN pg_namespace n ON n.nspname = w.schema_name"
-                " JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = w.table_name"
-                "  AND c.relkind IN ('r', 'p')"
-                " LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0"
-                "  AND NOT a.attisdropped AND a.attgenerated = ''"
-                " GROUP BY 1, 2",
-                ([t.schema for t in tables], [t.name for t in tables]),
-            ).fetchall()
-        return {TableRef(row["schema"], row["name"]): tuple(row["columns"]) for row in rows}
-
-    def table_checksum(self, table: TableRef, columns: Sequence[str]) -> TableChecksum:
-        """Row count and the sum of each row's md5 folded to a signed 64-bit integer.
-
-        Summing (not XOR) keeps duplicate rows from cancelling out, and md5 of the row's text
-        form is the same on every platform (``hashtext`` differs between byte orders). The
-        session fixes the settings that change text output (time zone, date and interval style,
-        float digits, bytea, money), so equal rows give equal text on both servers; columns are
-        listed by name, so column order on the two sides does not matter.
-        """
-        row_text = sql.SQL("ROW({})::text").format(
-            sql.SQL(", ").join(sql.Identifier("t", c) for c in columns)
-        )
-        query = sql.SQL(
-            "SELECT count(*) AS rows, coalesce(sum(('x' || left(md5({}), 16))::bit(64)::bigint"
-            "::numeric), 0) AS checksum FROM {} AS t"
-        ).format(row_text, sql.Identifier(table.schema, table.name))
-        with self.session() as conn:
-            set_session(conn, _STABLE_OUTPUT)
-            row = conn.execute(query).fetchone()
-        assert row is not None
-        return TableChecksum(rows=int(row["rows"]), checksum=int(row["checksum"]))
-
-    # -- apply errors (subscriber) ----------------------------------------------------------
-
-    def subscription_errors(self, name: str) -> SubscriptionErrors:
-        """Error counters, workers, origin progress and tables not ready of a subscription."""
-        status = self.subscription_status(name)
-        if not status.exists:
-            return SubscriptionErrors(name=name, exists=False)
-        with self.session() as conn:
-            newer = Features.of(conn.info.server_version).subscription_skip
-            head = conn.execute(
-                sql.SQL(
-                    "SELECT s.oid, s.subslotname, s.subpublications, {skip} AS skip_lsn,"
-                    " {reset} AS stats_reset,"
-                    " (SELECT min(w.pid) FROM pg_stat_subscription w WHERE w.subid = s.oid"
-                    "  AND w.relid IS NULL AND w.pid IS NOT NULL) AS apply_pid,"
-                    " (SELECT coalesce(jsonb_agg(jsonb_build_array(n.nspname, c.relname)), '[]')"
-                    "  FROM pg_stat_subscription w JOIN pg_class c ON c.oid = w.relid"
-                    "  JOIN pg_namespace n ON n.oid = c.relnamespace WHERE w.subid = s.oid"
-                    "  AND w.pid IS NOT NULL) AS sync_rels"
-                    " FROM pg_subscription s WHERE s.subname = %s"
-                    " AND s.subdbid = (SELECT oid FROM pg_database"
-                    "  WHERE datname = current_database())"
-                ).format(
-                    skip=sql.SQL("nullif(s.subskiplsn, '0/0')" if newer else "NULL::pg_lsn"),
-                    reset=sql.SQL(
-                        "(SELECT st.stats_reset FROM pg_stat_subscription_stats st"
-                        " WHERE st.subid = s.oid)"
-                        if newer
-                        else "NULL::timestamptz"
-                    ),
-                ),
-                (name,),
-            ).fetchone()
-            if head is None:  # dropped between the two reads
-                return SubscriptionErrors(name=name, exists=False)
-            conflicts: dict[str, int] | None = None
-            if Features.of(conn.info.server_version).conflict_counters:
-                counted = conn.execute(
-                    "SELECT to_jsonb(st) AS st FROM pg_stat_subscription_stats st"
-                    " WHERE st.subid = %s",
-                    (head["oid"],),
-                ).fetchone()
-                conflicts = {
-                    key.removeprefix("confl_"): int(value)
-                    for key, value in (counted["st"] if counted else {}).items()
-                    if key.startswith("confl_")
-                }
-            origin: LSN | None = None
-            with suppress(pgerr.InsufficientPrivilege):  # superusers (and grantees) only
-                row = conn.execute(
-                    "SELECT remote_lsn FROM pg_replication_origin_status WHERE external_id = %s",
-                    (f"pg_{head['oid']}",),
-                ).fetchone()
-                origin = row["remote_lsn"] if row and int(row["remote_lsn"]) else None
-        return SubscriptionErrors(
-            name=name,
-            exists=True,
-            enabled=status.enabled,
-            slot_name=head["subslotname"],
-            publications=tuple(head["subpublications"]),
-            apply_worker_pid=head["apply_pid"],
-            sync_workers=tuple(TableRef(schema, rel) for schema, rel in head["sync_rels"]),
-            apply_error_count=status.apply_error_count,
-            sync_error_count=status.sync_error_count,
-            stats_reset=head["stats_reset"],
-            skip_lsn=head["skip_lsn"],
-            origin_lsn=origin,
-            not_ready=status.not_ready,
-            conflicts=conflicts,
-        )
-
-    def pending_transaction(
-        self,
-        slot: str,
-        publications: Sequence[str],
-        *,
-        applied_upto: LSN | None,
-        max_changes: int = 100_000,
-    ) -> PendingTransaction | None:
-        """Peek the subscription's slot (on the publisher) for the first unapplied transaction.
-
-        ``applied_upto`` is the subscriber's origin LSN (``SubscriptionErrors.origin_lsn``):
-        transactions the subscriber applied but has not confirmed yet are passed over. Nothing
-        is consumed. Raises ``SlotInUseError`` while the apply worker is connected: between its
-        retries after an error (``wal_retrieve_retry_interval``) the slot is free.
-        """
-        options = {
-            "proto_version": "1",
-            "publication_names": publication_names_option(publications),
-        }
-        rows = self.peek_changes(
-            slot, upto_lsn=None, options=options, binary=True, upto_nchanges=max_changes
-        )
-        try:
-            return first_pending_transaction(
-                (bytes(data) for _, _, data in rows if not isinstance(data, str)),
-                applied_upto=applied_upto,
-            )
-        finally:
-            close = getattr(rows, "close", None)  # a generator: ends the peek's session now
-            if callable(close):
-                close()
-
-    def skip_transaction(self, name: str, lsn: LSN) -> str:
-        """Skip the remote transaction finishing at ``lsn``; returns how (``skip`` or ``origin``).
-
-        PostgreSQL 15+: ``ALTER SUBSCRIPTION ... SKIP (lsn = ...)``; the apply worker skips the
-        transaction whose finish LSN is exactly ``lsn`` and clears ``subskiplsn``. Older servers:
-        the subscription's replication origin is advanced to ``lsn`` with the subscription
-        disabled (``pg_replication_origin_advance``), which skips everything up to it.
-        See https://www.postgresql.org/docs/15/logical-replication-conflicts.html
-        """
-        with self.session() as conn:
-            info = self._require(conn, name)
-            ident = sql.Identifier(name)
-            if Features.of(conn.info.server_version).subscription_skip:
-                run_ddl(
-                    conn,
-                    sql.SQL("ALTER SUBSCRIPTION {} SKIP (lsn = {})").format(
-                        ident, sql.Literal(str(lsn))
-                    ),
-                )
-                self.log.info("ALTER SUBSCRIPTION %s SKIP (lsn = %s) done", name, lsn)
-                return "skip"
-            if info.enabled:
-                run_ddl(conn, sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(ident))
-            try:
-                conn.execute(
-                    "SELECT pg_replication_origin_advance('pg_' || s.oid, %s)"
-                    " FROM pg_subscription s WHERE s.subname = %s AND s.subdbid ="
-                    " (SELECT oid FROM pg_database WHERE datname = current_database())",
-                    (lsn, name),
-                )
-            finally:
-                if info.enabled:
-                    run_ddl(conn, sql.SQL("ALTER SUBSCRIPTION {} ENABLE").format(ident))
-        self.log.info("Replication origin of subscription %s advanced to %s", name, lsn)
-        return "origin"
-
-    def clear_skip(self, name: str) -> None:
-        """``ALTER SUBSCRIPTION ... SKIP (lsn = NONE)``: withdraw a pending skip (PG 15+)."""
-        with self.session() as conn:
-            self._require(conn, name)
-            run_ddl(
-                conn,
-                sql.SQL("ALTER SUBSCRIPTION {} SKIP (lsn = NONE)").format(sql.Identifier(name)),
-            )
-
-    def reset_subscription_error_stats(self, name: str) -> None:
-        """``pg_stat_reset_subscription_stats``: apply and sync error counters back to zero."""
-        with self.session() as conn:
-            conn.execute(
-                "SELECT pg_stat_reset_subscription_stats(s.oid) FROM pg_subscription s"
-                " WHERE s.subname = %s AND s.subdbid ="
-                " (SELECT oid FROM pg_database WHERE datname = current_database())",
-                (name,),
-            )
-
-
-# -- pure helpers ------------------------------------------------------------------------------
-
-
-def first_pending_transaction(
-    messages: Iterable[bytes], *, applied_upto: LSN | None
-) -> PendingTransaction | None:
-    """The first transaction in pgoutput ``messages`` (protocol 1) not yet applied.
-
-    A transaction is applied when its finish LSN lies before ``applied_upto`` (the origin's
-    position is the end of the last applied commit record). Pure: tested without a server.
-    """
-    from airflow_pglogrepl.pgoutput.decoder import decode_message
-    from airflow_pglogrepl.pgoutput.messages import (
-        BeginMessage,
-        CommitMessage,
-        DeleteMessage,
-        InsertMessage,
-        RelationMessage,
-        TruncateMessage,
-        UpdateMessage,
-    )
-
-    relations: dict[int, TableRef] = {}
-    begin: BeginMessage | None = None
-    counts: dict[tuple[TableRef, str], int] = {}
-
-    def pending(complete: bool) -> PendingTransaction:
-        assert begin is not None
-        return PendingTransaction(
-            xid=begin.xid,
-            finish_lsn=begin.final_lsn,
-            commit_time=begin.commit_ts,
-            changes=tuple((t, k, n) for (t, k), n in counts.items()),
-            complete=complete,
-        )
-
-    def count(relation_id: int, kind: str) -> None:
-        table = relations.get(relation_id, TableRef("?", f"relation {relation_id}"))
-        counts[(table, kind)] = counts.get((table, kind), 0) + 1
-
-    for data in messages:
-        message = decode_message(data)
-        if isinstance(message, BeginMessage):
-            begin, counts = message, {}
-        elif isinstance(message, RelationMessage):
-            relations[message.relation_id] = TableRef(message.namespace, message.name)
-        elif isinstance(message, InsertMessage):
-            count(message.relation_id, "insert")
-        elif isinstance(message, UpdateMessage):
-            count(message.relation_id, "update")
-        elif isinstance(message, DeleteMessage):
-            count(message.relation_id, "delete")
-        elif isinstance(message, TruncateMessage):
-            for relation_id in message.relation_ids:
-                count(relation_id, "truncate")
-        elif isinstance(message, CommitMessage) and begin is not None:
-            if applied_upto is None or begin.final_lsn >= applied_upto:
-                return pending(complete=True)
-            begin = None
-    if begin is not None and (applied_upto is None or begin.final_lsn >= applied_upto):
-        return pending(complete=False)
-    return None
 
 
 def parse_role_settings(setconfig: Sequence[str] | None) -> dict[str, str]:
