@@ -81,7 +81,7 @@ with DAG(
     @task
     def lag_report(params: dict[str, Any] | None = None) -> dict[str, Any]:
         """How far the slot is behind now, and how much WAL it holds on the publisher."""
-        from airflow_pglogrepl.operators._hooks import replication_hook
+        from airflow_pglogrepl.hooks.for_connection import replication_hook
 
         assert params is not None
         hook = replication_hook(params["postgres_conn_id"])

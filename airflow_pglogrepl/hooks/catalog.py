@@ -15,6 +15,7 @@ from psycopg import sql
 
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
 from airflow_pglogrepl.hooks.pg import columns
+from airflow_pglogrepl.hooks.records import ColumnOrigins
 from airflow_pglogrepl.preflight.errors import ReplicaIdentityChangeError
 from airflow_pglogrepl.preflight.facts import (
     ColumnFacts,
@@ -24,7 +25,6 @@ from airflow_pglogrepl.preflight.facts import (
     SubscriberUsage,
     TableFacts,
 )
-from airflow_pglogrepl.records import ColumnOrigins
 from airflow_pglogrepl.tables import TableRef
 
 # One row per requested table that exists (matched by exact schema and name), with its columns,

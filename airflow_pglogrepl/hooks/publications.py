@@ -16,7 +16,7 @@ from psycopg import sql
 
 from airflow_pglogrepl.exceptions import DefinitionConflictError, UnsupportedFeatureError
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
-from airflow_pglogrepl.records import PublicationInfo, PublishedTable, Reconciled
+from airflow_pglogrepl.hooks.records import PublicationInfo, PublishedTable, Reconciled
 from airflow_pglogrepl.row_filter import check_row_filter
 from airflow_pglogrepl.tables import TableRef
 

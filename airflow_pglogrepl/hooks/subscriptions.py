@@ -27,13 +27,13 @@ from airflow_pglogrepl.exceptions import (
     PrivilegeError,
 )
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
-from airflow_pglogrepl.hooks.secret_statements import quiet_secret_statements
-from airflow_pglogrepl.records import (
+from airflow_pglogrepl.hooks.records import (
     Reconciled,
     RelState,
     SubscriptionInfo,
     SubscriptionStatus,
 )
+from airflow_pglogrepl.hooks.secret_statements import quiet_secret_statements
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.versions import Features
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, Context
 
-from airflow_pglogrepl.operators._hooks import replication_hook
+from airflow_pglogrepl.hooks.for_connection import replication_hook
 
 if TYPE_CHECKING:
     from airflow_pglogrepl.hooks.conflicts import SubscriptionErrors

@@ -14,7 +14,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Context
 
-from airflow_pglogrepl.operators._hooks import replication_hook
+from airflow_pglogrepl.hooks.for_connection import replication_hook
 from airflow_pglogrepl.operators._spark import (
     DSN_ENV,
     PACKAGE_DIR,
@@ -96,7 +96,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
 
         from airflow_pglogrepl.conninfo import make_dsn
         from airflow_pglogrepl.exceptions import PgLogReplError, SlotLostError
-        from airflow_pglogrepl.verdicts import drain_refusal
+        from airflow_pglogrepl.sensors.verdicts import drain_refusal
 
         hook = replication_hook(self.postgres_conn_id, self.database)
         slot = hook.get_slot(self.slot_name, plugin="pgoutput")

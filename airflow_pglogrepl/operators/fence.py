@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from airflow.sdk import BaseOperator, Context
 
-from airflow_pglogrepl.operators._hooks import replication_hook
+from airflow_pglogrepl.hooks.for_connection import replication_hook
+from airflow_pglogrepl.operators.arguments import names, resolve_tables
 
 if TYPE_CHECKING:
     from airflow_pglogrepl.hooks.fence import FencedBackend
@@ -25,35 +26,6 @@ if TYPE_CHECKING:
 
 TerminateMode = Literal["auto", "transactions", "sessions", "none"]
 _TERMINATE_MODES = ("auto", "transactions", "sessions", "none")
-
-
-def names(value: str | Sequence[str] | None) -> list[str]:
-    """A role or table list from a DAG argument: one name, a list, or nothing."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    return [str(item) for item in value]
-
-
-def resolve_tables(
-    hook: PgLogicalReplicationHook, tables: Sequence[str], publication: str | None
-) -> list[TableRef]:
-    """The tables named, plus every table of ``publication`` (read on the hook's server)."""
-    from airflow_pglogrepl.exceptions import ObjectNotFoundError
-    from airflow_pglogrepl.tables import parse_tables
-
-    refs = parse_tables(tables)
-    if publication:
-        published = hook.publication_tables(publication)
-        if published is None:
-            raise ObjectNotFoundError(
-                "publication", publication, "create it first or check the connection's database"
-            )
-        refs += [t for t in published if t not in refs]
-    if not refs:
-        raise ValueError("no tables: give tables=[...] or a publication that has tables")
-    return refs
 
 
 class WriteFenceOperator(BaseOperator):

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, Context
 
-from airflow_pglogrepl.operators._hooks import replication_hook
-from airflow_pglogrepl.operators.fence import names
+from airflow_pglogrepl.hooks.for_connection import replication_hook
+from airflow_pglogrepl.operators.arguments import names
 
 if TYPE_CHECKING:
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
@@ -158,7 +158,7 @@ class FinalizeCutoverOperator(BaseOperator):
     def _reverse_publication(
         self, new_primary: PgLogicalReplicationHook, tables: list[TableRef]
     ) -> dict[str, Any]:
-        from airflow_pglogrepl.records import PublishedTable
+        from airflow_pglogrepl.hooks.records import PublishedTable
 
         assert self.reverse_publication
         if not tables:

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, Context
 
-from airflow_pglogrepl.operators._hooks import replication_hook
-from airflow_pglogrepl.operators.fence import names, resolve_tables
+from airflow_pglogrepl.hooks.for_connection import replication_hook
+from airflow_pglogrepl.operators.arguments import names, resolve_tables
 
 if TYPE_CHECKING:
     from concurrent.futures import Future

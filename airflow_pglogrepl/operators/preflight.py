@@ -118,9 +118,9 @@ class ReplicationPreflightOperator(BaseOperator):
 
     @staticmethod
     def _hook(conn_id: str) -> PgLogicalReplicationHook:
-        from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
+        from airflow_pglogrepl.hooks.for_connection import replication_hook
 
-        return PgLogicalReplicationHook(postgres_conn_id=conn_id)
+        return replication_hook(conn_id)
 
     def execute(self, context: Context) -> dict[str, Any]:
         mode = _fix_mode(self.fix_replica_identity)

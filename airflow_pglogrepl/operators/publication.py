@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from airflow_pglogrepl.operators._hooks import replication_hook
+from airflow_pglogrepl.hooks.for_connection import replication_hook
 
 PUBLISH_ALL = ("insert", "update", "delete", "truncate")
 
@@ -72,7 +72,7 @@ class CreatePublicationOperator(BaseOperator):
         self.database = database
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_pglogrepl.records import PublishedTable
+        from airflow_pglogrepl.hooks.records import PublishedTable
         from airflow_pglogrepl.tables import TableRef, parse_tables
 
         refs = parse_tables(self.tables)

@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from airflow_pglogrepl.operators._hooks import replication_hook
+from airflow_pglogrepl.hooks.for_connection import replication_hook
 
 
 class CreateReplicationSlotOperator(BaseOperator):
@@ -145,7 +145,7 @@ class SlotHealthCheckOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from airflow_pglogrepl.verdicts import HealthPolicy, slot_health
+        from airflow_pglogrepl.sensors.verdicts import HealthPolicy, slot_health
 
         hook = replication_hook(self.postgres_conn_id, self.database)
         slot = hook.get_slot(self.slot_name)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Context
 
-from airflow_pglogrepl.operators._hooks import replication_hook
+from airflow_pglogrepl.hooks.for_connection import replication_hook
 from airflow_pglogrepl.operators._spark import PACKAGE_DIR, PackageSparkSubmitOperator, sink_asset
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from airflow.sdk import BaseOperator, Context
 
-from airflow_pglogrepl.operators._hooks import replication_hook
+from airflow_pglogrepl.hooks.for_connection import replication_hook
 
 _SLOT_OK = re.compile(r"[a-z0-9_]{1,63}")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from airflow_pglogrepl.records import ServerFacts
+from airflow_pglogrepl.hooks.records import ServerFacts
 from airflow_pglogrepl.tables import TableRef
 
 # pg_class.relkind and relpersistence codes, in the words a DBA uses.

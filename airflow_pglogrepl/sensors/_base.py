@@ -11,7 +11,7 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
 
-from airflow_pglogrepl.verdicts import Verdict
+from airflow_pglogrepl.sensors.verdicts import Verdict
 
 
 class VerdictSensor(BaseSensorOperator):

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_pglogrepl.probes import ProgressProbe
 from airflow_pglogrepl.sensors._base import VerdictSensor
-from airflow_pglogrepl.verdicts import Verdict
+from airflow_pglogrepl.sensors.probes import ProgressProbe
+from airflow_pglogrepl.sensors.verdicts import Verdict
 
 
 class _ProgressSensor(VerdictSensor):
@@ -92,7 +92,7 @@ class ReplicationLagSensor(_ProgressSensor):
 
     def _subscription_slot(self) -> str:
         from airflow_pglogrepl.exceptions import ObjectNotFoundError
-        from airflow_pglogrepl.operators._hooks import replication_hook
+        from airflow_pglogrepl.hooks.for_connection import replication_hook
 
         assert self.subscriber_conn_id and self.subscription
         info = replication_hook(self.subscriber_conn_id, self.subscriber_database).get_subscription(

@@ -236,8 +236,8 @@ def test_an_idle_timeout_is_seen_coming_and_named_when_it_struck(pg_bindir: Path
     import datetime as dt
 
     from airflow_pglogrepl.hooks.replication import DsnReplicationHook
+    from airflow_pglogrepl.sensors.verdicts import HealthPolicy, drain_refusal, slot_health
     from airflow_pglogrepl.testing.pgcluster import local_cluster
-    from airflow_pglogrepl.verdicts import HealthPolicy, drain_refusal, slot_health
 
     with local_cluster("idle-timeout") as cluster:
         if int(cluster.execute("SHOW server_version_num")[0][0]) < 180000:

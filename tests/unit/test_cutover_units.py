@@ -11,15 +11,17 @@ from airflow_pglogrepl.exceptions import InvalidLSNError
 from airflow_pglogrepl.hooks.conflicts import SubscriptionErrors
 from airflow_pglogrepl.hooks.fence import FenceGrant, RoleFence, parse_role_settings
 from airflow_pglogrepl.hooks.parity import TableChecksum
+from airflow_pglogrepl.hooks.records import RelState
 from airflow_pglogrepl.hooks.sequences import SequenceState
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.operators.arguments import names
 from airflow_pglogrepl.operators.conflicts import (
     SkipConflictingTransactionOperator,
     describe_pending,
     parse_skip_lsn,
     subscription_problems,
 )
-from airflow_pglogrepl.operators.fence import WriteFenceOperator, names
+from airflow_pglogrepl.operators.fence import WriteFenceOperator
 from airflow_pglogrepl.operators.parity import compare
 from airflow_pglogrepl.operators.sequences import SyncSequencesOperator, plan_sequence
 from airflow_pglogrepl.pgoutput.messages import (
@@ -31,7 +33,6 @@ from airflow_pglogrepl.pgoutput.messages import (
     UpdateMessage,
 )
 from airflow_pglogrepl.pgoutput.pending import PendingTransaction, first_pending_transaction
-from airflow_pglogrepl.records import RelState
 from airflow_pglogrepl.tables import TableRef
 from tests.support.pgoutput_encoder import T0, encode, relation
 

@@ -20,13 +20,13 @@ from airflow_pglogrepl.exceptions import (
     SlotInUseError,
     SlotLostError,
 )
+from airflow_pglogrepl.hooks.records import SlotInfo
 from airflow_pglogrepl.lake.delta import read_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.records import SlotInfo
+from airflow_pglogrepl.sensors.verdicts import drain_refusal
 from airflow_pglogrepl.spark.drain import Drain, SinkFromAnotherSourceError, SlotAheadOfSinkError
 from airflow_pglogrepl.tables import TableRef
-from airflow_pglogrepl.verdicts import drain_refusal
 from tests.support.pgoutput_encoder import Session, relation
 
 pytestmark = pytest.mark.unit

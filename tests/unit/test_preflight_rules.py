@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from airflow_pglogrepl.hooks.records import ServerFacts
 from airflow_pglogrepl.preflight import (
     Check,
     FixMode,
@@ -29,7 +30,6 @@ from airflow_pglogrepl.preflight.facts import (
 from airflow_pglogrepl.preflight.identity import assess, best_unique_index, plan_fix
 from airflow_pglogrepl.preflight.report import AppliedFix, PreflightReport
 from airflow_pglogrepl.preflight.sizing import demand
-from airflow_pglogrepl.records import ServerFacts
 from airflow_pglogrepl.tables import TableRef
 
 # -- builders ---------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 
 from airflow_pglogrepl.exceptions import InvalidLSNError
 from airflow_pglogrepl.operators.subscription import slot_name_for
-from airflow_pglogrepl.probes import ProgressProbe
+from airflow_pglogrepl.sensors.probes import ProgressProbe
 from airflow_pglogrepl.triggers.replication import (
     ReplicationProgressTrigger,
     SubscriptionReadyTrigger,

@@ -6,16 +6,16 @@ import datetime as dt
 
 import pytest
 
+from airflow_pglogrepl.hooks.records import RelState, SlotInfo, SubscriptionStatus
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.records import RelState, SlotInfo, SubscriptionStatus
-from airflow_pglogrepl.tables import TableRef
-from airflow_pglogrepl.verdicts import (
+from airflow_pglogrepl.sensors.verdicts import (
     HealthPolicy,
     reached,
     slot_health,
     slot_lag,
     subscription_ready,
 )
+from airflow_pglogrepl.tables import TableRef
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -143,7 +143,7 @@ def test_a_lost_slot_says_the_servers_reason_and_what_prevents_it(
 ) -> None:
     """PostgreSQL 17+ says why a slot was invalidated; the advice follows the reason (an idle
     timeout on 18 is not cured by max_slot_wal_keep_size)."""
-    from airflow_pglogrepl.verdicts import drain_refusal
+    from airflow_pglogrepl.sensors.verdicts import drain_refusal
 
     slot = _slot(wal_status="lost", invalidation_reason=reason)
     (problem,) = slot_health(

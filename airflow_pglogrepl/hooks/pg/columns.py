@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from psycopg import sql
 
 from airflow_pglogrepl.hooks.pg.connect import Conn
-from airflow_pglogrepl.records import ColumnOrigin, ColumnOrigins
+from airflow_pglogrepl.hooks.records import ColumnOrigin, ColumnOrigins
 from airflow_pglogrepl.tables import TableRef
 
 # ``attmissingval`` is an ``anyarray`` of one element; going through text[] gives that element as

@@ -11,9 +11,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from airflow_pglogrepl.hooks.records import SlotInfo, SubscriptionStatus
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.records import SlotInfo, SubscriptionStatus
-from airflow_pglogrepl.verdicts import Verdict, reached, slot_lag, subscription_ready
+from airflow_pglogrepl.sensors.verdicts import Verdict, reached, slot_lag, subscription_ready
 
 if TYPE_CHECKING:
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
@@ -174,6 +174,6 @@ class ProgressProbe:
 
 
 def _hook(conn_id: str, database: str | None) -> PgLogicalReplicationHook:
-    from airflow_pglogrepl.operators._hooks import replication_hook
+    from airflow_pglogrepl.hooks.for_connection import replication_hook
 
     return replication_hook(conn_id, database)

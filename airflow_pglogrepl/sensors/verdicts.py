@@ -16,8 +16,8 @@ from airflow_pglogrepl.exceptions import (
     SlotLostError,
     lost_slot_message,
 )
+from airflow_pglogrepl.hooks.records import REL_STATES, SlotInfo, SlotSpill, SubscriptionStatus
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.records import REL_STATES, SlotInfo, SlotSpill, SubscriptionStatus
 
 
 @dataclass(frozen=True)
