@@ -7,6 +7,13 @@ type, the decoder) can raise these inside Spark executors too.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_pglogrepl.lsn import LSN
+    from airflow_pglogrepl.preflight.report import PreflightReport
+    from airflow_pglogrepl.tables import TableRef
+
 
 class PgLogReplError(Exception):
     """Base class of every error raised by airflow-pglogrepl."""
@@ -267,12 +274,99 @@ class FenceNotHeldError(PgLogReplError):
     """The write fence would not stop every write: nothing was changed (the fence rolled back)."""
 
 
+class GuardHijackedError(FenceNotHeldError):
+    """The write guard's schema belongs to a role the fencing role does not trust."""
+
+
 class LakeError(PgLogReplError):
     """The lake cannot be written as asked; the message names the table or path and the fix."""
 
 
-class SinkNotEmptyError(LakeError):
+class SinkError(LakeError):
+    """The lake (the sink) and the slot or snapshot disagree about what it holds: draining on
+    would lose or double changes, so nothing is drained or committed."""
+
+
+class SinkNotEmptyError(SinkError):
     """An initial snapshot was asked for a lake that already holds data."""
+
+
+class SinkNotSnapshottedError(SinkError):
+    """A re-snapshot of some tables was asked for a lake no initial snapshot committed to."""
+
+
+class SnapshotNotCommittedError(SinkError):
+    """A snapshot or drain application ended without reporting its commit: nothing of it may be
+    taken as in the lake, and the slot must not move."""
+
+
+class SlotAheadOfSinkError(SinkError):
+    """The slot confirmed changes the lake never committed: they are lost to this lake."""
+
+    def __init__(self, slot: str, slot_lsn: LSN, sink_lsn: LSN, sink: str) -> None:
+        self.slot_lsn = slot_lsn
+        self.sink_lsn = sink_lsn
+        super().__init__(
+            f"replication slot {slot!r} is at confirmed_flush_lsn {slot_lsn}, ahead of the "
+            f"sink {sink} (last committed window ends at {sink_lsn}): the changes between "
+            f"{sink_lsn} and {slot_lsn} were consumed by someone else and are not in the lake. "
+            f"Nothing was drained. Fix: find what advanced the slot; rebuild the sink from a new "
+            f"initial snapshot, or accept the gap explicitly by recording it"
+        )
+
+
+class SinkFromAnotherSourceError(SinkError):
+    """The lake's commits came from another server, or another timeline of this one: its LSNs
+    and the slot's do not describe the same WAL, so neither can move the other."""
+
+    def __init__(
+        self, slot: str, sink: str, recorded: dict[str, Any], current: dict[str, Any]
+    ) -> None:
+        def show(identity: dict[str, Any]) -> str:
+            return (
+                f"system identifier {identity.get('system_identifier')}, timeline "
+                f"{identity.get('timeline')}, database {identity.get('database')!r}"
+            )
+
+        super().__init__(
+            f"lake {sink} was written from {show(recorded)}, but slot {slot!r} is on "
+            f"{show(current)}. Nothing was drained and the slot did not move. Fix: point the "
+            f"drain at the server the lake came from (PGLOGREPL_SOURCE_DSN, or the connection). "
+            f"If the change was deliberate and the lake's history is this server's (a pg_upgrade "
+            f"that carried the slot over, or a promotion whose slot was synced before the "
+            f"switch), drain once with accept_source_change=True (--accept-source-change); "
+            f"otherwise take a new initial snapshot into a new lake"
+        )
+
+
+class SparkSetupError(PgLogReplError):
+    """The Spark application cannot run where it was sent (executors without the package...)."""
+
+
+class SubscriptionStatementError(PgLogReplError):
+    """A statement on a subscription failed; the message has the server's error, without the
+    publisher's password."""
+
+
+class PreflightFailedError(PgLogReplError):
+    """Something blocks replication; the message is the report's summary (every problem)."""
+
+    def __init__(self, report: PreflightReport, *, warnings_fail: bool = False) -> None:
+        self.report = report
+        lead = "" if report.problems or not warnings_fail else "Warnings fail this check "
+        lead = lead and lead + "(fail_on_warnings=True).\n"
+        super().__init__(lead + report.summary())
+
+
+class ReplicaIdentityChangeError(PgLogReplError):
+    """``ALTER TABLE ... REPLICA IDENTITY`` was refused (ownership, lock timeout, bad index)."""
+
+    def __init__(self, table: TableRef, statement: str, reason: str, fix: str) -> None:
+        self.table = table
+        self.statement = statement
+        self.reason = reason
+        self.fix = fix
+        super().__init__(f"{statement} failed: {reason}. Fix: {fix}")
 
 
 class SnapshotReadError(PgLogReplError):

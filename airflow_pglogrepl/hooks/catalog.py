@@ -13,10 +13,10 @@ from typing import Any
 from psycopg import errors as pgerr
 from psycopg import sql
 
+from airflow_pglogrepl.exceptions import ReplicaIdentityChangeError
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
 from airflow_pglogrepl.hooks.pg import columns
 from airflow_pglogrepl.hooks.records import ColumnOrigins
-from airflow_pglogrepl.preflight.errors import ReplicaIdentityChangeError
 from airflow_pglogrepl.preflight.facts import (
     ColumnFacts,
     IndexFacts,

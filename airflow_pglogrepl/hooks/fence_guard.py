@@ -38,6 +38,7 @@ from typing import Any
 
 from psycopg import sql
 
+from airflow_pglogrepl.exceptions import GuardHijackedError
 from airflow_pglogrepl.hooks.pg.connect import Conn
 
 __all__ = [
@@ -52,10 +53,6 @@ __all__ = [
     "lock_holders",
     "remove_guard",
 ]
-
-
-class GuardHijackedError(Exception):
-    """The guard's schema belongs to a role the fencing role does not trust."""
 
 
 GUARD_SCHEMA = "pglogrepl"

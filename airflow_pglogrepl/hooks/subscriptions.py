@@ -23,8 +23,8 @@ from airflow_pglogrepl import conninfo
 from airflow_pglogrepl.exceptions import (
     DefinitionConflictError,
     PasswordExposureError,
-    PgLogReplError,
     PrivilegeError,
+    SubscriptionStatementError,
 )
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
 from airflow_pglogrepl.hooks.records import (
@@ -542,4 +542,4 @@ def _redacted(secrets: Sequence[str]) -> Iterator[None]:
         yield
     except psycopg.Error as exc:
         text = conninfo.redact(str(exc).strip(), secrets)
-        raise PgLogReplError(f"subscription statement failed: {text}") from None
+        raise SubscriptionStatementError(f"subscription statement failed: {text}") from None

@@ -95,7 +95,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         from airflow.sdk.exceptions import AirflowFailException
 
         from airflow_pglogrepl.conninfo import make_dsn
-        from airflow_pglogrepl.exceptions import PgLogReplError, SlotLostError
+        from airflow_pglogrepl.exceptions import SlotLostError, SnapshotNotCommittedError
         from airflow_pglogrepl.sensors.verdicts import drain_refusal
 
         hook = replication_hook(self.postgres_conn_id, self.database)
@@ -112,8 +112,9 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
             super().execute(context)
         summary = self._summary("windows")
         if summary is None:
-            raise PgLogReplError(
-                "the drain application finished without its JSON summary line; see the log above"
+            raise SnapshotNotCommittedError(
+                "the drain application finished without its JSON summary line, so what it "
+                "committed is unknown; see the log above. The slot was not advanced by this task"
             )
         after = hook.get_slot(self.slot_name)
         result = {

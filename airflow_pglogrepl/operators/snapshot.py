@@ -136,7 +136,11 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
     def _initial(self, context: Context, hook: PgLogicalReplicationHook) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from airflow_pglogrepl.exceptions import PgLogReplError, SlotNotFoundError
+        from airflow_pglogrepl.exceptions import (
+            PgLogReplError,
+            SlotNotFoundError,
+            SnapshotNotCommittedError,
+        )
         from airflow_pglogrepl.spark.snapshot import bootstrap_plan
 
         slot_lsn: str | None = None
@@ -182,7 +186,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         try:
             summary = self._submit(context, args)
             if not summary or not summary.get("committed"):
-                raise RuntimeError(
+                raise SnapshotNotCommittedError(
                     "the snapshot application finished without committing; see the log above"
                 )
         except BaseException as exc:
@@ -214,6 +218,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
                 "sink": self.sink}  # fmt: skip
 
     def _resnapshot(self, context: Context, hook: PgLogicalReplicationHook) -> dict[str, Any]:
+        from airflow_pglogrepl.exceptions import SnapshotNotCommittedError
         from airflow_pglogrepl.spark.snapshot import temporary_slot_name
 
         hook.get_slot(self.slot_name, plugin="pgoutput")  # the drain's slot must exist
@@ -224,7 +229,9 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
             args += [item for table in self._table_list() for item in ("--table", table)]
             summary = self._submit(context, args)
         if not summary or not summary.get("committed"):
-            raise RuntimeError("the re-snapshot finished without committing; see the log above")
+            raise SnapshotNotCommittedError(
+                "the re-snapshot finished without committing; see the log above"
+            )
         return {**summary, "sink": self.sink}
 
     def _settle(self, context: Context, point: str) -> bool:

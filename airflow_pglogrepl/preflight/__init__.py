@@ -6,8 +6,8 @@ The hook reads the facts (``hooks/catalog.py``); ``checks.evaluate`` judges them
 
 from __future__ import annotations
 
+from airflow_pglogrepl.exceptions import PreflightFailedError, ReplicaIdentityChangeError
 from airflow_pglogrepl.preflight.checks import evaluate
-from airflow_pglogrepl.preflight.errors import PreflightFailedError, ReplicaIdentityChangeError
 from airflow_pglogrepl.preflight.identity import FixMode, IdentityClass, IdentityFix
 from airflow_pglogrepl.preflight.report import Check, Finding, PreflightReport, Severity, Side
 

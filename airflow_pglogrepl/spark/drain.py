@@ -28,7 +28,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from airflow_pglogrepl.exceptions import ArrowPeekError, PgLogReplError, PublicationNotFoundError
+from airflow_pglogrepl.exceptions import (
+    ArrowPeekError,
+    PublicationNotFoundError,
+    SinkFromAnotherSourceError,
+    SlotAheadOfSinkError,
+)
 from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.changelog import COMMIT_LSN
@@ -84,45 +89,6 @@ log = logging.getLogger("airflow_pglogrepl.drain")
 # (spilled to a temporary file past work_mem) before it sends the first row: a few windows'
 # worth, not a whole backlog.
 PEEK_WINDOWS = 4
-
-
-class SlotAheadOfSinkError(PgLogReplError):
-    """The slot confirmed changes the lake never committed: they are lost to this lake."""
-
-    def __init__(self, slot: str, slot_lsn: LSN, sink_lsn: LSN, sink: str) -> None:
-        self.slot_lsn = slot_lsn
-        self.sink_lsn = sink_lsn
-        super().__init__(
-            f"replication slot {slot!r} is at confirmed_flush_lsn {slot_lsn}, ahead of the "
-            f"sink {sink} (last committed window ends at {sink_lsn}): the changes between "
-            f"{sink_lsn} and {slot_lsn} were consumed by someone else and are not in the lake. "
-            f"Nothing was drained. Fix: find what advanced the slot; rebuild the sink from a new "
-            f"initial snapshot, or accept the gap explicitly by recording it"
-        )
-
-
-class SinkFromAnotherSourceError(PgLogReplError):
-    """The lake's commits came from another server, or another timeline of this one: its LSNs
-    and the slot's do not describe the same WAL, so neither can move the other."""
-
-    def __init__(
-        self, slot: str, sink: str, recorded: dict[str, Any], current: dict[str, Any]
-    ) -> None:
-        def show(identity: dict[str, Any]) -> str:
-            return (
-                f"system identifier {identity.get('system_identifier')}, timeline "
-                f"{identity.get('timeline')}, database {identity.get('database')!r}"
-            )
-
-        super().__init__(
-            f"lake {sink} was written from {show(recorded)}, but slot {slot!r} is on "
-            f"{show(current)}. Nothing was drained and the slot did not move. Fix: point the "
-            f"drain at the server the lake came from (PGLOGREPL_SOURCE_DSN, or the connection). "
-            f"If the change was deliberate and the lake's history is this server's (a pg_upgrade "
-            f"that carried the slot over, or a promotion whose slot was synced before the "
-            f"switch), drain once with accept_source_change=True (--accept-source-change); "
-            f"otherwise take a new initial snapshot into a new lake"
-        )
 
 
 @dataclass

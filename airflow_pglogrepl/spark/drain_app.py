@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_pglogrepl.exceptions import SparkSetupError
 from airflow_pglogrepl.spark import app
 from airflow_pglogrepl.spark.app import DSN_ENV
 
@@ -102,7 +103,7 @@ def check_executors(spark: Any) -> list[dict[str, Any]]:
     try:
         found = spark.sparkContext.parallelize(range(slots), slots).map(_executor_probe).collect()
     except Exception as exc:
-        raise RuntimeError(
+        raise SparkSetupError(
             f"Spark executors of {master} cannot import airflow_pglogrepl "
             f"({exc.__class__.__name__}). Fix: ship the package with spark-submit --py-files "
             f"(SlotDrainOperator builds the zip itself) or install it on every worker"

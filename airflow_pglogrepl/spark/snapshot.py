@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.exceptions import (
     LakeError,
-    PgLogReplError,
+    SinkError,
     SinkNotEmptyError,
+    SinkNotSnapshottedError,
     SlotError,
     UnstorableValueError,
     UnsupportedColumnNameError,
@@ -540,7 +541,7 @@ class SnapshotCopy:
         if self.tables is None:
             check_empty_sink(self.lake)
         elif self.lake.position() is None:
-            raise PgLogReplError(
+            raise SinkNotSnapshottedError(
                 f"lake {self.lake.root} holds no commit yet: take an initial snapshot of the "
                 f"whole publication first (tables=None)"
             )
@@ -698,7 +699,7 @@ class SnapshotCopy:
         for table in tables:
             current = self.lake.state_version(table.table)
             if current is not None and current > cp:
-                raise PgLogReplError(
+                raise SinkError(
                     f"the state of {table.table} is already at {current}, past this snapshot's "
                     f"consistent point {cp}. Run the re-snapshot again"
                 )

@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
+from airflow_pglogrepl.exceptions import SlotAheadOfSinkError
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.materialize import materialize
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.spark.drain import Drain, SlotAheadOfSinkError
+from airflow_pglogrepl.spark.drain import Drain
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 from tests.support.drain import (

@@ -17,6 +17,8 @@ import pytest
 from airflow_pglogrepl.exceptions import (
     ArrowPeekError,
     PublicationNotFoundError,
+    SinkFromAnotherSourceError,
+    SlotAheadOfSinkError,
     SlotInUseError,
     SlotLostError,
 )
@@ -25,7 +27,7 @@ from airflow_pglogrepl.lake.delta import read_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.sensors.verdicts import drain_refusal
-from airflow_pglogrepl.spark.drain import Drain, SinkFromAnotherSourceError, SlotAheadOfSinkError
+from airflow_pglogrepl.spark.drain import Drain
 from airflow_pglogrepl.tables import TableRef
 from tests.support.pgoutput_encoder import Session, relation
 
