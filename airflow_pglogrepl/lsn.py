@@ -54,6 +54,15 @@ class LSN:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("LSN is immutable")
 
+    @staticmethod
+    def from_server(value: int) -> LSN:
+        """An LSN from a server's ``pg_lsn`` read as a signed int8 (values at or above 2**63
+        arrive negative), without ``LSN()``'s argument checks: the server's value needs none,
+        and a peek builds one per message (the checks cost about 0.35 us each)."""
+        lsn = _new(LSN)
+        _set_value(lsn, value + _U64 if value < 0 else value)
+        return lsn
+
     @classmethod
     def parse(cls, text: str) -> LSN:
         """Parse PostgreSQL's text form, for example ``"0/16B3748"``."""
@@ -127,3 +136,9 @@ def _parse(text: str) -> int:
     if match is None:
         raise InvalidLSNError(text)
     return (int(match.group(1), 16) << 32) | int(match.group(2), 16)
+
+
+# LSN.from_server's fast path: the slot of the one attribute, set without __init__.
+_new = object.__new__
+_set_value = LSN.__dict__["_value"].__set__
+_U64 = 1 << 64

@@ -39,7 +39,13 @@ def sink_asset(sink: str) -> Asset:
 
 
 class CapturingSparkSubmitHook(SparkSubmitHook):
-    """SparkSubmitHook that also keeps the application's output lines (for its JSON summary)."""
+    """SparkSubmitHook that also keeps the application's output lines (for its JSON summary).
+
+    The Spark provider has no public way to read the application's output: this overrides its
+    private ``_process_spark_submit_log`` and keeps each line on the way through.
+    tests/unit/test_spark_submit_internals.py pins what this relies on, so a provider upgrade
+    that changes it fails there, not silently in a drain.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -90,6 +96,9 @@ class PackageSparkSubmitOperator(SparkSubmitOperator):
         return summary_line(getattr(self._hook, "captured", []), *keys)
 
     def _get_hook(self) -> SparkSubmitHook:
+        # The provider builds its hook from a dozen operator fields in its private _get_hook;
+        # the capturing hook takes that hook's state as it is rather than repeat the list
+        # (pinned by tests/unit/test_spark_submit_internals.py).
         base = super()._get_hook()
         hook = CapturingSparkSubmitHook.__new__(CapturingSparkSubmitHook)
         hook.__dict__.update(base.__dict__)

@@ -111,3 +111,14 @@ def test_integers_outside_64_bits_raise(value: int) -> None:
 def test_other_types_raise(value: object) -> None:
     with pytest.raises(InvalidLSNError):
         LSN(value)  # type: ignore[arg-type]
+
+
+def test_from_server_reads_a_signed_int8_without_checks_and_equals_the_checked_lsn() -> None:
+    """The peek's fast path: pg_lsn read as int8, 2**63 and above arriving negative."""
+    assert LSN.from_server(0x16B374D848) == LSN("16/B374D848")
+    assert LSN.from_server(-1) == LSN("FFFFFFFF/FFFFFFFF")
+    assert LSN.from_server(-(1 << 63)) == LSN(1 << 63)
+    made = LSN.from_server(42)
+    assert type(made) is LSN and hash(made) == hash(LSN(42))
+    with pytest.raises(AttributeError):
+        made._value = 1  # type: ignore[misc]

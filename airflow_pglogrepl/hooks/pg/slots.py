@@ -193,14 +193,9 @@ def peek_changes(
         with slot_errors(slot, setting=lambda s: show(conn, s)):
             rows = _fetch(conn, query, arguments, batch_rows, chunked=chunked)
             try:
-                # LSN(value) checks its argument (~0.35 us a row); a pg_lsn needs no check.
-                new, set_value = object.__new__, _LSN_VALUE.__set__
+                from_server = LSN.from_server  # no argument checks: the server's pg_lsn
                 for value, xid, data in rows:
-                    if value < 0:  # int8 loader: pg_lsn at or above 2**63 reads negative
-                        value += _U64_RANGE
-                    lsn = new(LSN)
-                    set_value(lsn, value)
-                    yield lsn, xid, data
+                    yield from_server(value), xid, data
             finally:
                 rows.close()  # a caller that stopped early: cancel the query, drain the rest
         if not chunked:
@@ -209,10 +204,8 @@ def peek_changes(
 
 # pg_lsn's binary form is int8's (8 bytes, big endian, unsigned) and xid's is oid's (4 bytes,
 # unsigned): psycopg's compiled loaders read them without a cast on the server or a Python call
-# per value. The LSN objects are then built in peek_changes without LSN's own argument checks.
+# per value. The LSN objects are then built by LSN.from_server, without LSN's argument checks.
 _XID_OID = 28
-_U64_RANGE = 1 << 64
-_LSN_VALUE: Any = LSN.__dict__["_value"]  # the slot of LSN's one attribute (__slots__)
 
 
 def _chunked_rows() -> bool:
