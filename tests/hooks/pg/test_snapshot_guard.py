@@ -26,7 +26,7 @@ from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.spark.snapshot import SnapshotCopy, SnapshotPoint
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 from tests.integration.test_drain import Source
-from tests.integration.test_snapshot import lake_table, source_table
+from tests.spark.test_snapshot import lake_table, source_table
 
 # Behaviour here depends on the server's major version: make test runs it on 15 to 18.
 pytestmark = pytest.mark.pgversion

@@ -23,7 +23,7 @@ import pytest
 
 from airflow_pglogrepl.tables import TableRef
 from tests.integration.test_drain import Source, drain_in_process, source
-from tests.integration.test_schema_live import ONE_WINDOW, assert_state_equals_source, re_snapshot
+from tests.lake.test_evolve import ONE_WINDOW, assert_state_equals_source, re_snapshot
 from tests.support.drain import read_delta
 
 __all__ = ["source"]  # the fixture, shared with the drain tests
