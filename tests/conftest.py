@@ -1,4 +1,7 @@
-"""Session-wide test harness: live PostgreSQL clusters and a throwaway Airflow home.
+"""Session-wide test harness: live PostgreSQL clusters and a throwaway Airflow home, the
+fixtures shared across the test folders, and the marks that say what each test needs.
+
+Helpers the tests import live in ``tests/support``; this file holds fixtures and marking only.
 
 Airflow reads its configuration when first imported, so the Airflow home is set up in
 ``pytest_configure``, before any test module (or the hook) imports Airflow.
@@ -14,6 +17,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -23,8 +27,12 @@ from airflow_pglogrepl.testing.pgcluster import (
     find_bindir,
     start_cluster,
 )
+from tests.support.airflow import airflow_environment, set_airflow_connection
+from tests.support.paths import TESTS
 
-TESTS = Path(__file__).resolve().parent
+if TYPE_CHECKING:  # imported in the fixture: the hook imports Airflow, configured below first
+    from tests.support.sources import Source
+
 _AIRFLOW_HOME: Path | None = None
 _CLUSTER_BASE: Path | None = None
 
@@ -47,22 +55,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def airflow_environment(home: Path) -> dict[str, str]:
-    """Environment for an isolated Airflow: SQLite metadata DB, our test DAGs, no examples."""
-    return {
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(TESTS / "dags"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
-        "AIRFLOW__API_AUTH__JWT_SECRET": "pglogrepl-tests-only-secret-0123456789abcdef",
-    }
-
-
 # What a test needs, read from the fixtures it uses; tests that start what they need themselves
-# (a drain application or the demo in a subprocess) say so with the mark.
+# (clusters of their own, a drain application, spark-submit, the demo or the Airflow CLI in a
+# subprocess, docker-compose) say so with the mark.
 NEEDS_BY_FIXTURE = {
     "live": {"publisher", "subscriber", "replica_level_cluster", "pg_bindir", "pg_tool",
              "pg_bindir_of", "publisher_conn_id", "subscriber_conn_id"},
@@ -72,18 +67,30 @@ NEEDS_BY_FIXTURE = {
 NEEDS = ("live", "spark", "airflow", "docker")
 
 
+def _direct_parameters(item: pytest.Item) -> set[str]:
+    """Arguments a test takes from its own ``parametrize`` (not indirect): values, not fixtures,
+    even when one shares a fixture's name (``publisher=50`` is a number, not the cluster)."""
+    names: set[str] = set()
+    for mark in item.iter_markers("parametrize"):
+        argnames = mark.args[0] if mark.args else mark.kwargs["argnames"]
+        if isinstance(argnames, str):
+            argnames = [n.strip() for n in argnames.split(",") if n.strip()]
+        indirect = mark.kwargs.get("indirect", False)
+        names.update(n for n in argnames if not (indirect is True or (indirect and n in indirect)))
+    return names
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark tests by what they need: ``live`` (PostgreSQL clusters; every test under
-    tests/integration), ``spark`` (a JVM), ``airflow`` (a migrated metadata database),
-    ``docker`` (docker-compose). A test that needs none of them is ``unit``: ``make test-unit``
-    runs those alone, without a server or a JVM."""
+    """Mark tests by what they need, wherever they live: ``live`` (PostgreSQL clusters),
+    ``spark`` (a JVM), ``airflow`` (a migrated metadata database), ``docker`` (docker-compose).
+    The need comes from the fixtures a test uses (NEEDS_BY_FIXTURE) or from the mark a test
+    that starts what it needs itself carries. A test that needs none of them is ``unit``:
+    ``make test-unit`` runs those alone, without a server or a JVM."""
     for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
+        fixtures = set(getattr(item, "fixturenames", ())) - _direct_parameters(item)
         for need, names in NEEDS_BY_FIXTURE.items():
             if fixtures & names:
                 item.add_marker(need)
-        if Path(str(item.fspath)).relative_to(TESTS).parts[0] == "integration":
-            item.add_marker(pytest.mark.live)
         if not any(item.get_closest_marker(need) for need in NEEDS):
             item.add_marker(pytest.mark.unit)
 
@@ -155,11 +162,6 @@ def replica_level_cluster(pg_bindir: Path) -> Iterator[PgCluster]:
     yield from _cluster("replica-level", pg_bindir, {**LOGICAL_SETTINGS, "wal_level": "replica"})
 
 
-def set_airflow_connection(conn_id: str, uri: str) -> None:
-    """Define an Airflow connection through the environment (AIRFLOW_CONN_<ID>)."""
-    os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = uri
-
-
 @pytest.fixture(scope="session")
 def publisher_conn_id(publisher: PgCluster) -> str:
     """Airflow connection id of the publisher's superuser."""
@@ -184,6 +186,23 @@ def slot_name(request: pytest.FixtureRequest) -> str:
     return f"t{next(_names)}_{base}".strip("_")
 
 
+_sources = itertools.count(1)
+
+
+@pytest.fixture
+def source(publisher: PgCluster) -> Iterator[Source]:
+    """A database of its own with a pgoutput slot created before any table."""
+    from tests.support.sources import Source
+
+    n = next(_sources)
+    db = f"drain_{n}"
+    publisher.create_database(db)
+    src = Source(publisher, db, f"lake_{n}", "lake_pub")
+    src.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (src.slot,))
+    yield src
+    src.sql("SELECT pg_drop_replication_slot(%s)", (src.slot,))
+
+
 # -- Airflow ----------------------------------------------------------------------------------
 
 
@@ -203,54 +222,6 @@ def airflow_home() -> Path:
         assert result.returncode == 0, f"airflow db migrate failed:\n{result.stderr[-4000:]}"
         marker.touch()
     return _AIRFLOW_HOME
-
-
-def airflow_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    """Run the ``airflow`` CLI with the session's environment."""
-    return subprocess.run(
-        [sys.executable, "-m", "airflow", *args],
-        capture_output=True,
-        text=True,
-        env=os.environ.copy(),
-        timeout=timeout,
-        check=False,
-    )
-
-
-def run_dag(dag_id: str, conf: dict[str, object] | None = None) -> object:
-    """Run a DAG from the dags folder in-process with ``dag.test()``; return its DagRun.
-
-    ``dag.test()`` reports a failed run through the returned DagRun's state rather than by
-    raising, so callers assert ``run.state``.
-    """
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
-    assert not bag.import_errors, bag.import_errors
-    dag = bag.get_dag(dag_id)
-    assert dag is not None, (
-        f"DAG {dag_id!r} not found in {os.environ['AIRFLOW__CORE__DAGS_FOLDER']}"
-    )
-    return dag.test(run_conf=conf or {})
-
-
-def xcom_value(dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> object:
-    """An XCom value a run pushed, read from the metadata database."""
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    with create_session() as session:
-        rows = session.execute(
-            select(XComModel.value).where(
-                XComModel.dag_id == dag_id,
-                XComModel.run_id == run_id,
-                XComModel.task_id == task_id,
-                XComModel.key == key,
-            )
-        ).all()
-    assert rows, f"no XCom {key!r} from {dag_id}.{task_id} in run {run_id}"
-    return rows[0][0]
 
 
 # -- Spark ------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_pglogrepl.operators.publication import CreatePublicationOperator
 from airflow_pglogrepl.row_filter import check_row_filter
 
 pytestmark = pytest.mark.unit
@@ -43,8 +42,3 @@ def test_expressions_pass(text: str) -> None:
 def test_what_would_leave_the_where_is_refused(text: str, reason: str) -> None:
     with pytest.raises(ValueError, match=rf"row filter of public\.t .*({reason})"):
         check_row_filter(text, table="public.t")
-
-
-def test_row_filters_are_not_templated() -> None:
-    """A DAG run's conf reaches an operator only through templated fields."""
-    assert "row_filters" not in CreatePublicationOperator.template_fields

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_pglogrepl.hooks.pg.connect import long_work_settings
 from airflow_pglogrepl.versions import Features
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.unit
 
@@ -29,23 +29,15 @@ def test_features_by_version(
     assert features.non_superuser_subscriptions is non_superuser
 
 
-def test_long_work_turns_off_only_the_timeouts_the_server_has() -> None:
-    assert "transaction_timeout" not in long_work_settings(160000)
-    assert long_work_settings(170000)["transaction_timeout"] == "0"
-    assert long_work_settings(150000)["idle_session_timeout"] == "0"
-    assert long_work_settings(150000, lock_timeout_ms=500)["lock_timeout"] == "500"
-
-
 def test_every_place_that_names_the_supported_versions_agrees() -> None:
     """versions.SUPPORTED_MAJORS is what the matrix runs (Makefile), what the provider metadata,
     README and docs/versions.md say: a version added or dropped in one place fails here."""
     import re
-    from pathlib import Path
 
     from airflow_pglogrepl.get_provider_info import get_provider_info
     from airflow_pglogrepl.versions import SUPPORTED_MAJORS
 
-    repo = Path(__file__).resolve().parents[2]
+    repo = REPO
     makefile = (repo / "Makefile").read_text()
     matrix = re.search(r"^PG_MATRIX \?= (.*)$", makefile, re.M)
     fetched = re.search(r"^PG_BINARIES := (.*)$", makefile, re.M)

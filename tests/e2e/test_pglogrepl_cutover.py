@@ -16,9 +16,9 @@ import pytest
 from psycopg import sql
 
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, PgCluster, local_cluster
-from tests.conftest import set_airflow_connection
+from tests.support.airflow import set_airflow_connection
+from tests.support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "pglogrepl_cutover"
 _ids = itertools.count(1)
 

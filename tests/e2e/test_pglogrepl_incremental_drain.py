@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from airflow_pglogrepl.testing.pgcluster import PgCluster
-from tests.conftest import set_airflow_connection
+from tests.support.airflow import set_airflow_connection
 from tests.support.drain import lake_rows, source_rows
+from tests.support.paths import REPO
 
 # The DAG's task runs spark-submit (a JVM).
 pytestmark = pytest.mark.spark
 
-REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "pglogrepl_incremental_drain"
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
 from airflow_pglogrepl.testing.pgcluster import PgCluster
-from tests.conftest import airflow_cli, run_dag, set_airflow_connection, xcom_value
+from tests.support.airflow import airflow_cli, run_dag, set_airflow_connection, xcom_value
 
 # Behaviour here depends on the server's major version: make test runs it on 15 to 18.
 pytestmark = pytest.mark.pgversion

@@ -258,11 +258,3 @@ def test_an_open_transaction_carries_into_the_next_batch() -> None:
     decoder = ColumnarDecoder(OPTIONS)
     decoder.feed(pa.array(messages, pa.binary()))
     assert decoder.transactions == 1 and decoder.commit_lsns == [0x500]
-
-
-def test_peek_arguments_travel_as_a_text_array_literal_not_sql() -> None:
-    from airflow_pglogrepl.hooks.pg.adbc import text_array_literal
-
-    assert text_array_literal(["publication_names", '"a ""b""", c\\d']) == (
-        '{"publication_names","\\"a \\"\\"b\\"\\"\\", c\\\\d"}'
-    )

@@ -15,57 +15,12 @@ import pytest
 
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.tables import TableRef
-from tests.integration.test_drain import Source, drain_in_process, source
-from tests.support.drain import all_changelog_keys, normalize, read_delta
-
-__all__ = ["source"]  # the fixture, shared with the drain tests
+from tests.support.drain import ONE_WINDOW, assert_state_equals_source, drain_in_process, read_delta
+from tests.support.snapshot import re_snapshot
+from tests.support.sources import Source
 
 T, V = TableRef("public", "t"), TableRef("public", "v")
-ONE_WINDOW = 1 << 30
 SMALL_WINDOWS = 2048
-
-
-def source_columns(src: Source, table: str) -> list[str]:
-    rows = src.sql(
-        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
-        "AND NOT attisdropped ORDER BY attnum",
-        (table,),
-    )
-    return [r[0] for r in rows]
-
-
-def source_state(src: Source, table: str) -> list[tuple[Any, ...]]:
-    names = ", ".join(f'"{n}"' for n in source_columns(src, table))
-    rows = src.sql(f"SELECT {names} FROM {table} ORDER BY 1")
-    return [tuple(normalize(v) for v in row) for row in rows]
-
-
-def lake_state(sink: str, ref: TableRef, names: list[str]) -> list[tuple[Any, ...]]:
-    table = read_delta(Path(sink, "state", f"{ref.schema}.{ref.name}")).to_pylist()
-    return sorted((tuple(normalize(r[n]) for n in names) for r in table), key=lambda r: r[0])
-
-
-def assert_state_equals_source(src: Source, sink: str, ref: TableRef) -> None:
-    names = source_columns(src, ref.name)
-    assert lake_state(sink, ref, names) == source_state(src, ref.name), ref
-    keys = all_changelog_keys(sink, [ref])
-    assert len(keys) == len(set(keys))
-
-
-def re_snapshot(spark: Any, src: Source, sink: str, tables: list[TableRef]) -> None:
-    """The fix the errors name: a one-table snapshot (here in process, on the session's Spark)."""
-    from airflow_pglogrepl.spark.snapshot import SnapshotCopy, SnapshotPoint, temporary_slot_name
-
-    hook = src.hook()
-    with (
-        hook.writer_lock(src.slot),
-        hook.create_slot_with_snapshot(temporary_slot_name(src.slot), temporary=True) as held,
-    ):
-        SnapshotCopy(
-            spark=spark, lake=Lake(sink, src.slot), reader_params=hook.connection_params(),
-            publications=[src.publication], tables=tables,
-            point=SnapshotPoint(src.slot, held.consistent_point, held.snapshot_name),
-        ).run()  # fmt: skip
 
 
 def in_one_transaction(src: Source, *statements: str) -> None:

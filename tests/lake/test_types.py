@@ -1,4 +1,5 @@
-"""Every PostgreSQL type through the lake, against a live cluster and real Spark.
+"""PostgreSQL types in the lake: the Arrow type and value each maps to, and every type through
+the lake against a live cluster.
 
 One table holds a column of every type docs/types.md lists. Its first rows reach the lake
 through a snapshot (COPY text, parsed on Spark's executors), the rest through the drain
@@ -14,19 +15,181 @@ print them as the decoder reads them anyway.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import pyarrow as pa
 import pytest
 
+from airflow_pglogrepl.lake.types import (
+    arrow_schema,
+    arrow_type,
+    arrow_value,
+    numeric_precision_scale,
+)
+from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
+from airflow_pglogrepl.pgoutput.values import OID, Interval, from_text
 from airflow_pglogrepl.tables import TableRef
-from tests.integration.test_drain import Source, drain_in_process, source
-from tests.lake.test_evolve import ONE_WINDOW, assert_state_equals_source, re_snapshot
-from tests.support.drain import read_delta
+from tests.support.drain import ONE_WINDOW, assert_state_equals_source, drain_in_process, read_delta
+from tests.support.snapshot import re_snapshot
+from tests.support.sources import Source
 
-__all__ = ["source"]  # the fixture, shared with the drain tests
+UTC = dt.UTC
+IST = dt.timezone(dt.timedelta(hours=5, minutes=30))
+
+
+# -- Arrow ------------------------------------------------------------------------------------
+
+
+def test_numeric_typmod() -> None:
+    assert numeric_precision_scale(-1) is None
+    assert numeric_precision_scale((10 << 16 | 2) + 4) == (10, 2)
+    assert numeric_precision_scale((5 << 16 | (-3 & 0x7FF)) + 4) == (5, -3)
+
+
+@pytest.mark.parametrize(
+    ("oid", "typmod", "expected"),
+    [
+        (OID.BOOL, -1, pa.bool_()),
+        (OID.INT2, -1, pa.int64()),
+        (OID.INT4, -1, pa.int64()),
+        (OID.INT8, -1, pa.int64()),
+        (OID.FLOAT4, -1, pa.float32()),
+        (OID.NUMERIC, (10 << 16 | 2) + 4, pa.decimal128(38, 2)),
+        (OID.NUMERIC, (38 << 16 | 2) + 4, pa.decimal128(38, 2)),
+        (OID.NUMERIC, (60 << 16 | 5) + 4, pa.string()),
+        (OID.NUMERIC, (200 << 16 | 5) + 4, pa.string()),
+        (OID.NUMERIC, (5 << 16 | (-3 & 0x7FF)) + 4, pa.string()),
+        (OID.NUMERIC, -1, pa.string()),
+        (OID.BYTEA, -1, pa.binary()),
+        (OID.DATE, -1, pa.date32()),
+        (OID.TIME, -1, pa.int64()),
+        (OID.TIMESTAMP, -1, pa.timestamp("us")),
+        (OID.TIMESTAMPTZ, -1, pa.timestamp("us", tz="UTC")),
+        (OID.UUID, -1, pa.string()),
+        (OID.JSONB, -1, pa.string()),
+        (1007, -1, pa.list_(pa.int64())),
+        (None, -1, pa.string()),
+    ],
+)
+def test_arrow_types(oid: int | None, typmod: int, expected: pa.DataType) -> None:
+    assert arrow_type(oid, typmod) == expected
+
+
+def test_interval_is_a_parquet_friendly_struct() -> None:
+    assert arrow_type(OID.INTERVAL) == pa.struct(
+        [("months", pa.int32()), ("days", pa.int32()), ("microseconds", pa.int64())]
+    )
+
+
+@pytest.mark.parametrize(
+    ("oid", "typmod", "text"),
+    [
+        (OID.BOOL, -1, "t"),
+        (OID.INT4, -1, "7"),
+        (OID.FLOAT4, -1, "NaN"),
+        (OID.NUMERIC, (10 << 16 | 2) + 4, "12345678.90"),
+        (OID.NUMERIC, -1, "NaN"),
+        (OID.TEXT, -1, "x"),
+        (OID.BYTEA, -1, "\\x01"),
+        (OID.DATE, -1, "2024-01-01"),
+        (OID.TIME, -1, "12:00:00.5"),
+        (OID.TIMESTAMP, -1, "2024-01-01 00:00:00"),
+        (OID.TIMESTAMPTZ, -1, "2024-01-01 05:30:00+05:30"),
+        (OID.INTERVAL, -1, "1 mon 2 days 00:00:03"),
+        (OID.UUID, -1, "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"),
+        (OID.JSONB, -1, '{"a": 1}'),
+        (OID.INET, -1, "10.1.2.3"),
+        (OID.CIDR, -1, "10.0.0.0/8"),
+        (1009, -1, "{a,NULL}"),
+    ],
+)
+def test_decoded_values_fit_their_arrow_type(oid: int, typmod: int, text: str) -> None:
+    data_type = arrow_type(oid, typmod)
+    value = arrow_value(from_text(oid, text), oid, typmod)
+    array = pa.array([value, None], type=data_type)
+    assert array.null_count == 1 and len(array) == 2
+
+
+def test_arrow_values_read_as_postgresql_prints_them() -> None:
+    assert arrow_value(from_text(OID.INET, "10.1.2.3"), OID.INET) == "10.1.2.3"
+    assert arrow_value(from_text(OID.INET, "10.1.2.3/8"), OID.INET) == "10.1.2.3/8"
+    assert arrow_value(from_text(OID.UUID, "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11"), OID.UUID) == (
+        "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
+    )
+    assert arrow_value(Interval(1, 2, 3), OID.INTERVAL) == {
+        "months": 1,
+        "days": 2,
+        "microseconds": 3,
+    }
+    stamp = dt.datetime(2024, 1, 1, 5, 30, tzinfo=IST)
+    assert arrow_value(stamp, OID.TIMESTAMPTZ) == dt.datetime(2024, 1, 1, tzinfo=UTC)
+
+
+NUMERIC_10_2 = (10 << 16 | 2) + 4
+
+
+@pytest.mark.parametrize(
+    ("value", "oid", "typmod", "expected"),
+    [
+        (Decimal("NaN"), OID.NUMERIC, NUMERIC_10_2, None),  # a decimal has no NaN
+        (Decimal("NaN"), OID.NUMERIC, -1, "NaN"),
+        (Decimal("-Infinity"), OID.NUMERIC, -1, "-Infinity"),
+        ("infinity", OID.DATE, -1, 2**31 - 1),
+        ("-infinity", OID.DATE, -1, -(2**31)),
+        ("0044-03-15 BC", OID.DATE, -1, -735_160),
+        ("10000-01-01", OID.DATE, -1, 2_932_897),
+        ("infinity", OID.TIMESTAMP, -1, 2**63 - 1),
+        ("-infinity", OID.TIMESTAMPTZ, -1, -(2**63)),
+        ("0001-01-01 00:00:00 BC", OID.TIMESTAMP, -1, -62_167_219_200_000_000),
+        ("0001-01-01 00:00:00+00 BC", OID.TIMESTAMPTZ, -1, -62_167_219_200_000_000),
+        ("10000-01-01 00:00:00.5+01:30", OID.TIMESTAMPTZ, -1, 253_402_295_400_500_000),
+        ("24:00:00", OID.TIME, -1, 86_400_000_000),
+        (dt.time(0, 0, 1, 5), OID.TIME, -1, 1_000_005),
+        ([[1, 2], [3, None]], 1007, -1, [1, 2, 3, None]),  # stored flattened
+        ('{"a":  1}', OID.JSON, -1, '{"a":  1}'),
+    ],
+)
+def test_values_python_cannot_hold_have_a_lake_value(
+    value: Any, oid: int, typmod: int, expected: Any
+) -> None:
+    assert arrow_value(value, oid, typmod) == expected
+    pa.array([arrow_value(value, oid, typmod)], arrow_type(oid, typmod))
+
+
+@pytest.mark.parametrize(
+    ("value", "oid", "typmod"),
+    [
+        (Decimal("Infinity"), OID.NUMERIC, NUMERIC_10_2),  # PostgreSQL refuses it there
+        ("294248-01-01 00:00:00", OID.TIMESTAMP, -1),  # beyond int64 microseconds since 1970
+        ("25:00:00", OID.TIME, -1),
+    ],
+)
+def test_values_the_lake_cannot_hold_are_rejected_loudly(value: Any, oid: int, typmod: int) -> None:
+    with pytest.raises(ValueError):
+        arrow_value(value, oid, typmod)
+
+
+def test_arrow_schema_of_a_table() -> None:
+    table = TableInfo(
+        "public",
+        "t",
+        [
+            ColumnInfo("id", OID.INT8, -1, True, OID.INT8),
+            ColumnInfo("price", OID.NUMERIC, (10 << 16 | 2) + 4, False, OID.NUMERIC),
+            ColumnInfo("mood", 16390, -1, False, None),  # an enum: text
+            ColumnInfo("qty", 16400, -1, False, OID.INT4),  # a domain over int4
+        ],
+    )
+    schema = arrow_schema(table)
+    assert schema.names == ["id", "price", "mood", "qty"]
+    assert schema.types == [pa.int64(), pa.decimal128(38, 2), pa.string(), pa.int64()]
+    assert schema.metadata == {b"postgres.relation": b"public.t"}
+    assert arrow_schema(table) == schema
+
 
 EVERY = TableRef("public", "every")
 

@@ -4,16 +4,24 @@ The provider offers no public way to read the application's output (the drain's 
 line), so ``CapturingSparkSubmitHook`` overrides ``_process_spark_submit_log`` and
 ``PackageSparkSubmitOperator._get_hook`` takes the provider's hook state over. An upgrade that
 renames or reshapes either fails here, before a drain loses its summary.
+
+``with_delta``: the operators make Delta Lake available to Spark without overriding the user.
 """
 
 from __future__ import annotations
 
 import inspect
 
+import pytest
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from airflow_pglogrepl.operators._spark import CapturingSparkSubmitHook, PackageSparkSubmitOperator
+from airflow_pglogrepl.operators._spark import (
+    CapturingSparkSubmitHook,
+    PackageSparkSubmitOperator,
+    with_delta,
+)
+from airflow_pglogrepl.spark.session import DELTA_PACKAGES, JARS_ENV
 
 
 def test_the_provider_still_has_the_private_methods_we_override() -> None:
@@ -38,3 +46,15 @@ def test_the_capturing_hook_keeps_the_lines_and_the_providers_state() -> None:
     assert set(vars(hook)) == set(vars(base)) | {"captured"}
     hook._process_spark_submit_log(iter(['{"windows": 1}\n', "plain line\n"]))
     assert hook.captured == ['{"windows": 1}', "plain line"]
+
+
+def test_the_users_settings_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(JARS_ENV, raising=False)
+    mine = {"spark.sql.extensions": "my.Extension", "spark.executor.memory": "2g"}
+    conf = with_delta(mine)
+    assert conf["spark.sql.extensions"] == "my.Extension" and conf["spark.executor.memory"] == "2g"
+    assert conf["spark.jars.packages"] == ",".join(DELTA_PACKAGES)
+    # jars of their own (operator argument or configuration): ours are not added
+    assert "spark.jars.packages" not in with_delta({}, user_jars=True)
+    assert with_delta({"spark.jars": "/opt/delta.jar"})["spark.jars"] == "/opt/delta.jar"
+    assert "spark.jars.packages" not in with_delta({"spark.jars": "/opt/delta.jar"})

@@ -1,200 +1,30 @@
-"""Cutover toolkit decisions without a server: fence state, sequence plans, parity, conflicts."""
+"""Apply conflicts: the subscription's problems, the skip LSN never guessed, and on live clusters
+a conflict reported with its relation and skipped only given the LSN.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_pglogrepl.exceptions import InvalidLSNError
+from airflow_pglogrepl.exceptions import InvalidLSNError, ReplicationFailedError
 from airflow_pglogrepl.hooks.conflicts import SubscriptionErrors
-from airflow_pglogrepl.hooks.fence import FenceGrant, RoleFence, parse_role_settings
-from airflow_pglogrepl.hooks.parity import TableChecksum
 from airflow_pglogrepl.hooks.records import RelState
-from airflow_pglogrepl.hooks.sequences import SequenceState
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.operators.arguments import names
 from airflow_pglogrepl.operators.conflicts import (
     SkipConflictingTransactionOperator,
-    describe_pending,
+    SubscriptionErrorCheckOperator,
     parse_skip_lsn,
     subscription_problems,
 )
-from airflow_pglogrepl.operators.fence import WriteFenceOperator
-from airflow_pglogrepl.operators.parity import compare
-from airflow_pglogrepl.operators.sequences import SyncSequencesOperator, plan_sequence
-from airflow_pglogrepl.pgoutput.messages import (
-    BeginMessage,
-    CommitMessage,
-    DeleteMessage,
-    InsertMessage,
-    TruncateMessage,
-    UpdateMessage,
-)
-from airflow_pglogrepl.pgoutput.pending import PendingTransaction, first_pending_transaction
 from airflow_pglogrepl.tables import TableRef
-from tests.support.pgoutput_encoder import T0, encode, relation
-
-HOSTILE = TableRef('Sales "Q1"', "Ordërs; drop")
-
-# -- fence state -----------------------------------------------------------------------------------
-
-
-def test_role_fence_round_trips_hostile_names_through_its_setting_text() -> None:
-    state = RoleFence(
-        role='app "x"; y',
-        read_only_set=True,
-        previous_read_only="off",
-        grants=(FenceGrant(HOSTILE, "INSERT", True), FenceGrant(TableRef("public", "t"), "DELETE")),
-    )
-    text = state.to_json()
-    assert "\n" not in text and "=" not in text.split(":", 1)[0]
-    back = RoleFence.from_json(state.role, text)
-    assert back.read_only_set and back.previous_read_only == "off"
-    assert sorted(back.grants) == sorted(state.grants)
-    # The catalog stores it as one ``name=value`` item; splitting at the first '=' recovers it.
-    settings = parse_role_settings([f"pglogrepl.fence_state={text}", "search_path=a, b"])
-    assert RoleFence.from_json(state.role, settings["pglogrepl.fence_state"]) == back
-    assert settings["search_path"] == "a, b"
-
-
-def test_role_fence_grows_and_never_forgets() -> None:
-    first = RoleFence("app").with_grants([FenceGrant(HOSTILE, "INSERT", True)])
-    # A repeat run finds the privilege gone already: it must keep what the first run saved.
-    again = first.with_grants([FenceGrant(HOSTILE, "INSERT", False), FenceGrant(HOSTILE, "UPDATE")])
-    assert again.grants == (FenceGrant(HOSTILE, "INSERT", True), FenceGrant(HOSTILE, "UPDATE"))
-    assert first.with_grants([]) == first
-
-
-def test_role_fence_refuses_an_unknown_format() -> None:
-    with pytest.raises(ValueError, match=r"unknown pglogrepl\.fence_state format"):
-        RoleFence.from_json("app", '{"v": 2, "grants": []}')
-    assert parse_role_settings(None) == {}
-
-
-def test_fence_operator_validates_its_arguments() -> None:
-    base: dict[str, Any] = {"task_id": "f", "postgres_conn_id": "pub"}
-    with pytest.raises(ValueError, match="at least one role"):
-        WriteFenceOperator(**base, roles=[], tables=["t"])
-    with pytest.raises(ValueError, match="tables, a publication"):
-        WriteFenceOperator(**base, roles=["app"])
-    with pytest.raises(ValueError, match="revoke_privileges, read_only"):
-        WriteFenceOperator(**base, roles=["app"], tables=["t"], revoke_privileges=False)
-    with pytest.raises(ValueError, match="terminate must be"):
-        WriteFenceOperator(**base, roles=["app"], tables=["t"], terminate="all")  # type: ignore[arg-type]
-    op = WriteFenceOperator(**base, roles="app", publication="{{ params.pub }}")
-    assert "publication" in op.template_fields and names(op.roles) == ["app"]
-    assert names(None) == [] and names(("a", "b")) == ["a", "b"]
-
-
-# -- sequences -------------------------------------------------------------------------------------
-
-
-def _seq(last: int | None, increment: int = 1, max_value: int = 2**63 - 1) -> SequenceState:
-    return SequenceState(TableRef("public", "s"), last, increment, 1, max_value)
-
-
-@pytest.mark.parametrize(
-    ("current", "publisher", "column", "margin", "expected"),
-    [
-        (None, 50, 55, 0, 55),  # the subscriber's rows go further than the publisher's sequence
-        (None, 40, 30, 100, 140),  # values taken on the publisher and not (yet) in rows
-        (1, None, 12, 0, 12),  # the publisher sequence is unreadable: the column decides
-        (200, 40, 30, 0, None),  # never backwards
-        (140, 40, 30, 100, None),  # already there: nothing to do
-        (None, None, None, 10, None),  # nothing used anywhere
-    ],
-)
-def test_plan_sequence(
-    current: int | None,
-    publisher: int | None,
-    column: int | None,
-    margin: int,
-    expected: int | None,
-) -> None:
-    plan = plan_sequence(_seq(current), publisher_last=publisher, column_max=column, margin=margin)
-    assert plan.new_value == expected and not plan.error
-
-
-def test_plan_sequence_refuses_what_it_cannot_do() -> None:
-    descending = plan_sequence(_seq(None, increment=-1), publisher_last=5, column_max=5, margin=0)
-    assert descending.new_value is None and "descending" in descending.reason
-    overflow = plan_sequence(_seq(None, max_value=100), publisher_last=99, column_max=None,
-                             margin=5)  # fmt: skip
-    assert overflow.error and "max_value 100" in overflow.reason
-
-
-def test_sync_sequences_needs_something_to_sync() -> None:
-    with pytest.raises(ValueError, match="tables, a publication or sequences"):
-        SyncSequencesOperator(task_id="s", publisher_conn_id="p", subscriber_conn_id="s")
-    with pytest.raises(ValueError, match="margin"):
-        SyncSequencesOperator(
-            task_id="s", publisher_conn_id="p", subscriber_conn_id="s", tables=["t"], margin=-1
-        )
-
-
-# -- parity ----------------------------------------------------------------------------------------
-
-
-def test_parity_compare_says_by_how_much() -> None:
-    t = TableRef("public", "orders")
-    same = compare(t, TableChecksum(10, -5), TableChecksum(10, -5))
-    assert same.problem is None and same.to_dict()["match"] is True
-    fewer = compare(t, TableChecksum(10, 1), TableChecksum(9, 2))
-    assert fewer.problem == "subscriber has 1 row fewer (9 vs 10 on the publisher)"
-    assert fewer.to_dict()["row_difference"] == -1
-    more = compare(t, TableChecksum(10, 1), TableChecksum(13, 2))
-    assert more.problem is not None and more.problem.startswith("subscriber has 3 rows more")
-    content = compare(t, TableChecksum(10, 2**62), TableChecksum(10, 2**62 + 1))
-    assert content.problem is not None and "checksums differ" in content.problem
-    assert content.to_dict()["publisher_checksum"] == str(2**62)  # exact in JSON
-    assert compare(t, TableChecksum(1, 1), None).problem == "missing on the subscriber"
-
-
-# -- conflicts -------------------------------------------------------------------------------------
-
-
-def _pgoutput(*messages: Any) -> list[bytes]:
-    return [encode(m) for m in messages]
-
-
-def _txn(xid: int, final: int, end: int, *body: Any) -> list[Any]:
-    return [BeginMessage(LSN(final), T0, xid), *body, CommitMessage(0, LSN(final), LSN(end), T0)]
-
-
-def test_first_pending_transaction_passes_over_applied_ones() -> None:
-    orders = relation(16400, "orders", [("id", 23, True)])
-    other = relation(16401, HOSTILE.name, [("id", 23, True)], namespace=HOSTILE.schema)
-    rows = _pgoutput(
-        *_txn(700, 0x1000, 0x1040, orders, InsertMessage(None, 16400, (b"1",))),
-        *_txn(
-            701, 0x2000, 0x2040, other,
-            InsertMessage(None, 16401, (b"1",)), InsertMessage(None, 16401, (b"2",)),
-            UpdateMessage(None, 16400, None, None, (b"1",)),
-            DeleteMessage(None, 16400, "K", (b"1",)), TruncateMessage(None, 0, (16401,)),
-        ),
-    )  # fmt: skip
-    pending = first_pending_transaction(rows, applied_upto=LSN(0x1040))
-    assert pending is not None and pending.complete
-    assert (pending.xid, pending.finish_lsn) == (701, LSN(0x2000))
-    assert pending.changes == (
-        (HOSTILE, "insert", 2), (TableRef("public", "orders"), "update", 1),
-        (TableRef("public", "orders"), "delete", 1), (HOSTILE, "truncate", 1),
-    )  # fmt: skip
-    assert pending.tables == (HOSTILE, TableRef("public", "orders"))
-    first = first_pending_transaction(rows, applied_upto=None)
-    assert first is not None and first.xid == 700
-    assert first_pending_transaction(rows, applied_upto=LSN(0x2040)) is None
-
-
-def test_first_pending_transaction_read_in_part() -> None:
-    rows = _pgoutput(BeginMessage(LSN(0x3000), T0, 9), relation(1, "t", [("id", 23)]),
-                     InsertMessage(None, 1, (b"1",)))  # fmt: skip
-    pending = first_pending_transaction(rows, applied_upto=LSN(0x2000))
-    assert pending is not None and not pending.complete
-    text = describe_pending(pending)
-    assert "finish LSN 0/3000, read in part" in text and "public.t (1 insert)" in text
+from airflow_pglogrepl.testing.wait import wait_until
+from tests.support.airflow import FakeTI, context
+from tests.support.cutover import Pair, subscribe
 
 
 def _errors(**kw: Any) -> SubscriptionErrors:
@@ -255,8 +85,132 @@ def test_skip_operator_requires_the_lsn_when_the_dag_is_parsed() -> None:
     assert templated.lsn == "{{ params.finish_lsn }}" and "lsn" in templated.template_fields
 
 
-def test_pending_transaction_record() -> None:
-    pending = PendingTransaction(5, LSN("0/10"), T0, ((HOSTILE, "insert", 1),), complete=True)
-    data = pending.to_dict()
-    assert data["finish_lsn"] == "0/10" and data["tables"] == [str(HOSTILE)]
-    assert data["changes"] == [{"table": str(HOSTILE), "kind": "insert", "count": 1}]
+# The tests below depend on the server's major version: make test runs them on 15 to 18.
+
+
+# -- apply conflicts -----------------------------------------------------------------------------
+
+_FINISHED_AT = re.compile(
+    r'replication target relation "public\.conflict_t" in transaction (\d+), '
+    r"finished at ([0-9A-F]+/[0-9A-F]+)"
+)
+
+
+@pytest.mark.pgversion
+def test_apply_conflict_is_reported_with_its_relation_and_skipped_only_given_the_lsn(
+    pair: Pair,
+) -> None:
+    pair.both("CREATE TABLE conflict_t (id int PRIMARY KEY, v text)")
+    pair.both("CREATE TABLE calm_t (id int PRIMARY KEY)")
+    pair.pub("INSERT INTO conflict_t SELECT g, 'initial' FROM generate_series(1, 10) g")
+    subscribe(pair, "conflict_pub", "conflict_sub", ["conflict_t", "calm_t"])
+    pair.pub("INSERT INTO conflict_t VALUES (11, 'streamed')")  # moves the origin past the copy
+    wait_until(lambda: pair.sub("SELECT count(*) FROM conflict_t") == [(11,)], what="apply")
+
+    def check() -> SubscriptionErrorCheckOperator:
+        return SubscriptionErrorCheckOperator(
+            task_id="check", subscription="conflict_sub", subscriber_conn_id=pair.sub_conn,
+            publisher_conn_id=pair.pub_conn, worker_grace_period=10,
+        )  # fmt: skip
+
+    assert check().execute(context())["problems"] == []
+
+    pair.sub("INSERT INTO conflict_t VALUES (100, 'planted on the subscriber')")
+    with pair.publisher.connect(pair.pub_db) as conn, conn.transaction():
+        conn.execute("INSERT INTO calm_t VALUES (1)")
+        conn.execute("INSERT INTO conflict_t VALUES (100, 'from the publisher'), (101, 'too')")
+    hook = pair.sub_hook()
+    wait_until(lambda: (hook.subscription_errors("conflict_sub").apply_error_count or 0) >= 1,
+               what="apply error counted")  # fmt: skip
+
+    ti = FakeTI()
+    with pytest.raises(AirflowFailException) as failure:
+        check().execute(context(ti))
+    report = ti.pushed["return_value"]
+    assert report["relations_involved"] == ["public.calm_t", "public.conflict_t"]
+    pending = report["pending_transaction"]
+    assert {c["table"]: c["count"] for c in pending["changes"]} == {
+        "public.calm_t": 1, "public.conflict_t": 2}  # fmt: skip
+    assert "public.conflict_t (2 insert)" in str(failure.value)
+    assert "apply error" in str(failure.value)
+
+    # The finish LSN, as the operator is told it: from the subscriber's server log.
+    match = wait_until(lambda: _FINISHED_AT.search(pair.subscriber.logfile.read_text()),
+                       what="the conflict in the subscriber log")  # fmt: skip
+    assert match is not None
+    xid, logged_lsn = match.group(1), match.group(2)
+    assert logged_lsn == pending["finish_lsn"] and int(xid) == pending["xid"]
+
+    for missing in ("", None, "None"):
+        with pytest.raises(ValueError, match="explicitly"):
+            SkipConflictingTransactionOperator(
+                task_id="skip", subscription="conflict_sub", subscriber_conn_id=pair.sub_conn,
+                lsn=missing,  # type: ignore[arg-type]
+            )  # fmt: skip
+    with pytest.raises(TypeError):
+        SkipConflictingTransactionOperator(  # type: ignore[call-arg]
+            task_id="skip", subscription="conflict_sub", subscriber_conn_id=pair.sub_conn
+        )
+    with pytest.raises(Exception, match="origin LSN"):  # behind what was applied: refused
+        SkipConflictingTransactionOperator(
+            task_id="skip", subscription="conflict_sub", subscriber_conn_id=pair.sub_conn,
+            lsn="0/1",
+        ).execute(context())  # fmt: skip
+    with pytest.raises(ReplicationFailedError, match="withdrawn"):  # not that transaction's
+        SkipConflictingTransactionOperator(
+            task_id="skip", subscription="conflict_sub", subscriber_conn_id=pair.sub_conn,
+            lsn=str(LSN(logged_lsn) + 8), wait_timeout=6,
+        ).execute(context())  # fmt: skip
+    errors = hook.subscription_errors("conflict_sub")
+    assert errors.skip_lsn is None and (errors.apply_error_count or 0) >= 1
+    assert pair.sub("SELECT count(*) FROM calm_t") == [(0,)]
+
+    skipped = SkipConflictingTransactionOperator(
+        task_id="skip", subscription="conflict_sub", subscriber_conn_id=pair.sub_conn,
+        lsn=logged_lsn,
+    ).execute(context())  # fmt: skip
+    assert skipped == {"subscription": "conflict_sub", "lsn": logged_lsn, "method": "skip",
+                       "skipped": True}  # fmt: skip
+    pair.pub("INSERT INTO conflict_t VALUES (102, 'after the skip')")
+    wait_until(lambda: pair.sub("SELECT id, v FROM conflict_t WHERE id >= 100 ORDER BY id")
+               == [(100, "planted on the subscriber"), (102, "after the skip")],
+               what="replication resumed past the skipped transaction")  # fmt: skip
+    assert pair.sub("SELECT count(*) FROM calm_t") == [(0,)]  # the whole transaction was skipped
+    assert check().execute(context())["problems"] == []
+
+
+@pytest.mark.pgversion
+def test_a_silently_skipped_update_fails_the_check_where_the_server_counts_it(pair: Pair) -> None:
+    """PostgreSQL 18 counts conflicts the apply worker resolves by itself: an update of a row
+    the subscriber lacks is skipped without an error, and the subscriber has diverged. The
+    check fails on it there; older servers do not count it (conflicts is None)."""
+    pair.both("CREATE TABLE diverge_t (id int PRIMARY KEY, v text)")
+    pair.pub("INSERT INTO diverge_t SELECT g, 'initial' FROM generate_series(1, 5) g")
+    subscribe(pair, "diverge_pub", "diverge_sub", ["diverge_t"])
+    pair.sub("DELETE FROM diverge_t WHERE id = 3")  # a row only the publisher has now
+    pair.pub("UPDATE diverge_t SET v = 'changed' WHERE id IN (3, 4)")
+    wait_until(lambda: pair.sub("SELECT v FROM diverge_t WHERE id = 4") == [("changed",)],
+               what="the update applied")  # fmt: skip
+    hook = pair.sub_hook()
+    check = SubscriptionErrorCheckOperator(
+        task_id="check", subscription="diverge_sub", subscriber_conn_id=pair.sub_conn,
+        worker_grace_period=10,
+    )  # fmt: skip
+    if int(pair.sub("SHOW server_version_num")[0][0]) < 180000:
+        assert hook.subscription_errors("diverge_sub").conflicts is None
+        assert check.execute(context())["problems"] == []
+        return
+    wait_until(lambda: (hook.subscription_errors("diverge_sub").conflicts or {}).get(
+        "update_missing"), what="the conflict counted")  # fmt: skip
+    ti = FakeTI()
+    with pytest.raises(AirflowFailException, match="update_missing conflict") as failure:
+        check.execute(context(ti))
+    assert "diverged" in str(failure.value)
+    assert "pg_stat_reset_subscription_stats" in str(failure.value)  # the counters only grow
+    assert ti.pushed["return_value"]["pending_transaction"] is None  # nothing is stuck
+    assert ti.pushed["return_value"]["conflicts"]["update_missing"] == 1
+    tolerant = SubscriptionErrorCheckOperator(
+        task_id="check", subscription="diverge_sub", subscriber_conn_id=pair.sub_conn,
+        max_conflicts={"update_missing": 1}, worker_grace_period=10,
+    )  # fmt: skip
+    assert tolerant.execute(context())["problems"] == []

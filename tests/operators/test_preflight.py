@@ -21,7 +21,7 @@ from airflow_pglogrepl.operators.preflight import ReplicationPreflightOperator
 from airflow_pglogrepl.preflight import PreflightFailedError, ReplicaIdentityChangeError
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import PgCluster
-from tests.conftest import run_dag, set_airflow_connection, xcom_value
+from tests.support.airflow import run_dag, set_airflow_connection, xcom_value
 
 # Behaviour here depends on the server's major version: make test runs it on 15 to 18.
 pytestmark = pytest.mark.pgversion

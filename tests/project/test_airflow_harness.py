@@ -8,7 +8,7 @@ import pytest
 
 from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
 from airflow_pglogrepl.testing.pgcluster import PgCluster
-from tests.conftest import airflow_cli, run_dag, xcom_value
+from tests.support.airflow import airflow_cli, run_dag, xcom_value
 
 
 @pytest.fixture(autouse=True)

@@ -27,7 +27,8 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
+
 COMPOSE = REPO / "docker-compose.yaml"
 DAGS = REPO / "dags"
 AIRFLOW_DOCKERFILE = "docker/airflow.Dockerfile"

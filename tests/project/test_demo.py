@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.paths import REPO
+
 # The demo runs Airflow's dags test and Spark in a process of its own.
 pytestmark = [pytest.mark.spark, pytest.mark.airflow]
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_demo_runs_and_reports(tmp_path: Path, pg_tool: Callable[[str], Path]) -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
+
 DOCUMENTED_PACKAGES = ("operators", "sensors", "triggers")
 # mkdocs, mkdocs-material and mkdocstrings-python (which installs mkdocstrings_handlers).
 TOOLS = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers")

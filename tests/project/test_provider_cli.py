@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from airflow_pglogrepl import __version__
-from tests.conftest import airflow_cli
+from tests.support.airflow import airflow_cli
+
+# Runs the Airflow CLI in a process of its own (provider discovery; no metadata database).
+pytestmark = pytest.mark.airflow
 
 
 def test_providers_list_shows_the_package() -> None:

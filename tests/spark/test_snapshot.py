@@ -1,5 +1,10 @@
 """The initial snapshot against a live cluster and real Spark: exact hand-off to the drain,
-clean failure, identities without a primary key, and types identical to the drain's."""
+clean failure, identities without a primary key, and types identical to the drain's.
+
+Without a server: the bootstrap plan (an existing slot is dropped only on an explicit signal or on
+proof that the lake holds a killed run's snapshot of exactly that slot, never because the sink
+looks empty), block ranges, and the snapshot's values stored as the drain stores them.
+"""
 
 from __future__ import annotations
 
@@ -12,28 +17,40 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
+from airflow_pglogrepl.exceptions import SinkNotEmptyError, SlotError
 from airflow_pglogrepl.hooks.pg.snapshot import SnapshotTable
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.lake.changelog import described_identity, described_key
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import table_dir
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
+from airflow_pglogrepl.pgoutput.values import OID
 from airflow_pglogrepl.spark.snapshot import (
     BlockRange,
-    SinkNotEmptyError,
     SnapshotCopy,
     SnapshotPoint,
+    bootstrap_plan,
     check_empty_sink,
     plan_ranges,
     temporary_slot_name,
 )
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import PgCluster
-from tests.conftest import set_airflow_connection
-from tests.integration.test_drain import Source, drain_in_process
-from tests.support.drain import TYPED_TABLE, insert_sql, normalize, random_row, read_delta
+from tests.support.airflow import set_airflow_connection
+from tests.support.drain import (
+    TYPED_TABLE,
+    drain_in_process,
+    insert_sql,
+    lake_table,
+    random_row,
+    read_delta,
+    source_table,
+)
+from tests.support.sources import Source
 
 _ids = itertools.count(1)
 
@@ -66,19 +83,6 @@ def snapshot(spark: Any, source: Source, sink: str, **options: Any) -> dict[str,
             point=point, publications=[source.publication], **options,
         ).run()  # fmt: skip
     return result.to_dict()
-
-
-def source_table(source: Source, table: str) -> list[tuple[Any, ...]]:
-    rows = source.sql(f"SELECT * FROM {table}")
-    return sorted((tuple(normalize(v) for v in row) for row in rows), key=repr)
-
-
-def lake_table(sink: str, table: str) -> list[tuple[Any, ...]]:
-    """``state/`` of a table as a multiset of normalized rows (NULL keys allowed)."""
-    path = Path(sink) / "state" / table_dir(TableRef("public", table))
-    data = read_delta(path)
-    rows = [tuple(normalize(row[n]) for n in data.column_names) for row in data.to_pylist()]
-    return sorted(rows, key=repr)
 
 
 # -- 1: concurrent writes, a table split across tasks, exact hand-off ---------------------------
@@ -431,3 +435,73 @@ def test_plan_ranges_cover_every_block_once() -> None:
     assert plan_ranges(_table(0, 5e6, 0, "p"), max_tasks=8, rows_per_task=1) == [
         BlockRange(0, None)
     ]
+
+
+EMPTY = {"commits": 0, "snapshot_lsn": None, "uncommitted_snapshots": []}
+
+
+def plan(status: dict[str, object], **options: object) -> str:
+    arguments: dict[str, object] = {
+        "slot": "s", "slot_exists": True, "lake": "/lake", "replace_slot": False,
+        "bootstrap": True, **options,
+    }  # fmt: skip
+    return bootstrap_plan(status=status, **arguments).action  # type: ignore[arg-type]
+
+
+def test_an_empty_looking_lake_does_not_drop_an_existing_slot() -> None:
+    with pytest.raises(SlotError, match=r"volume not mounted.*replace_slot=True"):
+        plan(EMPTY, slot_lsn="0/3000060")
+
+
+def test_a_killed_runs_snapshot_at_the_slots_position_lets_bootstrap_replace_it() -> None:
+    left = {**EMPTY, "uncommitted_snapshots": ["0/3000060"]}
+    assert plan(left, slot_lsn="0/3000060") == "replace_slot"
+    with pytest.raises(SlotError):  # the slot moved since: some lake consumed it
+        plan(left, slot_lsn="0/3000100")
+
+
+def test_replace_slot_is_the_explicit_signal_and_the_other_plans_stay() -> None:
+    assert plan(EMPTY, slot_lsn="0/1", replace_slot=True) == "replace_slot"
+    assert plan(EMPTY, slot_exists=False) == "create"
+    assert plan({**EMPTY, "commits": 3, "snapshot_lsn": "0/5"}) == "exists"
+    assert plan({**EMPTY, "commits": 3}) == "drained"
+    with pytest.raises(SinkNotEmptyError):
+        plan({**EMPTY, "commits": 3}, slot_exists=False)
+
+
+def test_the_snapshot_stores_what_the_drain_stores_and_names_what_neither_can() -> None:
+    from airflow_pglogrepl.exceptions import UnstorableValueError
+    from airflow_pglogrepl.spark.snapshot import _plain_schema, _read_plan, lake_batch
+
+    info = TableInfo(
+        "public",
+        "t",
+        [
+            ColumnInfo("id", OID.INT4, -1, True, OID.INT4),
+            ColumnInfo("ts", OID.TIMESTAMP, -1, False, OID.TIMESTAMP),
+            ColumnInfo("tm", OID.TIME, -1, False, OID.TIME),
+        ],
+    )
+    plan, schema = _read_plan(info), _plain_schema(info)
+    assert [c.cast for c in plan] == ["int8", None, None]
+
+    def fetched(ids: list[int], stamps: list[str | None], times: list[str | None]) -> Any:
+        columns = [pa.array(ids, pa.int64()), pa.array(stamps), pa.array(times, pa.string())]
+        return pa.record_batch(columns, names=["id", "ts", "tm"])
+
+    copied = lake_batch(
+        fetched([1, 2, 3], ["infinity", "0001-01-01 00:00:00 BC", None],
+                ["24:00:00", "00:00:01", None]),
+        plan, schema, "public.t",
+    )  # fmt: skip
+    assert copied.column("ts").cast(pa.int64()).to_pylist() == [
+        2**63 - 1,
+        -62_167_219_200_000_000,
+        None,
+    ]
+    assert copied.column("tm").to_pylist() == [86_400_000_000, 1_000_000, None]
+    with pytest.raises(
+        UnstorableValueError,
+        match=r"table public\.t, column 'ts': the value '294250-01-01 00:00:00' cannot be stored",
+    ):
+        lake_batch(fetched([1], ["294250-01-01 00:00:00"], [None]), plan, schema, "public.t")

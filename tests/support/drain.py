@@ -1,19 +1,29 @@
-"""Helpers for drain tests: a workload on live tables, and comparing the lake with the source."""
+"""Helpers for drain tests: a workload on live tables, drains in this process or as an
+application of their own, and comparing the lake with the source.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import decimal
 import json
+import os
 import random
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import table_dir
+from airflow_pglogrepl.lake.materialize import materialize
+from airflow_pglogrepl.spark.drain import Drain
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import PgCluster
+from tests.support.sources import Source
 
 TYPED_TABLE = """
 CREATE TABLE {name} (
@@ -106,3 +116,83 @@ def all_changelog_keys(sink: str, tables: Iterable[TableRef]) -> list[tuple[int,
     for ref in tables:
         keys += [(r["_commit_lsn"], r["_seq"]) for r in changelog(sink, ref)]
     return keys
+
+
+def drain_in_process(
+    spark: Any,
+    src: Source,
+    sink: str,
+    *,
+    window: int,
+    batch_rows: int = 200_000,
+    columnar: bool = True,
+) -> dict[str, Any]:
+    """One drain run on the session's Spark (no JVM start), then materialize, under the lock."""
+    hook = src.hook()
+    lake = Lake(sink, src.slot, origins=hook.column_origins)
+    with hook.writer_lock(src.slot):
+        result = Drain(
+            source=hook, lake=lake, slot=src.slot, publications=[src.publication],
+            max_window_bytes=window, batch_rows=batch_rows, columnar=columnar,
+        ).run(time.monotonic()).to_dict()  # fmt: skip
+        result["materialized"] = materialize(spark, lake)
+    return result
+
+
+def drain_app(src: Source, sink: str, *args: str, fault: str | None = None) -> Any:
+    """The application as a real process (its own JVM), as spark-submit would run it."""
+    env = {**os.environ, "PGLOGREPL_SOURCE_DSN": src.dsn}
+    env.pop("PGLOGREPL_FAULT", None)
+    if fault:
+        env["PGLOGREPL_FAULT"] = fault
+    command = [sys.executable, "-m", "airflow_pglogrepl.spark.drain_app", "--slot", src.slot,
+               "--publication", src.publication, "--sink", sink, *args]  # fmt: skip
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def summary(result: Any) -> dict[str, Any]:
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def source_table(source: Source, table: str) -> list[tuple[Any, ...]]:
+    rows = source.sql(f"SELECT * FROM {table}")
+    return sorted((tuple(normalize(v) for v in row) for row in rows), key=repr)
+
+
+def lake_table(sink: str, table: str) -> list[tuple[Any, ...]]:
+    """``state/`` of a table as a multiset of normalized rows (NULL keys allowed)."""
+    path = Path(sink) / "state" / table_dir(TableRef("public", table))
+    data = read_delta(path)
+    rows = [tuple(normalize(row[n]) for n in data.column_names) for row in data.to_pylist()]
+    return sorted(rows, key=repr)
+
+
+ONE_WINDOW = 1 << 30
+
+
+def source_columns(src: Source, table: str) -> list[str]:
+    rows = src.sql(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+        "AND NOT attisdropped ORDER BY attnum",
+        (table,),
+    )
+    return [r[0] for r in rows]
+
+
+def source_state(src: Source, table: str) -> list[tuple[Any, ...]]:
+    names = ", ".join(f'"{n}"' for n in source_columns(src, table))
+    rows = src.sql(f"SELECT {names} FROM {table} ORDER BY 1")
+    return [tuple(normalize(v) for v in row) for row in rows]
+
+
+def lake_state(sink: str, ref: TableRef, names: list[str]) -> list[tuple[Any, ...]]:
+    table = read_delta(Path(sink, "state", f"{ref.schema}.{ref.name}")).to_pylist()
+    return sorted((tuple(normalize(r[n]) for n in names) for r in table), key=lambda r: r[0])
+
+
+def assert_state_equals_source(src: Source, sink: str, ref: TableRef) -> None:
+    names = source_columns(src, ref.name)
+    assert lake_state(sink, ref, names) == source_state(src, ref.name), ref
+    keys = all_changelog_keys(sink, [ref])
+    assert len(keys) == len(set(keys))

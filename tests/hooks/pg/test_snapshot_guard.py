@@ -25,8 +25,8 @@ from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.spark.snapshot import SnapshotCopy, SnapshotPoint
 from airflow_pglogrepl.testing.pgcluster import PgCluster
-from tests.integration.test_drain import Source
-from tests.spark.test_snapshot import lake_table, source_table
+from tests.support.drain import lake_table, source_table
+from tests.support.sources import Source
 
 # Behaviour here depends on the server's major version: make test runs it on 15 to 18.
 pytestmark = pytest.mark.pgversion
