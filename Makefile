@@ -45,6 +45,8 @@ test-matrix: venv jars pg-binaries
 	echo "== version matrix:$$summary"; \
 	exit $$status
 
+# The tests marked `unit` (tests/conftest.py marks each test by what it needs): no server, no JVM,
+# no Airflow database, no docker-compose; seconds.
 test-unit: venv
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
