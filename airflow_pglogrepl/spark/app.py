@@ -53,7 +53,16 @@ def run_app(prog: str, operator: str, run: Callable[[str], dict[str, Any]], *, l
     except Exception as exc:  # one clear line for the task log; the traceback follows it
         logging.getLogger(logger).exception("%s failed", prog)
         print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        # what failed, for the operator: it raises it again as SparkApplicationError, and the
+        # task boundary decides about retries as it would had the error been raised there
+        result = {
+            "error": type(exc).__name__,
+            "message": str(exc),
+            "retryable": bool(getattr(exc, "retryable", True)),
+        }
+        status = 1
+    else:
+        status = 0
     os.write(summary_fd, (json.dumps(result) + "\n").encode())
     os.close(summary_fd)
-    return 0
+    return status
