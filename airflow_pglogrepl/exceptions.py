@@ -344,6 +344,13 @@ class FenceNotHeldError(PgLogReplError):
     """The write fence would not stop every write: nothing was changed (the fence rolled back)."""
 
 
+class FenceLockBusyError(FenceNotHeldError):
+    """A lock on a fenced table kept the fence's guard from being changed within its wait;
+    nothing was changed, and the same task run again can pass once that lock is gone."""
+
+    retryable = True
+
+
 class GuardHijackedError(FenceNotHeldError):
     """The write guard's schema belongs to a role the fencing role does not trust."""
 

@@ -20,7 +20,12 @@ from typing import Any, LiteralString
 from psycopg import errors as pgerr
 from psycopg import sql
 
-from airflow_pglogrepl.exceptions import FenceNotHeldError, ObjectNotFoundError, PrivilegeError
+from airflow_pglogrepl.exceptions import (
+    FenceLockBusyError,
+    FenceNotHeldError,
+    ObjectNotFoundError,
+    PrivilegeError,
+)
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
 from airflow_pglogrepl.hooks.fence_guard import (
     GuardHijackedError,
@@ -353,7 +358,7 @@ class FenceMixin(PgSessionHook):
                     remove_guard(conn)
             except (pgerr.LockNotAvailable, pgerr.DeadlockDetected):
                 conn.rollback()
-                raise FenceNotHeldError(
+                raise FenceLockBusyError(
                     "write fence release: the guard's triggers could not be changed within 10s "
                     "(a long query or transaction holds a lock on a fenced table). Nothing was "
                     "released: the fence stays in place. Fix: run the release again, or end "

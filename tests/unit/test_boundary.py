@@ -75,6 +75,7 @@ def test_every_error_says_whether_a_retry_can_help() -> None:
         "CatalogChangedError",
         "ArrowPeekError",
         "LakeWriterBusyError",
+        "FenceLockBusyError",
     }
 
 
