@@ -18,7 +18,6 @@ from airflow_pglogrepl.preflight import (
     evaluate,
 )
 from airflow_pglogrepl.preflight.facts import (
-    ColumnFacts,
     IndexFacts,
     Inspection,
     PublisherUsage,
@@ -30,13 +29,13 @@ from airflow_pglogrepl.preflight.facts import (
 from airflow_pglogrepl.preflight.identity import assess, best_unique_index, plan_fix
 from airflow_pglogrepl.preflight.report import AppliedFix, PreflightReport
 from airflow_pglogrepl.preflight.sizing import demand
-from airflow_pglogrepl.tables import TableRef
+from airflow_pglogrepl.tables import Column, TableRef
 
 # -- builders ---------------------------------------------------------------------------------
 
 
-def col(name: str, type_: str = "integer", *, not_null: bool = False, **kw: Any) -> ColumnFacts:
-    return ColumnFacts(name=name, type=type_, not_null=not_null, **kw)
+def col(name: str, type_: str = "integer", *, not_null: bool = False, **kw: Any) -> Column:
+    return Column(name=name, type=type_, not_null=not_null, **kw)
 
 
 def idx(name: str, *columns: str, nullable: tuple[str, ...] = (), **kw: Any) -> IndexFacts:
@@ -49,7 +48,7 @@ def pk(name: str, *columns: str) -> IndexFacts:
 
 def table(
     name: str | TableRef,
-    *columns: ColumnFacts,
+    *columns: Column,
     indexes: tuple[IndexFacts, ...] = (),
     ri: str = "d",
     relkind: str = "r",
