@@ -3,10 +3,16 @@
 Callers catch the specific class (``SlotNotFoundError``, ``SlotInUseError`` ...), never a bare
 ``Exception``. Nothing here imports Airflow or psycopg, so the pure parts of the package (the LSN
 type, the decoder) can raise these inside Spark executors too.
+
+Each class says whether running the task again unchanged can succeed (``retryable``). Most cannot:
+a lost slot, a missing grant or a lake from another server wait for a person. The task boundary
+(``airflow_pglogrepl.boundary``) is the one place that turns those into Airflow's
+``AirflowFailException``, so a task fails at once instead of spending its retries.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -17,6 +23,10 @@ if TYPE_CHECKING:
 
 class PgLogReplError(Exception):
     """Base class of every error raised by airflow-pglogrepl."""
+
+    # Whether the same task, run again unchanged, can succeed (the condition passes by itself:
+    # a busy slot, a lock, a network fault). False: a person must act first.
+    retryable: bool = False
 
 
 class InvalidLSNError(PgLogReplError, ValueError):
@@ -36,6 +46,8 @@ class ConnectionFailedError(PgLogReplError):
 
     The message carries the server's reason with any password removed; it never includes the DSN.
     """
+
+    retryable = True
 
 
 class ServerNotConfiguredError(PgLogReplError):
@@ -97,6 +109,8 @@ class SlotAlreadyExistsError(SlotError):
 
 class SlotInUseError(SlotError):
     """Another session is streaming from (or advancing) the slot right now."""
+
+    retryable = True
 
     def __init__(self, slot: str, active_pid: int | None = None) -> None:
         self.active_pid = active_pid
@@ -246,6 +260,62 @@ class ReplicationFailedError(PgLogReplError):
     """Replication is failing (table sync or apply errors) and will not heal by waiting."""
 
 
+class GateFailedError(ReplicationFailedError):
+    """A sensor's gate saw a state no wait can fix (a lost slot, a disabled subscription, a table
+    whose sync failed); the message is the verdict's, with the object and the fix."""
+
+
+class CheckFailedError(PgLogReplError):
+    """A check task found problems; ``problems`` lists them, one line each, as the message does.
+
+    The task's report (what was looked at, what differed) is in its XCom ``return_value``."""
+
+    def __init__(self, heading: str, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__(heading + ":\n- " + "\n- ".join(self.problems))
+
+
+class SlotUnhealthyError(CheckFailedError):
+    """A slot retains too much WAL, is lost or inactive too long, or cannot decode its
+    transactions within ``temp_file_limit`` (``SlotHealthCheckOperator``)."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("slot health check failed", problems)
+
+
+class SubscriptionErrorsError(CheckFailedError):
+    """A subscription has apply or sync errors, conflicts above their limit, or no running
+    worker (``SubscriptionErrorCheckOperator``)."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("subscription errors", problems)
+
+
+class ParityMismatchError(CheckFailedError):
+    """Tables whose rows differ between publisher and subscriber (``TableParityCheckOperator``)."""
+
+    def __init__(self, checked: int, problems: Sequence[str]) -> None:
+        super().__init__(f"parity check failed for {len(problems)} of {checked} tables", problems)
+
+
+class SequenceSyncError(CheckFailedError):
+    """Sequences the sync could not set (``SyncSequencesOperator``); ``refused`` when it changed
+    nothing because of them."""
+
+    def __init__(self, problems: Sequence[str], *, refused: bool = False) -> None:
+        heading = "refused, nothing was changed" if refused else "failed"
+        super().__init__(f"sequence sync {heading}", problems)
+
+
+class CutoverNotSwitchedError(PgLogReplError):
+    """The cutover ended without switching writers to the new primary (``CutoverSummaryOperator``
+    with ``fail_unless_switched``); the summary says where it stopped and what to do next."""
+
+    def __init__(self, outcome: str, next_step: str) -> None:
+        self.outcome = outcome
+        super().__init__(f"the cutover did not switch: {outcome}. Next: {next_step}")
+
+
 class PrivilegeError(PgLogReplError):
     """The connection's role lacks a privilege a step needs; nothing of the step was done."""
 
@@ -274,6 +344,13 @@ class FenceNotHeldError(PgLogReplError):
     """The write fence would not stop every write: nothing was changed (the fence rolled back)."""
 
 
+class FenceLockBusyError(FenceNotHeldError):
+    """A lock on a fenced table kept the fence's guard from being changed within its wait;
+    nothing was changed, and the same task run again can pass once that lock is gone."""
+
+    retryable = True
+
+
 class GuardHijackedError(FenceNotHeldError):
     """The write guard's schema belongs to a role the fencing role does not trust."""
 
@@ -298,6 +375,8 @@ class SinkNotSnapshottedError(SinkError):
 class SnapshotNotCommittedError(SinkError):
     """A snapshot or drain application ended without reporting its commit: nothing of it may be
     taken as in the lake, and the slot must not move."""
+
+    retryable = True
 
 
 class SlotAheadOfSinkError(SinkError):
@@ -343,6 +422,18 @@ class SparkSetupError(PgLogReplError):
     """The Spark application cannot run where it was sent (executors without the package...)."""
 
 
+class SparkApplicationError(PgLogReplError):
+    """A Spark application of this package (the drain, the snapshot) failed with ``error``, one of
+    the errors here or a foreign one: the operator raises it again on its side of spark-submit,
+    retryable as the original is (a foreign error is taken as retryable: a crash, a lost executor).
+    """
+
+    def __init__(self, error: str, message: str, *, retryable: bool) -> None:
+        self.error = error
+        self.retryable = retryable
+        super().__init__(f"the Spark application failed with {error}: {message}")
+
+
 class SubscriptionStatementError(PgLogReplError):
     """A statement on a subscription failed; the message has the server's error, without the
     publisher's password."""
@@ -371,6 +462,8 @@ class ReplicaIdentityChangeError(PgLogReplError):
 
 class SnapshotReadError(PgLogReplError):
     """A snapshot reader's session, its import of the exported snapshot, or its read failed."""
+
+    retryable = True
 
 
 class SnapshotLockError(SnapshotReadError):
@@ -419,6 +512,8 @@ class CatalogChangedError(SnapshotReadError):
 class ArrowPeekError(PgLogReplError):
     """The ADBC fetch of a window failed (or ADBC is missing): the drain decodes that window
     through psycopg and the reference decoder instead, which names the cause if it fails too."""
+
+    retryable = True
 
 
 class SchemaChangedError(LakeError):
@@ -502,6 +597,8 @@ class UnstorableValueError(LakeError):
 
 class LakeWriterBusyError(LakeError):
     """Another run holds the writer lock of this slot's lake (a drain or a snapshot)."""
+
+    retryable = True
 
     def __init__(self, slot: str, holder: dict[str, object] | None) -> None:
         self.slot = slot

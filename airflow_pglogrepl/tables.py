@@ -1,4 +1,5 @@
-"""``TableRef``: a schema-qualified table name, parsed the way PostgreSQL reads one.
+"""``TableRef``: a schema-qualified table name, parsed the way PostgreSQL reads one; ``Column``:
+one column of a table as the catalog describes it.
 
 DAG authors write table lists as text (``public.orders``, ``"Sales"."Q1 report"``).
 Unquoted parts fold to lower case and quoted parts are taken verbatim, exactly as in SQL, so a
@@ -108,3 +109,39 @@ def _quote_if_needed(ident: str) -> str:
     if plain:
         return ident
     return '"' + ident.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True)
+class Column:
+    """One live column of a table (``pg_attribute``: ``attnum > 0``, not dropped), as
+    ``hooks.pg.columns`` reads it: the one column model of the preflight, the snapshot and the
+    lake's schema evolution.
+
+    ``type`` is ``format_type()`` text (``character varying(20)``), ``type_oid`` and
+    ``type_modifier`` what pgoutput sends; ``base_namespace``/``base_name`` the base type of a
+    domain (the type itself otherwise), as pgoutput's Type message names it. ``identity`` is
+    ``attidentity`` (``''``, ``'a'`` always, ``'d'`` by default), ``generated`` ``attgenerated``
+    (``''`` or ``'s'`` stored). ``missing`` is the value rows older than the column read
+    (``attmissingval``, as the type prints it), read only where asked for. ``is_key``: part of
+    what pgoutput sends as the key (the replica identity; every column under FULL), set by the
+    snapshot, which alone needs it.
+    """
+
+    name: str
+    type: str
+    not_null: bool = False
+    has_default: bool = False
+    identity: str = ""
+    generated: str = ""
+    attnum: int = 0
+    type_oid: int = 0
+    type_modifier: int = -1
+    base_namespace: str = "pg_catalog"
+    base_name: str = ""
+    missing: str | None = None
+    is_key: bool = False
+
+    @property
+    def fills_itself(self) -> bool:
+        """True when an INSERT that omits this column still gets a value (default, identity)."""
+        return self.has_default or bool(self.identity) or bool(self.generated)

@@ -16,9 +16,9 @@ from psycopg import sql
 from airflow_pglogrepl.exceptions import ReplicaIdentityChangeError
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
 from airflow_pglogrepl.hooks.pg import columns
+from airflow_pglogrepl.hooks.pg.columns import columns_from_json, columns_json
 from airflow_pglogrepl.hooks.records import ColumnOrigins
 from airflow_pglogrepl.preflight.facts import (
-    ColumnFacts,
     IndexFacts,
     PublisherUsage,
     RoleFacts,
@@ -36,15 +36,7 @@ SELECT n.nspname AS schema_name, c.relname AS table_name, c.relkind::text AS rel
     c.relpersistence::text AS persistence, c.relreplident::text AS replica_identity,
     has_table_privilege(c.oid, 'SELECT') AS can_select,
     has_schema_privilege(n.oid, 'USAGE') AS can_use_schema,
-    (SELECT coalesce(jsonb_agg(jsonb_build_object(
-            'name', a.attname,
-            'type', format_type(a.atttypid, a.atttypmod),
-            'not_null', a.attnotnull,
-            'has_default', a.atthasdef,
-            'identity', a.attidentity::text,
-            'generated', a.attgenerated::text) ORDER BY a.attnum), '[]'::jsonb)
-        FROM pg_attribute a
-        WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) AS columns,
+    {columns} AS columns,
     (SELECT coalesce(jsonb_agg(jsonb_build_object(
             'name', ic.relname,
             'primary', i.indisprimary,
@@ -77,7 +69,7 @@ SELECT n.nspname AS schema_name, c.relname AS table_name, c.relkind::text AS rel
 FROM unnest(%s::text[], %s::text[]) AS wanted(schema_name, table_name)
 JOIN pg_namespace n ON n.nspname = wanted.schema_name
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = wanted.table_name
-""")
+""").format(columns=columns_json())
 
 # Statements ALTER TABLE ... REPLICA IDENTITY may end with, keyed by mode; "index" adds a name.
 _IDENTITY_TARGETS = {
@@ -232,7 +224,7 @@ def _table_facts(row: dict[str, Any]) -> TableFacts:
         replica_identity=row["replica_identity"],
         can_select=row["can_select"],
         can_use_schema=row["can_use_schema"],
-        columns=tuple(ColumnFacts(**col) for col in row["columns"]),
+        columns=columns_from_json(row["columns"]),
         indexes=tuple(
             IndexFacts(
                 name=ix["name"],

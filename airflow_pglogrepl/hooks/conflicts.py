@@ -11,13 +11,12 @@ import datetime as dt
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
 
 from psycopg import errors as pgerr
 from psycopg import sql
 
 from airflow_pglogrepl.hooks.base import run_ddl
-from airflow_pglogrepl.hooks.records import RelState
+from airflow_pglogrepl.hooks.records import Record, RelState
 from airflow_pglogrepl.hooks.slots import SlotsMixin
 from airflow_pglogrepl.hooks.subscriptions import SubscriptionsMixin
 from airflow_pglogrepl.lsn import LSN
@@ -28,7 +27,7 @@ from airflow_pglogrepl.versions import Features
 
 
 @dataclass(frozen=True)
-class SubscriptionErrors:
+class SubscriptionErrors(Record):
     """What the subscriber can tell, over SQL, about a subscription's apply and sync errors.
 
     The error text itself (and the failing transaction's finish LSN, in the line
@@ -54,23 +53,7 @@ class SubscriptionErrors:
     # before 18, where the server does not count them
     conflicts: dict[str, int] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "subscription": self.name,
-            "exists": self.exists,
-            "enabled": self.enabled,
-            "slot_name": self.slot_name,
-            "publications": list(self.publications),
-            "apply_worker_pid": self.apply_worker_pid,
-            "sync_workers": [str(t) for t in self.sync_workers],
-            "apply_error_count": self.apply_error_count,
-            "sync_error_count": self.sync_error_count,
-            "stats_reset": self.stats_reset.isoformat() if self.stats_reset else None,
-            "skip_lsn": str(self.skip_lsn) if self.skip_lsn else None,
-            "origin_lsn": str(self.origin_lsn) if self.origin_lsn else None,
-            "not_ready": [rel.to_dict() for rel in self.not_ready],
-            "conflicts": self.conflicts,
-        }
+    dict_names = {"name": "subscription"}
 
 
 class ConflictsMixin(SubscriptionsMixin, SlotsMixin):

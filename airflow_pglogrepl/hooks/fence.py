@@ -20,7 +20,12 @@ from typing import Any, LiteralString
 from psycopg import errors as pgerr
 from psycopg import sql
 
-from airflow_pglogrepl.exceptions import FenceNotHeldError, ObjectNotFoundError, PrivilegeError
+from airflow_pglogrepl.exceptions import (
+    FenceLockBusyError,
+    FenceNotHeldError,
+    ObjectNotFoundError,
+    PrivilegeError,
+)
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
 from airflow_pglogrepl.hooks.fence_guard import (
     GuardHijackedError,
@@ -30,6 +35,7 @@ from airflow_pglogrepl.hooks.fence_guard import (
     lock_holders,
     remove_guard,
 )
+from airflow_pglogrepl.hooks.records import Record
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.versions import Features
@@ -42,19 +48,16 @@ READ_ONLY_SETTING = "default_transaction_read_only"
 
 
 @dataclass(frozen=True, order=True)
-class FenceGrant:
+class FenceGrant(Record):
     """One table privilege the fence took from a role (and gives back on release)."""
 
     table: TableRef
     privilege: str
     grantable: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"table": str(self.table), "privilege": self.privilege, "grantable": self.grantable}
-
 
 @dataclass(frozen=True)
-class RoleFence:
+class RoleFence(Record):
     """What the fence changed for one role in one database; release restores exactly this.
 
     ``previous_read_only`` is the role's own ``default_transaction_read_only`` setting in this
@@ -104,17 +107,9 @@ class RoleFence:
             self.role, self.read_only_set, self.previous_read_only, tuple(sorted(merged.values()))
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "role": self.role,
-            "read_only_set": self.read_only_set,
-            "previous_read_only": self.previous_read_only,
-            "grants": [g.to_dict() for g in self.grants],
-        }
-
 
 @dataclass(frozen=True)
-class FenceApplied:
+class FenceApplied(Record):
     """The fence after ``apply_write_fence``: saved state per role and what this call changed.
 
     ``fenced_at`` is the server's clock just after the fence committed: a transaction that
@@ -126,17 +121,11 @@ class FenceApplied:
     states: tuple[RoleFence, ...]
     changes: tuple[str, ...]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "fenced_at": self.fenced_at.isoformat(),
-            "tables": [str(t) for t in self.tables],
-            "saved": [s.to_dict() for s in self.states],
-            "changes": list(self.changes),
-        }
+    dict_names = {"states": "saved"}
 
 
 @dataclass(frozen=True)
-class FenceReleased:
+class FenceReleased(Record):
     """What releasing the fence of one role restored (``restored`` is empty when not fenced)."""
 
     role: str
@@ -145,18 +134,9 @@ class FenceReleased:
     read_only_restored_to: str | None = None
     missing_tables: tuple[TableRef, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "role": self.role,
-            "fenced": self.fenced,
-            "restored": [g.to_dict() for g in self.restored],
-            "read_only_restored_to": self.read_only_restored_to,
-            "missing_tables": [str(t) for t in self.missing_tables],
-        }
-
 
 @dataclass(frozen=True)
-class FencedBackend:
+class FencedBackend(Record):
     """A session of a fenced role that could still commit a write (see ``fence_backends``)."""
 
     pid: int
@@ -166,19 +146,9 @@ class FencedBackend:
     backend_start: dt.datetime
     application_name: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "pid": self.pid,
-            "role": self.role,
-            "state": self.state,
-            "xact_start": self.xact_start.isoformat() if self.xact_start else None,
-            "backend_start": self.backend_start.isoformat(),
-            "application_name": self.application_name,
-        }
-
 
 @dataclass(frozen=True)
-class GuardOutcome:
+class GuardOutcome(Record):
     """What ``guard_write_fence`` did: ``installed``, or the lock ``holders`` it waited for
     (``pid`` and ``gid``: a prepared transaction has no pid)."""
 
@@ -353,7 +323,7 @@ class FenceMixin(PgSessionHook):
                     remove_guard(conn)
             except (pgerr.LockNotAvailable, pgerr.DeadlockDetected):
                 conn.rollback()
-                raise FenceNotHeldError(
+                raise FenceLockBusyError(
                     "write fence release: the guard's triggers could not be changed within 10s "
                     "(a long query or transaction holds a lock on a fenced table). Nothing was "
                     "released: the fence stays in place. Fix: run the release again, or end "

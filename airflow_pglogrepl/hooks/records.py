@@ -1,39 +1,55 @@
 """Typed records the hook returns: a replication slot, a created slot, the server's settings.
 
-Each has ``to_dict()`` giving plain JSON types (LSNs as PostgreSQL text), which is what operators
-push to XCom, so the XCom value reads the same as ``psql`` output.
+Every record of the hooks is a frozen dataclass on ``Record``, whose ``to_dict()`` gives plain
+JSON types (LSNs and tables as PostgreSQL text, timestamps ISO 8601, nested records as dicts),
+which is what operators push to XCom, so the XCom value reads the same as ``psql`` output.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, LSN):
+def jsonable(value: Any) -> Any:
+    """``value`` in plain JSON types, as ``Record.to_dict`` gives its fields."""
+    if isinstance(value, Record):
+        return value.to_dict()
+    if isinstance(value, LSN | TableRef):
         return str(value)
-    if isinstance(value, dt.datetime):
+    if isinstance(value, dt.datetime | dt.date):
         return value.isoformat()
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
     return value
 
 
-class _Record:
+class Record:
+    """Base of the hooks' records (frozen dataclasses): one ``to_dict`` for all of them.
+
+    ``dict_names`` renames fields in the dict where the XCom key predates the field's name.
+    """
+
+    dict_names: ClassVar[Mapping[str, str]] = {}
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-serialisable form (LSNs as text, timestamps ISO 8601)."""
+        """Plain JSON-serialisable form (LSNs and tables as text, timestamps ISO 8601)."""
         return {
-            f.name: _jsonable(getattr(self, f.name))
+            self.dict_names.get(f.name, f.name): jsonable(getattr(self, f.name))
             for f in dataclasses.fields(self)  # type: ignore[arg-type]
         }
 
 
 @dataclass(frozen=True)
-class SlotInfo(_Record):
+class SlotInfo(Record):
     """One row of ``pg_replication_slots``, plus how much WAL the slot holds back.
 
     ``restart_lsn`` is the oldest WAL the slot still needs (decoding restarts there);
@@ -69,7 +85,7 @@ class SlotInfo(_Record):
 
 
 @dataclass(frozen=True)
-class SlotCreated(_Record):
+class SlotCreated(Record):
     """What creating a logical slot returned: its name and its consistent point.
 
     Changes committed after ``lsn`` are decoded from this slot; nothing before it is.
@@ -83,7 +99,7 @@ class SlotCreated(_Record):
 
 
 @dataclass(frozen=True)
-class ServerFacts(_Record):
+class ServerFacts(Record):
     """Version and the settings logical replication depends on, sizes in bytes.
 
     ``max_slot_wal_keep_size`` is ``None`` when unlimited (``-1``): slots may then retain WAL
@@ -120,7 +136,7 @@ class ServerFacts(_Record):
 
 
 @dataclass(frozen=True)
-class SlotSpill(_Record):
+class SlotSpill(Record):
     """A slot's decoding statistics (``pg_stat_replication_slots``, cumulative since reset).
 
     Transactions larger than ``logical_decoding_work_mem`` are spilled to disk (or streamed):
@@ -143,36 +159,20 @@ class SlotSpill(_Record):
         return max(averages, default=0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "slot": self.slot,
-            "spill_txns": self.spill_txns,
-            "spill_bytes": self.spill_bytes,
-            "stream_txns": self.stream_txns,
-            "stream_bytes": self.stream_bytes,
-            "total_txns": self.total_txns,
-            "total_bytes": self.total_bytes,
-            "largest_transaction_at_least": self.largest_at_least,
-        }
+        return {**super().to_dict(), "largest_transaction_at_least": self.largest_at_least}
 
 
 @dataclass(frozen=True)
-class PublishedTable(_Record):
+class PublishedTable(Record):
     """One table in a publication, with its optional column list and row filter (PG 15+)."""
 
     table: TableRef
     columns: tuple[str, ...] | None = None
     row_filter: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "table": str(self.table),
-            "columns": list(self.columns) if self.columns is not None else None,
-            "row_filter": self.row_filter,
-        }
-
 
 @dataclass(frozen=True)
-class PublicationInfo(_Record):
+class PublicationInfo(Record):
     """A publication as the server normalises it (row filters as ``pg_get_expr`` prints them)."""
 
     name: str
@@ -182,19 +182,9 @@ class PublicationInfo(_Record):
     tables: tuple[PublishedTable, ...]
     schemas: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "all_tables": self.all_tables,
-            "publish": list(self.publish),
-            "via_root": self.via_root,
-            "tables": [t.to_dict() for t in self.tables],
-            "schemas": list(self.schemas),
-        }
-
 
 @dataclass(frozen=True)
-class Reconciled(_Record):
+class Reconciled(Record):
     """What making an object match its definition did: ``created``, ``changed`` or ``unchanged``."""
 
     kind: str
@@ -202,13 +192,9 @@ class Reconciled(_Record):
     action: str
     details: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "action": self.action,
-                "details": list(self.details)}  # fmt: skip
-
 
 @dataclass(frozen=True)
-class SubscriptionInfo(_Record):
+class SubscriptionInfo(Record):
     """A subscription's definition; the publisher's address only, never its password."""
 
     name: str
@@ -223,11 +209,6 @@ class SubscriptionInfo(_Record):
     target: dict[str, str] | None
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        data = super().to_dict()
-        data["publications"] = list(self.publications)
-        return data
-
 
 # pg_subscription_rel.srsubstate: https://www.postgresql.org/docs/15/catalog-pg-subscription-rel.html
 REL_STATES = {
@@ -240,20 +221,16 @@ REL_STATES = {
 
 
 @dataclass(frozen=True)
-class RelState(_Record):
+class RelState(Record):
     """One table of a subscription in ``pg_subscription_rel`` and its sync state."""
 
     table: TableRef
     state: str
     lsn: LSN | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"table": str(self.table), "state": self.state,
-                "lsn": str(self.lsn) if self.lsn else None}  # fmt: skip
-
 
 @dataclass(frozen=True)
-class SubscriptionStatus(_Record):
+class SubscriptionStatus(Record):
     """What the subscriber says about a subscription's progress and health right now.
 
     ``apply_error_count``/``sync_error_count`` come from ``pg_stat_subscription_stats``
@@ -285,14 +262,11 @@ class SubscriptionStatus(_Record):
         return tuple(rel for rel in self.relations if rel.state != "r")
 
     def to_dict(self) -> dict[str, Any]:
-        data = super().to_dict()
-        data["relations"] = [rel.to_dict() for rel in self.relations]
-        data["state_counts"] = self.state_counts
-        return data
+        return {**super().to_dict(), "state_counts": self.state_counts}
 
 
 @dataclass(frozen=True)
-class ColumnOrigin(_Record):
+class ColumnOrigin(Record):
     """What the publisher's catalog says about a column the lake sees for the first time.
 
     PostgreSQL adds a column with a constant ``DEFAULT`` without rewriting the table: the rows
@@ -311,7 +285,7 @@ class ColumnOrigin(_Record):
 
 
 @dataclass(frozen=True)
-class ColumnOrigins(_Record):
+class ColumnOrigins(Record):
     """``ColumnOrigin`` of some columns, and how many attribute numbers the table has used
     (``relnatts``, dropped columns counted).
 

@@ -14,11 +14,12 @@ from psycopg import sql
 
 from airflow_pglogrepl.exceptions import ObjectNotFoundError
 from airflow_pglogrepl.hooks.base import PgSessionHook
+from airflow_pglogrepl.hooks.records import Record
 from airflow_pglogrepl.tables import TableRef
 
 
 @dataclass(frozen=True)
-class OwnedSequence:
+class OwnedSequence(Record):
     """A sequence behind an identity or serial column (``kind``: ``identity`` or ``serial``)."""
 
     sequence: TableRef
@@ -28,7 +29,7 @@ class OwnedSequence:
 
 
 @dataclass(frozen=True)
-class SequenceState:
+class SequenceState(Record):
     """One row of ``pg_sequences``; ``last_value`` is ``None`` until ``nextval`` first ran."""
 
     sequence: TableRef

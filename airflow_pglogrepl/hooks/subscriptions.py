@@ -29,6 +29,7 @@ from airflow_pglogrepl.exceptions import (
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
 from airflow_pglogrepl.hooks.records import (
     Reconciled,
+    Record,
     RelState,
     SubscriptionInfo,
     SubscriptionStatus,
@@ -110,7 +111,7 @@ _ERRORS_OLD = sql.SQL("NULL::int AS apply_error_count, NULL::int AS sync_error_c
 
 
 @dataclass(frozen=True)
-class DropResult:
+class DropResult(Record):
     """What dropping a subscription did; ``slot_left_behind``: its slot left on the publisher;
     ``sync_slots_left_behind``: table-sync slots that may be left there too (tables that were
     not ready: their sync worker creates a slot of its own and drops it only when done)."""

@@ -24,9 +24,11 @@ from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import Asset
+from airflow.sdk import Asset, Context
 
+from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
+from airflow_pglogrepl.exceptions import SparkApplicationError
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 DSN_ENV = SOURCE_DSN_ENV
@@ -43,7 +45,7 @@ class CapturingSparkSubmitHook(SparkSubmitHook):
 
     The Spark provider has no public way to read the application's output: this overrides its
     private ``_process_spark_submit_log`` and keeps each line on the way through.
-    tests/unit/test_spark_submit_internals.py pins what this relies on, so a provider upgrade
+    tests/operators/test__spark.py pins what this relies on, so a provider upgrade
     that changes it fails there, not silently in a drain.
     """
 
@@ -60,12 +62,12 @@ class CapturingSparkSubmitHook(SparkSubmitHook):
         super()._process_spark_submit_log(tee())
 
 
-class PackageSparkSubmitOperator(SparkSubmitOperator):
+class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
     """SparkSubmitOperator for an application of this package, run with the source's DSN.
 
     Subclasses call ``_check_spark_connection()`` before anything reads the source's secrets,
-    ``_prepare_submit(dsn)`` once, run ``super().execute`` inside ``_shipping_package()`` and read
-    the result with ``_summary(*keys)``.
+    ``_prepare_submit(dsn)`` once, run ``_run_application(context)`` inside
+    ``_shipping_package()`` and read the result with ``_summary(*keys)``.
     """
 
     def _check_spark_connection(self) -> None:
@@ -91,6 +93,22 @@ class PackageSparkSubmitOperator(SparkSubmitOperator):
             self.py_files = package_zip(Path(tmp))
             yield
 
+    def _run_application(self, context: Context) -> None:
+        """spark-submit the application. When it failed with an error it reported (its last
+        output line names it), that error is raised here as ``SparkApplicationError``, retryable
+        as the original: a lake from another server fails the task at once, a crash retries."""
+        try:
+            super().execute(context)
+        except Exception as exc:
+            failure = self._summary("error")
+            if failure is None:
+                raise
+            raise SparkApplicationError(
+                str(failure["error"]),
+                str(failure.get("message", "")),
+                retryable=bool(failure.get("retryable", True)),
+            ) from exc
+
     def _summary(self, *keys: str) -> dict[str, Any] | None:
         """The last JSON summary line the application printed with one of ``keys``."""
         return summary_line(getattr(self._hook, "captured", []), *keys)
@@ -98,7 +116,7 @@ class PackageSparkSubmitOperator(SparkSubmitOperator):
     def _get_hook(self) -> SparkSubmitHook:
         # The provider builds its hook from a dozen operator fields in its private _get_hook;
         # the capturing hook takes that hook's state as it is rather than repeat the list
-        # (pinned by tests/unit/test_spark_submit_internals.py).
+        # (pinned by tests/operators/test__spark.py).
         base = super()._get_hook()
         hook = CapturingSparkSubmitHook.__new__(CapturingSparkSubmitHook)
         hook.__dict__.update(base.__dict__)
@@ -136,12 +154,13 @@ def summary_line(lines: Sequence[str], *keys: str) -> dict[str, Any] | None:
 def check_spark_connection(conn_id: str) -> None:
     """The Spark connection must exist and keep the DSN off command lines."""
     from airflow.sdk import BaseHook
-    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_pglogrepl.exceptions import SparkSetupError
 
     try:
         conn = BaseHook.get_connection(conn_id)
     except Exception:
-        raise AirflowFailException(
+        raise SparkSetupError(
             f"Spark connection {conn_id!r} is not defined; without it the Spark "
             f"provider silently submits to YARN. Fix: define it, for local Spark e.g. "
             f'AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "spark", '
@@ -149,7 +168,7 @@ def check_spark_connection(conn_id: str) -> None:
         ) from None
     master = f"{conn.conn_type}://{conn.host or ''}"
     if "yarn" in master or "k8s" in master or conn.extra_dejson.get("deploy-mode") == "cluster":
-        raise AirflowFailException(
+        raise SparkSetupError(
             f"Spark connection {conn_id!r} ({master}) would pass the source DSN on the "
             f"spark-submit command line (YARN/Kubernetes/cluster mode turn environment "
             f"variables into --conf arguments). Use a local or standalone master in client "

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.hooks.for_connection import replication_hook
 
 if TYPE_CHECKING:
@@ -141,7 +142,7 @@ def parse_skip_lsn(value: object) -> LSN:
     return lsn
 
 
-class SubscriptionErrorCheckOperator(BaseOperator):
+class SubscriptionErrorCheckOperator(TaskBoundary, BaseOperator):
     """Fail, naming the failing relation, when a subscription has apply or sync errors.
 
     Checks on the subscriber: ``apply_error_count`` and ``sync_error_count`` of
@@ -205,7 +206,7 @@ class SubscriptionErrorCheckOperator(BaseOperator):
         self.publisher_database = publisher_database
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
+        from airflow_pglogrepl.exceptions import SubscriptionErrorsError
 
         hook = replication_hook(self.subscriber_conn_id, self.subscriber_database)
         errors = hook.subscription_errors(self.subscription)
@@ -272,7 +273,7 @@ class SubscriptionErrorCheckOperator(BaseOperator):
                 "with max_conflicts"
             )
         context["ti"].xcom_push(key="return_value", value=report)
-        raise AirflowFailException("subscription errors:\n- " + "\n- ".join(lines))
+        raise SubscriptionErrorsError(lines)
 
     def _pending(self, errors: SubscriptionErrors) -> tuple[PendingTransaction | None, str | None]:
         from airflow_pglogrepl.exceptions import PgLogReplError, SlotInUseError
@@ -295,7 +296,7 @@ class SubscriptionErrorCheckOperator(BaseOperator):
                 return None, str(exc)
 
 
-class SkipConflictingTransactionOperator(BaseOperator):
+class SkipConflictingTransactionOperator(TaskBoundary, BaseOperator):
     """Skip the one remote transaction the subscriber cannot apply, given its finish LSN.
 
     PostgreSQL 15+: ``ALTER SUBSCRIPTION ... SKIP (lsn = ...)``; the apply worker drops every

@@ -92,24 +92,20 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         self.accept_source_change = accept_source_change
 
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
-        from airflow.sdk.exceptions import AirflowFailException
-
         from airflow_pglogrepl.conninfo import make_dsn
-        from airflow_pglogrepl.exceptions import SlotLostError, SnapshotNotCommittedError
+        from airflow_pglogrepl.exceptions import SnapshotNotCommittedError
         from airflow_pglogrepl.sensors.verdicts import drain_refusal
 
         hook = replication_hook(self.postgres_conn_id, self.database)
         slot = hook.get_slot(self.slot_name, plugin="pgoutput")
         refusal = drain_refusal(slot)
-        if isinstance(refusal, SlotLostError):
-            raise AirflowFailException(str(refusal)) from refusal  # no retry can help
-        if refusal is not None:
+        if refusal is not None:  # lost: the boundary fails the task; in use: a retry may pass
             raise refusal
         self._check_spark_connection()
         self._prepare_submit(make_dsn(hook.connection_params()))
         self.application_args = self._app_args()
         with self._shipping_package():
-            super().execute(context)
+            self._run_application(context)
         summary = self._summary("windows")
         if summary is None:
             raise SnapshotNotCommittedError(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.hooks.for_connection import replication_hook
 from airflow_pglogrepl.operators.arguments import names, resolve_tables
 
@@ -28,7 +29,7 @@ TerminateMode = Literal["auto", "transactions", "sessions", "none"]
 _TERMINATE_MODES = ("auto", "transactions", "sessions", "none")
 
 
-class WriteFenceOperator(BaseOperator):
+class WriteFenceOperator(TaskBoundary, BaseOperator):
     """Stop named roles writing to the moved tables on the publisher; push the fence LSN.
 
     1. In one transaction: ``REVOKE INSERT, UPDATE, DELETE, TRUNCATE`` on the tables (and their
@@ -285,7 +286,7 @@ class WriteFenceOperator(BaseOperator):
             interval = min(interval * 2, 1.0)
 
 
-class WriteFenceReleaseOperator(BaseOperator):
+class WriteFenceReleaseOperator(TaskBoundary, BaseOperator):
     """Undo the write fence: give back exactly the privileges and setting it took.
 
     Reads the state the fence saved on the publisher (per role and database), re-grants what was

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.hooks.for_connection import replication_hook
 from airflow_pglogrepl.operators.arguments import names
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 DROPPED_KEY = "subscription_dropped"
 
 
-class FinalizeCutoverOperator(BaseOperator):
+class FinalizeCutoverOperator(TaskBoundary, BaseOperator):
     """Disable and drop the subscription; optionally set up reverse replication.
 
     1. ``ALTER SUBSCRIPTION ... DISABLE`` and ``DROP SUBSCRIPTION`` on the subscriber (the new

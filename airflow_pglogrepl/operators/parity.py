@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.hooks.for_connection import replication_hook
 from airflow_pglogrepl.operators.arguments import names, resolve_tables
 
@@ -73,7 +74,7 @@ def compare(
     return TableParity(table, publisher, subscriber, None)
 
 
-class TableParityCheckOperator(BaseOperator):
+class TableParityCheckOperator(TaskBoundary, BaseOperator):
     """Fail unless every table has the same rows on publisher and subscriber.
 
     Per table: ``count(*)`` and the sum of each row's md5 (folded to 64 bits), computed on both
@@ -124,7 +125,7 @@ class TableParityCheckOperator(BaseOperator):
         self.subscriber_database = subscriber_database
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
+        from airflow_pglogrepl.exceptions import ParityMismatchError
 
         publisher = replication_hook(self.publisher_conn_id, self.publisher_database)
         subscriber = replication_hook(self.subscriber_conn_id, self.subscriber_database)
@@ -172,8 +173,5 @@ class TableParityCheckOperator(BaseOperator):
         }
         if differing:
             context["ti"].xcom_push(key="return_value", value=report)
-            raise AirflowFailException(
-                f"parity check failed for {len(differing)} of {len(ordered)} tables:\n- "
-                + "\n- ".join(f"{r.table}: {r.problem}" for r in differing)
-            )
+            raise ParityMismatchError(len(ordered), [f"{r.table}: {r.problem}" for r in differing])
         return report

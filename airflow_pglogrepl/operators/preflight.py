@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.preflight import (
     FixMode,
     PreflightFailedError,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
 
 
-class ReplicationPreflightOperator(BaseOperator):
+class ReplicationPreflightOperator(TaskBoundary, BaseOperator):
     """Check that a table set can replicate; fail with every problem named, table by table.
 
     Publisher: ``wal_level``, free replication slots and WAL senders for the planned

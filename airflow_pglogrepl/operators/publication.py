@@ -7,12 +7,13 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.hooks.for_connection import replication_hook
 
 PUBLISH_ALL = ("insert", "update", "delete", "truncate")
 
 
-class CreatePublicationOperator(BaseOperator):
+class CreatePublicationOperator(TaskBoundary, BaseOperator):
     """Create a publication, or make an existing one match this definition.
 
     Re-running with the same definition changes nothing. A changed table list is reconciled
@@ -95,7 +96,7 @@ class CreatePublicationOperator(BaseOperator):
         return result.to_dict()
 
 
-class DropPublicationOperator(BaseOperator):
+class DropPublicationOperator(TaskBoundary, BaseOperator):
     """Drop a publication; succeeds when it is already gone.
 
     :param publication: publication name.

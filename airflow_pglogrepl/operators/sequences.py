@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.hooks.for_connection import replication_hook
 from airflow_pglogrepl.operators.arguments import names, resolve_tables
 
@@ -61,7 +62,7 @@ def plan_sequence(
     return SequencePlan(target, f"max(publisher {publisher_last}, column {column_max}) + {margin}")
 
 
-class SyncSequencesOperator(BaseOperator):
+class SyncSequencesOperator(TaskBoundary, BaseOperator):
     """Set the subscriber's sequences from the publisher's, for identity and serial columns.
 
     For every identity or serial column of the tables (``tables`` and/or all tables of
@@ -118,8 +119,7 @@ class SyncSequencesOperator(BaseOperator):
         self.subscriber_database = subscriber_database
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
-
+        from airflow_pglogrepl.exceptions import SequenceSyncError
         from airflow_pglogrepl.tables import parse_tables
 
         publisher = replication_hook(self.publisher_conn_id, self.publisher_database)
@@ -158,9 +158,7 @@ class SyncSequencesOperator(BaseOperator):
             if not state.readable
         ]
         if unreadable:
-            raise AirflowFailException(
-                "sequence sync refused, nothing was changed:\n- " + "\n- ".join(unreadable)
-            )
+            raise SequenceSyncError(unreadable, refused=True)
         for owned in sub_owned:
             source = pub_owned.get((owned.table, owned.column))
             pub_state = pub_states.get(source.sequence) if source else None
@@ -220,5 +218,5 @@ class SyncSequencesOperator(BaseOperator):
         }
         if errors:
             context["ti"].xcom_push(key="return_value", value=result)
-            raise AirflowFailException("sequence sync failed:\n- " + "\n- ".join(errors))
+            raise SequenceSyncError(errors)
         return result

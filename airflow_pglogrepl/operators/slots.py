@@ -8,10 +8,11 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.hooks.for_connection import replication_hook
 
 
-class CreateReplicationSlotOperator(BaseOperator):
+class CreateReplicationSlotOperator(TaskBoundary, BaseOperator):
     """Create a logical slot; a no-op when it exists with the same plugin.
 
     Pushes ``{"slot", "plugin", "lsn", "created"}``: ``lsn`` is the consistent point for a new
@@ -60,7 +61,7 @@ class CreateReplicationSlotOperator(BaseOperator):
                     "lsn": str(created.lsn)}  # fmt: skip
 
 
-class DropReplicationSlotOperator(BaseOperator):
+class DropReplicationSlotOperator(TaskBoundary, BaseOperator):
     """Drop a slot so it stops retaining WAL; succeeds when it is already gone.
 
     :param slot_name: slot name.
@@ -89,7 +90,7 @@ class DropReplicationSlotOperator(BaseOperator):
         return {"slot": self.slot_name, "dropped": dropped}
 
 
-class SlotHealthCheckOperator(BaseOperator):
+class SlotHealthCheckOperator(TaskBoundary, BaseOperator):
     """Fail loudly when a slot is unusable or endangers the publisher's disk.
 
     Checks: ``wal_status`` ``lost`` (unusable) or ``unreserved`` (about to be), retained WAL
@@ -143,8 +144,7 @@ class SlotHealthCheckOperator(BaseOperator):
         self.database = database
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
-
+        from airflow_pglogrepl.exceptions import SlotUnhealthyError
         from airflow_pglogrepl.sensors.verdicts import HealthPolicy, slot_health
 
         hook = replication_hook(self.postgres_conn_id, self.database)
@@ -194,7 +194,7 @@ class SlotHealthCheckOperator(BaseOperator):
         )  # fmt: skip
         if problems:
             context["ti"].xcom_push(key="return_value", value=record)
-            raise AirflowFailException("slot health check failed:\n- " + "\n- ".join(problems))
+            raise SlotUnhealthyError(problems)
         return record
 
     def _first_seen_inactive(

@@ -134,13 +134,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         return result
 
     def _initial(self, context: Context, hook: PgLogicalReplicationHook) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from airflow_pglogrepl.exceptions import (
-            PgLogReplError,
-            SlotNotFoundError,
-            SnapshotNotCommittedError,
-        )
+        from airflow_pglogrepl.exceptions import SlotNotFoundError, SnapshotNotCommittedError
         from airflow_pglogrepl.spark.snapshot import bootstrap_plan
 
         slot_lsn: str | None = None
@@ -150,14 +144,12 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
             slot_lsn = str(found.confirmed_flush_lsn) if found.confirmed_flush_lsn else None
         except SlotNotFoundError:
             exists = False
-        try:
-            plan = bootstrap_plan(
-                slot=str(self.slot_name), slot_exists=exists, status=self._sink_status(),
-                lake=str(self.sink), replace_slot=self.replace_slot, bootstrap=self.bootstrap,
-                slot_lsn=slot_lsn,
-            )  # fmt: skip
-        except PgLogReplError as exc:
-            raise AirflowFailException(str(exc)) from exc  # a human must decide: no retry
+        # a refusal is a SinkError: a person must decide, the boundary fails the task at once
+        plan = bootstrap_plan(
+            slot=str(self.slot_name), slot_exists=exists, status=self._sink_status(),
+            lake=str(self.sink), replace_slot=self.replace_slot, bootstrap=self.bootstrap,
+            slot_lsn=slot_lsn,
+        )  # fmt: skip
         if plan.action == "exists":
             self.log.info(
                 "Lake %s already holds the snapshot of slot %s at %s: nothing to do",
@@ -277,7 +269,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         """Run the application with ``args``; its JSON summary, or None when it printed none."""
         self.application_args = args
         self._hook = None  # the hook takes the arguments when built
-        super().execute(context)
+        self._run_application(context)
         return self._summary("committed", "resolved")
 
     def _sink_status(self, point: str | None = None) -> dict[str, Any]:

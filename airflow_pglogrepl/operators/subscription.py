@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.hooks.for_connection import replication_hook
 
 _SLOT_OK = re.compile(r"[a-z0-9_]{1,63}")
@@ -27,7 +28,7 @@ def slot_name_for(subscription: str) -> str:
     return f"{base}_{digest}"
 
 
-class CreateSubscriptionOperator(BaseOperator):
+class CreateSubscriptionOperator(TaskBoundary, BaseOperator):
     """Create a subscription to the publisher's publications, or reconcile an existing one.
 
     The ``CONNECTION`` string is built from the publisher's Airflow connection (host, port,
@@ -181,7 +182,7 @@ class CreateSubscriptionOperator(BaseOperator):
             self.log.info("Same instance: created slot %s before the subscription", slot)
 
 
-class AlterSubscriptionOperator(BaseOperator):
+class AlterSubscriptionOperator(TaskBoundary, BaseOperator):
     """Enable, disable or refresh a subscription.
 
     :param subscription: subscription name.
@@ -225,7 +226,7 @@ class AlterSubscriptionOperator(BaseOperator):
         return {"subscription": self.subscription, "action": self.action}
 
 
-class DropSubscriptionOperator(BaseOperator):
+class DropSubscriptionOperator(TaskBoundary, BaseOperator):
     """Drop a subscription; its slot on the publisher goes with it when the publisher answers.
 
     When the publisher is unreachable the subscription is detached from its slot and dropped;

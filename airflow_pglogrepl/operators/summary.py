@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_pglogrepl.boundary import TaskBoundary
+
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
@@ -131,7 +133,7 @@ def _text(report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-class CutoverSummaryOperator(BaseOperator):
+class CutoverSummaryOperator(TaskBoundary, BaseOperator):
     """Report the cutover's outcome and write downtime from what the other tasks pushed.
 
     Runs whatever happened upstream (``trigger_rule="all_done"`` unless given). Returns the
@@ -200,10 +202,8 @@ class CutoverSummaryOperator(BaseOperator):
         )
         self.log.info("%s", report["text"])
         if self.fail_unless_switched and report["outcome"] != SWITCHED:
-            from airflow.sdk.exceptions import AirflowFailException
+            from airflow_pglogrepl.exceptions import CutoverNotSwitchedError
 
             ti.xcom_push(key="return_value", value=report)
-            raise AirflowFailException(
-                f"the cutover did not switch: {report['outcome']}. Next: {report['next_step']}"
-            )
+            raise CutoverNotSwitchedError(report["outcome"], report["next_step"])
         return report

@@ -64,7 +64,7 @@ from airflow_pglogrepl.pgoutput.messages import (
     TruncateMessage,
     TypeMessage,
 )
-from airflow_pglogrepl.pgoutput.values import TYPNAME_OIDS, text_converter
+from airflow_pglogrepl.pgoutput.values import value_type
 
 __all__ = ["PgOutputStream"]
 
@@ -494,12 +494,9 @@ class PgOutputStream:
         self._types[message.type_oid] = message
 
     def _value_type(self, type_oid: int) -> int | None:
-        if text_converter(type_oid) is not None:
-            return type_oid
-        described = self._types.get(type_oid)
-        if described is not None and described.namespace == "pg_catalog":
-            return TYPNAME_OIDS.get(described.name)  # a domain over a built-in type
-        return None
+        described = self._types.get(type_oid)  # a domain's: its base type
+        base = None if described is None else (described.namespace, described.name)
+        return value_type(type_oid, base)
 
     def _type_name(self, type_oid: int) -> str | None:
         described = self._types.get(type_oid)

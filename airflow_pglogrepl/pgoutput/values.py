@@ -37,6 +37,7 @@ __all__ = [
     "from_text",
     "text_converter",
     "text_converter_for_bytes",
+    "value_type",
 ]
 
 Converter = Callable[[Any], Any]
@@ -401,6 +402,26 @@ def text_converter(type_oid: int) -> Converter | None:
     element = ARRAY_ELEMENT.get(type_oid)
     if element is not None:
         return _array_parser(_TEXT[element])
+    return None
+
+
+# pgoutput describes only types past the built-in ones in a Type message (logicalrep_write_typ
+# skips OIDs below FirstGenbkiObjectId): below it, a type is its own value type or stays text.
+FIRST_DESCRIBED_OID = 10000
+
+
+def value_type(type_oid: int, base: tuple[str, str] | None) -> int | None:
+    """The type a column's values are converted as, the one rule of the drain and the snapshot:
+    the column's own type when a converter exists, else a domain's built-in base type, else None
+    (the value stays PostgreSQL's text).
+
+    ``base`` is the (namespace, name) that pgoutput's Type message gives for the type (a domain's
+    is its base type's, ``getBaseType``), or that the catalog gives the same way; None when unknown.
+    """
+    if text_converter(type_oid) is not None:
+        return type_oid
+    if base is not None and type_oid >= FIRST_DESCRIBED_OID and base[0] == "pg_catalog":
+        return TYPNAME_OIDS.get(base[1])
     return None
 
 

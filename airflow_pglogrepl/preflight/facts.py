@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from airflow_pglogrepl.hooks.records import ServerFacts
-from airflow_pglogrepl.tables import TableRef
+from airflow_pglogrepl.tables import Column, TableRef
 
 # pg_class.relkind and relpersistence codes, in the words a DBA uses.
 # See https://www.postgresql.org/docs/15/catalog-pg-class.html
@@ -40,28 +40,6 @@ class RoleFacts:
     replication: bool
     can_login: bool = True
     bypass_rls: bool = False
-
-
-@dataclass(frozen=True)
-class ColumnFacts:
-    """One live column (``pg_attribute``, ``attnum > 0``, not dropped).
-
-    ``type`` is ``format_type()`` text (``character varying(20)``); ``identity`` is
-    ``attidentity`` (``''``, ``'a'`` always, ``'d'`` by default); ``generated`` is
-    ``attgenerated`` (``''`` or ``'s'`` stored).
-    """
-
-    name: str
-    type: str
-    not_null: bool
-    has_default: bool = False
-    identity: str = ""
-    generated: str = ""
-
-    @property
-    def fills_itself(self) -> bool:
-        """True when an INSERT that omits this column still gets a value (default, identity)."""
-        return self.has_default or bool(self.identity) or bool(self.generated)
 
 
 @dataclass(frozen=True)
@@ -125,7 +103,7 @@ class TableFacts:
     relkind: str
     persistence: str = "p"
     replica_identity: str = "d"
-    columns: tuple[ColumnFacts, ...] = ()
+    columns: tuple[Column, ...] = ()
     indexes: tuple[IndexFacts, ...] = ()
     can_select: bool = True
     can_use_schema: bool = True
@@ -146,7 +124,7 @@ class TableFacts:
         """The index marked as replica identity (``indisreplident``), if any."""
         return next((i for i in self.indexes if i.replica_identity), None)
 
-    def column(self, name: str) -> ColumnFacts | None:
+    def column(self, name: str) -> Column | None:
         """The column called ``name`` (exact, as stored), or None."""
         return next((c for c in self.columns if c.name == name), None)
 

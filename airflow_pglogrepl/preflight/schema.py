@@ -11,12 +11,13 @@ See https://www.postgresql.org/docs/15/logical-replication-restrictions.html
 from __future__ import annotations
 
 from airflow_pglogrepl.preflight._text import ident, idents
-from airflow_pglogrepl.preflight.facts import PUBLISHABLE_RELKINDS, ColumnFacts, TableFacts
+from airflow_pglogrepl.preflight.facts import PUBLISHABLE_RELKINDS, TableFacts
 from airflow_pglogrepl.preflight.identity import IdentityAssessment, IdentityClass
 from airflow_pglogrepl.preflight.report import Check, Finding, Severity, Side
+from airflow_pglogrepl.tables import Column
 
 
-def replicated_columns(table: TableFacts) -> list[ColumnFacts]:
+def replicated_columns(table: TableFacts) -> list[Column]:
     """The publisher's columns a subscription receives (generated columns are not sent)."""
     return [c for c in table.columns if not c.generated]
 
@@ -138,7 +139,7 @@ def _key_findings(
     pub: TableFacts,
     sub: TableFacts,
     identity: IdentityAssessment | None,
-    extra: list[ColumnFacts],
+    extra: list[Column],
 ) -> list[Finding]:
     """Can the subscriber find the row an UPDATE or DELETE names?"""
     if identity is None or identity.blocks_changes or identity.cls is IdentityClass.PARTITIONED:

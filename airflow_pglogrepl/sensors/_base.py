@@ -1,7 +1,8 @@
 """What the replication sensors share: poke decides with a ``Verdict``; deferral polls the same.
 
-A failed verdict fails the task at once (``AirflowFailException``: no retries, no waiting for
-the timeout): replication that is broken does not heal by waiting.
+A failed verdict fails the task at once (``GateFailedError``, which the task boundary turns into
+``AirflowFailException``: no retries, no waiting for the timeout): replication that is broken
+does not heal by waiting.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
 
+from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.sensors.verdicts import Verdict
 
 
-class VerdictSensor(BaseSensorOperator):
+class VerdictSensor(TaskBoundary, BaseSensorOperator):
     """Base of the replication sensors; subclasses implement ``verdict()`` and ``trigger()``."""
 
     def __init__(
@@ -63,6 +65,6 @@ class VerdictSensor(BaseSensorOperator):
         self._fail(str(event.get("message")))
 
     def _fail(self, message: str) -> None:
-        from airflow.sdk.exceptions import AirflowFailException
+        from airflow_pglogrepl.exceptions import GateFailedError
 
-        raise AirflowFailException(message)
+        raise GateFailedError(message)  # not retryable: the boundary fails the task at once

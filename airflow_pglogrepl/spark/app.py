@@ -13,10 +13,12 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
+from airflow_pglogrepl.exceptions import SparkSetupError
 
 DSN_ENV = SOURCE_DSN_ENV
 
@@ -30,6 +32,87 @@ def spark_session(app_name: str) -> Any:
 
         return configure(SparkSession.builder.appName(app_name)).getOrCreate()
     return local_session(app_name, cores=os.cpu_count() or 2)
+
+
+class LazySpark:
+    """The application's Spark session, started on first use.
+
+    The drain's changelog needs no JVM (pyarrow writes its files and delta-rs commits them):
+    Spark starts only for the merge into ``state/``, so a run that fails its checks, crashes
+    mid-window or runs with ``--no-materialize`` pays nothing for it. The snapshot starts it
+    before its slot exists, so the exporting session waits for nobody.
+    """
+
+    def __init__(self, app_name: str) -> None:
+        self.app_name = app_name
+        self._session: Any = None
+        self.started_s: float | None = None
+        self.executors: list[dict[str, Any]] = []
+
+    def get(self) -> Any:
+        if self._session is None:
+            began = time.monotonic()
+            self._session = spark_session(self.app_name)
+            self.started_s = round(time.monotonic() - began, 3)
+            self.executors = check_executors(self._session)
+        return self._session
+
+    def summary(self) -> dict[str, Any]:
+        """What the run's JSON summary says of Spark: its start-up time, master and executors
+        (``spark_start_s`` None: it never started)."""
+        if self._session is None:
+            return {"spark_start_s": None}
+        return {
+            "spark_start_s": self.started_s,
+            "master": str(self._session.sparkContext.master),
+            "executors": self.executors,
+        }
+
+    def stop(self) -> None:
+        if self._session is not None:
+            self._session.stop()
+            self._session = None
+
+
+def check_executors(spark: Any) -> list[dict[str, Any]]:
+    """On a cluster master, make sure executors can import this package (fail early if not).
+
+    Executors are separate processes, possibly on other machines, that do not have the package
+    installed: spark-submit must ship it (``--py-files``; the operators do). Finding out at
+    start-up with a clear message beats an ImportError deep in a job. Local masters share the
+    driver's installation and are not checked.
+    """
+    master = str(spark.sparkContext.master)
+    if master.startswith("local"):
+        return []
+    slots = max(2, int(spark.sparkContext.defaultParallelism))
+    try:
+        found = spark.sparkContext.parallelize(range(slots), slots).map(_executor_probe).collect()
+    except Exception as exc:
+        raise SparkSetupError(
+            f"Spark executors of {master} cannot import airflow_pglogrepl "
+            f"({exc.__class__.__name__}). Fix: ship the package with spark-submit --py-files "
+            f"(the operators build the zip themselves) or install it on every worker"
+        ) from None
+    unique = {(p["host"], p["pid"]): p for p in found}
+    for probe in unique.values():
+        logging.getLogger("airflow_pglogrepl.spark").info(
+            "executor %s pid %s imports airflow_pglogrepl from %s",
+            probe["host"], probe["pid"], probe["package"],
+        )  # fmt: skip
+    return list(unique.values())
+
+
+def _executor_probe(_: int) -> dict[str, Any]:
+    import socket
+
+    import airflow_pglogrepl.pgoutput
+
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "package": os.path.dirname(airflow_pglogrepl.pgoutput.__file__),
+    }
 
 
 def run_app(prog: str, operator: str, run: Callable[[str], dict[str, Any]], *, logger: str) -> int:
@@ -53,7 +136,16 @@ def run_app(prog: str, operator: str, run: Callable[[str], dict[str, Any]], *, l
     except Exception as exc:  # one clear line for the task log; the traceback follows it
         logging.getLogger(logger).exception("%s failed", prog)
         print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        # what failed, for the operator: it raises it again as SparkApplicationError, and the
+        # task boundary decides about retries as it would had the error been raised there
+        result = {
+            "error": type(exc).__name__,
+            "message": str(exc),
+            "retryable": bool(getattr(exc, "retryable", True)),
+        }
+        status = 1
+    else:
+        status = 0
     os.write(summary_fd, (json.dumps(result) + "\n").encode())
     os.close(summary_fd)
-    return 0
+    return status

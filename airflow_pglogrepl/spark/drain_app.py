@@ -10,14 +10,11 @@ what the run did; a failure exits non-zero with the reason on stderr.
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_pglogrepl.exceptions import SparkSetupError
 from airflow_pglogrepl.spark import app
 from airflow_pglogrepl.spark.app import DSN_ENV
 
@@ -56,79 +53,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def spark_session() -> Any:
-    """The session spark-submit prepared, or a local one under ``python -m``."""
-    return app.spark_session("pglogrepl-drain")
-
-
-class LazySpark:
-    """Starts Spark on first use.
-
-    The changelog needs no JVM (pyarrow writes its files and delta-rs commits them): Spark
-    starts only for the merge into ``state/``, so a run that fails its checks, crashes mid-window
-    or runs with ``--no-materialize`` pays nothing for it.
-    """
-
-    def __init__(self) -> None:
-        self._session: Any = None
-        self.started_s: float | None = None
-        self.executors: list[dict[str, Any]] = []
-
-    def get(self) -> Any:
-        if self._session is None:
-            began = time.monotonic()
-            self._session = spark_session()
-            self.started_s = round(time.monotonic() - began, 3)
-            self.executors = check_executors(self._session)
-        return self._session
-
-    def stop(self) -> None:
-        if self._session is not None:
-            self._session.stop()
-            self._session = None
-
-
-def check_executors(spark: Any) -> list[dict[str, Any]]:
-    """On a cluster master, make sure executors can import this package (fail early if not).
-
-    Executors are separate processes, possibly on other machines, that do not have the package
-    installed: spark-submit must ship it (``--py-files``; ``SlotDrainOperator`` does). Finding
-    out at start-up with a clear message beats an ImportError deep in a job. Local masters share
-    the driver's installation and are not checked.
-    """
-    master = str(spark.sparkContext.master)
-    if master.startswith("local"):
-        return []
-    slots = max(2, int(spark.sparkContext.defaultParallelism))
-    try:
-        found = spark.sparkContext.parallelize(range(slots), slots).map(_executor_probe).collect()
-    except Exception as exc:
-        raise SparkSetupError(
-            f"Spark executors of {master} cannot import airflow_pglogrepl "
-            f"({exc.__class__.__name__}). Fix: ship the package with spark-submit --py-files "
-            f"(SlotDrainOperator builds the zip itself) or install it on every worker"
-        ) from None
-    unique = {(p["host"], p["pid"]): p for p in found}
-    for probe in unique.values():
-        logging.getLogger("airflow_pglogrepl.drain").info(
-            "executor %s pid %s imports airflow_pglogrepl from %s",
-            probe["host"], probe["pid"], probe["package"],
-        )  # fmt: skip
-    return list(unique.values())
-
-
-def _executor_probe(_: int) -> dict[str, Any]:
-    import socket
-
-    import airflow_pglogrepl.pgoutput
-
-    return {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "package": os.path.dirname(airflow_pglogrepl.pgoutput.__file__),
-    }
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     args = parse_args(argv)
@@ -147,7 +71,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
 
     source = PgSource(dsn)
     check_slot(source, args.slot)  # refuse early: nothing started yet
-    spark = LazySpark()
+    spark = app.LazySpark("pglogrepl-drain")
     try:
         with source.writer_lock(args.slot, role="drain"):
             lake = Lake(args.sink, args.slot, origins=source.column_origins)
@@ -173,10 +97,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                     merged = materialize(spark.get(), lake, tables=tables, parallelism=parallel)
                 result["materialized"] = merged
                 result["materialize_s"] = round(time.monotonic() - began, 3)
-        result["spark_start_s"] = spark.started_s
-        if spark.started_s is not None:
-            result["master"] = str(spark.get().sparkContext.master)
-            result["executors"] = spark.executors
+        result.update(spark.summary())
         return result
     finally:
         spark.stop()

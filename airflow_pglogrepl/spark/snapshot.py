@@ -54,13 +54,13 @@ from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.types import UnconvertibleTextError, arrow_from_text_array, arrow_schema
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
-from airflow_pglogrepl.pgoutput.values import OID, TYPNAME_OIDS, text_converter
+from airflow_pglogrepl.pgoutput.values import OID, value_type
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_pglogrepl.hooks.pg.snapshot import CatalogColumn, SnapshotTable
+    from airflow_pglogrepl.hooks.pg.snapshot import SnapshotTable
     from airflow_pglogrepl.hooks.pg.snapshot_guard import SnapshotGuard
 
 log = logging.getLogger("airflow_pglogrepl.snapshot")
@@ -71,9 +71,6 @@ DEFAULT_LOCK_TIMEOUT_S = 60.0  # for the copied tables' locks (see hooks.pg.snap
 # Rows per heap block assumed for a table the planner never measured (reltuples = -1); only
 # how finely it is split depends on it.
 UNKNOWN_ROWS_PER_BLOCK = 60
-# pgoutput describes a column's type in a Type message only from this OID on (user types);
-# built-in types it names by OID alone (FirstGenbkiObjectId in src/include/access/transam.h).
-_FIRST_USER_OID = 10000
 
 # Types read in their binary form, cast to the named ``pg_catalog`` type: ADBC turns them into
 # exactly the lake's values (every integer is int64 there). Every other type is read as text.
@@ -130,17 +127,6 @@ def plan_ranges(table: SnapshotTable, *, max_tasks: int, rows_per_task: int) -> 
     ]
 
 
-def value_type(column: CatalogColumn) -> int | None:
-    """The type the drain converts a column's values as (``PgOutputStream._value_type``):
-    the column's own type when the decoder converts it, a domain's base type when that is a
-    built-in, else None (the value stays PostgreSQL's text)."""
-    if text_converter(column.type_oid) is not None:
-        return column.type_oid
-    if column.type_oid >= _FIRST_USER_OID and column.base_namespace == "pg_catalog":
-        return TYPNAME_OIDS.get(column.base_name)
-    return None
-
-
 def table_info(table: SnapshotTable) -> TableInfo:
     """The table as the drain's decoder would describe it (same columns, key, types)."""
     columns = [
@@ -149,7 +135,7 @@ def table_info(table: SnapshotTable) -> TableInfo:
             c.type_oid,
             c.type_modifier,
             c.is_key,
-            value_type(c),
+            value_type(c.type_oid, (c.base_namespace, c.base_name)),
             f"{c.base_namespace}.{c.base_name}",
         )
         for c in table.columns

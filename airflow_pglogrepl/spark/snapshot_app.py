@@ -98,11 +98,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def spark_session() -> Any:
-    """The session spark-submit prepared, or a local one under ``python -m``."""
-    return app.spark_session("pglogrepl-snapshot")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     args = parse_args(argv)
@@ -119,20 +114,8 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     from airflow_pglogrepl.lake.lake import Lake
 
     hook = PgSource(dsn)
-    session: Any = None
-    spark_start_s = None
-
-    def spark() -> Any:
-        nonlocal session, spark_start_s
-        if session is None:
-            from airflow_pglogrepl.spark.drain_app import check_executors
-
-            began = time.monotonic()
-            session = spark_session()
-            spark_start_s = round(time.monotonic() - began, 3)
-            check_executors(session)
-        return session
-
+    lazy = app.LazySpark("pglogrepl-snapshot")
+    spark = lazy.get
     try:
         sink = Lake(args.sink, args.slot)
         if args.resolve:
@@ -149,13 +132,10 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
             else:
                 result = _standalone(args, hook, sink, spark)
         result["startup_s"] = round(time.monotonic() - started, 3)
-        result["spark_start_s"] = spark_start_s
-        if session is not None:
-            result["master"] = str(session.sparkContext.master)
+        result.update(lazy.summary())
         return result
     finally:
-        if session is not None:
-            session.stop()
+        lazy.stop()
 
 
 def _copy(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any, point: Any) -> Any:

@@ -21,6 +21,7 @@ from airflow_pglogrepl.pgoutput.values import (
     from_binary,
     from_text,
     text_converter_for_bytes,
+    value_type,
 )
 
 UTC = dt.UTC
@@ -247,3 +248,23 @@ def test_type_tables_agree() -> None:
     assert set(ARRAY_ELEMENT.values()) == {
         v for k, v in TYPNAME_OIDS.items() if not k.startswith("_")
     }
+
+
+# -- the value type: one rule for the decoder and the snapshot ------------------------------
+
+
+def test_a_type_with_a_converter_is_its_own_value_type() -> None:
+    assert value_type(OID.INT4, None) == OID.INT4
+    assert value_type(OID.NUMERIC, ("pg_catalog", "text")) == OID.NUMERIC
+
+
+def test_a_domain_over_a_built_in_type_converts_as_its_base() -> None:
+    assert value_type(16500, ("pg_catalog", "numeric")) == OID.NUMERIC
+    assert value_type(16500, ("pg_catalog", "_int4")) == 1007  # int4[]
+
+
+def test_everything_else_stays_text() -> None:
+    assert value_type(16500, None) is None  # no Type message seen
+    assert value_type(16500, ("public", "mood")) is None  # an enum, or a domain over one
+    assert value_type(16500, ("pg_catalog", "tsvector")) is None  # no converter for its base
+    assert value_type(3614, ("pg_catalog", "numeric")) is None  # built-in: never described

@@ -6,7 +6,6 @@ from typing import Any
 
 from airflow_pglogrepl.hooks.records import ServerFacts
 from airflow_pglogrepl.preflight.facts import (
-    ColumnFacts,
     IndexFacts,
     Inspection,
     PublisherUsage,
@@ -16,13 +15,13 @@ from airflow_pglogrepl.preflight.facts import (
     TableFacts,
 )
 from airflow_pglogrepl.preflight.report import PreflightReport
-from airflow_pglogrepl.tables import TableRef
+from airflow_pglogrepl.tables import Column, TableRef
 
 # -- builders ---------------------------------------------------------------------------------
 
 
-def col(name: str, type_: str = "integer", *, not_null: bool = False, **kw: Any) -> ColumnFacts:
-    return ColumnFacts(name=name, type=type_, not_null=not_null, **kw)
+def col(name: str, type_: str = "integer", *, not_null: bool = False, **kw: Any) -> Column:
+    return Column(name=name, type=type_, not_null=not_null, **kw)
 
 
 def idx(name: str, *columns: str, nullable: tuple[str, ...] = (), **kw: Any) -> IndexFacts:
@@ -35,7 +34,7 @@ def pk(name: str, *columns: str) -> IndexFacts:
 
 def table(
     name: str | TableRef,
-    *columns: ColumnFacts,
+    *columns: Column,
     indexes: tuple[IndexFacts, ...] = (),
     ri: str = "d",
     relkind: str = "r",

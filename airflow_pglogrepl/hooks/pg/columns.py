@@ -1,48 +1,90 @@
-"""What the catalog says about columns the lake meets for the first time (after ``ADD COLUMN``)."""
+"""The one catalog reader of a table's columns (``pg_attribute``), and what the lake asks of it.
+
+The preflight (types, NOT NULL, identity and generated columns), the snapshot (types as pgoutput
+sends them, a domain's base type) and the lake's schema evolution (the value older rows read for
+a column added with a default) all read columns through ``columns_json``, so a column is
+described the same way wherever it is looked at, and as one model, ``tables.Column``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from psycopg import sql
 
 from airflow_pglogrepl.hooks.pg.connect import Conn
 from airflow_pglogrepl.hooks.records import ColumnOrigin, ColumnOrigins
-from airflow_pglogrepl.tables import TableRef
+from airflow_pglogrepl.tables import Column, TableRef
+
+# A domain's base type, found the way pgoutput names it in a Type message (getBaseType: down the
+# chain of domains to the first type that is not one).
+_BASE_TYPE = """
+    CROSS JOIN LATERAL (
+        WITH RECURSIVE chain(typ, depth) AS (
+            SELECT a.atttypid, 0
+            UNION ALL
+            SELECT t.typbasetype, chain.depth + 1
+            FROM chain JOIN pg_catalog.pg_type t ON t.oid = chain.typ
+            WHERE t.typtype = 'd')
+        SELECT bt.typname::text AS typname, bn.nspname::text AS nspname
+        FROM chain
+        JOIN pg_catalog.pg_type bt ON bt.oid = chain.typ
+        JOIN pg_catalog.pg_namespace bn ON bn.oid = bt.typnamespace
+        ORDER BY chain.depth DESC LIMIT 1) AS base"""
 
 # ``attmissingval`` is an ``anyarray`` of one element; going through text[] gives that element as
 # the type's own output function prints it, whatever the column's type (arrays included).
-_ORIGINS = sql.SQL(
-    """
-    SELECT a.attname AS name,
-           CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END AS missing,
-           a.atthasdef AS has_default, a.attnum
-    FROM pg_catalog.pg_attribute a
-    JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
-    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-    WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
-      AND a.attname = ANY(%s)
-    """
-)
+_MISSING = "CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END"
 
 
-_NATTS = sql.SQL(
+def columns_json(*, missing: bool = False) -> sql.Composable:
+    """A scalar subquery giving the columns of the relation aliased ``c`` (``pg_class``) as a
+    JSON array in ``attnum`` order, which ``columns_from_json`` reads; with ``missing``, the value
+    older rows read for each (only the lake's schema evolution needs it)."""
+    return sql.SQL(
+        """(SELECT coalesce(jsonb_agg(jsonb_build_object(
+            'name', a.attname,
+            'type', pg_catalog.format_type(a.atttypid, a.atttypmod),
+            'not_null', a.attnotnull,
+            'has_default', a.atthasdef,
+            'identity', a.attidentity::text,
+            'generated', a.attgenerated::text,
+            'attnum', a.attnum,
+            'type_oid', a.atttypid::bigint,
+            'type_modifier', a.atttypmod,
+            'base_namespace', base.nspname,
+            'base_name', base.typname,
+            'missing', {missing}) ORDER BY a.attnum), '[]'::jsonb)
+        FROM pg_catalog.pg_attribute a {base_type}
+        WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)"""
+    ).format(missing=sql.SQL(_MISSING if missing else "NULL::text"), base_type=sql.SQL(_BASE_TYPE))
+
+
+def columns_from_json(items: Iterable[Mapping[str, Any]]) -> tuple[Column, ...]:
+    """The columns ``columns_json`` gave, as ``Column``."""
+    return tuple(Column(**item) for item in items)
+
+
+_TABLE_COLUMNS = sql.SQL(
     """
-    SELECT c.relnatts FROM pg_catalog.pg_class c
+    SELECT c.relnatts, {columns} AS columns
+    FROM pg_catalog.pg_class c
     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
     WHERE n.nspname = %s AND c.relname = %s
     """
-)
+).format(columns=columns_json(missing=True))
 
 
 def column_origins(conn: Conn, table: TableRef, names: Sequence[str]) -> ColumnOrigins:
     """``ColumnOrigin`` of each of ``names`` (``exists`` False: dropped or renamed since), and
     the table's ``relnatts`` (0: the table is gone)."""
-    head = conn.execute(_NATTS, (table.schema, table.name)).fetchone()
-    rows = conn.execute(_ORIGINS, (table.schema, table.name, list(names))).fetchall()
-    found = {
-        r["name"]: ColumnOrigin(r["name"], True, r["missing"], bool(r["has_default"]), r["attnum"])
-        for r in rows
+    row = conn.execute(_TABLE_COLUMNS, (table.schema, table.name)).fetchone()
+    found = {} if row is None else {c.name: c for c in columns_from_json(row["columns"])}
+    columns = {
+        name: ColumnOrigin(name, True, col.missing, col.has_default, col.attnum)
+        if (col := found.get(name)) is not None
+        else ColumnOrigin(name=name, exists=False)
+        for name in names
     }
-    columns = {name: found.get(name, ColumnOrigin(name=name, exists=False)) for name in names}
-    return ColumnOrigins(natts=int(head["relnatts"]) if head else 0, columns=columns)
+    return ColumnOrigins(natts=int(row["relnatts"]) if row else 0, columns=columns)

@@ -16,6 +16,7 @@ psycopg keeps the catalog query, which returns a row per table.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -30,6 +31,7 @@ from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
 from airflow_pglogrepl.exceptions import SnapshotReadError
 from airflow_pglogrepl.hooks.errors import slot_errors
 from airflow_pglogrepl.hooks.pg.adbc import AdbcError, adbc_session
+from airflow_pglogrepl.hooks.pg.columns import columns_from_json, columns_json
 from airflow_pglogrepl.hooks.pg.connect import (
     TEXT_OUTPUT,
     connect,
@@ -40,14 +42,13 @@ from airflow_pglogrepl.hooks.pg.connect import (
 from airflow_pglogrepl.hooks.pg.passfile import PASSFILE_HINT
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import validate_slot_name
-from airflow_pglogrepl.tables import TableRef
+from airflow_pglogrepl.tables import Column, TableRef
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = [
     "READER_SETTINGS",
-    "CatalogColumn",
     "ExportedSnapshot",
     "SnapshotReader",
     "SnapshotTable",
@@ -76,29 +77,7 @@ SELECT n.nspname AS schema_name, c.relname AS table_name, c.oid::bigint AS relid
     c.reltuples::float8 AS reltuples, c.relpages::bigint AS relpages,
     (pg_relation_size(c.oid) / current_setting('block_size')::bigint) AS blocks,
     p.publications,
-    (SELECT coalesce(jsonb_agg(jsonb_build_object(
-            'name', a.attname,
-            'attnum', a.attnum,
-            'type_oid', a.atttypid::bigint,
-            'type_modifier', a.atttypmod,
-            'type_name', format_type(a.atttypid, a.atttypmod),
-            'base_namespace', base.nspname,
-            'base_name', base.typname) ORDER BY a.attnum), '[]'::jsonb)
-        FROM pg_attribute a
-        CROSS JOIN LATERAL (
-            WITH RECURSIVE chain(typ, depth) AS (
-                SELECT a.atttypid, 0
-                UNION ALL
-                SELECT t.typbasetype, chain.depth + 1
-                FROM chain JOIN pg_type t ON t.oid = chain.typ
-                WHERE t.typtype = 'd')
-            SELECT bt.typname::text AS typname, bn.nspname::text AS nspname
-            FROM chain
-            JOIN pg_type bt ON bt.oid = chain.typ
-            JOIN pg_namespace bn ON bn.oid = bt.typnamespace
-            ORDER BY chain.depth DESC LIMIT 1) AS base
-        WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-            AND a.attgenerated = '') AS columns,
+    {columns} AS columns,
     (SELECT coalesce(jsonb_agg(k.attnum ORDER BY k.attnum), '[]'::jsonb)
         FROM pg_index i
         CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
@@ -117,21 +96,7 @@ FROM (
 JOIN pg_namespace n ON n.nspname = p.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
 ORDER BY n.nspname, c.relname
-""")
-
-
-@dataclass(frozen=True)
-class CatalogColumn:
-    """A column as pgoutput describes it: type as declared, and the base type of a domain."""
-
-    name: str
-    attnum: int
-    type_oid: int
-    type_modifier: int
-    type_name: str
-    base_namespace: str
-    base_name: str
-    is_key: bool
+""").format(columns=columns_json())
 
 
 @dataclass(frozen=True)
@@ -148,7 +113,7 @@ class SnapshotTable:
     relid: int
     relkind: str
     replica_identity: str
-    columns: tuple[CatalogColumn, ...]
+    columns: tuple[Column, ...]
     row_filter: str | None
     blocks: int
     reltuples: float
@@ -441,19 +406,11 @@ def _snapshot_table(row: dict[str, Any]) -> SnapshotTable:
     identity = row["replica_identity"]
     key_attnums = set(row["key_attnums"])
     columns = tuple(
-        CatalogColumn(
-            name=c["name"],
-            attnum=c["attnum"],
-            type_oid=c["type_oid"],
-            type_modifier=c["type_modifier"],
-            type_name=c["type_name"],
-            base_namespace=c["base_namespace"],
-            base_name=c["base_name"],
-            # pgoutput flags every column as key under REPLICA IDENTITY FULL
-            is_key=identity == "f" or c["attnum"] in key_attnums,
-        )
-        for c in row["columns"]
-        if published is None or c["name"] in published
+        # pgoutput flags every column as key under REPLICA IDENTITY FULL
+        dataclasses.replace(c, is_key=identity == "f" or c.attnum in key_attnums)
+        for c in columns_from_json(row["columns"])
+        # what pgoutput sends: no generated column, only the published ones
+        if not c.generated and (published is None or c.name in published)
     )
     filters = [p["row_filter"] for p in publications]
     row_filter = None

@@ -44,6 +44,7 @@ from airflow_pglogrepl.exceptions import (
 from airflow_pglogrepl.hooks.pg.connect import Conn, connect, long_work_settings, set_session
 from airflow_pglogrepl.hooks.pg.server import source_identity
 from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader, SnapshotTable
+from airflow_pglogrepl.hooks.records import Record
 from airflow_pglogrepl.tables import TableRef
 
 __all__ = ["CanceledStatement", "SnapshotGuard", "readers_application_name"]
@@ -138,7 +139,7 @@ def readers_application_name(snapshot_name: str) -> str:
 
 
 @dataclass(frozen=True)
-class CanceledStatement:
+class CanceledStatement(Record):
     """A statement the watcher canceled (or could not) because a reader waited behind it."""
 
     pid: int
@@ -146,15 +147,6 @@ class CanceledStatement:
     application_name: str
     statement: str
     canceled: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "pid": self.pid,
-            "role": self.role,
-            "application_name": self.application_name,
-            "statement": self.statement,
-            "canceled": self.canceled,
-        }
 
 
 class SnapshotGuard:

@@ -1,0 +1,60 @@
+"""The task boundary: the one place where this package's errors become Airflow's.
+
+Hooks, the decoder and the lake raise the project's own errors (``exceptions.py``), which carry
+the object and the fix and know nothing of Airflow. Airflow retries a failed task unless it sees
+``AirflowFailException``; most of our errors (a lost slot, a missing grant, a lake from another
+server, a failed parity check) do not heal by retrying, and retries would only delay the page to
+the person who must act, or hide the first message under later ones. So every operator and sensor
+of the package inherits ``TaskBoundary``: an error whose class says it is not ``retryable`` fails
+the task at once, with the same message; a retryable one (a busy slot, a lock, a network fault)
+and any foreign exception reach Airflow unchanged, so its retry policy applies.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from airflow_pglogrepl.exceptions import PgLogReplError
+
+__all__ = ["BOUNDARY_METHODS", "TaskBoundary", "at_boundary"]
+
+# The methods through which Airflow enters a task: the operator's work, a sensor's poke, and the
+# resumption after a deferral.
+BOUNDARY_METHODS = ("execute", "execute_complete", "poke")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def at_boundary(method: F) -> F:
+    """``method``, with a non-retryable ``PgLogReplError`` raised as ``AirflowFailException``."""
+    if getattr(method, "__pglogrepl_boundary__", False):
+        return method
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except PgLogReplError as exc:
+            if exc.retryable:
+                raise
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(str(exc)) from exc
+
+    wrapper.__pglogrepl_boundary__ = True  # type: ignore[attr-defined]
+    return wrapper  # type: ignore[return-value]
+
+
+class TaskBoundary:
+    """Mixin of every operator and sensor here: the methods of ``BOUNDARY_METHODS`` a class
+    defines itself are wrapped by ``at_boundary`` when the class is created, so no operator can
+    forget to (tests/test_boundary.py checks each class of the package)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in BOUNDARY_METHODS:
+            method = cls.__dict__.get(name)
+            if callable(method):
+                setattr(cls, name, at_boundary(method))

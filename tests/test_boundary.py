@@ -1,0 +1,175 @@
+"""The task boundary: a non-retryable error of ours fails the task at once, with its message;
+retryable and foreign errors reach Airflow unchanged; every operator and sensor has the boundary;
+a Spark application's error crosses spark-submit with its class and retry decision."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+import airflow_pglogrepl.operators
+import airflow_pglogrepl.sensors
+from airflow_pglogrepl import exceptions
+from airflow_pglogrepl.boundary import BOUNDARY_METHODS, TaskBoundary, at_boundary
+from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
+from airflow_pglogrepl.operators.drain import SlotDrainOperator
+
+
+def _raising(exc: BaseException) -> Any:
+    @at_boundary
+    def execute(context: object) -> None:
+        raise exc
+
+    return execute
+
+
+def test_a_non_retryable_error_fails_the_task_at_once_with_its_message() -> None:
+    lost = exceptions.SlotLostError("orders", "wal_removed")
+    with pytest.raises(AirflowFailException) as failure:
+        _raising(lost)({})
+    assert str(failure.value) == str(lost) and failure.value.__cause__ is lost
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        exceptions.SlotInUseError("orders", 4242),
+        exceptions.ConnectionFailedError("connection refused"),
+        exceptions.LakeWriterBusyError("orders", None),
+        exceptions.SnapshotLockError("public.t", 60.0, ["pid 7"]),
+        ValueError("not ours"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_retryable_and_foreign_errors_reach_airflow_unchanged(error: Exception) -> None:
+    with pytest.raises(type(error)) as raised:
+        _raising(error)({})
+    assert raised.value is error
+
+
+def test_every_error_says_whether_a_retry_can_help() -> None:
+    retryable = {
+        name
+        for name, cls in vars(exceptions).items()
+        if inspect.isclass(cls) and issubclass(cls, exceptions.PgLogReplError) and cls.retryable
+    }
+    # the conditions that pass by themselves; everything else waits for a person
+    assert retryable == {
+        "ConnectionFailedError",
+        "SlotInUseError",
+        "SnapshotNotCommittedError",
+        "SnapshotReadError",
+        "SnapshotLockError",
+        "TableRewrittenError",
+        "CatalogChangedError",
+        "ArrowPeekError",
+        "LakeWriterBusyError",
+        "FenceLockBusyError",
+    }
+
+
+def _task_classes() -> list[type]:
+    found: dict[str, type] = {}
+    for package in (airflow_pglogrepl.operators, airflow_pglogrepl.sensors):
+        for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+            module = importlib.import_module(info.name)
+            for _, cls in inspect.getmembers(module, inspect.isclass):
+                if issubclass(cls, BaseOperator) and cls.__module__.startswith("airflow_pglogrepl"):
+                    found[f"{cls.__module__}.{cls.__qualname__}"] = cls
+    return list(found.values())
+
+
+def test_every_operator_and_sensor_of_the_package_has_the_boundary() -> None:
+    classes = _task_classes()
+    assert len(classes) >= 20, [c.__name__ for c in classes]
+    for cls in classes:
+        assert issubclass(cls, TaskBoundary), f"{cls.__name__} lacks TaskBoundary"
+        for name in BOUNDARY_METHODS:
+            owner = next((k for k in cls.__mro__ if name in k.__dict__), None)
+            if owner is not None and issubclass(owner, TaskBoundary):
+                method = owner.__dict__[name]
+                assert getattr(method, "__pglogrepl_boundary__", False), (cls, name)
+
+
+def test_the_boundary_is_outside_airflows_own_execute_wrapper() -> None:
+    # Airflow wraps execute when the class is made (ExecutorSafeguard); ours must wrap that, not
+    # be wrapped by it, or a class Airflow re-wraps would lose it.
+    execute = SlotDrainOperator.__dict__["execute"]
+    assert execute.__pglogrepl_boundary__
+    safeguard = execute.__wrapped__
+    assert "ExecutorSafeguard" in safeguard.__code__.co_qualname
+    assert not hasattr(safeguard.__wrapped__, "__wrapped__")  # the operator's own execute
+
+
+def _app_failing_with(error: str) -> subprocess.CompletedProcess[str]:
+    program = (
+        "from airflow_pglogrepl.spark.app import run_app\n"
+        "from airflow_pglogrepl import exceptions\n"
+        f"def run(dsn):\n    raise {error}\n"
+        "raise SystemExit(run_app('test_app', 'TestOperator', run, logger='test'))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", program],
+        env={**os.environ, SOURCE_DSN_ENV: "host=/nonexistent password=secret-pw"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_failed_application_names_its_error_and_retry_decision_last() -> None:
+    lost = _app_failing_with("exceptions.SlotLostError('orders')")
+    assert lost.returncode == 1, lost.stderr[-2000:]
+    reported = json.loads(lost.stdout.strip().splitlines()[-1])
+    assert reported["error"] == "SlotLostError" and reported["retryable"] is False
+    assert "drop it and start again" in reported["message"]
+    crashed = _app_failing_with("MemoryError('executor lost')")
+    reported = json.loads(crashed.stdout.strip().splitlines()[-1])
+    assert (reported["error"], reported["retryable"]) == ("MemoryError", True)
+    assert "secret-pw" not in lost.stdout + lost.stderr + crashed.stdout + crashed.stderr
+
+
+def _operator_whose_submit_prints(
+    monkeypatch: pytest.MonkeyPatch, lines: list[str]
+) -> SlotDrainOperator:
+    def submit(self: SlotDrainOperator, context: object) -> None:
+        self._hook = type("Hook", (), {"captured": lines})()
+        raise AirflowException("Cannot execute: spark-submit ... Error code is: 1.")
+
+    monkeypatch.setattr(SparkSubmitOperator, "execute", submit)
+    return SlotDrainOperator(
+        task_id="drain", postgres_conn_id="pg", slot_name="s", publications=["p"], sink="/lake"
+    )
+
+
+def test_the_applications_error_is_raised_again_on_the_operators_side(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    refused = {"error": "SlotAheadOfSinkError", "message": "slot 's' is ahead", "retryable": False}
+    operator = _operator_whose_submit_prints(monkeypatch, ["log line", json.dumps(refused)])
+    with pytest.raises(exceptions.SparkApplicationError) as raised:
+        operator._run_application({})  # type: ignore[arg-type]
+    assert raised.value.error == "SlotAheadOfSinkError" and not raised.value.retryable
+    assert "slot 's' is ahead" in str(raised.value)
+    with pytest.raises(AirflowFailException, match="SlotAheadOfSinkError"):
+        at_boundary(lambda: operator._run_application({}))()  # type: ignore[arg-type]
+
+
+def test_a_crash_without_a_report_stays_the_providers_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    operator = _operator_whose_submit_prints(monkeypatch, ["java.lang.OutOfMemoryError"])
+    with pytest.raises(AirflowException, match="Error code is: 1"):
+        operator._run_application({})  # type: ignore[arg-type]
