@@ -3,8 +3,9 @@ fixtures shared across the test folders, and the marks that say what each test n
 
 Helpers the tests import live in ``tests/support``; this file holds fixtures and marking only.
 
-Airflow reads its configuration when first imported, so the Airflow home is set up in
-``pytest_configure``, before any test module (or the hook) imports Airflow.
+Airflow reads its configuration when first imported, so the Airflow home is set up when this
+file is imported: pytest imports the ``conftest.py`` of the folders it is given (which may import
+the hook, and with it Airflow) before it calls any hook here, ``pytest_configure`` included.
 """
 
 from __future__ import annotations
@@ -33,16 +34,13 @@ from tests.support.paths import TESTS
 if TYPE_CHECKING:  # imported in the fixture: the hook imports Airflow, configured below first
     from tests.support.sources import Source
 
-_AIRFLOW_HOME: Path | None = None
-_CLUSTER_BASE: Path | None = None
+_AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="pglogrepl-airflow-"))
+_CLUSTER_BASE = Path(tempfile.mkdtemp(prefix="pglogrepl-clusters-"))
+os.chmod(_CLUSTER_BASE, 0o755)
+os.environ.update(airflow_environment(_AIRFLOW_HOME))
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global _AIRFLOW_HOME, _CLUSTER_BASE
-    _AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="pglogrepl-airflow-"))
-    _CLUSTER_BASE = Path(tempfile.mkdtemp(prefix="pglogrepl-clusters-"))
-    os.chmod(_CLUSTER_BASE, 0o755)
-    os.environ.update(airflow_environment(_AIRFLOW_HOME))
     # Delta's jars as `make jars` fetched them (make exports this too; pytest may run alone).
     jars = TESTS.parent / ".cache" / "jars"
     if jars.is_dir():
@@ -51,8 +49,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     for path in (_AIRFLOW_HOME, _CLUSTER_BASE):
-        if path is not None:
-            shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # What a test needs, read from the fixtures it uses; tests that start what they need themselves
@@ -136,7 +133,6 @@ def pg_bindir_of() -> Callable[[int], Path]:
 
 
 def _cluster(name: str, bindir: Path, settings: dict[str, str]) -> Iterator[PgCluster]:
-    assert _CLUSTER_BASE is not None
     cluster = start_cluster(name, _CLUSTER_BASE / name, settings, bindir)
     try:
         yield cluster
@@ -209,7 +205,6 @@ def source(publisher: PgCluster) -> Iterator[Source]:
 @pytest.fixture(scope="session")
 def airflow_home() -> Path:
     """The session's Airflow home; metadata DB migrated once, on first use."""
-    assert _AIRFLOW_HOME is not None
     marker = _AIRFLOW_HOME / ".migrated"
     if not marker.exists():
         result = subprocess.run(

@@ -24,6 +24,7 @@ from airflow_pglogrepl.operators.conflicts import (
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.wait import wait_until
 from tests.support.airflow import FakeTI, context
+from tests.support.boundary import task_fails_with
 from tests.support.cutover import Pair, subscribe
 
 
@@ -156,7 +157,7 @@ def test_apply_conflict_is_reported_with_its_relation_and_skipped_only_given_the
             task_id="skip", subscription="conflict_sub", subscriber_conn_id=pair.sub_conn,
             lsn="0/1",
         ).execute(context())  # fmt: skip
-    with pytest.raises(ReplicationFailedError, match="withdrawn"):  # not that transaction's
+    with task_fails_with(ReplicationFailedError, match="withdrawn"):  # not that transaction's
         SkipConflictingTransactionOperator(
             task_id="skip", subscription="conflict_sub", subscriber_conn_id=pair.sub_conn,
             lsn=str(LSN(logged_lsn) + 8), wait_timeout=6,

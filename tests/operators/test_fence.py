@@ -16,6 +16,7 @@ from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.operators.arguments import names
 from airflow_pglogrepl.operators.fence import WriteFenceOperator, WriteFenceReleaseOperator
 from tests.support.airflow import FakeTI, context
+from tests.support.boundary import task_fails_with
 from tests.support.cutover import HOSTILE_TABLE_SQL, Pair
 
 
@@ -135,7 +136,7 @@ def test_fence_refuses_a_fence_that_cannot_hold_and_read_only_mode(pair: Pair) -
     boss, _ = pair.role("boss")
     pair.pub(sql.SQL("ALTER ROLE {} SUPERUSER").format(sql.Identifier(boss)))
     acls_before = _acls(pair)
-    with pytest.raises(FenceNotHeldError, match="is a superuser"):
+    with task_fails_with(FenceNotHeldError, match="is a superuser"):
         WriteFenceOperator(
             task_id="f", postgres_conn_id=pair.pub_conn, roles=[boss], tables=["ro_t"]
         ).execute(context())
@@ -190,7 +191,7 @@ def test_the_fence_holds_against_every_way_around_it(pair: Pair) -> None:
 
     # the guard's schema made beforehand by a role that could then drop the guard: refused
     pair.pub(sql.SQL("CREATE SCHEMA pglogrepl AUTHORIZATION {}").format(app_id))
-    with pytest.raises(FenceNotHeldError, match=r"schema 'pglogrepl' exists and belongs to"):
+    with task_fails_with(FenceNotHeldError, match=r"schema 'pglogrepl' exists and belongs to"):
         WriteFenceOperator(task_id="f", postgres_conn_id=pair.pub_conn, roles=[owner],
                            tables=["f_t"], revoke_privileges=False, read_only=True,
                            grace_period=0.3).execute(context())  # fmt: skip
@@ -256,7 +257,7 @@ def test_the_fence_holds_against_every_way_around_it(pair: Pair) -> None:
     prepared.execute("INSERT INTO f_t VALUES (6)")
     prepared.execute("PREPARE TRANSACTION 'fence_test_gid'")
     try:
-        with pytest.raises(FenceNotHeldError, match="prepared transaction 'fence_test_gid'"):
+        with task_fails_with(FenceNotHeldError, match="prepared transaction 'fence_test_gid'"):
             fence()
     finally:
         pair.pub("ROLLBACK PREPARED 'fence_test_gid'")

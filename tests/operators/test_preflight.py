@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 from psycopg import sql
 
 from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
@@ -111,8 +112,9 @@ def preflight(**kwargs: Any) -> Outcome:
     ti = FakeTI()
     try:
         returned = operator.execute({"ti": ti})  # type: ignore[arg-type]
-    except PreflightFailedError as exc:
-        return Outcome(ti.xcom["report"], None, exc)
+    except AirflowFailException as failed:  # no retry can help: the task fails at once
+        assert isinstance(failed.__cause__, PreflightFailedError), repr(failed.__cause__)
+        return Outcome(ti.xcom["report"], None, failed.__cause__)
     assert returned == ti.xcom["report"]
     return Outcome(ti.xcom["report"], returned, None)
 
