@@ -18,13 +18,27 @@ from typing import Any, TypeVar
 
 from airflow_pglogrepl.exceptions import PgLogReplError
 
-__all__ = ["BOUNDARY_METHODS", "TaskBoundary", "at_boundary"]
+__all__ = ["BOUNDARY_METHODS", "TaskBoundary", "at_boundary", "task_failure"]
 
-# The methods through which Airflow enters a task: the operator's work, a sensor's poke, and the
-# resumption after a deferral.
-BOUNDARY_METHODS = ("execute", "execute_complete", "poke")
+# The methods through which Airflow enters a task and leaves it with an error: the operator's
+# work and the resumption after a deferral. A sensor's ``poke`` is not one: its errors go through
+# the sensor's own loop first (``silent_fail`` keeps poking, ``soft_fail`` skips on
+# ``AirflowFailException``), and leave through ``execute``.
+BOUNDARY_METHODS = ("execute", "execute_complete")
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def task_failure(error: PgLogReplError) -> Exception:
+    """What the task raises for ``error``: ``AirflowFailException`` (same message, ``error`` its
+    cause) when no retry can help, else ``error`` itself. The one translation of the package."""
+    if error.retryable:
+        return error
+    from airflow.sdk.exceptions import AirflowFailException
+
+    failure = AirflowFailException(str(error))
+    failure.__cause__ = error
+    return failure
 
 
 def at_boundary(method: F) -> F:
@@ -37,11 +51,10 @@ def at_boundary(method: F) -> F:
         try:
             return method(*args, **kwargs)
         except PgLogReplError as exc:
-            if exc.retryable:
+            failure = task_failure(exc)
+            if failure is exc:
                 raise
-            from airflow.sdk.exceptions import AirflowFailException
-
-            raise AirflowFailException(str(exc)) from exc
+            raise failure from exc
 
     wrapper.__pglogrepl_boundary__ = True  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]

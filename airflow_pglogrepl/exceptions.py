@@ -262,7 +262,12 @@ class ReplicationFailedError(PgLogReplError):
 
 class GateFailedError(ReplicationFailedError):
     """A sensor's gate saw a state no wait can fix (a lost slot, a disabled subscription, a table
-    whose sync failed); the message is the verdict's, with the object and the fix."""
+    whose sync failed); the message is the verdict's, with the object and the fix.
+    ``retryable``: the check itself failed (a deferred sensor's trigger lost its connection)."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        self.retryable = retryable
+        super().__init__(message)
 
 
 class CheckFailedError(PgLogReplError):
@@ -436,14 +441,19 @@ class SparkApplicationError(PgLogReplError):
 
 class SubscriptionStatementError(PgLogReplError):
     """A statement on a subscription failed; the message has the server's error, without the
-    publisher's password."""
+    publisher's password. ``retryable`` when the cause passes by itself (the publisher
+    unreachable or out of WAL senders, a lock, a lost session)."""
 
 
 class PreflightFailedError(PgLogReplError):
     """Something blocks replication; the message is the report's summary (every problem)."""
 
-    def __init__(self, report: PreflightReport, *, warnings_fail: bool = False) -> None:
+    def __init__(
+        self, report: PreflightReport, *, warnings_fail: bool = False, retryable: bool = False
+    ) -> None:
         self.report = report
+        # True when every problem is on a table whose fix only a lock held up
+        self.retryable = retryable
         lead = "" if report.problems or not warnings_fail else "Warnings fail this check "
         lead = lead and lead + "(fail_on_warnings=True).\n"
         super().__init__(lead + report.summary())

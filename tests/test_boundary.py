@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 import airflow_pglogrepl.operators
 import airflow_pglogrepl.sensors
@@ -24,6 +24,9 @@ from airflow_pglogrepl import exceptions
 from airflow_pglogrepl.boundary import BOUNDARY_METHODS, TaskBoundary, at_boundary
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
 from airflow_pglogrepl.operators.drain import SlotDrainOperator
+from airflow_pglogrepl.sensors._base import VerdictSensor
+from airflow_pglogrepl.sensors.verdicts import Verdict
+from tests.support.airflow import context
 
 
 def _raising(exc: BaseException) -> Any:
@@ -173,3 +176,81 @@ def test_a_crash_without_a_report_stays_the_providers_error(
     operator = _operator_whose_submit_prints(monkeypatch, ["java.lang.OutOfMemoryError"])
     with pytest.raises(AirflowException, match="Error code is: 1"):
         operator._run_application({})  # type: ignore[arg-type]
+
+
+# -- sensors: their own loop sees our errors first ---------------------------------------------
+
+
+class _Gate(VerdictSensor):
+    """A sensor whose verdicts (or errors) are given: ``script`` is consumed poke by poke."""
+
+    def __init__(self, *, script: list[Any], **kwargs: Any) -> None:
+        super().__init__(deferrable=False, poke_interval=0, timeout=60, **kwargs)
+        self.script = script
+
+    def verdict(self) -> Verdict:
+        step = self.script.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+
+def _gate(*script: Any, **kwargs: Any) -> _Gate:
+    return _Gate(task_id="gate", script=list(script), **kwargs)
+
+
+FAILED = Verdict(False, "subscription 'sub' is disabled. Fix: ENABLE it", failed=True)
+DONE = Verdict(True, "every table ready", data={"ready": 1})
+
+
+def test_a_failed_gate_fails_the_sensor_at_once_and_soft_fail_skips_it() -> None:
+    with pytest.raises(AirflowFailException, match="is disabled") as failure:
+        _gate(FAILED).execute(context())
+    assert isinstance(failure.value.__cause__, exceptions.GateFailedError)
+    with pytest.raises(AirflowSkipException):
+        _gate(FAILED, soft_fail=True).execute(context())
+
+
+def test_an_error_in_poke_goes_through_the_sensors_loop_then_the_boundary() -> None:
+    missing = exceptions.SlotNotFoundError("lake_orders")
+    with pytest.raises(AirflowFailException, match="does not exist") as failure:
+        _gate(missing, soft_fail=True).execute(context())  # a typo is no skip
+    assert failure.value.__cause__ is missing
+    # silent_fail: the sensor logs it and pokes on, as Airflow documents
+    assert _gate(missing, DONE, silent_fail=True).execute(context()) == {"ready": 1}
+
+
+def test_a_deferred_gates_broken_check_retries_as_it_would_in_poke_mode() -> None:
+    gate = _gate()
+    broken = {"status": "error", "message": "ConnectionFailedError: refused", "retryable": True}
+    with pytest.raises(exceptions.GateFailedError, match="refused"):
+        gate.execute_complete(context(), broken)
+    with pytest.raises(AirflowFailException, match="is disabled"):
+        gate.execute_complete(context(), {"status": "failed", "message": FAILED.message})
+
+
+# -- errors whose retry decision depends on their cause -----------------------------------------
+
+
+def test_a_lock_or_an_unreachable_publisher_lets_a_subscription_statement_retry() -> None:
+    import psycopg
+    from psycopg import errors as pgerr
+
+    from airflow_pglogrepl.hooks.subscriptions import _redacted
+
+    def failing(error: Exception) -> exceptions.SubscriptionStatementError:
+        with pytest.raises(exceptions.SubscriptionStatementError) as raised, _redacted(["pw"]):
+            raise error
+        return raised.value
+
+    assert failing(pgerr.LockNotAvailable("lock timeout")).retryable
+    assert failing(psycopg.OperationalError("could not connect to the publisher")).retryable
+    refused = failing(pgerr.InsufficientPrivilege("must be superuser; password pw"))
+    assert not refused.retryable and "pw" not in str(refused)
+
+
+def test_an_applications_error_line_carries_no_secret_and_no_kilobytes() -> None:
+    leaky = _app_failing_with("RuntimeError('java.sql.SQLException: secret-pw ' + 'x' * 50000)")
+    reported = json.loads(leaky.stdout.strip().splitlines()[-1])
+    assert "secret-pw" not in reported["message"] and len(reported["message"]) < 4200
+    assert reported["message"].endswith("(cut; the application's log has it whole)")

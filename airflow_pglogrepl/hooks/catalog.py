@@ -69,7 +69,7 @@ SELECT n.nspname AS schema_name, c.relname AS table_name, c.relkind::text AS rel
 FROM unnest(%s::text[], %s::text[]) AS wanted(schema_name, table_name)
 JOIN pg_namespace n ON n.nspname = wanted.schema_name
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = wanted.table_name
-""").format(columns=columns_json())
+""").format(columns=columns_json(base_type=False))
 
 # Statements ALTER TABLE ... REPLICA IDENTITY may end with, keyed by mode; "index" adds a name.
 _IDENTITY_TARGETS = {
@@ -183,12 +183,14 @@ class CatalogMixin(PgSessionHook):
                     c.execute("SELECT set_config('lock_timeout', %s, true)", (lock_timeout,))
                     c.execute(statement)
             except pgerr.LockNotAvailable as exc:
-                raise ReplicaIdentityChangeError(
+                locked = ReplicaIdentityChangeError(
                     table,
                     text,
                     f"the table stayed locked by other sessions for lock_timeout ({lock_timeout})",
                     "retry when no long transaction holds it (see pg_locks / pg_stat_activity)",
-                ) from exc
+                )
+                locked.retryable = True
+                raise locked from exc
             except pgerr.InsufficientPrivilege as exc:
                 raise ReplicaIdentityChangeError(
                     table,

@@ -93,13 +93,16 @@ def _advance_error(slot: str, exc: pgerr.Error) -> SlotAdvanceError:
 
 
 def _slots_exhausted(current: str) -> ServerNotConfiguredError:
-    return ServerNotConfiguredError(
+    exhausted = ServerNotConfiguredError(
         "max_replication_slots",
         current,
         "larger than the number of slots in use",
         "drop abandoned slots (see pg_replication_slots where active is false) or raise "
         "max_replication_slots and restart PostgreSQL",
     )
+    # often passing: a subscription's table-sync slots hold places only while tables copy
+    exhausted.retryable = True
+    return exhausted
 
 
 def _safe(setting: Callable[[str], str], name: str) -> str:

@@ -543,4 +543,9 @@ def _redacted(secrets: Sequence[str]) -> Iterator[None]:
         yield
     except psycopg.Error as exc:
         text = conninfo.redact(str(exc).strip(), secrets)
-        raise SubscriptionStatementError(f"subscription statement failed: {text}") from None
+        error = SubscriptionStatementError(f"subscription statement failed: {text}")
+        # the publisher restarting or out of senders, a lock or a lost session: these pass
+        error.retryable = _publisher_unreachable(exc) or isinstance(
+            exc, psycopg.OperationalError | pgerr.LockNotAvailable
+        )
+        raise error from None

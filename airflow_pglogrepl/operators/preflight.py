@@ -106,6 +106,7 @@ class ReplicationPreflightOperator(TaskBoundary, BaseOperator):
         self.fix_replica_identity = fix_replica_identity
         self.fail_on_warnings = fail_on_warnings
         self.lock_timeout = lock_timeout
+        self._locked_fixes: set[TableRef] = set()
 
     @cached_property
     def publisher_hook(self) -> PgLogicalReplicationHook:
@@ -125,6 +126,7 @@ class ReplicationPreflightOperator(TaskBoundary, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         mode = _fix_mode(self.fix_replica_identity)
+        self._locked_fixes = set()
         inspection = self.inspect()
         report = evaluate(inspection)
         if mode is not FixMode.NONE:
@@ -134,7 +136,10 @@ class ReplicationPreflightOperator(TaskBoundary, BaseOperator):
         warnings_fail = self.fail_on_warnings and bool(report.warnings)
         if not report.ok or warnings_fail:
             self.log.error("%s", report.summary())
-            raise PreflightFailedError(report, warnings_fail=warnings_fail)
+            # a retry can pass only where a lock alone kept a fix from being made
+            locked = self._locked_fixes
+            retry_helps = bool(report.problems) and all(p.table in locked for p in report.problems)
+            raise PreflightFailedError(report, warnings_fail=warnings_fail, retryable=retry_helps)
         self.log.info("%s", report.summary())
         return value
 
@@ -209,6 +214,8 @@ class ReplicationPreflightOperator(TaskBoundary, BaseOperator):
                 )
             except ReplicaIdentityChangeError as exc:
                 failures.append(fix_failed(plan, exc.reason, exc.fix))
+                if exc.retryable:
+                    self._locked_fixes.add(plan.table)
             else:
                 done.append((plan.table, plan.statement))
         after = self.inspect()

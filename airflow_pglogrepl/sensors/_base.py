@@ -12,7 +12,7 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
 
-from airflow_pglogrepl.boundary import TaskBoundary
+from airflow_pglogrepl.boundary import TaskBoundary, task_failure
 from airflow_pglogrepl.sensors.verdicts import Verdict
 
 
@@ -62,9 +62,12 @@ class VerdictSensor(TaskBoundary, BaseSensorOperator):
         if event.get("status") == "success":
             self.log.info("%s", event.get("message"))
             return data
-        self._fail(str(event.get("message")))
+        # "error": the check itself failed (a network fault...), retryable as the error was
+        self._fail(str(event.get("message")), retryable=bool(event.get("retryable", False)))
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, *, retryable: bool = False) -> None:
         from airflow_pglogrepl.exceptions import GateFailedError
 
-        raise GateFailedError(message)  # not retryable: the boundary fails the task at once
+        # Raised as AirflowFailException already inside poke, so that the sensor's own loop
+        # sees a failed gate as Airflow's (soft_fail skips it, as for a timeout).
+        raise task_failure(GateFailedError(message, retryable=retryable))

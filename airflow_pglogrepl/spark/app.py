@@ -9,6 +9,7 @@ summary is sent to stderr and the summary goes to the saved real stdout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -115,6 +116,23 @@ def _executor_probe(_: int) -> dict[str, Any]:
     }
 
 
+# A JVM error's text can run to tens of kilobytes; the task's failure needs its head.
+_MESSAGE_CHARS = 4000
+
+
+def _reportable(message: str, dsn: str) -> str:
+    """``message`` fit for the task's failure, which reaches notifications that no log masker
+    sees: any secret of the DSN removed (ours never carry one; a foreign error might), cut short."""
+    from airflow_pglogrepl.conninfo import redact, secrets_of
+    from airflow_pglogrepl.hooks.pg.connect import dsn_params
+
+    with contextlib.suppress(Exception):  # an unparsable DSN failed earlier, and said so
+        message = redact(message, secrets_of(dsn_params(dsn)))
+    if len(message) > _MESSAGE_CHARS:
+        message = message[:_MESSAGE_CHARS] + " ... (cut; the application's log has it whole)"
+    return message
+
+
 def run_app(prog: str, operator: str, run: Callable[[str], dict[str, Any]], *, logger: str) -> int:
     """Run ``run(dsn)`` under the contract; the exit status (0, 1 failed, 2 no DSN)."""
     sys.stdout.flush()
@@ -140,7 +158,7 @@ def run_app(prog: str, operator: str, run: Callable[[str], dict[str, Any]], *, l
         # task boundary decides about retries as it would had the error been raised there
         result = {
             "error": type(exc).__name__,
-            "message": str(exc),
+            "message": _reportable(str(exc), dsn),
             "retryable": bool(getattr(exc, "retryable", True)),
         }
         status = 1

@@ -40,7 +40,14 @@ class _PollingTrigger(BaseTrigger):
             try:
                 verdict = await self.check()
             except Exception as exc:  # reported to the task, which fails with this message
-                yield TriggerEvent({"status": ERROR, "message": f"{type(exc).__name__}: {exc}"})
+                yield TriggerEvent(
+                    {
+                        "status": ERROR,
+                        "message": f"{type(exc).__name__}: {exc}",
+                        # as the same error in poke mode: a network fault retries
+                        "retryable": bool(getattr(exc, "retryable", True)),
+                    }
+                )
                 return
             if verdict.failed:
                 yield TriggerEvent(

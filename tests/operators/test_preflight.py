@@ -23,6 +23,7 @@ from airflow_pglogrepl.preflight import PreflightFailedError, ReplicaIdentityCha
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 from tests.support.airflow import run_dag, set_airflow_connection, xcom_value
+from tests.support.boundary import task_fails_with
 
 # Behaviour here depends on the server's major version: make test runs it on 15 to 18.
 pytestmark = pytest.mark.pgversion
@@ -545,3 +546,29 @@ def test_the_dag_pushes_the_report_and_fails_with_the_summary(
     assert [(p["table"], p["check"]) for p in report["problems"]] == [
         (box.t("only_here"), "table_missing_on_subscriber")
     ]
+
+
+def test_a_fix_that_only_a_lock_held_up_lets_the_task_retry(
+    box: Sandbox, publisher: PgCluster
+) -> None:
+    s = box.schema
+    box.both(f"CREATE TABLE {s}.busy (id int PRIMARY KEY)")
+    box.pub(f"ALTER TABLE {s}.busy REPLICA IDENTITY NOTHING")
+    operator = ReplicationPreflightOperator(
+        task_id="preflight", publisher_conn_id=PUB_CONN, subscriber_conn_id=SUB_CONN,
+        tables=[box.t("busy")], fix_replica_identity="index", lock_timeout="50ms",
+    )  # fmt: skip
+    with publisher.connect(PUB_DB, autocommit=False) as holder:
+        holder.execute(f"LOCK TABLE {s}.busy IN ACCESS SHARE MODE")
+        # retryable: the boundary lets it through to Airflow's retries, not AirflowFailException
+        with pytest.raises(PreflightFailedError, match="lock_timeout") as locked:
+            operator.execute({"ti": FakeTI()})  # type: ignore[arg-type]
+        holder.rollback()
+    assert locked.value.retryable and box.identity("busy") == "n"
+    operator.execute({"ti": FakeTI()})  # type: ignore[arg-type]  # the retry, lock gone
+    assert box.identity("busy") == "d"
+    # a problem no lock explains still fails the task at once
+    box.both(f"CREATE TABLE {s}.keyless (a int)")
+    operator.tables = [box.t("busy"), box.t("keyless")]
+    with task_fails_with(PreflightFailedError, match="keyless"):
+        operator.execute({"ti": FakeTI()})  # type: ignore[arg-type]

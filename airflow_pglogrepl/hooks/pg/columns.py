@@ -38,13 +38,12 @@ _BASE_TYPE = """
 _MISSING = "CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END"
 
 
-def columns_json(*, missing: bool = False) -> sql.Composable:
+def columns_json(*, base_type: bool = True, missing: bool = False) -> sql.Composable:
     """A scalar subquery giving the columns of the relation aliased ``c`` (``pg_class``) as a
-    JSON array in ``attnum`` order, which ``columns_from_json`` reads; with ``missing``, the value
-    older rows read for each (only the lake's schema evolution needs it)."""
-    return sql.SQL(
-        """(SELECT coalesce(jsonb_agg(jsonb_build_object(
-            'name', a.attname,
+    JSON array in ``attnum`` order, which ``columns_from_json`` reads. ``base_type``: each
+    domain's base type (the snapshot needs it; it costs a recursive lookup per column, which the
+    preflight spares itself); ``missing``: the value older rows read (the lake's evolution)."""
+    fields = """'name', a.attname,
             'type', pg_catalog.format_type(a.atttypid, a.atttypmod),
             'not_null', a.attnotnull,
             'has_default', a.atthasdef,
@@ -52,13 +51,17 @@ def columns_json(*, missing: bool = False) -> sql.Composable:
             'generated', a.attgenerated::text,
             'attnum', a.attnum,
             'type_oid', a.atttypid::bigint,
-            'type_modifier', a.atttypmod,
-            'base_namespace', base.nspname,
-            'base_name', base.typname,
-            'missing', {missing}) ORDER BY a.attnum), '[]'::jsonb)
+            'type_modifier', a.atttypmod"""
+    if base_type:
+        fields += ",\n            'base_namespace', base.nspname, 'base_name', base.typname"
+    if missing:
+        fields += f",\n            'missing', {_MISSING}"
+    return sql.SQL(
+        """(SELECT coalesce(jsonb_agg(jsonb_build_object(
+            {fields}) ORDER BY a.attnum), '[]'::jsonb)
         FROM pg_catalog.pg_attribute a {base_type}
         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)"""
-    ).format(missing=sql.SQL(_MISSING if missing else "NULL::text"), base_type=sql.SQL(_BASE_TYPE))
+    ).format(fields=sql.SQL(fields), base_type=sql.SQL(_BASE_TYPE if base_type else ""))
 
 
 def columns_from_json(items: Iterable[Mapping[str, Any]]) -> tuple[Column, ...]:
@@ -73,7 +76,7 @@ _TABLE_COLUMNS = sql.SQL(
     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
     WHERE n.nspname = %s AND c.relname = %s
     """
-).format(columns=columns_json(missing=True))
+).format(columns=columns_json(base_type=False, missing=True))
 
 
 def column_origins(conn: Conn, table: TableRef, names: Sequence[str]) -> ColumnOrigins:
