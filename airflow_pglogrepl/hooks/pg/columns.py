@@ -8,6 +8,7 @@ described the same way wherever it is looked at, and as one model, ``tables.Colu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -33,9 +34,26 @@ _BASE_TYPE = """
         JOIN pg_catalog.pg_namespace bn ON bn.oid = bt.typnamespace
         ORDER BY chain.depth DESC LIMIT 1) AS base"""
 
-# ``attmissingval`` is an ``anyarray`` of one element; going through text[] gives that element as
-# the type's own output function prints it, whatever the column's type (arrays included).
-_MISSING = "CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END"
+# ``attmissingval`` is an ``anyarray`` of one element, read as its array literal and unwrapped by
+# ``_sole_element``. (Casting it to text[] split the element at commas, though a type may delimit
+# its arrays otherwise: a box default '((2,2),(1,1))' read back as '(2'.)
+_MISSING = "CASE WHEN a.atthasmissing THEN a.attmissingval::text END"
+
+
+def _sole_element(literal: str | None) -> str | None:
+    """The one element of an array literal, as its type printed it (None for NULL).
+
+    With one element no delimiter appears, whatever the type's: the element is the literal
+    between the braces, double-quoted (with backslash escapes) when it needed quoting.
+    """
+    if literal is None:
+        return None
+    inner = literal.strip()[1:-1]
+    if inner == "NULL":
+        return None
+    if inner.startswith('"') and inner.endswith('"'):
+        return re.sub(r"\\(.)", r"\1", inner[1:-1])
+    return inner
 
 
 def columns_json(*, base_type: bool = True, missing: bool = False) -> sql.Composable:
@@ -66,7 +84,10 @@ def columns_json(*, base_type: bool = True, missing: bool = False) -> sql.Compos
 
 def columns_from_json(items: Iterable[Mapping[str, Any]]) -> tuple[Column, ...]:
     """The columns ``columns_json`` gave, as ``Column``."""
-    return tuple(Column(**item) for item in items)
+    return tuple(
+        Column(**{**item, "missing": _sole_element(item["missing"])} if "missing" in item else item)
+        for item in items
+    )
 
 
 _TABLE_COLUMNS = sql.SQL(
