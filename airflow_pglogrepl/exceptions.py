@@ -630,3 +630,84 @@ class LakeWriterBusyError(LakeError):
             f"the lake of slot {slot!r} is being written by {who}: only one drain or snapshot "
             f"may write it at a time. Nothing was done. Fix: {fix}"
         )
+
+
+class WriterLockLostError(LakeError):
+    """The run no longer holds its lake's writer lock (its session ended, or the lock is gone):
+    another run may be writing. Found before a commit or a slot advance, which did not happen."""
+
+    retryable = True
+
+    def __init__(self, slot: str, reason: str) -> None:
+        self.slot = slot
+        super().__init__(
+            f"the writer lock of the lake of slot {slot!r} is no longer held by this run "
+            f"({reason}); another drain or snapshot may be writing the lake now. This run "
+            f"stopped before its next commit: nothing more was committed, and the slot was not "
+            f"moved past what the lake holds. Fix: nothing needs repair; run again (the next run "
+            f"starts from the lake's position). If it recurs, find what ends the lock's session: "
+            f"a connection pooler in transaction mode (connect the drain directly), a firewall "
+            f"dropping idle connections, pg_terminate_backend, or a publisher restart"
+        )
+
+
+class LakeCommitConflictError(SinkError):
+    """A lake commit was refused because the table's log does not hold what this run read
+    before writing: another writer committed in between, or the commit would move the table's
+    transaction version backwards. Nothing of the commit was made."""
+
+    retryable = True
+
+    def __init__(self, table: str, app: str, expected: int | None, found: int | None,
+                 version: int) -> None:  # fmt: skip
+        from airflow_pglogrepl.lsn import LSN
+
+        def show(value: int | None) -> str:
+            return "none" if value is None else str(LSN(value))
+
+        self.table = table
+        if found is not None and found >= version and found == expected:
+            what = (
+                f"its transaction version for {app!r} is already {show(found)}, and this "
+                f"commit's ({show(version)}) is not above it: versions only go forward"
+            )
+        else:
+            what = (
+                f"it holds {app!r} at {show(found)}, but this run wrote its rows against "
+                f"{show(expected)}: another writer committed there since"
+            )
+        super().__init__(
+            f"commit to {table} refused: {what}. Nothing of this commit was made and the slot "
+            f"did not move. Fix: make sure one writer drains this lake (one DAG, "
+            f"max_active_runs=1, no drain outside Airflow at the same time), then run again: "
+            f"the next run starts from what the lake holds"
+        )
+
+
+class LakeOfAnotherSlotError(SinkError):
+    """The lake belongs to another slot: draining or snapshotting a second slot into it would
+    replay one slot's changes onto the other's state."""
+
+    def __init__(self, sink: str, recorded: dict[str, Any], slot: str) -> None:
+        super().__init__(
+            f"lake {sink} belongs to slot {recorded.get('slot')!r} (database "
+            f"{recorded.get('database')!r}, publications {recorded.get('publications')}, "
+            f"begun {recorded.get('created_at')}), not to slot {slot!r}. Nothing was written. "
+            f"Fix: give each slot a lake of its own (a new sink path for {slot!r}); if the lake "
+            f"should now follow {slot!r} instead, take a new initial snapshot into a new lake"
+        )
+
+
+class LakeSnapshotUnfinishedError(SinkError):
+    """The lake was begun by an initial snapshot that never committed: a drain would start at
+    the slot and leave every table the snapshot did not reach without its rows."""
+
+    def __init__(self, sink: str, slot: str, began: str | None, points: Sequence[str]) -> None:
+        left = f" (state staged at {', '.join(points)})" if points else ""
+        super().__init__(
+            f"lake {sink} was begun by an initial snapshot of slot {slot!r} at {began} that "
+            f"never committed{left}: draining now would leave the tables it did not reach "
+            f"empty. Nothing was drained and the slot did not move. Fix: run the initial "
+            f"snapshot again (InitialSnapshotOperator, or snapshot_app with --replace-slot when "
+            f"the killed run left its slot), then drain"
+        )

@@ -11,7 +11,10 @@ from airflow_pglogrepl.hooks.pg import locks
 class WriterLockMixin(PgSessionHook):
     """``writer_lock(slot)``: hold the lake's writer lock while the block runs."""
 
-    def writer_lock(self, slot: str, *, role: str = "drain") -> AbstractContextManager[None]:
-        """Hold the writer lock of ``slot``'s lake, or raise ``LakeWriterBusyError`` at once."""
+    def writer_lock(
+        self, slot: str, *, role: str = "drain"
+    ) -> AbstractContextManager[locks.WriterLock]:
+        """Hold the writer lock of ``slot``'s lake, or raise ``LakeWriterBusyError`` at once;
+        the block gets the ``WriterLock`` whose ``check`` proves it is still held."""
         label = f"Airflow connection {self.get_conn_id()!r}"
         return locks.writer_lock(self.connection_params(), slot, role=role, label=label)

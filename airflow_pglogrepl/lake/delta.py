@@ -39,6 +39,12 @@ def open_table(uri: str) -> Any | None:
         return None
 
 
+def _version(uri: str) -> int | None:
+    """The table's current version (None: no table at ``uri``)."""
+    table = open_table(uri)
+    return None if table is None else int(table.version())
+
+
 def txn_version(uri: str, app: str) -> int | None:
     """The last transaction version ``app`` committed to the table at ``uri`` (None: none)."""
     table = open_table(uri)
@@ -117,6 +123,7 @@ def evolve_schema(uri: str, schema: pa.Schema) -> None:
     from deltalake import write_deltalake
 
     current = arrow_schema(uri)
+    before = _version(uri)
     added = schema if current is None else _additions(current, schema)
     if current is None or not current.equals(added):
         write_deltalake(uri, added.empty_table(), mode="append", schema_mode="merge")
@@ -128,7 +135,7 @@ def evolve_schema(uri: str, schema: pa.Schema) -> None:
         if field.name in now.names and _text_metadata(now.field(field.name)) != wanted:
             table.alter.set_column_metadata(field.name, wanted)
     if is_local(uri):
-        make_log_durable(uri)
+        make_log_durable(uri, after=before)
 
 
 def _text_metadata(field: pa.Field) -> dict[str, str]:
@@ -162,10 +169,11 @@ def reset_table(uri: str, schema: pa.Schema, *, app: str, version: int) -> None:
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     commit = CommitProperties(app_transactions=[Transaction(app, version)])
+    before = _version(uri)
     write_deltalake(uri, schema.empty_table(), mode="overwrite", schema_mode="overwrite",
                     commit_properties=commit)  # fmt: skip
     if is_local(uri):
-        make_log_durable(uri)
+        make_log_durable(uri, after=before)
 
 
 def list_tables(parent: str) -> list[str]:
@@ -234,47 +242,75 @@ def commit_files(
     *,
     app: str,
     version: int,
+    expected: int | None,
     configuration: Mapping[str, str] | None = None,
     name: str | None = None,
 ) -> None:
-    """One Delta commit adding ``files`` with the app transaction ``(app, version)``.
+    """One Delta commit adding ``files`` with the app transaction ``(app, version)``, made only
+    if the table's log holds ``expected`` for ``app`` (None: no table, or none of ``app``) and
+    ``version`` is above it; else ``LakeCommitConflictError`` and nothing is committed.
 
-    Creates the table (with ``configuration`` as its properties) when none exists yet. A
-    ``version`` at or below the one already recorded for ``app`` is a caller error: the lake
-    filters replayed rows before writing them, so that never reaches here.
+    ``expected`` is the version the caller filtered its rows against: a compare-and-set, so a
+    writer that lost its exclusivity cannot commit over another's work, and versions only go
+    forward (delta-rs itself commits any version it is given, lower ones too). The check and
+    the commit are one: the version is read from the snapshot the commit is made on, and
+    delta-rs refuses to commit on top of a concurrent commit carrying the same app id. Creates
+    the table (with ``configuration`` as its properties) when ``expected`` is None and none
+    exists; a table created meanwhile by another writer makes the creation fail.
     """
     from deltalake import CommitProperties, Schema, Transaction
     from deltalake.transaction import create_table_with_add_actions
+
+    from airflow_pglogrepl.exceptions import LakeCommitConflictError
 
     commit = CommitProperties(app_transactions=[Transaction(app, version)])
     actions = [f.add_action() for f in files]
     delta_schema = Schema.from_arrow(schema)
     table = open_table(uri)
-    if table is None:
-        create_table_with_add_actions(
-            uri,
-            delta_schema,
-            actions,
-            mode="append",
-            name=name,
-            configuration=dict(configuration or {}),
-            commit_properties=commit,
-        )
-    else:
-        table.create_write_transaction(actions, mode="append", schema=delta_schema,
-                                       commit_properties=commit)  # fmt: skip
+    found = None if table is None else table.transaction_version(app)
+    found = None if found is None else int(found)
+    if found != expected or (found is not None and version <= found):
+        raise LakeCommitConflictError(uri, app, expected, found, version)
+    before = None if table is None else int(table.version())
+    try:
+        if table is None:
+            create_table_with_add_actions(uri, delta_schema, actions, mode="error", name=name,
+                                          configuration=dict(configuration or {}),
+                                          commit_properties=commit)  # fmt: skip
+        else:
+            table.create_write_transaction(actions, mode="append", schema=delta_schema,
+                                           commit_properties=commit)  # fmt: skip
+    except Exception as exc:  # delta-rs raises its own bare classes: a conflict is ours to name
+        if not _lost_race(exc):
+            raise
+        now = txn_version(uri, app)
+        raise LakeCommitConflictError(uri, app, expected, now, version) from None
     if is_local(uri):
-        make_log_durable(uri)
+        make_log_durable(uri, after=before)
 
 
-def make_log_durable(uri: str) -> None:
-    """fsync a local table's directory, its log directory and its newest log entries."""
+def _lost_race(exc: Exception) -> bool:
+    """Whether a delta-rs commit failed because another writer committed first (a concurrent
+    transaction of the same app, or a table created in between)."""
+    text = str(exc)
+    return "Concurrent transaction" in text or "already exists" in text
+
+
+def make_log_durable(uri: str, *, after: int | None = None) -> None:
+    """fsync a local table's log entries newer than version ``after`` (None: all of them, a
+    new table), its log directory, its directory and, for a new table, the directories that
+    gained it (the lake root's ``changes/`` or ``state/`` and the root itself)."""
     log_dir = os.path.join(uri, "_delta_log")
-    entries = sorted(n for n in os.listdir(log_dir) if n.endswith(".json"))
-    for name in entries[-2:]:
-        _fsync(os.path.join(log_dir, name))
+    for entry in os.listdir(log_dir):
+        stem, _, ext = entry.partition(".")
+        if ext == "json" and stem.isdigit() and (after is None or int(stem) > after):
+            _fsync(os.path.join(log_dir, entry))
     _fsync(log_dir)
     _fsync(uri)
+    if after is None:
+        parent = os.path.dirname(os.path.abspath(uri))
+        _fsync(parent)
+        _fsync(os.path.dirname(parent))
 
 
 def _fsync(path: str) -> None:

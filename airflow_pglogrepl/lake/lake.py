@@ -46,12 +46,14 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.exceptions import (
     IncompatibleSchemaChangeError,
+    LakeOfAnotherSlotError,
+    SinkFromAnotherSourceError,
     UnsupportedColumnNameError,
     UnsupportedColumnTypeError,
 )
 from airflow_pglogrepl.lake import delta, evolve
 from airflow_pglogrepl.lake.changelog import COMMIT_LSN
-from airflow_pglogrepl.lake.layout import LakePaths, app_id, table_dir
+from airflow_pglogrepl.lake.layout import LAKE_APP, LakePaths, app_id, table_dir
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
 
@@ -78,7 +80,7 @@ def windows_schema() -> pa.Schema:
 
     return pa.schema(
         [
-            pa.field("kind", pa.string()),  # "window" or "snapshot"
+            pa.field("kind", pa.string()),  # "window", "snapshot" or "claim" (Lake.claim)
             pa.field("slot", pa.string()),
             pa.field("start_lsn", pa.string()),
             pa.field("end_lsn", pa.string()),
@@ -87,24 +89,47 @@ def windows_schema() -> pa.Schema:
             pa.field("tables", pa.string()),  # JSON: table -> rows written
             pa.field("committed_at", pa.timestamp("us", tz="UTC")),
             pa.field("writer", pa.string()),  # host:pid
-            # JSON: system_identifier, timeline, database of the source (``source_identity``)
+            # JSON: system_identifier, timeline, database of the source (``source_identity``);
+            # in a claim, the lake's identity (``Lake.claim``)
             pa.field("source", pa.string()),
         ]
     )
 
 
-class Lake:
-    """One lake root as the drain of one slot sees it."""
+_UNREAD = object()  # the lake's position before this object read it
 
-    def __init__(self, root: str, slot: str, *, origins: Origins | None = None) -> None:
+
+class Lake:
+    """One lake root as the drain of one slot sees it.
+
+    ``writer_check`` proves the run still holds the lake's writer lock
+    (``hooks.pg.locks.WriterLock.check``); it is called before every commit this object makes,
+    and the drain calls it before every slot advance.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        slot: str,
+        *,
+        origins: Origins | None = None,
+        writer_check: Callable[[], None] | None = None,
+    ) -> None:
         self.paths = LakePaths(root)
         self.slot = slot
         self.app = app_id(slot)
         self.origins = origins
+        self.writer_check = writer_check
         # the source's identity, recorded with each commit (set by the drain and the snapshot)
         self.source: dict[str, object] | None = None
         self._versions: dict[str, LSN | None] = {}
         self._covered: dict[str, LSN | None] = {}
+        self._position: object = _UNREAD
+
+    def check_writer(self) -> None:
+        """Prove this run may still write (``WriterLockLostError`` if not)."""
+        if self.writer_check is not None:
+            self.writer_check()
 
     @property
     def root(self) -> str:
@@ -113,9 +138,13 @@ class Lake:
     # -- where the lake stands ------------------------------------------------------------------
 
     def position(self) -> LSN | None:
-        """The end of the last committed window (or snapshot); None for a lake never committed."""
+        """The end of the last committed window (or snapshot); None for a lake never committed.
+
+        Read from the log each time; the value read is what this run's next commit point
+        expects to find there (``record``)."""
         version = delta.txn_version(self.paths.windows(), self.app)
-        return None if version is None else LSN(version)
+        self._position = None if version is None else LSN(version)
+        return self._position
 
     def changes_version(self, table: TableRef | str) -> LSN | None:
         """The exclusive LSN bound of what ``changes/<table>`` holds (None: nothing yet)."""
@@ -183,11 +212,114 @@ class Lake:
 
     def windows(self) -> list[dict[str, Any]]:
         """Every committed window and snapshot of this slot, oldest first."""
+        rows = [r for r in self._rows() if r["slot"] == self.slot and r["kind"] != CLAIM]
+        return sorted(rows, key=lambda r: LSN(r["end_lsn"]))
+
+    def _rows(self) -> list[dict[str, Any]]:
         if delta.open_table(self.paths.windows()) is None:
             return []
-        rows = [r for r in delta.read_table(self.paths.windows()).to_pylist()
-                if r["slot"] == self.slot]  # fmt: skip
-        return sorted(rows, key=lambda r: LSN(r["end_lsn"]))
+        rows: list[dict[str, Any]] = delta.read_table(self.paths.windows()).to_pylist()
+        return rows
+
+    # -- whose lake it is -----------------------------------------------------------------------
+
+    def identity(self) -> dict[str, Any] | None:
+        """The lake's owner as its newest claim records it (slot, system_identifier, database,
+        publications, created_at, began_with); for a lake from before claims, what its windows
+        say of it; None for a lake nothing ever claimed or committed."""
+        rows = self._rows()
+        claims = [r for r in rows if r["kind"] == CLAIM]
+        if claims:  # the newest: claims carry versions 1, 2, ... of their app (``LAKE_APP``)
+            found: dict[str, Any] = max(
+                (json.loads(r["source"]) for r in claims), key=lambda c: int(c.pop(CLAIM_KEY))
+            )
+            return found
+        committed = sorted((r for r in rows if r["end_lsn"]), key=lambda r: LSN(r["end_lsn"]))
+        if not committed:
+            return None
+        first, last = committed[0], committed[-1]
+        source = json.loads(last["source"]) if last.get("source") else {}
+        slots = sorted({r["slot"] for r in committed})
+        return {
+            "slot": last["slot"] if len(slots) == 1 else slots,
+            "system_identifier": source.get("system_identifier"),
+            "database": source.get("database"),
+            "timeline": source.get("timeline"),
+            "publications": None,
+            "created_at": str(first["committed_at"]),
+            "began_with": first["kind"],
+        }
+
+    def claim(
+        self,
+        source: dict[str, object],
+        *,
+        publications: Sequence[str],
+        began_with: str,
+        accept_source_change: bool = False,
+    ) -> dict[str, Any]:
+        """Check that this lake is the lake of this slot on this server and database, and record
+        it as such at its first run (or when something deliberate changed): returns the
+        identity now recorded.
+
+        Refuses, before anything is written, a lake of another slot (``LakeOfAnotherSlotError``)
+        or of another server or database (``SinkFromAnotherSourceError``; with
+        ``accept_source_change`` the new source is recorded instead). A changed list of
+        publications is recorded. ``began_with`` is ``"snapshot"`` or ``"drain"``: what the run
+        does that claims an unclaimed lake (an initial snapshot re-claims a lake with no commit).
+        Claims are commits of their own app transaction, compare-and-set like every commit, so
+        two runs claiming at once cannot both succeed.
+        """
+        self.source = dict(source)
+        recorded = self.identity()
+        wanted: dict[str, Any] = {
+            "slot": self.slot,
+            "system_identifier": source.get("system_identifier"),
+            "database": source.get("database"),
+            "timeline": source.get("timeline"),  # recorded, not compared: the drain checks it
+            "publications": sorted(publications),
+            "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "began_with": began_with,
+        }
+        if recorded is None:
+            self._commit_claim(wanted)
+            return wanted
+        if recorded.get("slot") != self.slot:
+            raise LakeOfAnotherSlotError(self.root, recorded, self.slot)
+        moved = any(  # a lake from before identities may not know them: nothing to compare
+            recorded.get(k) not in (None, wanted[k]) for k in ("system_identifier", "database")
+        )
+        if moved and not accept_source_change:
+            raise SinkFromAnotherSourceError(self.slot, self.root, recorded, dict(source))
+        keep = {k: recorded[k] for k in ("created_at", "began_with") if recorded.get(k)}
+        if began_with == "snapshot" and self.position() is None:
+            keep = {"created_at": wanted["created_at"]}  # an initial snapshot begins it again
+        update = {**wanted, **keep}
+        if update != recorded:
+            if moved:
+                log.warning("lake %s now records source %s (was %s), as asked", self.root,
+                            update, recorded)  # fmt: skip
+            elif recorded.get("publications") not in (None, update["publications"]):
+                log.info("lake %s: publications %s (were %s)", self.root,
+                         update["publications"], recorded.get("publications"))  # fmt: skip
+            self._commit_claim(update)
+        return update
+
+    def _commit_claim(self, identity: dict[str, Any]) -> None:
+        import pyarrow as pa
+
+        uri = self.paths.windows()
+        held = delta.txn_version(uri, LAKE_APP)
+        version = (held or 0) + 1
+        row = {**_empty_row(), "kind": CLAIM, "slot": self.slot,
+               "committed_at": dt.datetime.now(dt.UTC), "writer": _writer(),
+               "source": json.dumps({**identity, CLAIM_KEY: version}, sort_keys=True)}  # fmt: skip
+        rows = pa.Table.from_pylist([row], schema=windows_schema())
+        self._upgrade_windows(uri)
+        written = delta.write_file(uri, rows, prefix="claim")
+        self.check_writer()
+        delta.commit_files(uri, rows.schema, [written], app=LAKE_APP, expected=held,
+                           version=version, name="pglogrepl windows")  # fmt: skip
 
     def recorded_source(self) -> dict[str, Any] | None:
         """The source identity recorded with the lake's last commit of this slot (None: none
@@ -215,22 +347,37 @@ class Lake:
             "changes": changes,
             "tables": json.dumps(tables or {}, sort_keys=True),
             "committed_at": dt.datetime.now(dt.UTC),
-            "writer": f"{socket.gethostname()}:{os.getpid()}",
+            "writer": _writer(),
             "source": json.dumps(self.source, sort_keys=True) if self.source else None,
         }
         rows = pa.Table.from_pylist([row], schema=windows_schema())
         uri = self.paths.windows()
-        current = delta.arrow_schema(uri)
-        if current is not None and "source" not in current.names:  # a lake from before it
-            delta.evolve_schema(uri, windows_schema())
+        self._upgrade_windows(uri)
         written = delta.write_file(uri, rows, prefix=f"{int(end):016X}")
+        expected = self._expected_position()
+        self.check_writer()
         delta.commit_files(uri, rows.schema, [written], app=self.app, version=int(end),
+                           expected=None if expected is None else int(expected),
                            name="pglogrepl windows")  # fmt: skip
+        self._position = end
         table = delta.open_table(uri)
         if table is not None and table.version() % COMPACT_EVERY == 0:
             # After the commit point: a crash here loses nothing, the next run compacts again.
             table.optimize.compact()
             table.create_checkpoint()
+
+    def _expected_position(self) -> LSN | None:
+        """The position this run last read or committed: what its next commit point must find
+        in the log (another writer's commit in between makes it refused)."""
+        if self._position is _UNREAD:
+            return self.position()
+        return self._position if isinstance(self._position, LSN) else None
+
+    @staticmethod
+    def _upgrade_windows(uri: str) -> None:
+        current = delta.arrow_schema(uri)
+        if current is not None and "source" not in current.names:  # a lake from before it
+            delta.evolve_schema(uri, windows_schema())
 
     def _committed_changes(self, name: str, end: LSN) -> None:
         self._versions[name] = end
@@ -303,6 +450,7 @@ class Window:
                 continue  # committed by the run that crashed; its rows were filtered out anyway
             uri = lake.paths.changes(name)
             current = delta.arrow_schema(uri)
+            lake.check_writer()
             if current is not None and not _covers(current, pending.schema):
                 delta.evolve_schema(uri, pending.schema)  # new columns: their own version first
             delta.commit_files(
@@ -311,6 +459,7 @@ class Window:
                 pending.files,
                 app=lake.app,
                 version=int(end),
+                expected=None if held is None else int(held),  # what the rows were filtered by
                 configuration=CHANGES_CONFIG,
                 name=name,
             )
@@ -319,6 +468,18 @@ class Window:
         lake.record(kind="window", start=self.start, end=end, transactions=transactions,
                     changes=changes, tables=counts)  # fmt: skip
         return counts
+
+
+CLAIM = "claim"  # the kind of a windows row that records whose lake it is (``Lake.claim``)
+CLAIM_KEY = "claim_version"  # in a claim's JSON: its version of ``LAKE_APP``, newest wins
+
+
+def _writer() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _empty_row() -> dict[str, Any]:
+    return dict.fromkeys(windows_schema().names)
 
 
 def _covers(current: pa.Schema, wanted: pa.Schema) -> bool:

@@ -56,6 +56,11 @@ def _unescape(part: str) -> str:
     return _ESCAPED.sub(lambda m: bytes.fromhex(m.group(0).replace("~", "")).decode(), part)
 
 
+# The app id of the lake's claims (``Lake.claim``) in ``_pglogrepl/windows``: a hyphen, which
+# no slot name has, keeps it apart from every ``app_id(slot)``.
+LAKE_APP = f"{APP_PREFIX}/lake-claims"
+
+
 def app_id(slot: str) -> str:
     """The Delta ``txnAppId`` of the drain of ``slot``.
 

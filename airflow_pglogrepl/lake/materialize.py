@@ -12,7 +12,16 @@ operation carrying the app transaction ``(app_id(slot), lake position)``:
 
 Idempotent at every step: a crash before the commit leaves the state at its old version (the
 next run merges the same range again); after it, the state's version says it is done, and a
-replay of the commit itself is a no-op by its app transaction. Tables are merged side by side,
+replay of the commit itself is a no-op by its app transaction.
+
+Exclusive as far as Spark allows: a changelog commit is a compare-and-set on the table's
+transaction version (``lake.delta.commit_files``), but Spark's ``MERGE`` has no "expected
+version"; Delta only refuses it when a commit of the same app id lands while it runs. So the
+writer lock is proven (``Lake.check_writer``) before the merge is planned and again right before
+it commits. What remains is a run that stalls for longer than its lock session lives between
+that proof and the commit, while another run takes the lock and merges the same table: keyed
+tables still end right (a merge applies each key's last change), a table without a key could
+get the range's rows twice. Tables are merged side by side,
 each in its own Spark session (the app transaction of a MERGE is set in session configuration).
 """
 
@@ -113,6 +122,7 @@ def materialize_table(spark: Any, lake: Lake, name: str, end: LSN) -> LSN | None
         evolve_state(session, state_path, changes, columns, fills)
     fault("merge_created")
     target = session.read.format("delta").load(state_path)
+    lake.check_writer()
     net = net_changes(
         changes.filter(in_range),
         target,
@@ -121,6 +131,7 @@ def materialize_table(spark: Any, lake: Lake, name: str, end: LSN) -> LSN | None
         full_identity=described_identity(fields) == "f",
         table=name,
     )
+    lake.check_writer()  # the last moment before the merge commits: see below
     apply(session, net, state_path, app=lake.app, version=int(end))
     fault("merge_committed")
     log.info("state of %s merged up to %s (%s)", name, end, net.mode)

@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_pglogrepl.exceptions import (
     ArrowPeekError,
+    LakeSnapshotUnfinishedError,
     PublicationNotFoundError,
     SinkFromAnotherSourceError,
     SlotAheadOfSinkError,
 )
-from airflow_pglogrepl.faults import fault
+from airflow_pglogrepl.faults import fault, pause
 from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.changelog import COMMIT_LSN
 from airflow_pglogrepl.lake.columnar import (
@@ -208,7 +209,7 @@ class Drain:
         self._require_publications()
         before = slot.confirmed_flush_lsn
         assert before is not None, "a logical slot always has confirmed_flush_lsn"
-        self.lake.source = self.source.source_identity()
+        self._claim()
         start = self._reconcile(before, self.lake.position())
         run_end = self.run_end = self.source.flush_lsn()
         startup = time.monotonic() - started
@@ -267,6 +268,24 @@ class Drain:
         if missing:
             raise PublicationNotFoundError(missing, self.slot)
 
+    def _claim(self) -> None:
+        """Refuse a lake of another slot, server or database, or one whose initial snapshot
+        never committed, before anything is read or written; record the lake's identity at
+        its first run (``Lake.claim``)."""
+        identity = self.lake.claim(
+            self.source.source_identity(),
+            publications=self.publications,
+            began_with="drain",
+            accept_source_change=self.accept_source_change,
+        )
+        if identity.get("began_with") == "snapshot" and self.lake.position() is None:
+            from airflow_pglogrepl.spark.snapshot import resolve
+
+            left = resolve(self.lake).get("uncommitted_snapshots") or []
+            raise LakeSnapshotUnfinishedError(
+                self.lake.root, self.slot, identity.get("created_at"), left
+            )
+
     def _reconcile(self, slot_lsn: LSN, sink_lsn: LSN | None) -> LSN:
         recorded = self.lake.recorded_source()
         current = self.lake.source or {}
@@ -297,6 +316,7 @@ class Drain:
                 "slot to the lake, committed changes are not drained again",
                 self.slot, sink_lsn, slot_lsn,
             )  # fmt: skip
+            self.lake.check_writer()
             self.source.advance_slot(self.slot, sink_lsn)
             return sink_lsn
         if slot_lsn > sink_lsn:
@@ -413,9 +433,12 @@ class Drain:
         # PostgreSQL 18 only warns about a missing publication and decodes nothing of it: a
         # window read without one must not commit, or the slot would move past its changes.
         self._require_publications()
+        pause("before_commit")
         window.commit(stats.end, transactions=stats.transactions, changes=stats.changes)
         fault("after_commit")
-        # The window is durable in the sink: only now may the slot forget it.
+        # The window is durable in the lake: only now may the slot forget it, and only while
+        # this run still holds the lake (another writer may have drained on from here).
+        self.lake.check_writer()
         self.source.advance_slot(self.slot, stats.end)
         stats.seconds = time.monotonic() - began
         return stats

@@ -73,8 +73,10 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     check_slot(source, args.slot)  # refuse early: nothing started yet
     spark = app.LazySpark("pglogrepl-drain")
     try:
-        with source.writer_lock(args.slot, role="drain"):
-            lake = Lake(args.sink, args.slot, origins=source.column_origins)
+        with source.writer_lock(args.slot, role="drain") as lock:
+            lake = Lake(
+                args.sink, args.slot, origins=source.column_origins, writer_check=lock.check
+            )
             drain = Drain(
                 source=source,
                 lake=lake,

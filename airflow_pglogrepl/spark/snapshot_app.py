@@ -124,7 +124,8 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
 
             point = LSN(args.consistent_point) if args.consistent_point else None
             return {"resolved": True, **resolve(sink, point)}
-        with hook.writer_lock(args.slot, role="snapshot"):
+        with hook.writer_lock(args.slot, role="snapshot") as lock:
+            sink.writer_check = lock.check
             if args.table:
                 result = _tables(args, hook, sink, spark)
             elif args.snapshot_name:

@@ -96,7 +96,7 @@ def test_a_crash_inside_the_commit_is_replayed_without_duplicates(
     for name in ["public.a", "public.b"][:tables_committed]:  # what commit() does, cut short
         pending = window._pending[name]
         delta.commit_files(first.paths.changes(name), pending.schema, pending.files,
-                           app=first.app, version=0x200)  # fmt: skip
+                           app=first.app, version=0x200, expected=None)  # fmt: skip
     rerun = Lake(root, "s")
     assert rerun.position() is None  # the window row is the commit point: not reached
     again = rerun.open_window(LSN(0x100))  # the slot never moved: same start

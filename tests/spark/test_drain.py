@@ -17,15 +17,20 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from airflow_pglogrepl.exceptions import (
     ArrowPeekError,
+    LakeOfAnotherSlotError,
+    LakeSnapshotUnfinishedError,
+    LakeWriterBusyError,
     PublicationNotFoundError,
     SinkFromAnotherSourceError,
     SlotAheadOfSinkError,
     SlotInUseError,
     SlotLostError,
+    WriterLockLostError,
 )
 from airflow_pglogrepl.hooks.records import SlotInfo
 from airflow_pglogrepl.lake.delta import read_table
@@ -35,16 +40,20 @@ from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.sensors.verdicts import drain_refusal
 from airflow_pglogrepl.spark.drain import Drain
 from airflow_pglogrepl.tables import TableRef
+from airflow_pglogrepl.testing.wait import wait_until
 from tests.support.drain import (
     TYPED_TABLE,
     all_changelog_keys,
+    assert_state_equals_source,
     changelog,
     drain_app,
     drain_in_process,
     insert_sql,
     lake_rows,
+    lock_holders,
     random_row,
     source_rows,
+    start_drain_app,
     summary,
 )
 from tests.support.pgoutput_encoder import Session, relation
@@ -315,11 +324,65 @@ def test_a_windows_table_from_before_source_identities_takes_them(tmp_path: Path
            "writer": "old:1"}  # fmt: skip
     uri = lake.paths.windows()
     written = delta.write_file(uri, pa.Table.from_pylist([row], schema=old), prefix="old")
-    delta.commit_files(uri, old, [written], app=lake.app, version=0x1100)
+    delta.commit_files(uri, old, [written], app=lake.app, version=0x1100, expected=None)
     assert lake.recorded_source() is None
     lake.source = {"system_identifier": "7", "timeline": 1, "database": "db"}
     lake.record(kind="window", start=LSN(0x1100), end=LSN(0x1200))
     assert lake.recorded_source() == lake.source and lake.position() == LSN(0x1200)
+
+
+def test_a_lake_of_another_slot_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """Before: a drain under a new slot name started at its slot, and its first merge replayed
+    the other slot's whole changelog onto the state."""
+    lake = Lake(str(tmp_path / "lake"), "s")
+    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1300)
+    Drain(source=source, lake=lake, slot="s", publications=["p"],
+          max_window_bytes=1024).run(time.monotonic())  # fmt: skip
+    rows = read_table(lake.paths.windows()).num_rows
+    other = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1300)
+    with pytest.raises(LakeOfAnotherSlotError, match=r"belongs to slot 's'.*not to slot 'x'"):
+        Drain(source=other, lake=Lake(lake.root, "x"), slot="x", publications=["p"],
+              max_window_bytes=1024).run(time.monotonic())  # fmt: skip
+    assert other.advances == [] and read_table(lake.paths.windows()).num_rows == rows
+    assert lake.identity() == {
+        **(lake.identity() or {}),
+        "slot": "s", "system_identifier": "7", "database": "db", "publications": ["p"],
+        "began_with": "drain",
+    }  # fmt: skip
+
+
+def test_a_drain_refuses_a_lake_whose_initial_snapshot_never_committed(tmp_path: Path) -> None:
+    """Before: a killed snapshot left its slot; a plain drain then started at the slot, and the
+    tables the snapshot never reached were left empty without an error."""
+    lake = Lake(str(tmp_path / "lake"), "s")
+    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1300)
+    lake.claim(source.identity, publications=["p"], began_with="snapshot")  # then killed
+    with pytest.raises(LakeSnapshotUnfinishedError, match=r"initial snapshot of slot 's'"):
+        Drain(source=source, lake=lake, slot="s", publications=["p"],
+              max_window_bytes=1024).run(time.monotonic())  # fmt: skip
+    assert source.advances == [] and lake.position() is None and lake.changes_tables() == []
+
+
+def test_a_writer_that_lost_its_lock_commits_and_advances_nothing(tmp_path: Path) -> None:
+    """The lock's proof runs before every commit and every advance: once it fails, the run
+    stops where it is."""
+    proofs: list[str] = []
+
+    def proof() -> None:
+        proofs.append("checked")
+        if len(proofs) > 2:  # the claim's and the first table's commits pass
+            raise WriterLockLostError("s", "its session failed: terminated")
+
+    lake = Lake(str(tmp_path / "lake"), "s", writer_check=proof)
+    session = two_transactions()
+    items = relation(16385, "other", [("id", INT8, True)])
+    session.add(items).begin(702, 0x1280).insert(16385, b"9").commit(0x1280, 0x1288)
+    source = FakeSource(session.rows, confirmed=0x1000, flush=0x1300)
+    with pytest.raises(WriterLockLostError, match=r"nothing more was committed"):
+        Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x1000,
+              columnar=False).run(time.monotonic())  # fmt: skip
+    assert source.advances == [] and lake.position() is None
+    assert len(lake.changes_tables()) == 1  # one table committed, the second refused
 
 
 def test_drain_refusal_names_lost_before_in_use() -> None:
@@ -408,6 +471,155 @@ def workload(src: Source, seed: int) -> int:
             )
         run("UPDATE plain_c SET id = -id WHERE id <= 5")
     return changes
+
+
+def two_tables_written_together(src: Source, transactions: int = 6) -> list[TableRef]:
+    """Tables t and u, published, and transactions that each write both (several windows)."""
+    src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    src.sql("CREATE TABLE u (id int PRIMARY KEY, n int)")
+    src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE t, u")
+    for step in range(transactions):
+        src.sql(
+            "WITH a AS (INSERT INTO t SELECT g, repeat('x', 200)"
+            " FROM generate_series(%s::int, %s) g)"
+            " INSERT INTO u SELECT g, g FROM generate_series(%s::int, %s) g",
+            (step * 50, step * 50 + 49, step * 50, step * 50 + 49),
+        )
+    return [TableRef("public", "t"), TableRef("public", "u")]
+
+
+def end_the_lock(src: Source, how: str) -> None:
+    if how == "terminate":
+        src.sql("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS p(pid)",
+                (lock_holders(src),))  # fmt: skip
+    else:
+        src.cluster.restart()  # pg_ctl restart -m fast
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("how", ["terminate", "restart"])
+def test_a_run_that_loses_its_lock_stops_before_its_next_commit(
+    spark: Any, source: Source, tmp_path: Path, how: str
+) -> None:
+    """Before: every call but the lock's opened a session of its own, so a run whose lock
+    session was ended (pg_terminate_backend, a publisher restart, a dropped connection) went on
+    committing and advancing beside whoever took the lock next."""
+    tables = two_tables_written_together(source)
+    sink = str(tmp_path / "lake")
+    before = source.hook().get_slot(source.slot).confirmed_flush_lsn
+    paused = tmp_path / "pause"
+    paused.mkdir()
+    run = start_drain_app(source, sink, "--no-materialize", "--max-window-bytes", "8192",
+                          pause=paused)  # fmt: skip
+    try:
+        wait_until(lambda: any(paused.glob("before_commit.*")), what="the first window's commit")
+        end_the_lock(source, how)
+        (paused / "go").touch()
+        _, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 1, err[-3000:]
+    assert "WriterLockLostError" in err and "nothing more was committed" in err
+    lake = Lake(sink, source.slot)
+    assert lake.position() is None and lake.changes_tables() == []
+    assert source.hook().get_slot(source.slot).confirmed_flush_lsn == before
+    drain_in_process(spark, source, sink, window=8192)
+    for ref in tables:
+        assert_state_equals_source(source, sink, ref)  # equal, no (_commit_lsn, _seq) twice
+
+
+@pytest.mark.spark
+def test_a_second_drain_is_refused_while_the_roles_idle_timeout_passes(
+    spark: Any, source: Source, tmp_path: Path
+) -> None:
+    """The issue's reproduction: idle_session_timeout = 1s for the drain's role, a drain held
+    between windows, a second drain started meanwhile. Before: the second was granted the lock
+    and both committed the same window (each change twice in changes/)."""
+    tables = two_tables_written_together(source)
+    role = f"drainer_{source.slot}"[:63]
+    source.sql(f"CREATE ROLE \"{role}\" LOGIN SUPERUSER PASSWORD 'pw'")
+    source.sql(f"ALTER ROLE \"{role}\" SET idle_session_timeout = '1s'")
+    from airflow_pglogrepl.conninfo import make_dsn
+
+    dsn = make_dsn({**source.cluster.params(source.db), "user": role, "password": "pw"})
+    sink = str(tmp_path / "lake")
+    paused = tmp_path / "pause"
+    paused.mkdir()
+    first = start_drain_app(source, sink, "--no-materialize", "--max-window-bytes", "8192",
+                            pause=paused, dsn=dsn)  # fmt: skip
+    try:
+        wait_until(lambda: any(paused.glob("before_commit.*")), what="the first window's commit")
+        probe = psycopg.connect(dsn, autocommit=True)  # idle for less time than the lock's
+        probe_pid = probe.info.backend_pid
+        wait_until(
+            lambda: not source.sql("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (probe_pid,)),
+            what="the role's idle_session_timeout ending an idle session",
+        )
+        probe.close()
+        second = start_drain_app(source, sink, "--no-materialize", dsn=dsn)
+        _, second_err = second.communicate(timeout=300)
+        (paused / "go").touch()
+        _, err = first.communicate(timeout=300)
+    finally:
+        for proc in (first,):
+            if proc.poll() is None:
+                proc.kill()
+        source.sql(f'ALTER ROLE "{role}" RESET idle_session_timeout')
+    assert second.returncode == 1 and LakeWriterBusyError.__name__ in second_err, second_err
+    assert first.returncode == 0, err[-3000:]
+    drain_in_process(spark, source, sink, window=8192)
+    for ref in tables:
+        assert_state_equals_source(source, sink, ref)
+
+
+def test_a_lake_is_refused_to_another_slot_and_to_another_server(
+    source: Source, subscriber: Any, tmp_path: Path
+) -> None:
+    """A lake records its source at its first commit; a drain of another slot of the same
+    database, or of a slot of the same name on another server, writes nothing into it."""
+    two_tables_written_together(source, transactions=2)
+    sink = str(tmp_path / "lake")
+    hook = source.hook()
+
+    def drain(src: Source) -> Any:
+        lake = Lake(sink, src.slot)
+        with src.hook().writer_lock(src.slot) as lock:
+            lake.writer_check = lock.check
+            return Drain(source=src.hook(), lake=lake, slot=src.slot,
+                         publications=[src.publication], max_window_bytes=1 << 20,
+                         ).run(time.monotonic())  # fmt: skip
+
+    drain(source)
+    lake = Lake(sink, source.slot)
+    rows, position = read_table(lake.paths.windows()).num_rows, lake.position()
+    versions = {t: Lake(sink, source.slot).changes_version(t) for t in lake.changes_tables()}
+
+    second = Source(source.cluster, source.db, f"{source.slot}_b", source.publication)
+    second.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (second.slot,))
+    elsewhere = Source(subscriber, f"{source.db}_elsewhere", source.slot, source.publication)
+    subscriber.create_database(elsewhere.db)
+    elsewhere.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    elsewhere.sql(f"CREATE PUBLICATION {elsewhere.publication} FOR TABLE t")
+    elsewhere.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (source.slot,))
+    try:
+        source.sql("INSERT INTO t VALUES (-1, 'after')")
+        elsewhere.sql("INSERT INTO t VALUES (-1, 'elsewhere')")
+        slots = {o.slot + o.db: o.hook().get_slot(o.slot).confirmed_flush_lsn
+                 for o in (second, elsewhere)}  # fmt: skip
+        with pytest.raises(LakeOfAnotherSlotError, match=rf"belongs to slot '{source.slot}'"):
+            drain(second)
+        with pytest.raises(SinkFromAnotherSourceError, match=r"system identifier"):
+            drain(elsewhere)
+        assert read_table(lake.paths.windows()).num_rows == rows
+        assert lake.position() == position
+        assert {t: Lake(sink, source.slot).changes_version(t) for t in versions} == versions
+        assert slots == {o.slot + o.db: o.hook().get_slot(o.slot).confirmed_flush_lsn
+                         for o in (second, elsewhere)}  # fmt: skip
+        assert hook.get_slot(source.slot).confirmed_flush_lsn == position
+    finally:
+        second.sql("SELECT pg_drop_replication_slot(%s)", (second.slot,))
+        elsewhere.sql("SELECT pg_drop_replication_slot(%s)", (source.slot,))
 
 
 @pytest.mark.spark

@@ -130,7 +130,8 @@ def drain_in_process(
     """One drain run on the session's Spark (no JVM start), then materialize, under the lock."""
     hook = src.hook()
     lake = Lake(sink, src.slot, origins=hook.column_origins)
-    with hook.writer_lock(src.slot):
+    with hook.writer_lock(src.slot) as lock:
+        lake.writer_check = lock.check
         result = Drain(
             source=hook, lake=lake, slot=src.slot, publications=[src.publication],
             max_window_bytes=window, batch_rows=batch_rows, columnar=columnar,
@@ -196,3 +197,30 @@ def assert_state_equals_source(src: Source, sink: str, ref: TableRef) -> None:
     assert lake_state(sink, ref, names) == source_state(src, ref.name), ref
     keys = all_changelog_keys(sink, [ref])
     assert len(keys) == len(set(keys))
+
+
+def start_drain_app(
+    src: Source, sink: str, *args: str, pause: Path | None = None, dsn: str | None = None
+) -> Any:
+    """The drain application started as a process of its own (``subprocess.Popen``); with
+    ``pause``, it stops before each window's commit until a file ``go`` appears in that folder
+    (``faults.pause('before_commit')``), leaving ``before_commit.<pid>`` there when it does.
+    ``dsn`` connects as someone else than the cluster's superuser."""
+    env = {**os.environ, "PGLOGREPL_SOURCE_DSN": dsn or src.dsn}
+    env.pop("PGLOGREPL_FAULT", None)
+    if pause is not None:
+        env["PGLOGREPL_PAUSE"] = f"before_commit:{pause}"
+    command = [sys.executable, "-m", "airflow_pglogrepl.spark.drain_app", "--slot", src.slot,
+               "--publication", src.publication, "--sink", sink, *args]  # fmt: skip
+    return subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def lock_holders(src: Source) -> list[int]:
+    """Backend pids of the sessions named as holding ``src``'s writer lock."""
+    rows = src.sql(
+        "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s",
+        (f"pglogrepl % {src.slot} %",),
+    )
+    return [int(r[0]) for r in rows]

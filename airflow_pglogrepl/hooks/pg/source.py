@@ -86,7 +86,9 @@ class PgSource:
         with self.session() as conn:
             return columns.column_origins(conn, table, names)
 
-    def writer_lock(self, slot: str, *, role: str = "drain") -> AbstractContextManager[None]:
+    def writer_lock(
+        self, slot: str, *, role: str = "drain"
+    ) -> AbstractContextManager[locks.WriterLock]:
         return locks.writer_lock(self._params, slot, role=role, label=self.label)
 
     def create_slot_with_snapshot(
