@@ -1,0 +1,99 @@
+"""The Delta log operations without a JVM: commits are compare-and-set on the app transaction
+version, and everything a commit depends on is fsynced."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from airflow_pglogrepl.exceptions import LakeCommitConflictError
+from airflow_pglogrepl.lake import delta
+
+APP = "airflow-pglogrepl/s"
+
+
+def _rows(*ids: int) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()), "_commit_lsn": pa.array(ids, pa.int64())})
+
+
+def _commit(uri: str, version: int, expected: int | None, *ids: int) -> None:
+    rows = _rows(*ids)
+    written = delta.write_file(uri, rows, prefix="t")
+    delta.commit_files(uri, rows.schema, [written], app=APP, version=version, expected=expected)
+
+
+def _ids(uri: str) -> list[int]:
+    return sorted(delta.read_table(uri).column("id").to_pylist())
+
+
+def test_a_commit_whose_version_does_not_go_forward_is_refused(tmp_path: Path) -> None:
+    """Before: delta-rs committed version 100, then 50, and the table reported 50."""
+    uri = str(tmp_path / "t")
+    _commit(uri, 100, None, 1)
+    for lower in (50, 100):
+        with pytest.raises(LakeCommitConflictError, match=r"versions only go forward"):
+            _commit(uri, lower, 100, 2)
+    assert delta.txn_version(uri, APP) == 100 and _ids(uri) == [1]
+
+
+def test_a_commit_against_a_version_another_writer_moved_is_refused(tmp_path: Path) -> None:
+    """A writer filters its rows against the version it read; if another committed since, its
+    rows may be the other's too: refused, whatever version it carries."""
+    uri = str(tmp_path / "t")
+    _commit(uri, 0x100, None, 1)
+    _commit(uri, 0x200, 0x100, 2)  # the other writer
+    with pytest.raises(LakeCommitConflictError, match=r"another writer committed there since"):
+        _commit(uri, 0x300, 0x100, 2, 3)  # the stale one, with a higher version
+    with pytest.raises(LakeCommitConflictError, match=r"another writer"):
+        _commit(str(tmp_path / "t"), 0x300, None, 2, 3)  # believed the table new
+    assert _ids(uri) == [1, 2]
+    other = str(tmp_path / "new")
+    with pytest.raises(LakeCommitConflictError):  # believed it held something: no table
+        _commit(other, 0x100, 0x50, 1)
+    assert delta.open_table(other) is None
+
+
+def test_the_check_and_the_commit_are_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit lands between the version read and the commit: delta-rs refuses a commit made
+    on a snapshot older than a commit of the same app id, and that is a conflict too."""
+    uri = str(tmp_path / "t")
+    _commit(uri, 0x100, None, 1)
+    stale = delta.open_table(uri)  # read before the other writer's commit
+    _commit(uri, 0x200, 0x100, 2)
+    monkeypatch.setattr(delta, "open_table", lambda _: stale)
+    with pytest.raises(LakeCommitConflictError, match=r"another writer"):
+        _commit(uri, 0x300, 0x100, 3)
+    monkeypatch.undo()
+    assert _ids(uri) == [1, 2] and delta.txn_version(uri, APP) == 0x200
+
+
+def test_every_new_log_entry_and_new_directory_is_fsynced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: only the two newest log entries were fsynced, while a schema evolution makes
+    several commits in a row, and the directory that gained a new table never was."""
+    synced: list[str] = []
+    real = delta._fsync
+    monkeypatch.setattr(delta, "_fsync", lambda path: (synced.append(path), real(path)))
+    root = tmp_path / "lake"
+    uri = str(root / "changes" / "public.t")
+    _commit(uri, 0x100, None, 1)
+    assert {str(root / "changes"), str(root)} <= set(synced)  # the new table's parents
+    synced.clear()
+    wider = pa.schema(
+        [
+            *(f.with_metadata({"k": f.name}) for f in _rows(1).schema),
+            pa.field("c", pa.int64(), metadata={"k": "c"}),
+        ]
+    )
+    delta.evolve_schema(uri, wider)  # a commit adding the column, then one per changed metadata
+    log_dir = Path(uri, "_delta_log")
+    entries = sorted(p.name for p in log_dir.glob("*.json"))
+    assert len(entries) >= 4
+    new = {str(log_dir / name) for name in entries[1:]}
+    assert new <= set(synced), sorted(new - set(synced))
+    assert str(log_dir / entries[0]) not in synced  # what an earlier commit made durable
+    assert os.path.realpath(uri) in {os.path.realpath(p) for p in synced}
