@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -157,6 +157,22 @@ def _sum_tables(windows: Sequence[WindowStats]) -> dict[str, int]:
         for name, count in window.tables.items():
             total[name] = total.get(name, 0) + count
     return total
+
+
+def window_end(end: LSN | int, commit_lsns: Iterable[int]) -> LSN:
+    """Where a window the peek read up to ``end`` ends, given the commit LSNs it holds (where
+    their commit records start): at ``end``, or just past a commit that starts at or beyond it.
+
+    The peek stops once a record ends at or past ``end``. When ``end`` lies inside a WAL page's
+    header and the record before ends exactly at the page's start, that record ends before
+    ``end``, so the record after the header is read too; a commit record there comes back
+    although it starts past ``end``. Once the slot is advanced to the window's end the server
+    skips the commits that start before it (SnapBuildXactNeedsSkip against
+    confirmed_flush_lsn): a window ended at ``end`` would leave that commit to the next window,
+    which would decode and store it again.
+    """
+    last = max(commit_lsns, default=-1)
+    return LSN(last + 1) if last >= int(end) else LSN(end)
 
 
 def _at_or_after(rows: Any, floor: int) -> Any:
@@ -340,10 +356,8 @@ class Drain:
                         pieces.append((piece.table, rows, rows.column(COMMIT_LSN).to_numpy()))
                 while pieces:
                     first = min(int(lsns[0]) for _, _, lsns in pieces)
-                    if first >= last:
-                        # a commit record the peek read past its end (it began after a page
-                        # header straddling it): the window ends just past it
-                        current.boundary = first + 1
+                    if first >= last:  # a commit the peek read past its end (``window_end``)
+                        current.boundary = int(window_end(last, [first]))
                     elif first >= current.boundary:
                         if any(c < current.boundary for c in decoder.commit_lsns):
                             done.append(current.commit(decoder.commit_lsns))
@@ -358,7 +372,8 @@ class Drain:
                         if split < len(lsns):
                             rest.append((table, rows.slice(split), lsns[split:]))
                     pieces = rest
-            current.boundary = max(current.boundary, last)
+            # past a commit read past the end even when the table floors left none of its rows
+            current.boundary = int(window_end(max(current.boundary, last), decoder.commit_lsns))
             done.append(current.commit(decoder.commit_lsns))
         except BaseException:
             fetched.close()
