@@ -7,6 +7,8 @@ exactly those commits (their commit starts before ``confirmed_flush_lsn``). So c
 windows neither overlap nor leave gaps, and an empty window (no published change, or a
 transaction still open across ``end``) may still advance the slot: an idle publication never pins
 WAL. A transaction bigger than a window comes back whole in the window holding its commit.
+One exception: an ``end`` inside a WAL page's header lets the peek return the commit right after
+that header, and the window then ends just past it (``window_end``).
 
 Each window is written through the lake's window API (``airflow_pglogrepl.lake.lake``, where
 the crash-safety argument is written down): batches as they fill, one Delta commit per touched
@@ -393,7 +395,7 @@ class Drain:
             batch_rows=self.batch_rows,
             upto_nchanges=1 if next_commit else None,
         )
-        last_commit: LSN | None = None
+        last_commit: TransactionCommit | None = None
         floors: dict[int, int] = {}
         for event in _events(stream, rows):
             if event.__class__ is Change:
@@ -414,12 +416,14 @@ class Drain:
                     batches[id(change.table)] = ChangelogBatch(change.table)
             elif event.__class__ is TransactionCommit:
                 stats.transactions += 1
-                last_commit = event.end_lsn
+                last_commit = event
         for batch in batches.values():
             if len(batch):
                 self._write(window, batch.ref, batch.to_arrow(), stats)
-        if next_commit and last_commit is not None and last_commit < end:
-            end = stats.end = last_commit  # the window ends just past the one commit it holds
+        if last_commit is not None:
+            if next_commit and last_commit.end_lsn < end:
+                end = last_commit.end_lsn  # the window ends just past the one commit it holds
+            end = stats.end = window_end(end, [int(last_commit.commit_lsn or 0)])
         return self._commit(window, stats, began)
 
     def _commit(self, window: Window, stats: WindowStats, began: float) -> WindowStats:
