@@ -7,6 +7,8 @@ exactly those commits (their commit starts before ``confirmed_flush_lsn``). So c
 windows neither overlap nor leave gaps, and an empty window (no published change, or a
 transaction still open across ``end``) may still advance the slot: an idle publication never pins
 WAL. A transaction bigger than a window comes back whole in the window holding its commit.
+One exception: an ``end`` inside a WAL page's header lets the peek return the commit right after
+that header, and the window then ends just past it (``window_end``).
 
 Each window is written through the lake's window API (``airflow_pglogrepl.lake.lake``, where
 the crash-safety argument is written down): batches as they fill, one Delta commit per touched
@@ -24,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -158,6 +160,22 @@ def _sum_tables(windows: Sequence[WindowStats]) -> dict[str, int]:
         for name, count in window.tables.items():
             total[name] = total.get(name, 0) + count
     return total
+
+
+def window_end(end: LSN | int, commit_lsns: Iterable[int]) -> LSN:
+    """Where a window the peek read up to ``end`` ends, given the commit LSNs it holds (where
+    their commit records start): at ``end``, or just past a commit that starts at or beyond it.
+
+    The peek stops once a record ends at or past ``end``. When ``end`` lies inside a WAL page's
+    header and the record before ends exactly at the page's start, that record ends before
+    ``end``, so the record after the header is read too; a commit record there comes back
+    although it starts past ``end``. Once the slot is advanced to the window's end the server
+    skips the commits that start before it (SnapBuildXactNeedsSkip against
+    confirmed_flush_lsn): a window ended at ``end`` would leave that commit to the next window,
+    which would decode and store it again.
+    """
+    last = max(commit_lsns, default=-1)
+    return LSN(last + 1) if last >= int(end) else LSN(end)
 
 
 def _at_or_after(rows: Any, floor: int) -> Any:
@@ -360,10 +378,8 @@ class Drain:
                         pieces.append((piece.table, rows, rows.column(COMMIT_LSN).to_numpy()))
                 while pieces:
                     first = min(int(lsns[0]) for _, _, lsns in pieces)
-                    if first >= last:
-                        # a commit record the peek read past its end (it began after a page
-                        # header straddling it): the window ends just past it
-                        current.boundary = first + 1
+                    if first >= last:  # a commit the peek read past its end (``window_end``)
+                        current.boundary = int(window_end(last, [first]))
                     elif first >= current.boundary:
                         if any(c < current.boundary for c in decoder.commit_lsns):
                             done.append(current.commit(decoder.commit_lsns))
@@ -378,7 +394,8 @@ class Drain:
                         if split < len(lsns):
                             rest.append((table, rows.slice(split), lsns[split:]))
                     pieces = rest
-            current.boundary = max(current.boundary, last)
+            # past a commit read past the end even when the table floors left none of its rows
+            current.boundary = int(window_end(max(current.boundary, last), decoder.commit_lsns))
             done.append(current.commit(decoder.commit_lsns))
         except BaseException:
             fetched.close()
@@ -398,7 +415,7 @@ class Drain:
             batch_rows=self.batch_rows,
             upto_nchanges=1 if next_commit else None,
         )
-        last_commit: LSN | None = None
+        last_commit: TransactionCommit | None = None
         floors: dict[int, int] = {}
         for event in _events(stream, rows):
             if event.__class__ is Change:
@@ -419,12 +436,14 @@ class Drain:
                     batches[id(change.table)] = ChangelogBatch(change.table)
             elif event.__class__ is TransactionCommit:
                 stats.transactions += 1
-                last_commit = event.end_lsn
+                last_commit = event
         for batch in batches.values():
             if len(batch):
                 self._write(window, batch.ref, batch.to_arrow(), stats)
-        if next_commit and last_commit is not None and last_commit < end:
-            end = stats.end = last_commit  # the window ends just past the one commit it holds
+        if last_commit is not None:
+            if next_commit and last_commit.end_lsn < end:
+                end = last_commit.end_lsn  # the window ends just past the one commit it holds
+            end = stats.end = window_end(end, [int(last_commit.commit_lsn or 0)])
         return self._commit(window, stats, began)
 
     def _commit(self, window: Window, stats: WindowStats, began: float) -> WindowStats:

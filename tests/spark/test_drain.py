@@ -48,6 +48,7 @@ from tests.support.drain import (
     changelog,
     drain_app,
     drain_in_process,
+    drain_only,
     insert_sql,
     lake_rows,
     lock_holders,
@@ -58,6 +59,7 @@ from tests.support.drain import (
 )
 from tests.support.pgoutput_encoder import Session, relation
 from tests.support.sources import Source
+from tests.support.wal import PAGE_HEADER, WAL_PAGE, commit_after_page_header
 
 INT8, TEXT = 20, 25
 
@@ -279,7 +281,10 @@ def test_a_dropped_publication_stops_the_drain_before_a_commit(
     drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x180)
     with pytest.raises(PublicationNotFoundError, match=r"slot did not move"):
         drain.run(time.monotonic())
-    assert source.advances == [LSN(0x1180)] and lake.position() == LSN(0x1180)
+    # The fake filters by row LSN: its per-message peek up to 0x1180 also holds the second
+    # transaction (commit 0x1200), so that window ends just past it.
+    first_end = LSN(0x1201 if arrow_fails else 0x1180)
+    assert source.advances == [first_end] and lake.position() == first_end
 
 
 def test_a_lake_from_another_server_or_timeline_moves_nothing(tmp_path: Path) -> None:
@@ -816,3 +821,121 @@ def test_refuses_before_spark_starts(
         consumer.wait(timeout=30)
         wait_until(lambda: not source.hook().get_slot(source.slot).active, what="released")
     assert not Path(sink).exists()
+
+
+# A commit record right after a WAL page's header, with the window's end inside that header.
+
+
+class ServerLikeSource(FakeSource):
+    """Peeks as the server reads WAL: whole transactions, those whose commit record starts at or
+    after the slot's position (the server skips the others), until a record ends at or past
+    ``upto_lsn``; ``upto_nchanges`` ends the peek after the transaction that reaches it.
+
+    Records are contiguous except at page headers: when ``upto_lsn`` lies inside a page's
+    header, the record before ends at the page's start, before ``upto_lsn``, so the record right
+    after the header is read too, and a commit there comes back although it starts past
+    ``upto_lsn``."""
+
+    def peek_changes(
+        self, slot: str, *, upto_lsn: LSN | str | None, options: Mapping[str, str],
+        batch_rows: int = 5000, upto_nchanges: int | None = None,
+    ) -> Iterator[tuple[LSN, int | None, Any]]:  # fmt: skip
+        start = self.slot.confirmed_flush_lsn
+        assert start is not None and upto_lsn is not None
+        upto = int(LSN(upto_lsn))
+        page = upto - upto % WAL_PAGE
+        in_header = 0 < upto - page <= PAGE_HEADER
+        returned = 0
+        transaction: list[tuple[LSN, int | None, Any]] = []
+        for row in self.rows:
+            transaction.append(row)
+            if row[2][:1] != b"C":
+                continue
+            commit = int.from_bytes(row[2][2:10], "big")
+            if commit >= upto and not (in_header and commit == page + PAGE_HEADER):
+                return
+            if commit >= int(start):
+                yield from transaction
+                returned += len(transaction)
+                if upto_nchanges is not None and returned >= upto_nchanges:
+                    return
+            transaction = []
+
+
+def page_straddle() -> Session:
+    """Three transactions of one insert each, committed at 0x1100, 0x2018 (page 0x2000's
+    offset 24, right after its header) and 0x2900. A commit row's LSN is its record's end, as
+    the server gives it; each transaction describes the table again, as a new decoding session
+    would."""
+    session = Session(start=0x1000)
+    items = relation(16384, "items", [("id", INT8, True), ("name", TEXT)])
+    for xid, (commit, end, key) in enumerate([(0x1100, 0x1108, 1), (0x2018, 0x2040, 2),
+                                              (0x2900, 0x2908, 3)]):  # fmt: skip
+        session.lsn = commit - 0x80
+        session.begin(700 + xid, commit).add(items).insert(16384, str(key).encode(), b"v")
+        session.lsn = end - 0x10
+        session.commit(commit, end)
+    return session
+
+
+def stored_keys(lake: Lake) -> list[tuple[int, int]]:
+    rows = read_table(lake.paths.changes(TableRef("public", "items"))).to_pylist()
+    return sorted((r["id"], r["_commit_lsn"]) for r in rows)
+
+
+@pytest.mark.parametrize("columnar", [False, True])
+def test_a_commit_read_past_the_window_end_is_stored_once(tmp_path: Path, columnar: bool) -> None:
+    """The first window ends at 0x2008, inside page 0x2000's header: its peek also returns the
+    transaction committed at 0x2018. The window must end just past that commit; ended at
+    0x2008, the slot would stand before the commit and the next run would store it again."""
+    source = ServerLikeSource(page_straddle().rows, confirmed=0x1000, flush=0x3000)
+    lake = Lake(str(tmp_path / "lake"), "s")
+    for max_windows in (1, None):
+        Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x1008,
+              max_windows=max_windows, columnar=columnar).run(time.monotonic())  # fmt: skip
+    assert stored_keys(lake) == [(1, 0x1100), (2, 0x2018), (3, 0x2900)]
+    assert source.advances == [LSN(0x2019), LSN(0x3000)]
+    assert [w["end_lsn"] for w in lake.windows()] == ["0/2019", "0/3000"]
+
+
+def test_up_to_the_next_commit_ends_past_a_commit_read_past_the_run_end(tmp_path: Path) -> None:
+    """After an empty window, the next reads up to the next commit, with the run's end as its
+    ``upto_lsn``: one inside a page header returns the commit after it, which must end the
+    window (0x2019), not the run's end (0x2008)."""
+    source = ServerLikeSource(page_straddle().rows, confirmed=0x1200, flush=0x2008)
+    lake = Lake(str(tmp_path / "lake"), "s")
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x800,
+                  columnar=False)  # fmt: skip
+    result = drain.run(time.monotonic())
+    assert [(int(w.start), int(w.end), w.transactions) for w in result.windows] == [
+        (0x1200, 0x1A00, 0), (0x1A00, 0x2019, 1)
+    ]  # fmt: skip
+    source.flush = LSN(0x3000)
+    drain.run(time.monotonic())
+    assert stored_keys(lake) == [(2, 0x2018), (3, 0x2900)]
+    # and a next commit read before the run's end still ends its window at its record's end
+    assert source.advances == [LSN(n) for n in (0x1A00, 0x2019, 0x2819, 0x2908, 0x3000)]
+
+
+@pytest.mark.parametrize("columnar", [False, True])
+def test_a_live_commit_after_a_page_header_the_window_ends_in_is_drained_once(
+    source: Source, tmp_path: Path, columnar: bool
+) -> None:
+    """The server's own straddle: a transaction whose commit record starts at page offset 24,
+    and a first window ending at the page's start + 8, inside the header. The peek up to there
+    returns the transaction; the window must end past its commit, or the next run decodes the
+    transaction again and its row lands twice in changes/."""
+    source.sql("CREATE TABLE t (id serial PRIMARY KEY, v text)")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE t")
+    commit = commit_after_page_header(source, "INSERT INTO t (v) VALUES ('straddles')")
+    start = source.hook().get_slot(source.slot).confirmed_flush_lsn
+    assert start is not None
+    window = (commit - PAGE_HEADER + 8) - start  # the first window ends inside the header
+    sink = str(tmp_path / "lake")
+    first = drain_only(source, sink, window=window, columnar=columnar, max_windows=1)
+    drain_only(source, sink, window=window, columnar=columnar)
+    keys = all_changelog_keys(sink, [TableRef("public", "t")])
+    assert sorted(keys) == sorted(set(keys)), f"stored twice: {sorted(keys)}"
+    assert len(keys) == len(source.sql("SELECT id FROM t"))
+    assert first.windows[0].end == commit + 1
+    assert first.confirmed_after == commit + 1

@@ -20,7 +20,7 @@ from typing import Any
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import table_dir
 from airflow_pglogrepl.lake.materialize import materialize
-from airflow_pglogrepl.spark.drain import Drain
+from airflow_pglogrepl.spark.drain import Drain, DrainResult
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 from tests.support.sources import Source
@@ -138,6 +138,20 @@ def drain_in_process(
         ).run(time.monotonic()).to_dict()  # fmt: skip
         result["materialized"] = materialize(spark, lake)
     return result
+
+
+def drain_only(
+    src: Source, sink: str, *, window: int, columnar: bool = True, max_windows: int | None = None
+) -> DrainResult:
+    """One drain run without the merge, under the lock: no Spark (a local lake needs none to
+    drain), and the windows as the run committed them."""
+    hook = src.hook()
+    lake = Lake(sink, src.slot, origins=hook.column_origins)
+    with hook.writer_lock(src.slot):
+        return Drain(
+            source=hook, lake=lake, slot=src.slot, publications=[src.publication],
+            max_window_bytes=window, max_windows=max_windows, columnar=columnar,
+        ).run(time.monotonic())  # fmt: skip
 
 
 def drain_app(src: Source, sink: str, *args: str, fault: str | None = None) -> Any:
