@@ -164,12 +164,20 @@ def _additions(current: pa.Schema, wanted: pa.Schema) -> pa.Schema:
 def reset_table(uri: str, schema: pa.Schema, *, app: str, version: int) -> None:
     """Replace the table by an empty one of ``schema``, as one version carrying ``(app, version)``.
 
-    Earlier versions stay readable (time travel) until ``VACUUM``.
+    Earlier versions stay readable (time travel) until ``VACUUM``. Refused
+    (``LakeCommitConflictError``) when the table already holds ``app`` at ``version`` or beyond:
+    emptying it there would forget changes the caller never saw.
     """
     from deltalake import CommitProperties, Transaction, write_deltalake
 
+    from airflow_pglogrepl.exceptions import LakeCommitConflictError
+
     commit = CommitProperties(app_transactions=[Transaction(app, version)])
-    before = _version(uri)
+    table = open_table(uri)
+    before = None if table is None else int(table.version())
+    found = None if table is None else table.transaction_version(app)
+    if found is not None and int(found) >= version:  # it would forget changes past ``version``
+        raise LakeCommitConflictError(uri, app, int(found), int(found), version)
     write_deltalake(uri, schema.empty_table(), mode="overwrite", schema_mode="overwrite",
                     commit_properties=commit)  # fmt: skip
     if is_local(uri):
@@ -293,13 +301,17 @@ def _lost_race(exc: Exception) -> bool:
     """Whether a delta-rs commit failed because another writer committed first (a concurrent
     transaction of the same app, or a table created in between)."""
     text = str(exc)
-    return "Concurrent transaction" in text or "already exists" in text
+    return any(
+        sign in text
+        for sign in ("Concurrent transaction", "already exists", "Metadata changed since")
+    )
 
 
 def make_log_durable(uri: str, *, after: int | None = None) -> None:
     """fsync a local table's log entries newer than version ``after`` (None: all of them, a
     new table), its log directory, its directory and, for a new table, the directories that
-    gained it (the lake root's ``changes/`` or ``state/`` and the root itself)."""
+    gained it (``changes/``, ``state/`` or ``_pglogrepl/``, the lake root, and the root's
+    parent, for a lake that is new)."""
     log_dir = os.path.join(uri, "_delta_log")
     for entry in os.listdir(log_dir):
         stem, _, ext = entry.partition(".")
@@ -307,10 +319,11 @@ def make_log_durable(uri: str, *, after: int | None = None) -> None:
             _fsync(os.path.join(log_dir, entry))
     _fsync(log_dir)
     _fsync(uri)
-    if after is None:
-        parent = os.path.dirname(os.path.abspath(uri))
-        _fsync(parent)
-        _fsync(os.path.dirname(parent))
+    if after is None:  # the table's directory is new, and maybe its parents up to the root's
+        parent = os.path.abspath(uri)
+        for _ in range(3):
+            parent = os.path.dirname(parent)
+            _fsync(parent)
 
 
 def _fsync(path: str) -> None:

@@ -192,10 +192,12 @@ class Lake:
             evolution = evolve.evolve(str(table), current, schema, first=f"{int(at)}:0")
         except IncompatibleSchemaChangeError as why:
             log.warning("changelog of %s restarts at %s: %s", table, at, why)
+            self.check_writer()
             delta.reset_table(uri, schema, app=self.app, version=int(at))
             return "restarted"
         if not evolution.added:
             return "kept"
+        self.check_writer()
         delta.evolve_schema(uri, evolution.schema)
         return "evolved"
 
@@ -216,39 +218,25 @@ class Lake:
         return sorted(rows, key=lambda r: LSN(r["end_lsn"]))
 
     def _rows(self) -> list[dict[str, Any]]:
-        if delta.open_table(self.paths.windows()) is None:
-            return []
-        rows: list[dict[str, Any]] = delta.read_table(self.paths.windows()).to_pylist()
-        return rows
+        return self._claims_and_rows()[1]
+
+    def _claims_and_rows(self) -> tuple[int | None, list[dict[str, Any]]]:
+        """The claims' version (``LAKE_APP``) and every row of the windows table, read from one
+        Delta version: what a claim's compare-and-set expects is what its check read."""
+        table = delta.open_table(self.paths.windows())
+        if table is None:
+            return None, []
+        held = table.transaction_version(LAKE_APP)
+        rows = delta.read_table(self.paths.windows(), version=table.version()).to_pylist()
+        return (None if held is None else int(held)), rows
 
     # -- whose lake it is -----------------------------------------------------------------------
 
     def identity(self) -> dict[str, Any] | None:
         """The lake's owner as its newest claim records it (slot, system_identifier, database,
-        publications, created_at, began_with); for a lake from before claims, what its windows
-        say of it; None for a lake nothing ever claimed or committed."""
-        rows = self._rows()
-        claims = [r for r in rows if r["kind"] == CLAIM]
-        if claims:  # the newest: claims carry versions 1, 2, ... of their app (``LAKE_APP``)
-            found: dict[str, Any] = max(
-                (json.loads(r["source"]) for r in claims), key=lambda c: int(c.pop(CLAIM_KEY))
-            )
-            return found
-        committed = sorted((r for r in rows if r["end_lsn"]), key=lambda r: LSN(r["end_lsn"]))
-        if not committed:
-            return None
-        first, last = committed[0], committed[-1]
-        source = json.loads(last["source"]) if last.get("source") else {}
-        slots = sorted({r["slot"] for r in committed})
-        return {
-            "slot": last["slot"] if len(slots) == 1 else slots,
-            "system_identifier": source.get("system_identifier"),
-            "database": source.get("database"),
-            "timeline": source.get("timeline"),
-            "publications": None,
-            "created_at": str(first["committed_at"]),
-            "began_with": first["kind"],
-        }
+        database_oid, publications, created_at, began_with); for a lake from before claims, what
+        its windows say of it; None for a lake nothing ever claimed or committed."""
+        return _identity(self._rows(), self.slot)
 
     def claim(
         self,
@@ -264,30 +252,39 @@ class Lake:
 
         Refuses, before anything is written, a lake of another slot (``LakeOfAnotherSlotError``)
         or of another server or database (``SinkFromAnotherSourceError``; with
-        ``accept_source_change`` the new source is recorded instead). A changed list of
-        publications is recorded. ``began_with`` is ``"snapshot"`` or ``"drain"``: what the run
-        does that claims an unclaimed lake (an initial snapshot re-claims a lake with no commit).
-        Claims are commits of their own app transaction, compare-and-set like every commit, so
-        two runs claiming at once cannot both succeed.
+        ``accept_source_change`` the new source is recorded instead). A database is compared by
+        its OID, so a renamed one is the same source. A changed list of publications is
+        recorded. ``began_with`` is ``"snapshot"`` or ``"drain"``: what the run does that claims
+        an unclaimed lake (an initial snapshot re-claims a lake with no commit). A lake that
+        holds nothing but claims (a first run failed before its first commit) belongs to nobody
+        yet. Claims are commits of their own app transaction, compare-and-set against the
+        version the check read, so two runs claiming at once cannot both succeed.
         """
         self.source = dict(source)
-        recorded = self.identity()
+        held, rows = self._claims_and_rows()
+        recorded = _identity(rows, self.slot)
         wanted: dict[str, Any] = {
             "slot": self.slot,
             "system_identifier": source.get("system_identifier"),
             "database": source.get("database"),
+            "database_oid": source.get("database_oid"),
             "timeline": source.get("timeline"),  # recorded, not compared: the drain checks it
             "publications": sorted(publications),
             "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "began_with": began_with,
         }
+        if recorded is not None and recorded.get("slot") != self.slot and self._holds_nothing(rows):
+            log.info("lake %s holds nothing yet (claimed by slot %r): claimed for slot %r",
+                     self.root, recorded.get("slot"), self.slot)  # fmt: skip
+            recorded = None
         if recorded is None:
-            self._commit_claim(wanted)
+            self._commit_claim(wanted, held)
             return wanted
         if recorded.get("slot") != self.slot:
             raise LakeOfAnotherSlotError(self.root, recorded, self.slot)
-        moved = any(  # a lake from before identities may not know them: nothing to compare
-            recorded.get(k) not in (None, wanted[k]) for k in ("system_identifier", "database")
+        moved = any(  # what a lake from before identities does not know is not compared
+            recorded.get(k) is not None and wanted[k] is not None and recorded[k] != wanted[k]
+            for k in ("system_identifier", "database_oid")
         )
         if moved and not accept_source_change:
             raise SinkFromAnotherSourceError(self.slot, self.root, recorded, dict(source))
@@ -302,14 +299,21 @@ class Lake:
             elif recorded.get("publications") not in (None, update["publications"]):
                 log.info("lake %s: publications %s (were %s)", self.root,
                          update["publications"], recorded.get("publications"))  # fmt: skip
-            self._commit_claim(update)
+            self._commit_claim(update, held)
         return update
 
-    def _commit_claim(self, identity: dict[str, Any]) -> None:
+    def _holds_nothing(self, rows: list[dict[str, Any]]) -> bool:
+        """No window or snapshot of any slot committed, and no table of any kind."""
+        return (
+            all(r["kind"] == CLAIM for r in rows)
+            and not self.changes_tables()
+            and not self.state_tables()
+        )
+
+    def _commit_claim(self, identity: dict[str, Any], held: int | None) -> None:
         import pyarrow as pa
 
         uri = self.paths.windows()
-        held = delta.txn_version(uri, LAKE_APP)
         version = (held or 0) + 1
         row = {**_empty_row(), "kind": CLAIM, "slot": self.slot,
                "committed_at": dt.datetime.now(dt.UTC), "writer": _writer(),
@@ -472,6 +476,34 @@ class Window:
 
 CLAIM = "claim"  # the kind of a windows row that records whose lake it is (``Lake.claim``)
 CLAIM_KEY = "claim_version"  # in a claim's JSON: its version of ``LAKE_APP``, newest wins
+
+
+def _identity(rows: list[dict[str, Any]], slot: str) -> dict[str, Any] | None:
+    """``Lake.identity`` of the windows table's ``rows``, seen by the drain of ``slot``."""
+    claims = [json.loads(r["source"]) for r in rows if r["kind"] == CLAIM]
+    if claims:  # the newest: claims carry versions 1, 2, ... of their app (``LAKE_APP``)
+        newest: dict[str, Any] = max(claims, key=lambda c: int(c[CLAIM_KEY]))
+        return {k: v for k, v in newest.items() if k != CLAIM_KEY}
+    committed = sorted((r for r in rows if r["end_lsn"]), key=lambda r: LSN(r["end_lsn"]))
+    if not committed:
+        return None
+    slots = {r["slot"] for r in committed}
+    # A lake from before claims that several slots wrote: the slot asking keeps it if it wrote
+    # there (its first claim then makes it the only one), else the last writer's.
+    owner = slot if slot in slots else committed[-1]["slot"]
+    mine = [r for r in committed if r["slot"] == owner]
+    first, last = mine[0], mine[-1]
+    source = json.loads(last["source"]) if last.get("source") else {}
+    return {
+        "slot": owner,
+        "system_identifier": source.get("system_identifier"),
+        "database": source.get("database"),
+        "database_oid": source.get("database_oid"),
+        "timeline": source.get("timeline"),
+        "publications": None,
+        "created_at": str(first["committed_at"]),
+        "began_with": first["kind"],
+    }
 
 
 def _writer() -> str:

@@ -277,6 +277,104 @@ def test_a_column_delta_cannot_store_is_named_before_anything_is_written(lake: L
     assert not Path(lake.paths.changes(A)).exists() and lake.position() is None
 
 
+SOURCE = {"system_identifier": "7", "timeline": 1, "database": "db", "database_oid": 5}
+
+
+def test_two_slots_claiming_one_new_lake_at_once_cannot_both_succeed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: the claim's compare-and-set expected a version read after the other
+    claim, so both slots claimed the lake (the writer lock is per slot: nothing else orders
+    them)."""
+    from airflow_pglogrepl.exceptions import LakeCommitConflictError
+
+    root = str(tmp_path / "lake")
+    a, b = Lake(root, "a"), Lake(root, "b")
+    seen_by_b = b._claims_and_rows()  # b looks first: nobody's lake
+    a.claim(SOURCE, publications=["p"], began_with="drain")
+    monkeypatch.setattr(b, "_claims_and_rows", lambda: seen_by_b)
+    with pytest.raises(LakeCommitConflictError):
+        b.claim(SOURCE, publications=["p"], began_with="drain")
+    assert Lake(root, "x").identity() == {**(a.identity() or {}), "slot": "a"}
+
+
+def test_a_lake_holding_nothing_but_claims_belongs_to_nobody_yet(tmp_path: Path) -> None:
+    from airflow_pglogrepl.exceptions import LakeOfAnotherSlotError
+
+    root = str(tmp_path / "lake")
+    Lake(root, "a").claim(SOURCE, publications=["p"], began_with="snapshot")  # then failed
+    claimed = Lake(root, "b").claim(SOURCE, publications=["p"], began_with="snapshot")
+    assert claimed["slot"] == "b"
+    lake = Lake(root, "b")
+    window = lake.open_window(LSN(0x100))
+    window.write(A, batch((1, 0x110, 1)))
+    window.commit(LSN(0x200), transactions=1, changes=1)
+    with pytest.raises(LakeOfAnotherSlotError, match=r"belongs to slot 'b'"):
+        Lake(root, "a").claim(SOURCE, publications=["p"], began_with="snapshot")
+
+
+def test_a_renamed_database_is_the_same_source_and_another_database_is_not(
+    tmp_path: Path,
+) -> None:
+    from airflow_pglogrepl.exceptions import SinkFromAnotherSourceError
+
+    lake = Lake(str(tmp_path / "lake"), "s")
+    lake.claim(SOURCE, publications=["p"], began_with="drain")
+    renamed = lake.claim({**SOURCE, "database": "db2"}, publications=["p"], began_with="drain")
+    assert renamed["database"] == "db2"
+    with pytest.raises(SinkFromAnotherSourceError):
+        lake.claim({**SOURCE, "database_oid": 6}, publications=["p"], began_with="drain")
+
+
+def test_a_lake_from_before_claims_that_two_slots_wrote_stays_its_writers(tmp_path: Path) -> None:
+    """Review finding: such a lake was refused to every slot, its owner included."""
+    from airflow_pglogrepl.exceptions import LakeOfAnotherSlotError
+
+    root = str(tmp_path / "lake")
+    for slot, end in (("old", 0x200), ("new", 0x300)):
+        writer = Lake(root, slot)
+        writer.source = SOURCE
+        writer.record(kind="window", start=LSN(end - 0x100), end=LSN(end))
+    assert Lake(root, "old").claim(SOURCE, publications=["p"], began_with="drain")["slot"] == "old"
+    with pytest.raises(LakeOfAnotherSlotError):  # the first to claim it keeps it
+        Lake(root, "new").claim(SOURCE, publications=["p"], began_with="drain")
+
+
+def test_a_changelog_is_never_emptied_at_or_below_what_it_holds(lake: Lake) -> None:
+    """Review finding: a stale re-snapshot's restart of a changelog was a blind overwrite, which
+    could forget changes a later run committed past its consistent point."""
+    from airflow_pglogrepl.exceptions import LakeCommitConflictError
+    from airflow_pglogrepl.lake import delta
+
+    window = lake.open_window(LSN(0x100))
+    window.write(A, batch((1, 0x110, 1), (2, 0x280, 1)))
+    window.commit(LSN(0x300), transactions=2, changes=2)
+    uri = lake.paths.changes(A)
+    schema = delta.arrow_schema(uri)
+    assert schema is not None
+    with pytest.raises(LakeCommitConflictError):
+        delta.reset_table(uri, schema, app=lake.app, version=0x200)
+    assert txn_version(uri, lake.app) == 0x300 and len(rows_of(lake, A)) == 2
+
+
+def test_a_re_snapshot_proves_the_lock_before_it_restarts_a_changelog(lake: Lake) -> None:
+    """Review finding: re-snapshots of single tables never proved the lock."""
+    from airflow_pglogrepl.exceptions import WriterLockLostError
+
+    window = lake.open_window(LSN(0x100))
+    window.write(A, batch((1, 0x110, 1)).append_column("v", pa.array([1], pa.int64())))
+    window.commit(LSN(0x200), transactions=1, changes=1)
+
+    def lost() -> None:
+        raise WriterLockLostError("s", "its session failed")
+
+    lake.writer_check = lost
+    new_schema = batch((9, 0x900, 1)).append_column("v", pa.array(["x"])).schema
+    with pytest.raises(WriterLockLostError):
+        lake.restart_changes(A, new_schema, LSN(0x500))
+    assert txn_version(lake.paths.changes(A), lake.app) == 0x200
+
+
 # Merges and readers run Spark, some as applications of their own (a JVM).
 
 T, U = TableRef("public", "t"), TableRef("public", "u")

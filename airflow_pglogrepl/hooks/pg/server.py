@@ -51,13 +51,15 @@ def missing_publications(conn: Conn, names: Sequence[str]) -> list[str]:
 def source_identity(conn: Conn) -> dict[str, object]:
     """Which server, history and database the changes come from: ``system_identifier`` (one
     per cluster, shared with its physical standbys), ``timeline`` (a promotion starts a new
-    one: LSNs past the fork are another history) and ``database``. The lake records it with
+    one: LSNs past the fork are another history), ``database`` and ``database_oid`` (the same
+    database after a rename). The lake records it with
     every commit, so a lake is never reconciled against another server's LSNs."""
     row = conn.execute(
         "SELECT (SELECT system_identifier::text FROM pg_control_system()) AS system_identifier,"
         " CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint())"
         " ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int"
-        " END AS timeline, current_database() AS database"
+        " END AS timeline, current_database() AS database,"
+        " (SELECT oid::int8 FROM pg_database WHERE datname = current_database()) AS database_oid"
     ).fetchone()
     assert row is not None
     return dict(row)
