@@ -12,17 +12,24 @@ already the lake's values; every other column is read as its type's text output 
 sends) and converted by the drain's own mapping (``lake.types.arrow_from_text_array``): one
 conversion, so a snapshot and a drain store every value alike. Tables are copied side by side.
 
-How it becomes visible: each table's copy is one Delta overwrite of ``state/<table>`` carrying
-the app transaction at the consistent point, so a reader sees the table before or after it,
-never half of it. When every table is written, the lake records the snapshot
-(``Lake.record(kind="snapshot")``): that is the commit point, and the lake's position from then
-on. A crash before it leaves a lake without a position, whose state tables the next snapshot
-overwrites; the snapshot's slot is dropped, so nothing depends on them.
+How it becomes visible: an initial snapshot's tables must not appear one by one while others
+are still being copied (a reader would take them for the lake's state although no snapshot
+was committed, and a killed run could never take them back). So Spark writes each table's copy
+staged, as a Delta table in ``state/<table>/snapshot-<consistent point>/``, where no reader of
+``state/<table>`` looks (``lake.staging``). Only when every table is copied, and the guard has
+checked nothing changed under the copy, is each staged copy published as version 0 of
+``state/<table>`` (Spark's own commit, with the app transaction at the consistent point), and
+then the lake records the snapshot (``Lake.record(kind="snapshot")``): that is the commit
+point, and the lake's position from then on. A run killed while copying leaves staged
+directories only; one killed while publishing (a few metadata writes per table) may leave
+published tables without a committed snapshot. Either way the lake has no position, the next
+initial snapshot removes what is left before it copies, and ``resolve`` reports it.
 
 Re-snapshotting some tables (``tables=``; a table added to the publication later) uses a
-temporary slot's snapshot instead and overwrites only those tables' state, each as one version
-at that snapshot's consistent point: the changelog the drain keeps writing supplies everything
-after it (the merge takes changes from the state's version on).
+temporary slot's snapshot instead and overwrites only those tables' state, each as one Delta
+overwrite at that snapshot's consistent point (a reader sees the table before or after it,
+never half of it, and each table stands on its own): the changelog the drain keeps writing
+supplies everything after it (the merge takes changes from the state's version on).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from airflow_pglogrepl.exceptions import (
     UnsupportedColumnNameError,
 )
 from airflow_pglogrepl.faults import fault, pause
+from airflow_pglogrepl.lake import staging
 from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.delta import refused_names
 from airflow_pglogrepl.lake.evolve import numbered
@@ -372,17 +380,20 @@ def resolve(lake: Lake, consistent_point: LSN | None = None) -> dict[str, Any]:
     status: dict[str, Any] = {
         "commits": len(windows),
         "snapshot_lsn": existing["end_lsn"] if existing else None,
-        # state tables of this slot with no snapshot committed: what a killed one left, at
-        # the consistent points it was taken at
-        "uncommitted_snapshots": sorted(
-            {str(v) for t in lake.state_tables() if (v := lake.state_version(t)) is not None}
-        )
-        if not windows
-        else [],
+        # what killed snapshots left in a lake with nothing committed, at the consistent
+        # points they were taken at: copies staged (killed while copying) and state tables
+        # published (killed while publishing)
+        "uncommitted_snapshots": _uncommitted(lake) if not windows else [],
     }
     if consistent_point is not None:
         status["committed"] = snapshot_committed(lake, consistent_point)
     return status
+
+
+def _uncommitted(lake: Lake) -> list[str]:
+    staged = staging.staged_points(f"{lake.root}/state")
+    published = [v for t in lake.state_tables() if (v := lake.state_version(t)) is not None]
+    return sorted({str(point) for point in [*staged, *published]})
 
 
 @dataclass(frozen=True)
@@ -454,9 +465,10 @@ def temporary_slot_name(slot: str) -> str:
 def check_empty_sink(lake: Lake) -> None:
     """Refuse an initial snapshot into a lake that already holds committed data.
 
-    State tables without a committed position are what an interrupted snapshot left (its slot
-    was dropped): the snapshot overwrites them. A changelog without one is a drain's first window
-    that never committed: drain again, or remove ``changes/``.
+    Staged copies and state tables without a committed position are what an interrupted
+    snapshot left (its slot was dropped): the snapshot removes them (``remove_leftovers``). A
+    changelog without one is a drain's first window that never committed: drain again, or
+    remove ``changes/``.
     """
     position = lake.position()
     if position is not None:
@@ -471,6 +483,17 @@ def check_empty_sink(lake: Lake) -> None:
             f"{lake.slot!r}: a drain began there and never committed, or another slot wrote "
             f"them. Fix: run that drain again, or move changes/ away, or use an empty lake"
         )
+
+
+def remove_leftovers(lake: Lake) -> list[str]:
+    """Before an initial snapshot into a lake without a position (``check_empty_sink``): remove
+    what killed snapshots of its slot left under ``state/`` (``staging.leftovers``); returns
+    what was removed."""
+    removed = staging.leftovers(f"{lake.root}/state", lake.app)
+    for uri in removed:
+        log.warning("removing %s: left by a snapshot that never committed", uri)
+        staging.remove(uri)
+    return removed
 
 
 class SnapshotCopy:
@@ -526,6 +549,7 @@ class SnapshotCopy:
         )
         if self.tables is None:
             check_empty_sink(self.lake)
+            remove_leftovers(self.lake)
         elif self.lake.position() is None:
             raise SinkNotSnapshottedError(
                 f"lake {self.lake.root} holds no commit yet: take an initial snapshot of the "
@@ -583,6 +607,7 @@ class SnapshotCopy:
             began = time.monotonic()
             if self.tables is None:
                 guard.verify()  # a partition attached during the copy: not the table at the point
+                self._publish(tables)
                 self._commit_initial(result)
         except BaseException:
             if self.tables is None:
@@ -614,10 +639,14 @@ class SnapshotCopy:
         context.setJobDescription(f"pglogrepl snapshot {table.table} ({len(ranges)} ranges)")
         bounds = context.parallelize([(r.start, r.stop) for r in ranges], len(ranges))
         frame = self.spark.createDataFrame(bounds, "start long, stop long")
-        target = self.lake.paths.state(table.table)
+        target = self._target(table)
+        if self.tables is None:
+            staging.remove(target)  # a copy of this point a failed run left, if any
         rows_out = mark_keys(frame.mapInArrow(task, spark_schema), table_info(table).key_names)
         # One overwrite version with the app transaction at the consistent point: readers see
         # the table before or after it; deletion vectors make the merges that follow cheap.
+        # An initial snapshot's copy is staged, and becomes this version of the state table
+        # when every table is copied (``_publish``).
         (
             rows_out.write.format("delta")
             .mode("overwrite")
@@ -627,18 +656,10 @@ class SnapshotCopy:
             .option("txnVersion", str(int(self.point.consistent_point)))
             .save(target)
         )
-        # Only now, with the state of the consistent point committed, may the changelog let go
-        # of what came before it: it takes the table's columns as they are now (a re-snapshot
-        # is the fix for a change the lake could not follow).
-        schema = numbered(
-            ChangelogBatch(table_info(table)).schema(), {c.name: c.attnum for c in table.columns}
-        )
-        restarted = self.lake.restart_changes(table.table, schema, self.point.consistent_point)
-        if restarted != "kept":
-            log.info("changelog of %s %s at %s", table.table, restarted,
-                     self.point.consistent_point)  # fmt: skip
-        # Counted from the version just written (file statistics): exact even if a task was
-        # retried.
+        if self.tables is not None:
+            self._restart_changes(table)
+        # Counted from the version just written, staged or not (file statistics): exact even if
+        # a task was retried.
         rows = int(self.spark.read.format("delta").load(target).count())
         stats = TableCopy(
             table=str(table.table),
@@ -652,7 +673,39 @@ class SnapshotCopy:
             "copied %s: %d rows in %d ranges of %d blocks, %.2fs",
             table.table, rows, len(ranges), table.blocks, stats.seconds,
         )  # fmt: skip
+        fault("table_copied")
         return stats
+
+    def _target(self, table: SnapshotTable) -> str:
+        """Where Spark writes the table's copy: staged for an initial snapshot, the state table
+        itself for a re-snapshot."""
+        state = self.lake.paths.state(table.table)
+        if self.tables is not None:
+            return state
+        return staging.staged_uri(state, self.point.consistent_point)
+
+    def _restart_changes(self, table: SnapshotTable) -> None:
+        """Only once the state of the consistent point is committed may the changelog let go of
+        what came before it: it takes the table's columns as they are now (a re-snapshot is the
+        fix for a change the lake could not follow)."""
+        schema = numbered(
+            ChangelogBatch(table_info(table)).schema(), {c.name: c.attnum for c in table.columns}
+        )
+        restarted = self.lake.restart_changes(table.table, schema, self.point.consistent_point)
+        if restarted != "kept":
+            log.info("changelog of %s %s at %s", table.table, restarted,
+                     self.point.consistent_point)  # fmt: skip
+
+    def _publish(self, tables: Sequence[SnapshotTable]) -> None:
+        """Make each staged copy its state table (``staging.publish``), one after the other,
+        once every table is copied; the snapshot commits after the last."""
+        for table in tables:
+            state = self.lake.paths.state(table.table)
+            files = staging.publish(state, self._target(table))
+            log.info("published %s: %d files at %s", table.table, files,
+                     self.point.consistent_point)  # fmt: skip
+            self._restart_changes(table)
+            fault("table_published")
 
     def copy_task(self, table: SnapshotTable, copied_bytes: Any = None) -> CopyTask:
         """The function the executors run for ``table``'s ranges (only inside ``run``: its
@@ -695,11 +748,17 @@ class SnapshotCopy:
                 )
 
     def _discard(self, tables: Sequence[SnapshotTable]) -> None:
-        """After a failed initial snapshot, remove the state tables it wrote (local lakes; a
-        remote lake's are overwritten by the next snapshot). Nothing else is in the lake yet."""
-        if self.lake.position() is not None or not self.lake.paths.local:
+        """After a failed initial snapshot, remove its staged copies and the state tables it
+        published (local or remote). Nothing else is in the lake yet; what cannot be removed
+        now, the next initial snapshot removes (``remove_leftovers``)."""
+        if self.lake.position() is not None:
             return
-        import shutil
-
+        cp = self.point.consistent_point
         for table in tables:
-            shutil.rmtree(self.lake.paths.state(table.table), ignore_errors=True)
+            try:
+                staging.remove(self._target(table))
+                if self.lake.state_version(table.table) == cp:
+                    staging.remove(self.lake.paths.state(table.table))
+            except Exception:  # the failure being raised matters more than this one
+                log.warning("could not remove what the snapshot of %s left", table.table,
+                            exc_info=True)  # fmt: skip

@@ -17,8 +17,9 @@ Who holds the exporting session decides the mode:
 - ``--table``: re-snapshot only these tables into a lake that already has commits, in a
   temporary slot's snapshot (or one handed in), without touching the drain's slot or other tables;
 - ``--resolve [--consistent-point]``: print where the lake stands (read only): how many commits,
-  the consistent point of its snapshot of ``--slot``, and whether the one at
-  ``--consistent-point`` is committed.
+  the consistent point of its snapshot of ``--slot``, whether the one at ``--consistent-point``
+  is committed, and the consistent points of snapshots killed before their commit
+  (``uncommitted_snapshots``: copies still staged, or tables published without a commit).
 
 Every mode but ``--resolve`` holds the lake's writer lock (``hooks.locks``) for its whole run, so
 it never writes beside a drain of the same slot.
@@ -84,8 +85,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "when it exists and the sink holds no commit yet (a slot left by a killed run)",
     )  # fmt: skip
     parser.add_argument(
-        "--resolve", action="store_true", help="finish or undo an interrupted snapshot and "
-        "report the sink's state",
+        "--resolve", action="store_true", help="report where the sink stands (read only): "
+        "its commits, its snapshot's consistent point, and what killed snapshots left",
     )  # fmt: skip
     args = parser.parse_args(argv)
     args.snapshot_name = args.snapshot_name or os.environ.get(SNAPSHOT_ENV) or None

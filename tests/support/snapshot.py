@@ -1,7 +1,10 @@
-"""Snapshots in the tests' own Spark session, into an existing lake."""
+"""Snapshots in the tests' own Spark session, into an existing lake, or as the application."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 from airflow_pglogrepl.lake.lake import Lake
@@ -23,3 +26,15 @@ def re_snapshot(spark: Any, src: Source, sink: str, tables: list[TableRef]) -> N
             publications=[src.publication], tables=tables,
             point=SnapshotPoint(src.slot, held.consistent_point, held.snapshot_name),
         ).run()  # fmt: skip
+
+
+def snapshot_app(src: Source, sink: str, *args: str, fault: str | None = None) -> Any:
+    """The standalone application as a real process (its own JVM and exporting session), so
+    ``fault`` can kill it as SIGKILL would: nothing of it runs after that point."""
+    env = {**os.environ, "PGLOGREPL_SOURCE_DSN": src.dsn}
+    env.pop("PGLOGREPL_FAULT", None)
+    if fault:
+        env["PGLOGREPL_FAULT"] = fault
+    command = [sys.executable, "-m", "airflow_pglogrepl.spark.snapshot_app", "--slot", src.slot,
+               "--publication", src.publication, "--sink", sink, *args]  # fmt: skip
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
