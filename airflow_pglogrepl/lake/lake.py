@@ -302,6 +302,16 @@ class Lake:
             self._commit_claim(update, held)
         return update
 
+    def check_owner(self) -> None:
+        """Refuse (``LakeOfAnotherSlotError``) a lake another slot owns, reading only: what a
+        run does before it judges or cleans the lake by its contents (``claim`` checks the rest
+        once the source is known)."""
+        rows = self._rows()
+        recorded = _identity(rows, self.slot)
+        mine = recorded is None or recorded.get("slot") == self.slot
+        if not mine and not self._holds_nothing(rows):
+            raise LakeOfAnotherSlotError(self.root, recorded or {}, self.slot)
+
     def _holds_nothing(self, rows: list[dict[str, Any]]) -> bool:
         """No window or snapshot of any slot committed, and no table of any kind."""
         return (

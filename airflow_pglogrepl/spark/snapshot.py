@@ -547,8 +547,10 @@ class SnapshotCopy:
             snapshot_name=self.point.snapshot_name,
             mode="initial" if self.tables is None else "tables",
         )
+        self.lake.check_owner()  # before anything is cleaned up or judged by its contents
         if self.tables is None:
             check_empty_sink(self.lake)
+            self.lake.check_writer()
             remove_leftovers(self.lake)
         elif self.lake.position() is None:
             raise SinkNotSnapshottedError(
@@ -647,6 +649,10 @@ class SnapshotCopy:
         # the table before or after it; deletion vectors make the merges that follow cheap.
         # An initial snapshot's copy is staged, and becomes this version of the state table
         # when every table is copied (``_publish``).
+        if self.tables is not None:
+            # A re-snapshot's copy commits into the state table when it ends: prove the lock as
+            # late as Spark allows (its app transaction keeps the state from going backwards)
+            self.lake.check_writer()
         (
             rows_out.write.format("delta")
             .mode("overwrite")
@@ -701,6 +707,7 @@ class SnapshotCopy:
         once every table is copied; the snapshot commits after the last."""
         for table in tables:
             state = self.lake.paths.state(table.table)
+            self.lake.check_writer()
             files = staging.publish(state, self._target(table))
             log.info("published %s: %d files at %s", table.table, files,
                      self.point.consistent_point)  # fmt: skip

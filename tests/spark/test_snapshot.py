@@ -51,6 +51,7 @@ from airflow_pglogrepl.testing.pgcluster import PgCluster
 from tests.support.airflow import set_airflow_connection
 from tests.support.drain import (
     TYPED_TABLE,
+    drain_app,
     drain_in_process,
     insert_sql,
     lake_table,
@@ -294,8 +295,12 @@ def test_a_snapshot_killed_between_tables_leaves_no_state_and_a_rerun_is_exact(
     assert lake.position() is None
     assert staging.staged_points(state) == [left_at]  # the first table was copied, staged
     assert resolve(lake)["uncommitted_snapshots"] == [str(left_at)]
-    # TODO(issue 25, item 5): a drain of this lake must refuse it (its snapshot never
-    # committed); assert it here once lake/lake.py and spark/drain.py do.
+    # A drain now would leave the tables the snapshot never reached empty: refused.
+    refused = drain_app(src, sink)
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    assert "LakeSnapshotUnfinishedError" in refused.stderr and str(left_at) in refused.stderr
+    assert src.hook().get_slot(src.slot).confirmed_flush_lsn == left_at
+    assert lake.position() is None and lake.changes_tables() == [] and list_tables(state) == []
 
     # Killed again after publishing its first table: that one is readable, nothing commits.
     src.sql("UPDATE b SET v = 'between' WHERE id <= 50")
@@ -613,3 +618,29 @@ def test_a_staged_copy_is_no_table_until_published_whole_and_once(tmp_path: Path
     with pytest.raises(LakeError, match=r"not one first write"):
         staging.publish(f"{state}/public.u", again)
     assert list_tables(state) == ["public.t"]
+
+
+def test_a_snapshot_into_another_slots_lake_is_refused_before_it_is_judged_or_cleaned(
+    tmp_path: Path,
+) -> None:
+    """Review finding: the snapshot judged the lake by its contents first, and its advice
+    ("move changes/ away") would have destroyed the other slot's lake."""
+    import pyarrow as pa
+
+    from airflow_pglogrepl.exceptions import LakeOfAnotherSlotError
+
+    root = str(tmp_path / "lake")
+    owner = Lake(root, "a")
+    owner.claim({"system_identifier": "7", "database_oid": 5}, publications=["p"],
+                began_with="drain")  # fmt: skip
+    window = owner.open_window(LSN(0x100))
+    rows = pa.table({"id": pa.array([1], pa.int64()), "_commit_lsn": pa.array([0x110], pa.int64()),
+                     "_seq": pa.array([1], pa.int64())})  # fmt: skip
+    window.write(TableRef("public", "t"), rows)
+    window.commit(LSN(0x200), transactions=1, changes=1)
+    point = SnapshotPoint("b", LSN(0x500), "snap")
+    copy = SnapshotCopy(spark=None, lake=Lake(root, "b"), reader_params={}, point=point,
+                        publications=["p"])  # fmt: skip
+    with pytest.raises(LakeOfAnotherSlotError, match=r"belongs to slot 'a'"):
+        copy.run()
+    assert owner.changes_tables() == ["public.t"] and owner.position() == LSN(0x200)
