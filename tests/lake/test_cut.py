@@ -2,14 +2,21 @@
 versions it picks for lagging states, changes committed above the lake's position, tables that
 do not exist yet, re-snapshotted tables and logs that cleanup shortened.
 
+Then live: drains and merges on Spark in the background while a reader reads two tables through
+the cut, where every source transaction wrote the same id to both: the reader must never see one
+table with a transaction the other lacks.
+
 Positions are small integers here: window ends, as the drain's app transactions carry them.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -17,12 +24,15 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 
 from airflow_pglogrepl.exceptions import LakeError
 from airflow_pglogrepl.lake import delta
-from airflow_pglogrepl.lake.cut import consistent_cut, read_cut
+from airflow_pglogrepl.lake.cut import Kind, consistent_cut, read_cut
 from airflow_pglogrepl.lake.lake import Lake
-from airflow_pglogrepl.lake.layout import LakePaths, app_id
+from airflow_pglogrepl.lake.layout import LakePaths, app_id, table_dir
+from airflow_pglogrepl.lake.materialize import materialize
 from airflow_pglogrepl.lake.txnlog import HistoryExpiredError, TxnLog, TxnVersion
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.spark.drain import Drain
 from airflow_pglogrepl.tables import TableRef
+from tests.support.sources import Source
 
 SLOT = "slot_a"
 APP = app_id(SLOT)
@@ -277,3 +287,99 @@ def test_window_ends_past_the_windows_log_come_from_its_rows(built: Built) -> No
     cut = consistent_cut(built.root, [A])
     assert cut.position == LSN(20)
     assert ids(read_cut(cut)[A]) == [10, 20]
+
+
+# -- live: drains and merges on Spark while a reader reads through the cut ---------------------
+
+PAIR = (TableRef("public", "a"), TableRef("public", "b"))
+
+
+def pair_of_tables(src: Source) -> None:
+    src.sql("CREATE TABLE a (id int PRIMARY KEY, v int)")
+    src.sql("CREATE TABLE b (id int PRIMARY KEY, v int)")
+    src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE a, b")
+
+
+def transactions(src: Source, first: int, count: int) -> None:
+    """``count`` transactions, each inserting one id into both tables; some also update an
+    earlier id in both, or delete one from both (one DO block, a COMMIT per iteration)."""
+    src.sql(f"""
+        DO $$ BEGIN
+          FOR i IN {first}..{first + count - 1} LOOP
+            INSERT INTO a VALUES (i, i);
+            INSERT INTO b VALUES (i, -i);
+            IF i % 3 = 0 THEN
+              UPDATE a SET v = v + 1 WHERE id = i - 1;
+              UPDATE b SET v = v - 1 WHERE id = i - 1;
+            END IF;
+            IF i % 5 = 0 THEN
+              DELETE FROM a WHERE id = i - 2;
+              DELETE FROM b WHERE id = i - 2;
+            END IF;
+            COMMIT;
+          END LOOP;
+        END $$""")
+
+
+class Drains(threading.Thread):
+    """Rounds of source transactions, each drained in small windows and merged on Spark, one
+    table after the other: ``state/a`` is then ahead of ``state/b`` for a whole merge, as
+    ``changes/a`` is ahead of ``changes/b`` between their commits of each window."""
+
+    def __init__(self, spark: Any, src: Source, sink: str, rounds: int) -> None:
+        super().__init__(daemon=True)
+        self.spark, self.src, self.sink, self.rounds = spark, src, sink, rounds
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for step in range(self.rounds):
+                transactions(self.src, 1 + step * 100, 100)
+                hook = self.src.hook()
+                lake = Lake(self.sink, self.src.slot, origins=hook.column_origins)
+                with hook.writer_lock(self.src.slot):
+                    Drain(source=hook, lake=lake, slot=self.src.slot,
+                          publications=[self.src.publication],
+                          max_window_bytes=8 * 1024).run(time.monotonic())  # fmt: skip
+                    materialize(self.spark, lake, parallelism=1)
+        except BaseException as exc:  # reported by the test, after the reader stops
+            self.error = exc
+
+
+def read_pair(sink: str, slot: str, kind: Kind) -> tuple[LSN | None, dict[str, pa.Table]]:
+    """Both tables as a reader sees them: through a consistent cut."""
+    cut = consistent_cut(sink, PAIR, kind=kind, slot=slot)
+    return cut.position, read_cut(cut)
+
+
+def column_set(tables: dict[str, pa.Table], name: str, column: str) -> set[int]:
+    table = tables.get(name)
+    return set() if table is None else set(table.column(column).to_pylist())
+
+
+def test_a_reader_of_a_cut_never_sees_a_transaction_half_applied(
+    spark: Any, source: Source, tmp_path: Path
+) -> None:
+    pair_of_tables(source)
+    sink = str(tmp_path / "lake")
+    drains = Drains(spark, source, sink, rounds=3)
+    positions: dict[str, set[LSN]] = {"state": set(), "changes": set()}
+    drains.start()
+    kinds: tuple[tuple[Kind, str], ...] = (("state", "id"), ("changes", "_commit_lsn"))
+    while drains.is_alive():  # the reader: as often as it can while drains and merges run
+        for kind, column in kinds:
+            position, tables = read_pair(sink, source.slot, kind)
+            a, b = (column_set(tables, table_dir(t), column) for t in PAIR)
+            assert a == b, f"{kind} at {position}: only in a {a - b}, only in b {b - a}"
+            if position is not None and a:
+                positions[kind].add(position)
+    drains.join()
+    assert drains.error is None, drains.error
+    assert len(positions["state"]) > 1, f"the reader saw the state at {positions['state']} only"
+    assert len(positions["changes"]) > 1, positions["changes"]
+    built = Built(Path(sink))
+    final = consistent_cut(sink, PAIR, slot=source.slot)
+    assert final.position == Lake(sink, source.slot).position()
+    assert final.versions == {table_dir(t): built.version("state", table_dir(t)) for t in PAIR}
+    source_ids = {r[0] for r in source.sql("SELECT id FROM a")}
+    assert column_set(read_cut(final), "public.a", "id") == source_ids
