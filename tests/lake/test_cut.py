@@ -24,7 +24,7 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 
 from airflow_pglogrepl.exceptions import LakeError
 from airflow_pglogrepl.lake import delta
-from airflow_pglogrepl.lake.cut import Kind, consistent_cut, read_cut
+from airflow_pglogrepl.lake.cut import Kind, consistent_cut, read_cut, read_cut_spark
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import LakePaths, app_id, table_dir
 from airflow_pglogrepl.lake.materialize import materialize
@@ -383,3 +383,8 @@ def test_a_reader_of_a_cut_never_sees_a_transaction_half_applied(
     assert final.versions == {table_dir(t): built.version("state", table_dir(t)) for t in PAIR}
     source_ids = {r[0] for r in source.sql("SELECT id FROM a")}
     assert column_set(read_cut(final), "public.a", "id") == source_ids
+    # and through Spark, at the same versions
+    frames = read_cut_spark(spark, final)
+    assert {n: {r.id for r in f.select("id").collect()} for n, f in frames.items()} == {
+        table_dir(t): source_ids for t in PAIR
+    }
