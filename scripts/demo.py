@@ -28,12 +28,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, PgCluster, start_cluster  # noqa: E402
+
+if TYPE_CHECKING:
+    from airflow_pglogrepl.lake.cut import Cut
 
 DB = "shop"
 APP_ROLE = "shop_app"
@@ -207,28 +210,34 @@ print(json.dumps(out, default=str))
                 say(f"could not stop cluster {cluster.name}: {exc}")
 
 
-def lake_rows(lake: Path) -> dict[str, int]:
-    """Rows of each ``state/`` Delta table, read through ``deltalake`` (no JVM)."""
-    from airflow_pglogrepl.lake.delta import list_tables, read_table
+def lake_cut(lake: Path, slot: str) -> Cut:
+    """The versions of every ``state/`` table at one lake position: Delta has no transaction
+    across tables, so each table's latest version could show a source transaction in one table
+    and not yet in another (the merges commit table by table)."""
+    from airflow_pglogrepl.lake.cut import consistent_cut
 
-    state = lake / "state"
-    return {name: read_table(str(state / name)).num_rows for name in list_tables(str(state))}
+    return consistent_cut(str(lake), slot=slot)
 
 
-def lake_rows_spark_sql(lake: Path) -> dict[str, int]:
-    """The same counts through Spark SQL over the Delta tables (a local session with Delta)."""
-    from airflow_pglogrepl.lake.delta import list_tables
+def lake_rows(cut: Cut) -> dict[str, int]:
+    """Rows of each ``state/`` Delta table of the cut, read through ``deltalake`` (no JVM)."""
+    from airflow_pglogrepl.lake.cut import read_cut
+
+    return {name: table.num_rows for name, table in read_cut(cut).items()}
+
+
+def lake_rows_spark_sql(cut: Cut) -> dict[str, int]:
+    """The same counts through Spark SQL, over the same versions (a local session with Delta)."""
+    from airflow_pglogrepl.lake.cut import read_cut_spark
     from airflow_pglogrepl.spark.session import local_session
 
-    state = lake / "state"
     spark = local_session("pglogrepl-demo-reader")
     try:
-        return {
-            name: int(
-                spark.sql(f"SELECT count(*) FROM delta.`{state / name}`").collect()[0][0]  # noqa: S608 (a path we made)
-            )
-            for name in list_tables(str(state))
-        }
+        counts = {}
+        for name, frame in read_cut_spark(spark, cut).items():
+            frame.createOrReplaceTempView("cut_table")
+            counts[name] = int(spark.sql("SELECT count(*) FROM cut_table").collect()[0][0])
+        return counts
     finally:
         spark.stop()
 
@@ -245,7 +254,10 @@ def print_summary(summary: dict[str, Any]) -> None:
             seconds = info["seconds"]
             timing = f"{seconds:7.2f} s" if isinstance(seconds, int | float) else "      -  "
             print(f"  {task:<28} {info['state']:<10} {timing}  {_brief(info['result'])}")
-    print("\nrows in the lake's state/ Delta tables, read back two ways, and on the old primary:")
+    print(
+        f"\nrows in the lake's state/ Delta tables at position {summary.get('lake_position')}, "
+        "read back two ways, and on the old primary:"
+    )
     print(f"  {'table':<32} {'deltalake':>9} {'Spark SQL':>9} {'source':>9}")
     for table, rows in summary["lake_rows"].items():
         spark_rows = summary.get("lake_rows_spark_sql", {}).get(table, "?")
@@ -303,8 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         demo.stop_load()
         say("second incremental-drain run: what was written since the snapshot ...")
         summary["drain"] = demo.run_dag(DRAIN_DAG, drain_conf)
-        summary["lake_rows"] = lake_rows(demo.lake)
-        summary["lake_rows_spark_sql"] = lake_rows_spark_sql(demo.lake)
+        cut = lake_cut(demo.lake, str(drain_conf["slot"]))
+        summary["lake_position"] = str(cut.position)
+        summary["lake_rows"] = lake_rows(cut)
+        summary["lake_rows_spark_sql"] = lake_rows_spark_sql(cut)
         from psycopg import sql
 
         count = sql.SQL("SELECT count(*) FROM {}")
