@@ -176,7 +176,8 @@ class _Positions:
         from airflow_pglogrepl.lake.delta import read_table
 
         rows = read_table(self._uri, self._log.newest).select(["slot", "end_lsn"]).to_pylist()
-        return [int(LSN(r["end_lsn"])) for r in rows if r["slot"] == self._slot]
+        # (a claim row has no LSNs: ``Lake.claim``)
+        return [int(LSN(r["end_lsn"])) for r in rows if r["slot"] == self._slot and r["end_lsn"]]
 
 
 def _only_slot(paths: LakePaths) -> str:

@@ -59,7 +59,8 @@ class Built:
                          "_commit_lsn": pa.array([end - 1] * len(ids), pa.int64())})  # fmt: skip
         uri = self.paths.changes(table)
         written = delta.write_file(uri, rows, prefix=f"{end:016X}")
-        delta.commit_files(uri, rows.schema, [written], app=APP, version=end)
+        delta.commit_files(uri, rows.schema, [written], app=APP, version=end,
+                           expected=delta.txn_version(uri, APP))  # fmt: skip
 
     def state(self, table: str, at: int, ids: Iterable[int]) -> None:
         """``table``'s whole state at ``at``, as one version (a merge or a snapshot)."""
