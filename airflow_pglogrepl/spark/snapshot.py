@@ -562,12 +562,14 @@ class SnapshotCopy:
 
         with ExitStack() as stack:
             guard = stack.enter_context(SnapshotGuard(self.reader_params, result.snapshot_name))
+            tables = self._plan(guard, result)
+            # Once the tables are locked and checked (a refused snapshot writes nothing), before
+            # the first copy: a drain of a lake whose snapshot then dies is refused.
             self.lake.claim(
                 guard.source_identity(),
                 publications=self.publications,
                 began_with="snapshot" if self.tables is None else "drain",
             )
-            tables = self._plan(guard, result)
             self._task_params = stack.enter_context(travelling_params(self.reader_params))
             canceled = stack.enter_context(guard.watch())
             try:
