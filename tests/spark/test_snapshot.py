@@ -242,8 +242,9 @@ def test_killed_snapshot_job_is_cleaned_up_and_a_rerun_is_exact(
                    (src.slot,)) == [(0,)]  # fmt: skip
     # Nothing is committed: the lake has no position (the state table the killed run wrote is
     # an uncommitted snapshot's, and the next snapshot overwrites it).
-    assert Lake(str(sink), src.slot).position() is None
-    assert not (sink / "_pglogrepl" / "windows").exists()
+    lake = Lake(str(sink), src.slot)
+    assert lake.position() is None and lake.windows() == []  # no window, no snapshot row:
+    assert (lake.identity() or {}).get("began_with") == "snapshot"  # only the lake's claim
     assert list_tables(str(sink / "state")) == []  # the copy is staged, no reader sees it
 
     src.sql("UPDATE t SET v = 'between' WHERE id <= 100")  # must be in the snapshot, once
