@@ -79,6 +79,10 @@ def test_every_error_says_whether_a_retry_can_help() -> None:
         "ArrowPeekError",
         "LakeWriterBusyError",
         "FenceLockBusyError",
+        # a run that lost its lock, or whose commit another writer overtook: the next run
+        # starts from what the lake holds
+        "WriterLockLostError",
+        "LakeCommitConflictError",
     }
 
 
