@@ -77,7 +77,7 @@ def main() -> None:
                 conn.execute(sql.SQL("DELETE FROM {} WHERE id > %s").format(table),
                              (args.rows - deletes,))  # fmt: skip
                 conn.execute(sql.SQL("INSERT INTO {} SELECT g, 'new', g"
-                                     " FROM generate_series(%s, %s) g").format(table),
+                                     " FROM generate_series(%s::int, %s) g").format(table),
                              (args.rows + 1, args.rows + per - updates - deletes))  # fmt: skip
             results = {
                 label: drain(cluster.dsn(), slot, sink, *extra)

@@ -30,7 +30,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.exceptions import LakeError
+from airflow_pglogrepl.exceptions import LakeCommitConflictError, LakeError, PgLogReplError
 from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.changelog import (
@@ -140,7 +140,18 @@ def merge_small(
     merged: dict[str, str] = {}
     declined: list[str] = []
     for name in tables:
-        why = merge_table(lake, name, end, max_rows=max_rows)
+        try:
+            why = merge_table(lake, name, end, max_rows=max_rows)
+        except PgLogReplError:
+            raise  # the lake's own refusals (a lost lock, a row nowhere): not Spark's to redo
+        except Exception as exc:  # delta-rs's own classes: nothing was committed
+            if delta.lost_race(exc):
+                raise LakeCommitConflictError(
+                    lake.paths.state(name), lake.app, None, lake.state_version(name), int(end)
+                ) from None
+            log.warning("state of %s: the merge without a JVM failed (%s: %s); Spark merges it",
+                        name, type(exc).__name__, exc)  # fmt: skip
+            why = "failed here"
         if why is None:
             merged[name] = str(end)
         else:
@@ -160,6 +171,8 @@ def merge_table(lake: Lake, name: str, end: LSN, *, max_rows: int = MAX_ROWS) ->
     if target is None:
         return "no state yet (a first state is written by Spark)"
     have = target.transaction_version(lake.app)
+    if have is not None and int(have) >= int(end):
+        return None  # merged already (a replay): nothing to do
     changes = delta.open_table(lake.paths.changes(name))
     if changes is None:
         return "no changelog"
@@ -171,6 +184,10 @@ def merge_table(lake: Lake, name: str, end: LSN, *, max_rows: int = MAX_ROWS) ->
     if any(added_at(f) is not None and fill_value(f) is not None for f in base_fields(schema)):
         return "a column added with a value for older rows"
     columns = [n for n, _ in fields if n not in META_COLUMNS]
+    if any(c.startswith(_P) for c in columns):
+        return f"a column named like this path's own ({_P}...)"
+    if any(pa.types.is_floating(schema.field(k).type) for k in keys):
+        return "a floating-point key (-0.0 and 0.0 group apart in Arrow, equal in a MERGE)"
     state = pa.schema(target.schema().to_arrow())
     if any(c not in state.names for c in columns):
         return "new columns for the state"
@@ -181,11 +198,13 @@ def merge_table(lake: Lake, name: str, end: LSN, *, max_rows: int = MAX_ROWS) ->
     if have is not None:
         in_range &= pc.field(COMMIT_LSN) >= int(have)
     try:  # a changelog has no deletion vectors (delta-rs writes it): a dataset reads it exactly
-        batch = changes.to_pyarrow_dataset().to_table(filter=in_range)
+        dataset = changes.to_pyarrow_dataset()
+        count = dataset.count_rows(filter=in_range)  # before reading: the batch may be huge
     except Exception as exc:  # delta-rs raises its own classes for what it cannot read so
         return f"changelog not readable as a dataset ({type(exc).__name__})"
-    if batch.num_rows == 0 or batch.num_rows > max_rows:
-        return f"{batch.num_rows} changes"
+    if count == 0 or count > max_rows:
+        return f"{count} changes"
+    batch = dataset.to_table(filter=in_range)
     values = [c for c in columns if c not in keys]
     net = net_upserts(batch, keys, values)
     if net is None:

@@ -122,6 +122,8 @@ def test_random_batches_end_as_the_sequential_model(tmp_path: Path, seed: int) -
         assert declined == [] and merged == {"public.t": str(end)}
         assert state(lake) == model
         assert txn_version(lake.paths.state(T), lake.app) == int(end)
+        assert arrow_merge.merge_table(lake, "public.t", end) is None  # a replay: nothing
+        assert state(lake) == model
         start = int(end)
 
 
@@ -158,7 +160,16 @@ def test_what_it_declines_is_left_untouched_for_spark(tmp_path: Path) -> None:
     assert arrow_merge.merge_table(small, "public.t", commit(small, log, 0x100), max_rows=4) == (
         "5 changes"
     )
-    for declined in (lake, other, full, small):
+    hostile = Lake(str(tmp_path / "hostile"), "s")
+    state_table(hostile, {}, 0x100)
+    log = Log(0x100)
+    log.add("I", 1, 1, "a")
+    rows = log.table().rename_columns(["id", "__pglr_delete", *log.table().column_names[2:]])
+    window = hostile.open_window(LSN(0x100))
+    window.write(T, rows)
+    window.commit(LSN(0x200), transactions=1, changes=1)
+    assert "named like" in str(arrow_merge.merge_table(hostile, "public.t", LSN(0x200)))
+    for declined in (lake, other, full, small, hostile):
         assert txn_version(declined.paths.state(T), declined.app) in (0x100, None)
 
 
@@ -171,9 +182,9 @@ def test_an_unchanged_toast_value_of_a_row_nowhere_fails_and_merges_nothing(
     log = Log(0x100)
     log.add("U", 1, 2, None, unchanged=("big",))  # fine: the state has row 1
     log.add("U", 7, 2, None, unchanged=("big",))  # row 7 is nowhere
-    end = commit(lake, log, 0x100)
+    commit(lake, log, 0x100)
     with pytest.raises(LakeError, match=r"row 7 is neither in the state nor inserted earlier"):
-        arrow_merge.merge_table(lake, "public.t", end)
+        arrow_merge.merge_small(lake, ["public.t"])  # raised, not handed to Spark
     assert state(lake) == {1: (1, "a")}
     assert txn_version(lake.paths.state(T), lake.app) == 0x100
 
