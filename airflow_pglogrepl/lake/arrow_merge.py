@@ -146,9 +146,11 @@ def merge_small(
             raise  # the lake's own refusals (a lost lock, a row nowhere): not Spark's to redo
         except Exception as exc:  # delta-rs's own classes: nothing was committed
             if delta.lost_race(exc):
+                found = lake.state_version(name)
                 raise LakeCommitConflictError(
-                    lake.paths.state(name), lake.app, None, lake.state_version(name), int(end)
-                ) from None
+                    lake.paths.state(name), lake.app, None,
+                    None if found is None else int(found), int(end),
+                ) from None  # fmt: skip
             log.warning("state of %s: the merge without a JVM failed (%s: %s); Spark merges it",
                         name, type(exc).__name__, exc)  # fmt: skip
             why = "failed here"
