@@ -230,7 +230,7 @@ def write_file(uri: str, batch: pa.Table, prefix: str) -> DataFile:
     path = f"{base}/{name}"
     pq.write_table(batch, path, filesystem=filesystem, compression="snappy")
     if is_local(uri):
-        _fsync(path)
+        fsync(path)
     lsn_range = None
     if COMMIT_LSN in batch.column_names and batch.num_rows:
         bounds = pc.min_max(batch.column(COMMIT_LSN))
@@ -316,17 +316,18 @@ def make_log_durable(uri: str, *, after: int | None = None) -> None:
     for entry in os.listdir(log_dir):
         stem, _, ext = entry.partition(".")
         if ext == "json" and stem.isdigit() and (after is None or int(stem) > after):
-            _fsync(os.path.join(log_dir, entry))
-    _fsync(log_dir)
-    _fsync(uri)
+            fsync(os.path.join(log_dir, entry))
+    fsync(log_dir)
+    fsync(uri)
     if after is None:  # the table's directory is new, and maybe its parents up to the root's
         parent = os.path.abspath(uri)
         for _ in range(3):
             parent = os.path.dirname(parent)
-            _fsync(parent)
+            fsync(parent)
 
 
-def _fsync(path: str) -> None:
+def fsync(path: str) -> None:
+    """Make a local file's content, or a directory's entries, durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -120,8 +120,8 @@ def publish(table_uri: str, staged: str) -> int:
             files.append(action["add"]["path"])
     if is_local(table_uri):
         for path in files:  # Spark does not fsync: the lake's commit must not outlive its data
-            _fsync(os.path.join(base, path))
-        _fsync(staged_base)
+            delta.fsync(os.path.join(base, path))
+        delta.fsync(staged_base)
     text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
     _create(filesystem, f"{base}/{LOG_DIR}", FIRST_COMMIT, text.encode(), table_uri)
     remove(f"{staged}/{LOG_DIR}")
@@ -195,7 +195,7 @@ def _create(filesystem: Any, directory: str, name: str, data: bytes, table_uri: 
             os.unlink(temporary)
     table = os.path.dirname(directory)
     for path in (directory, table, os.path.dirname(table)):
-        _fsync(path)  # the new entry, the table's directory, and state/ that lists it
+        delta.fsync(path)  # the new entry, the table's directory, and state/ that lists it
 
 
 def _directories(uri: str) -> Iterator[str]:
@@ -205,14 +205,6 @@ def _directories(uri: str) -> Iterator[str]:
     filesystem, base = _filesystem(uri)
     infos = filesystem.get_file_info(fs.FileSelector(base, allow_not_found=True))
     yield from sorted(i.base_name for i in infos if i.type == fs.FileType.Directory)
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 _HADOOP_SCHEMES = {"s3a": "s3", "s3n": "s3"}  # what Spark's URIs call what pyarrow calls s3

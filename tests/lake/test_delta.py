@@ -76,8 +76,8 @@ def test_every_new_log_entry_and_new_directory_is_fsynced(
     """Before: only the two newest log entries were fsynced, while a schema evolution makes
     several commits in a row, and the directory that gained a new table never was."""
     synced: list[str] = []
-    real = delta._fsync
-    monkeypatch.setattr(delta, "_fsync", lambda path: (synced.append(path), real(path)))
+    real = delta.fsync
+    monkeypatch.setattr(delta, "fsync", lambda path: (synced.append(path), real(path)))
     root = tmp_path / "lake"
     uri = str(root / "changes" / "public.t")
     _commit(uri, 0x100, None, 1)
