@@ -41,6 +41,7 @@ with DAG(
         "publications": Param(["pglogrepl_lake"], type="array"),
         "max_window_bytes": Param(64 * 1024 * 1024, type="integer", minimum=1),
         "max_windows": Param(None, type=["null", "integer"]),
+        "small_merge_rows": Param(100_000, type="integer", minimum=0),
         "max_retained_bytes": Param(None, type=["null", "integer"]),
         "snapshot_tasks_per_table": Param(None, type=["null", "integer"]),
         "snapshot_rows_per_task": Param(1_000_000, type="integer", minimum=1),
@@ -76,6 +77,7 @@ with DAG(
         sink=SINK,
         max_window_bytes="{{ params.max_window_bytes }}",
         max_windows="{{ params.max_windows }}",
+        small_merge_rows="{{ params.small_merge_rows }}",
     )
 
     @task

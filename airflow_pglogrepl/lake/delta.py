@@ -289,7 +289,7 @@ def commit_files(
             table.create_write_transaction(actions, mode="append", schema=delta_schema,
                                            commit_properties=commit)  # fmt: skip
     except Exception as exc:  # delta-rs raises its own bare classes: a conflict is ours to name
-        if not _lost_race(exc):
+        if not lost_race(exc):
             raise
         now = txn_version(uri, app)
         raise LakeCommitConflictError(uri, app, expected, now, version) from None
@@ -297,7 +297,7 @@ def commit_files(
         make_log_durable(uri, after=before)
 
 
-def _lost_race(exc: Exception) -> bool:
+def lost_race(exc: Exception) -> bool:
     """Whether a delta-rs commit failed because another writer committed first (a concurrent
     transaction of the same app, or a table created in between)."""
     text = str(exc)

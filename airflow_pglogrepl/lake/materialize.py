@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.faults import fault
-from airflow_pglogrepl.lake import delta, evolve
+from airflow_pglogrepl.lake import arrow_merge, delta, evolve
 from airflow_pglogrepl.lake.changelog import (
     COMMIT_LSN,
     META_COLUMNS,
@@ -84,19 +84,34 @@ def _behind(lake: Lake, name: str, end: LSN) -> bool:
 
 
 def materialize(
-    spark: Any, lake: Lake, *, tables: list[str] | None = None, parallelism: int = 4
+    spark: Any,
+    lake: Lake,
+    *,
+    tables: list[str] | None = None,
+    parallelism: int = 4,
+    small_rows: int = arrow_merge.MAX_ROWS,
 ) -> dict[str, str]:
     """Merge the committed changes of ``tables`` (default: ``pending_tables``) into their state;
-    returns table -> the LSN its state includes now."""
+    returns table -> the LSN its state includes now.
+
+    Small simple batches (at most ``small_rows`` changes, 0: none) are merged without a JVM
+    (``lake.arrow_merge``); the others by Spark. ``spark`` is a session, or a function that
+    returns one: called only when some table needs Spark, so a run whose batches are all small
+    starts no JVM."""
     end = lake.position()
     if end is None:
         return {}
     names = pending_tables(lake) if tables is None else tables
     if not names:
         return {}
+    merged, rest = arrow_merge.merge_small(lake, names, max_rows=small_rows)
+    if not rest:
+        return merged
+    session = spark() if callable(spark) else spark
     with ThreadPoolExecutor(max_workers=max(1, parallelism), thread_name_prefix="merge") as pool:
-        futures = {name: pool.submit(materialize_table, spark, lake, name, end) for name in names}
-        return {name: str(future.result()) for name, future in futures.items()}
+        futures = {name: pool.submit(materialize_table, session, lake, name, end) for name in rest}
+        merged.update({name: str(future.result()) for name, future in futures.items()})
+    return merged
 
 
 def materialize_table(spark: Any, lake: Lake, name: str, end: LSN) -> LSN | None:

@@ -46,6 +46,9 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     :param max_window_bytes: WAL bytes per window.
     :param max_windows: stop after this many windows (default: up to the WAL at start).
     :param materialize: merge committed changes into ``state/``.
+    :param small_merge_rows: a table's batch of at most this many changes is merged without a
+        JVM when it can be (keyed, no TRUNCATE or key change: ``lake.arrow_merge``); 0 merges
+        every table with Spark. A run whose batches are all merged so starts no Spark at all.
     :param accept_source_change: drain although the lake was written from another system
         identifier or timeline (``SinkFromAnotherSourceError``). For one run, after checking
         that the change was deliberate: a ``pg_upgrade`` (new system identifier, slots carried
@@ -59,7 +62,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields,
         "postgres_conn_id", "slot_name", "publications", "sink", "database",
-        "max_window_bytes", "max_windows",
+        "max_window_bytes", "max_windows", "small_merge_rows",
     )  # fmt: skip
     ui_color = "#fdebd0"
 
@@ -73,6 +76,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         max_window_bytes: int = 64 * 1024 * 1024,
         max_windows: int | None = None,
         materialize: bool = True,
+        small_merge_rows: int = 100_000,
         database: str | None = None,
         conn_id: str = "spark_default",
         accept_source_change: bool = False,
@@ -88,6 +92,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         self.max_window_bytes = max_window_bytes
         self.max_windows = max_windows
         self.materialize = materialize
+        self.small_merge_rows = small_merge_rows
         self.database = database
         self.accept_source_change = accept_source_change
 
@@ -143,4 +148,5 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
             args.append("--accept-source-change")
         if not self.materialize:
             args.append("--no-materialize")
+        args += ["--small-merge-rows", str(int(str(self.small_merge_rows)))]
         return args

@@ -46,6 +46,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--merge-parallelism", type=int, default=4, help="tables merged into state/ at once"
     )
     parser.add_argument(
+        "--small-merge-rows", type=int, default=100_000, help="a table's batch of at most this "
+        "many changes is merged without a JVM when it can be (0: every merge by Spark)",
+    )  # fmt: skip
+    parser.add_argument(
         "--accept-source-change", action="store_true", help="the lake's source changed on "
         "purpose (pg_upgrade gives a new system identifier; a promotion a new timeline): drain "
         "on, and record the new source",
@@ -94,9 +98,10 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                 began = time.monotonic()
                 tables = pending_tables(lake)  # Spark starts only if some state is behind
                 merged = {}
-                if tables:
-                    parallel = args.merge_parallelism
-                    merged = materialize(spark.get(), lake, tables=tables, parallelism=parallel)
+                if tables:  # Spark starts only for a table the JVM-free merge declines
+                    merged = materialize(spark.get, lake, tables=tables,
+                                         parallelism=args.merge_parallelism,
+                                         small_rows=args.small_merge_rows)  # fmt: skip
                 result["materialized"] = merged
                 result["materialize_s"] = round(time.monotonic() - began, 3)
         result.update(spark.summary())

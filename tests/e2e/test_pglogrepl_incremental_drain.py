@@ -198,6 +198,7 @@ def test_drain_on_a_standalone_cluster_ships_the_package(
         "slot": "lake_sa",
         "publications": ["lake_sa_pub"],
         "max_window_bytes": 1 << 20,
+        "small_merge_rows": 0,  # every merge by Spark, here on the cluster's executors
     }
     run = dags_test(conf, env)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]

@@ -1,0 +1,306 @@
+"""Merge a small batch of a keyed table into its state without a JVM, through delta-rs.
+
+Why: a Spark ``MERGE`` costs seconds of fixed work per table whatever its size (about 35 Spark
+jobs for a batch of 49 changes: planning probes, the reduction's shuffles, the MERGE's own
+passes), so a drain of 40 small tables spent almost three minutes merging 1,960 changes. Most
+batches are small and simple, and for those the reduction is a sort and a group-by in Arrow and
+the merge one ``deltalake`` MERGE: milliseconds.
+
+Which batches, and why they reduce this simply (``net_upserts``): a keyed table (primary key or
+unique index as replica identity), no ``TRUNCATE`` and no update that moved a row to another key
+in the batch. Then a row never leaves its key, so its lineage (``lake.reduce``) is the key
+itself; and because an INSERT sends every column, each column's latest value actually sent is
+the key's latest: one group-by per key gives the net change. The last change deletes the row or
+upserts it; columns never sent in the batch (unchanged TOAST values of a row the batch did not
+insert) keep the target's value. Everything else (TRUNCATE, key changes, REPLICA IDENTITY FULL,
+no identity, columns added with a fill, a state that lacks a column, a table's first state, a
+big batch or a big state) is declined and goes to Spark, whose reduction handles all of it.
+
+Exactly once, as on the Spark path and a little more: the MERGE carries the app transaction
+``(app_id(slot), lake position)``, is made on the snapshot whose transaction version was read
+as the batch's lower bound (delta-rs refuses to commit over a concurrent commit of the same app
+id: a compare-and-set), and the writer lock is proven right before it. delta-rs reads the
+state's deletion vectors and writes none (it rewrites the files holding touched rows), so the
+state stays readable by every reader, and Spark's later merges write vectors again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_pglogrepl.exceptions import LakeCommitConflictError, LakeError, PgLogReplError
+from airflow_pglogrepl.faults import fault
+from airflow_pglogrepl.lake import delta
+from airflow_pglogrepl.lake.changelog import (
+    COMMIT_LSN,
+    DELETE,
+    INSERT,
+    META_COLUMNS,
+    OLD,
+    OP,
+    SEQ,
+    TRUNCATE,
+    UNCHANGED,
+    UPDATE,
+    described_identity,
+    described_key,
+)
+from airflow_pglogrepl.lake.evolve import added_at, base_fields, fill_value
+from airflow_pglogrepl.lake.layout import is_local
+from airflow_pglogrepl.lsn import LSN
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_pglogrepl.lake.lake import Lake
+
+log = logging.getLogger("airflow_pglogrepl.lake")
+
+# Changelog rows of one table's batch this path takes at most (it holds them in memory, about
+# 1 GB a million), and the state size (bytes of data files) it rewrites into at most: delta-rs
+# rewrites every file a touched key is in, Spark writes deletion vectors instead.
+MAX_ROWS = 100_000
+MAX_STATE_BYTES = 256 << 20
+
+_P = "__pglr_"
+_DELETE, _FILL = f"{_P}delete", f"{_P}fill_target"
+
+
+def _sent(i: int) -> str:
+    return f"{_P}sent{i}"
+
+
+def net_upserts(batch: pa.Table, keys: Sequence[str], values: Sequence[str]) -> pa.Table | None:
+    """The net change of a batch with no TRUNCATE and no key change, one row per touched key:
+    the key columns, each value column (its latest sent value), ``_sent(i)`` (whether the
+    ``i``-th value was sent at all), ``_FILL`` (no INSERT of the key in the batch: unsent
+    columns keep the target's value) and ``_DELETE`` (the key's last change is a delete).
+    None when the batch has a TRUNCATE or moves a row to another key."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    op = batch.column(OP)
+    if pc.any(pc.equal(op, TRUNCATE)).as_py():
+        return None
+    old = batch.column(OLD)
+    if pc.any(pc.is_valid(old)).as_py():
+        for key in keys:
+            same = pc.equal(pc.struct_field(old, key), batch.column(key))
+            moved = pc.and_(pc.is_valid(old), pc.invert(pc.fill_null(same, False)))
+            if pc.any(moved).as_py():
+                return None
+    batch = batch.sort_by([(COMMIT_LSN, "ascending"), (SEQ, "ascending")])
+    op = batch.column(OP)
+    rows = batch.num_rows
+    position = pa.array(np.arange(rows, dtype=np.int64))
+    carries = pc.is_in(op, pa.array([INSERT, UPDATE])).to_numpy(zero_copy_only=False)
+    unchanged = batch.column(UNCHANGED)
+    names = pc.list_flatten(unchanged)
+    owners = pc.list_parent_indices(unchanged).to_numpy(zero_copy_only=False)
+    work: dict[str, Any] = {key: batch.column(key) for key in keys}
+    work[f"{_P}pos"] = position
+    work[f"{_P}ins"] = pc.equal(op, INSERT)
+    for i, name in enumerate(values):
+        sent = carries.copy()
+        if len(names):
+            hits = pc.equal(names, name).to_numpy(zero_copy_only=False)
+            sent[owners[hits]] = False
+        work[f"{_P}sp{i}"] = pa.array(np.where(sent, np.arange(rows), -1), pa.int64())
+    grouped = (
+        pa.table(work)
+        .group_by(list(keys), use_threads=False)
+        .aggregate(
+            [(f"{_P}pos", "max"), (f"{_P}ins", "any")]
+            + [(f"{_P}sp{i}", "max") for i in range(len(values))]
+        )
+    )
+    out: dict[str, Any] = {key: grouped.column(key) for key in keys}
+    last = grouped.column(f"{_P}pos_max")
+    out[_DELETE] = pc.equal(pc.take(op, last), DELETE)
+    out[_FILL] = pc.invert(grouped.column(f"{_P}ins_any"))
+    for i, name in enumerate(values):
+        at = grouped.column(f"{_P}sp{i}_max")
+        valid = pc.greater_equal(at, 0)
+        out[name] = pc.take(batch.column(name), pc.if_else(valid, at, pa.scalar(None, pa.int64())))
+        out[_sent(i)] = valid
+    return pa.table(out)
+
+
+def merge_small(
+    lake: Lake, tables: Sequence[str], *, max_rows: int = MAX_ROWS
+) -> tuple[dict[str, str], list[str]]:
+    """Merge here each of ``tables`` this path takes, up to the lake's position; returns the
+    merged tables (table -> the LSN its state includes now) and the declined ones, for Spark."""
+    end = lake.position()
+    if end is None or max_rows <= 0:
+        return {}, list(tables)
+    merged: dict[str, str] = {}
+    declined: list[str] = []
+    for name in tables:
+        try:
+            why = merge_table(lake, name, end, max_rows=max_rows)
+        except PgLogReplError:
+            raise  # the lake's own refusals (a lost lock, a row nowhere): not Spark's to redo
+        except Exception as exc:  # delta-rs's own classes: nothing was committed
+            if delta.lost_race(exc):
+                found = lake.state_version(name)
+                raise LakeCommitConflictError(
+                    lake.paths.state(name), lake.app, None,
+                    None if found is None else int(found), int(end),
+                ) from None  # fmt: skip
+            log.warning("state of %s: the merge without a JVM failed (%s: %s); Spark merges it",
+                        name, type(exc).__name__, exc)  # fmt: skip
+            why = "failed here"
+        if why is None:
+            merged[name] = str(end)
+        else:
+            log.info("state of %s merged by Spark: %s", name, why)
+            declined.append(name)
+    return merged, declined
+
+
+def merge_table(lake: Lake, name: str, end: LSN, *, max_rows: int = MAX_ROWS) -> str | None:
+    """Merge ``changes/<name>`` up to ``end`` into ``state/<name>`` here; None when done, else
+    why this path declines the table (nothing was written)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import CommitProperties, Transaction
+
+    target = delta.open_table(lake.paths.state(name))
+    if target is None:
+        return "no state yet (a first state is written by Spark)"
+    have = target.transaction_version(lake.app)
+    if have is not None and int(have) >= int(end):
+        return None  # merged already (a replay): nothing to do
+    changes = delta.open_table(lake.paths.changes(name))
+    if changes is None:
+        return "no changelog"
+    schema = pa.schema(changes.schema().to_arrow())
+    fields = [(f.name, _text(f.metadata)) for f in schema]
+    keys = described_key(fields)
+    if not keys or described_identity(fields) == "f":
+        return "no key (REPLICA IDENTITY FULL or none)"
+    if any(added_at(f) is not None and fill_value(f) is not None for f in base_fields(schema)):
+        return "a column added with a value for older rows"
+    columns = [n for n, _ in fields if n not in META_COLUMNS]
+    if any(c.startswith(_P) for c in columns):
+        return f"a column named like this path's own ({_P}...)"
+    if any(pa.types.is_floating(schema.field(k).type) for k in keys):
+        return "a floating-point key (-0.0 and 0.0 group apart in Arrow, equal in a MERGE)"
+    state = pa.schema(target.schema().to_arrow())
+    if any(c not in state.names for c in columns):
+        return "new columns for the state"
+    size = _state_bytes(target)
+    if size > MAX_STATE_BYTES:
+        return f"a state of {size} bytes (this path rewrites the files it touches)"
+    in_range = pc.field(COMMIT_LSN) < int(end)
+    if have is not None:
+        in_range &= pc.field(COMMIT_LSN) >= int(have)
+    try:  # a changelog has no deletion vectors (delta-rs writes it): a dataset reads it exactly
+        dataset = changes.to_pyarrow_dataset()
+        count = dataset.count_rows(filter=in_range)  # before reading: the batch may be huge
+    except Exception as exc:  # delta-rs raises its own classes for what it cannot read so
+        return f"changelog not readable as a dataset ({type(exc).__name__})"
+    if count == 0 or count > max_rows:
+        return f"{count} changes"
+    batch = dataset.to_table(filter=in_range)
+    values = [c for c in columns if c not in keys]
+    net = net_upserts(batch, keys, values)
+    if net is None:
+        return "a TRUNCATE or a key change"
+    missing = _updates_of_missing_rows(target, net, keys, values)
+    if missing is None:
+        return "an update with unchanged TOAST values to check against a non-integer, non-text key"
+    if missing:
+        raise LakeError(
+            f"changes of {name} hold an update whose unchanged TOAST values have no earlier "
+            f"version to keep: row {missing[0]} is neither in the state nor inserted earlier. "
+            f"Nothing was merged. Fix: re-snapshot the table (tables=[...])"
+        )
+    wanted = pa.schema([state.field(f.name) if f.name in columns else f for f in net.schema])
+    try:
+        source = net.cast(wanted)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+        return f"types the state holds differently ({exc})"
+    before = int(target.version())
+    commit = CommitProperties(app_transactions=[Transaction(lake.app, int(end))])
+    fault("merge_created")
+    lake.check_writer()
+    _merge(target, source, keys, values, commit)
+    if is_local(lake.paths.state(name)):
+        delta.make_log_durable(lake.paths.state(name), after=before)
+    fault("merge_committed")
+    log.info("state of %s merged up to %s without a JVM (%d changes, %d keys)", name, end,
+             batch.num_rows, net.num_rows)  # fmt: skip
+    return None
+
+
+def _text(metadata: dict[bytes, bytes] | None) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in (metadata or {}).items()}
+
+
+def _state_bytes(target: Any) -> int:
+    import pyarrow as pa
+
+    actions = pa.table(target.get_add_actions(flatten=True))
+    return int(sum(actions.column("size_bytes").to_pylist())) if actions.num_rows else 0
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _updates_of_missing_rows(
+    target: Any, net: pa.Table, keys: Sequence[str], values: Sequence[str]
+) -> list[Any] | None:
+    """The keys of net upserts that must keep target values (an unchanged TOAST value, no
+    INSERT in the batch) but have no target row: Spark's path fails there rather than insert
+    NULLs. None: such rows exist and their keys cannot be looked up here (not integer or text)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not values:
+        return []
+    from functools import reduce
+
+    complete = reduce(pc.and_, [net.column(_sent(i)) for i in range(len(values))])
+    needs = pc.and_(pc.invert(net.column(_DELETE)), pc.and_(net.column(_FILL), pc.invert(complete)))
+    asked = net.filter(needs).select(list(keys))
+    if asked.num_rows == 0:
+        return []
+    if len(keys) != 1 or not (
+        pa.types.is_integer(asked.schema[0].type) or pa.types.is_string(asked.schema[0].type)
+    ):
+        return None
+    from deltalake import QueryBuilder
+
+    key = keys[0]
+    wanted = asked.column(0).to_pylist()
+    literals = ", ".join(
+        str(int(v)) if isinstance(v, int) else "'" + str(v).replace("'", "''") + "'" for v in wanted
+    )
+    # DataFusion SQL over the state (no PostgreSQL): the name is quoted, each value is an
+    # integer or a text literal with its quotes doubled
+    query = f"SELECT {_quote(key)} AS k FROM t WHERE {_quote(key)} IN ({literals})"  # noqa: S608
+    found = QueryBuilder().register("t", target).execute(query)
+    present = set(pa.table(found).column("k").to_pylist())
+    return [v for v in wanted if v not in present]
+
+
+def _merge(target: Any, source: pa.Table, keys: Sequence[str], values: Sequence[str],
+           commit: Any) -> None:  # fmt: skip
+    on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in keys)
+    update = {
+        _quote(c): f"CASE WHEN s.{_sent(i)} THEN s.{_quote(c)} ELSE t.{_quote(c)} END"
+        for i, c in enumerate(values)
+    }
+    insert = {_quote(c): f"s.{_quote(c)}" for c in [*keys, *values]}
+    merger = target.merge(source, on, source_alias="s", target_alias="t",
+                          commit_properties=commit)  # fmt: skip
+    merger = merger.when_matched_delete(predicate=f"s.{_DELETE}")
+    if values:
+        merger = merger.when_matched_update(updates=update, predicate=f"NOT s.{_DELETE}")
+    merger.when_not_matched_insert(updates=insert, predicate=f"NOT s.{_DELETE}").execute()

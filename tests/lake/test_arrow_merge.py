@@ -1,0 +1,237 @@
+"""The JVM-free merge of small keyed batches: random changelogs against a sequential model, on a
+real Delta lake (delta-rs), and what it declines to Spark."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from airflow_pglogrepl.exceptions import LakeError
+from airflow_pglogrepl.lake import arrow_merge
+from airflow_pglogrepl.lake.changelog import IDENTITY_META, KEY_META
+from airflow_pglogrepl.lake.delta import read_table, txn_version
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.tables import TableRef
+
+T = TableRef("public", "t")
+Model = dict[int, tuple[int | None, str | None]]
+
+
+def changelog_schema(identity: str = "d") -> pa.Schema:
+    table = [
+        pa.field("id", pa.int64(), metadata={KEY_META: "0"}),
+        pa.field("v", pa.int64()),
+        pa.field("big", pa.string()),
+    ]
+    return pa.schema(
+        [
+            *table,
+            pa.field("_op", pa.string(), metadata={IDENTITY_META: identity}),
+            pa.field("_commit_lsn", pa.int64()),
+            pa.field("_seq", pa.int64()),
+            pa.field("_unchanged", pa.list_(pa.string())),
+            pa.field("_old", pa.struct([pa.field(f.name, f.type) for f in table])),
+        ]
+    )
+
+
+class Log:
+    """Changelog rows of one batch, in commit order."""
+
+    def __init__(self, lsn: int) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.lsn = lsn
+
+    def add(self, op: str, id: int | None, v: int | None = None, big: str | None = None, *,
+            unchanged: tuple[str, ...] = (),
+            old: dict[str, Any] | None = None) -> None:  # fmt: skip
+        self.lsn += 0x10
+        self.rows.append({"id": id, "v": v, "big": big, "_op": op, "_commit_lsn": self.lsn,
+                          "_seq": 0, "_unchanged": list(unchanged), "_old": old})  # fmt: skip
+
+    def table(self, identity: str = "d") -> pa.Table:
+        return pa.Table.from_pylist(self.rows, schema=changelog_schema(identity))
+
+
+def state_table(lake: Lake, rows: Model, at: int) -> None:
+    """A state as Spark or a snapshot would have left it, committed at ``at``."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    schema = pa.schema([f for f in changelog_schema() if not f.name.startswith("_")])
+    data = pa.Table.from_pylist(
+        [{"id": k, "v": v, "big": b} for k, (v, b) in rows.items()], schema=schema
+    )
+    write_deltalake(lake.paths.state(T), data, commit_properties=CommitProperties(
+        app_transactions=[Transaction(lake.app, at)]))  # fmt: skip
+
+
+def commit(lake: Lake, log: Log, start: int, identity: str = "d") -> LSN:
+    end = LSN(log.lsn + 0x10)
+    window = lake.open_window(LSN(start))
+    window.write(T, log.table(identity))
+    window.commit(end, transactions=len(log.rows), changes=len(log.rows))
+    return end
+
+
+def state(lake: Lake) -> Model:
+    return {r["id"]: (r["v"], r["big"]) for r in read_table(lake.paths.state(T)).to_pylist()}
+
+
+def play(rng: random.Random, model: Model, log: Log, steps: int) -> None:
+    """Random inserts, updates (some with the big column an unchanged TOAST value, some
+    inserting over an existing row), deletes and re-inserts of deleted keys, into ``model``."""
+    for _ in range(steps):
+        key = rng.randrange(1, 15)
+        roll = rng.random()
+        if key not in model or roll < 0.1:
+            value = (rng.randrange(1000), rng.choice(["x" * 20, "y", None]))
+            log.add("I", key, *value)
+            model[key] = value
+        elif roll < 0.7:
+            v = rng.randrange(1000)
+            if rng.random() < 0.5:
+                log.add("U", key, v, None, unchanged=("big",))
+                model[key] = (v, model[key][1])
+            else:
+                big = rng.choice(["z" * 30, None])
+                log.add("U", key, v, big)
+                model[key] = (v, big)
+        else:
+            log.add("D", key)
+            del model[key]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_batches_end_as_the_sequential_model(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    lake = Lake(str(tmp_path / "lake"), "s")
+    model: Model = {k: (k, "s" * k) for k in range(1, 8)}
+    state_table(lake, model, 0x100)
+    lake.record(kind="snapshot", start=LSN(0x100), end=LSN(0x100))
+    start = 0x100
+    for _ in range(4):
+        log = Log(start)
+        play(rng, model, log, rng.randrange(1, 30))
+        end = commit(lake, log, start)
+        merged, declined = arrow_merge.merge_small(lake, ["public.t"])
+        assert declined == [] and merged == {"public.t": str(end)}
+        assert state(lake) == model
+        assert txn_version(lake.paths.state(T), lake.app) == int(end)
+        assert arrow_merge.merge_table(lake, "public.t", end) is None  # a replay: nothing
+        assert state(lake) == model
+        start = int(end)
+
+
+def test_what_it_declines_is_left_untouched_for_spark(tmp_path: Path) -> None:
+    lake = Lake(str(tmp_path / "lake"), "s")
+    log = Log(0x100)
+    log.add("I", 1, 1, "a")
+    end = commit(lake, log, 0x100)
+    assert arrow_merge.merge_table(lake, "public.t", end) == (
+        "no state yet (a first state is written by Spark)"
+    )
+    state_table(lake, {}, 0x100)
+    log = Log(int(end))
+    log.add("T", None)
+    log.add("I", 2, 2, "b")
+    end2 = commit(lake, log, int(end))
+    assert arrow_merge.merge_table(lake, "public.t", end2) == "a TRUNCATE or a key change"
+    other = Lake(str(tmp_path / "moved"), "s")
+    state_table(other, {1: (1, "a")}, 0x100)
+    log = Log(0x100)
+    log.add("U", 5, 1, "a", old={"id": 1, "v": None, "big": None})  # the key 1 became 5
+    moved = commit(other, log, 0x100)
+    assert arrow_merge.merge_table(other, "public.t", moved) == "a TRUNCATE or a key change"
+    full = Lake(str(tmp_path / "full"), "s")
+    state_table(full, {}, 0x100)
+    log = Log(0x100)
+    log.add("I", 1, 1, "a")
+    assert "FULL" in str(arrow_merge.merge_table(full, "public.t", commit(full, log, 0x100, "f")))
+    small = Lake(str(tmp_path / "small"), "s")
+    state_table(small, {}, 0x100)
+    log = Log(0x100)
+    for key in range(5):
+        log.add("I", key, key, "a")
+    assert arrow_merge.merge_table(small, "public.t", commit(small, log, 0x100), max_rows=4) == (
+        "5 changes"
+    )
+    hostile = Lake(str(tmp_path / "hostile"), "s")
+    state_table(hostile, {}, 0x100)
+    log = Log(0x100)
+    log.add("I", 1, 1, "a")
+    rows = log.table().rename_columns(["id", "__pglr_delete", *log.table().column_names[2:]])
+    window = hostile.open_window(LSN(0x100))
+    window.write(T, rows)
+    window.commit(LSN(0x200), transactions=1, changes=1)
+    assert "named like" in str(arrow_merge.merge_table(hostile, "public.t", LSN(0x200)))
+    for declined in (lake, other, full, small, hostile):
+        assert txn_version(declined.paths.state(T), declined.app) in (0x100, None)
+
+
+def test_an_unchanged_toast_value_of_a_row_nowhere_fails_and_merges_nothing(
+    tmp_path: Path,
+) -> None:
+    """As Spark's path does: a wrong current state is worse than a stopped one."""
+    lake = Lake(str(tmp_path / "lake"), "s")
+    state_table(lake, {1: (1, "a")}, 0x100)
+    log = Log(0x100)
+    log.add("U", 1, 2, None, unchanged=("big",))  # fine: the state has row 1
+    log.add("U", 7, 2, None, unchanged=("big",))  # row 7 is nowhere
+    commit(lake, log, 0x100)
+    with pytest.raises(LakeError, match=r"row 7 is neither in the state nor inserted earlier"):
+        arrow_merge.merge_small(lake, ["public.t"])  # raised, not handed to Spark
+    assert state(lake) == {1: (1, "a")}
+    assert txn_version(lake.paths.state(T), lake.app) == 0x100
+
+
+# Against a live source and Spark: every type the lake stores, on states Spark made (deletion
+# vectors), then merged by Spark again after this path.
+
+
+@pytest.mark.spark
+def test_small_batches_merge_without_a_jvm_into_states_spark_made_and_back(
+    spark: Any, source: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from tests.support.drain import (
+        TYPED_TABLE,
+        assert_state_equals_source,
+        drain_in_process,
+        insert_sql,
+        random_row,
+    )
+
+    rng = random.Random(7)
+    source.sql(TYPED_TABLE.format(name="typed"))
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE typed")
+    for key in range(200):
+        source.sql(insert_sql("typed"), random_row(rng, key, big=key % 4 == 0))
+    sink = str(tmp_path / "lake")
+    ref = TableRef("public", "typed")
+    drain_in_process(spark, source, sink, window=1 << 20)  # the first state: Spark's
+    assert_state_equals_source(source, sink, ref)
+
+    caplog.set_level(logging.INFO, logger="airflow_pglogrepl.lake")
+    caplog.clear()
+    for step in range(3):  # updates that leave the TOASTed column unchanged, deletes, inserts
+        source.sql("UPDATE typed SET i = i + 1, t = %s WHERE id %% 7 = %s", (f"s{step}", step))
+        source.sql("DELETE FROM typed WHERE id %% 23 = %s", (step,))
+        for key in range(1000 + step * 10, 1005 + step * 10):
+            source.sql(insert_sql("typed"), random_row(rng, key, big=True))
+        result = drain_in_process(spark, source, sink, window=1 << 20)
+        assert result["materialized"] == {"public.typed": result["window_end_lsn"]}
+        assert_state_equals_source(source, sink, ref)
+    assert "merged up to" in caplog.text and "without a JVM" in caplog.text
+    assert "merged by Spark" not in caplog.text
+
+    source.sql("UPDATE typed SET id = -id WHERE id < 5")  # key changes: Spark's reduction
+    caplog.clear()
+    drain_in_process(spark, source, sink, window=1 << 20)
+    assert "merged by Spark: a TRUNCATE or a key change" in caplog.text
+    assert_state_equals_source(source, sink, ref)
