@@ -16,7 +16,9 @@ measures on the same WAL:
   same files, fsynced, then one Delta commit per window through delta-rs);
 - the real drain: ``python -m airflow_pglogrepl.spark.drain_app ... --no-materialize`` (a local
   sink, so no JVM), split into its fixed start-up cost and its steady-state window rate;
-- once, the same with the merge into ``state/`` (Spark), for the materialize time.
+- once each, the same with the merge into an empty ``state/``: the first state written without
+  a JVM (the default) and by Spark (``--small-merge-rows 0``), for the materialize time
+  (``--materialize-only`` measures just these and the server's decode).
 
 The server, stage and drain runs alternate (best of ``--repeat``) so all meet the same load on a
 shared machine. Not a test: run it with ``python -m bench.bench_drain`` and record the result in
@@ -189,14 +191,20 @@ def recvlogical(cluster: PgCluster, slot: str, end: LSN, out: Path) -> float:
 
 
 def drain_app(
-    cluster: PgCluster, slot: str, window: int, batch_rows: int, *, materialize: bool
+    cluster: PgCluster,
+    slot: str,
+    window: int,
+    batch_rows: int,
+    *,
+    materialize: bool,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """One run of the drain application in its own process; its JSON summary plus wall_s."""
     with tempfile.TemporaryDirectory(prefix="bench-drain-sink-") as sink:
         command = [
             sys.executable, "-m", "airflow_pglogrepl.spark.drain_app", "--slot", slot,
             "--publication", "bench", "--sink", sink, "--max-window-bytes", str(window),
-            "--batch-rows", str(batch_rows),
+            "--batch-rows", str(batch_rows), *extra,
         ]  # fmt: skip
         if not materialize:
             command.append("--no-materialize")
@@ -219,9 +227,19 @@ def main() -> None:
     parser.add_argument("--window-mb", type=int, default=64, help="--max-window-bytes, in MiB")
     parser.add_argument("--batch-rows", type=int, default=200_000)
     parser.add_argument("--profile", action="store_true", help="cProfile the Delta stage")
+    parser.add_argument(
+        "--materialize-only",
+        action="store_true",
+        help="only the server decode and the two drain runs with materialize",
+    )
     args = parser.parse_args()
     window = args.window_mb * 1024 * 1024
     repeat = args.repeat
+    merges = {  # label -> drain_app arguments: the first state without a JVM, and by Spark
+        "first state without a JVM (default)": ("bench_materialize", ()),
+        "first state by Spark (--small-merge-rows 0)": ("bench_materialize_spark",
+                                                        ("--small-merge-rows", "0")),
+    }  # fmt: skip
     recv_slots = [f"bench_recv_{i}" for i in range(repeat)]
     drain_slots = [f"bench_drain_{i}" for i in range(repeat)]
 
@@ -234,7 +252,7 @@ def main() -> None:
             "CREATE TABLE bench (id bigint PRIMARY KEY, qty int, label text, at timestamptz)"
         )
         conn.execute("CREATE PUBLICATION bench FOR TABLE bench")
-        for slot in [PEEK_SLOT, *recv_slots, *drain_slots, "bench_materialize"]:
+        for slot in [PEEK_SLOT, *recv_slots, *drain_slots, *(s for s, _ in merges.values())]:
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
         start_lsn = LSN(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
         started = time.perf_counter()
@@ -258,7 +276,13 @@ def main() -> None:
         def keep(label: str, seconds: float) -> None:
             best[label] = min(best.get(label, float("inf")), seconds)
 
-        for i in range(repeat):
+        if args.materialize_only:
+            for _ in range(repeat):
+                seconds, messages = timed(
+                    lambda: conn.execute(count_sql, (PEEK_SLOT, str(end))).fetchone()[0]
+                )
+                keep("server", seconds)
+        for i in range(0 if args.materialize_only else repeat):
             seconds, messages = timed(
                 lambda: conn.execute(count_sql, (PEEK_SLOT, str(end))).fetchone()[0]
             )
@@ -281,9 +305,12 @@ def main() -> None:
                                     materialize=False))  # fmt: skip
             assert drains[-1]["changes"] == changes, (drains[-1], changes)
             print(f"run {i + 1}/{repeat} done", flush=True)
-        materialized = drain_app(
-            cluster, "bench_materialize", window, args.batch_rows, materialize=True
-        )
+        materialized = {
+            label: drain_app(cluster, slot, window, args.batch_rows, materialize=True,
+                             extra=extra)
+            for label, (slot, extra) in merges.items()
+        }  # fmt: skip
+        changes = changes or next(iter(materialized.values()))["changes"]
         if args.profile:
             profile = cProfile.Profile()
             profile.runcall(stage, hook, options, end, "delta", args.batch_rows)
@@ -299,6 +326,16 @@ def main() -> None:
         rate = changes / seconds
         print(f"| {label} | {seconds:.2f} s | {rate:,.0f} | {rate / server_rate:.2f} |")
 
+    print(f"\nserver decode (best of {repeat}): {best['server']:.2f} s")
+    print("\n| drain_app with materialize, into an empty state | wall s | Spark start s | "
+          "materialize s | peak RSS MiB | end to end / server decode |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, done in materialized.items():
+        print(f"| {label} | {done['wall_s']:.2f} | {done.get('spark_start_s') or 0:.2f} | "
+              f"{done.get('materialize_s', 0):.2f} | {done.get('peak_rss_mb', 0):,.0f} | "
+              f"{best['server'] / done['wall_s']:.2f} |")  # fmt: skip
+    if args.materialize_only:
+        return
     print(f"\n| stage (best of {repeat}) | time | changes/s | ratio to server |")
     print("|---|---:|---:|---:|")
     line("server decode (`count(*)` over the peek)", best["server"])
@@ -328,10 +365,6 @@ def main() -> None:
     print(f"| **ratio steady-state drain / server decode** | "
           f"**{steady['changes_per_s'] / server_rate:.2f}** |")  # fmt: skip
     print(f"| peak RSS of the drain | {min(d['peak_rss_mb'] for d in drains):,.0f} MiB |")
-    print(f"| with materialize, once: wall time | {materialized['wall_s']:.2f} s |")
-    print(f"| of which Spark start | {materialized.get('spark_start_s') or 0:.2f} s |")
-    print(f"| of which materialize (merge into state/) | "
-          f"{materialized.get('materialize_s', 0):.2f} s |")  # fmt: skip
 
 
 if __name__ == "__main__":

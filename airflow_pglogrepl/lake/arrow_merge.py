@@ -13,8 +13,13 @@ itself; and because an INSERT sends every column, each column's latest value act
 the key's latest: one group-by per key gives the net change. The last change deletes the row or
 upserts it; columns never sent in the batch (unchanged TOAST values of a row the batch did not
 insert) keep the target's value. Everything else (TRUNCATE, key changes, REPLICA IDENTITY FULL,
-no identity, columns added with a fill, a state that lacks a column, a table's first state, a
-big batch or a big state) is declined and goes to Spark, whose reduction handles all of it.
+no identity, columns added with a fill, a state that lacks a column, a big batch or a big state)
+is declined and goes to Spark, whose reduction handles all of it.
+
+A table's first state (no state table yet) is the same net change written as one append that
+creates the table: no MERGE and no files to rewrite, so only memory bounds it
+(``FIRST_STATE_ROWS``). That is what an initial load through the slot (no snapshot) costs: a
+million and more changes, which Spark's MERGE into an empty table took about a minute for.
 
 Exactly once, as on the Spark path and a little more: the MERGE carries the app transaction
 ``(app_id(slot), lake position)``, is made on the snapshot whose transaction version was read
@@ -63,6 +68,10 @@ log = logging.getLogger("airflow_pglogrepl.lake")
 # rewrites every file a touched key is in, Spark writes deletion vectors instead.
 MAX_ROWS = 100_000
 MAX_STATE_BYTES = 256 << 20
+# A table's first state is one append, with no files to rewrite: only memory bounds the batch
+# (the benchmark's 1,250,000 changes of a 4-column table peak at about ... MB here).
+FIRST_STATE_ROWS = 2_000_000
+STATE_CONFIG = {"delta.enableDeletionVectors": "true"}
 
 _P = "__pglr_"
 _DELETE, _FILL = f"{_P}delete", f"{_P}fill_target"
@@ -170,9 +179,7 @@ def merge_table(lake: Lake, name: str, end: LSN, *, max_rows: int = MAX_ROWS) ->
     from deltalake import CommitProperties, Transaction
 
     target = delta.open_table(lake.paths.state(name))
-    if target is None:
-        return "no state yet (a first state is written by Spark)"
-    have = target.transaction_version(lake.app)
+    have = None if target is None else target.transaction_version(lake.app)
     if have is not None and int(have) >= int(end):
         return None  # merged already (a replay): nothing to do
     changes = delta.open_table(lake.paths.changes(name))
@@ -190,12 +197,17 @@ def merge_table(lake: Lake, name: str, end: LSN, *, max_rows: int = MAX_ROWS) ->
         return f"a column named like this path's own ({_P}...)"
     if any(pa.types.is_floating(schema.field(k).type) for k in keys):
         return "a floating-point key (-0.0 and 0.0 group apart in Arrow, equal in a MERGE)"
-    state = pa.schema(target.schema().to_arrow())
-    if any(c not in state.names for c in columns):
-        return "new columns for the state"
-    size = _state_bytes(target)
-    if size > MAX_STATE_BYTES:
-        return f"a state of {size} bytes (this path rewrites the files it touches)"
+    if target is None:
+        state = pa.schema([schema.field(c) for c in columns])
+        limit = max(max_rows, FIRST_STATE_ROWS)
+    else:
+        state = pa.schema(target.schema().to_arrow())
+        if any(c not in state.names for c in columns):
+            return "new columns for the state"
+        size = _state_bytes(target)
+        if size > MAX_STATE_BYTES:
+            return f"a state of {size} bytes (this path rewrites the files it touches)"
+        limit = max_rows
     in_range = pc.field(COMMIT_LSN) < int(end)
     if have is not None:
         in_range &= pc.field(COMMIT_LSN) >= int(have)
@@ -204,14 +216,14 @@ def merge_table(lake: Lake, name: str, end: LSN, *, max_rows: int = MAX_ROWS) ->
         count = dataset.count_rows(filter=in_range)  # before reading: the batch may be huge
     except Exception as exc:  # delta-rs raises its own classes for what it cannot read so
         return f"changelog not readable as a dataset ({type(exc).__name__})"
-    if count == 0 or count > max_rows:
+    if count == 0 or count > limit:
         return f"{count} changes"
     batch = dataset.to_table(filter=in_range)
     values = [c for c in columns if c not in keys]
     net = net_upserts(batch, keys, values)
     if net is None:
         return "a TRUNCATE or a key change"
-    missing = _updates_of_missing_rows(target, net, keys, values)
+    missing = _updates_of_missing_rows(target, net, keys, values)  # (no state: every such row)
     if missing is None:
         return "an update with unchanged TOAST values to check against a non-integer, non-text key"
     if missing:
@@ -225,17 +237,34 @@ def merge_table(lake: Lake, name: str, end: LSN, *, max_rows: int = MAX_ROWS) ->
         source = net.cast(wanted)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
         return f"types the state holds differently ({exc})"
-    before = int(target.version())
+    uri = lake.paths.state(name)
     commit = CommitProperties(app_transactions=[Transaction(lake.app, int(end))])
     fault("merge_created")
-    lake.check_writer()
-    _merge(target, source, keys, values, commit)
-    if is_local(lake.paths.state(name)):
-        delta.make_log_durable(lake.paths.state(name), after=before)
+    if target is None:
+        rows = source.filter(pc.invert(source.column(_DELETE))).select(columns)
+        lake.check_writer()
+        _create(uri, rows, commit)
+        before = None
+    else:
+        before = int(target.version())
+        lake.check_writer()
+        _merge(target, source, keys, values, commit)
+    if is_local(uri):
+        delta.make_log_durable(uri, after=before)
     fault("merge_committed")
-    log.info("state of %s merged up to %s without a JVM (%d changes, %d keys)", name, end,
-             batch.num_rows, net.num_rows)  # fmt: skip
+    log.info("state of %s %s up to %s without a JVM (%d changes, %d keys)", name,
+             "written" if target is None else "merged", end, batch.num_rows,
+             net.num_rows)  # fmt: skip
     return None
+
+
+def _create(uri: str, rows: pa.Table, commit: Any) -> None:
+    """A table's first state: one append that creates the table, with deletion vectors on as
+    Spark's path creates it (later merges by Spark then write vectors instead of rewriting).
+    ``mode="error"``: a table that appeared since it was found missing is a lost race."""
+    from deltalake import write_deltalake
+
+    write_deltalake(uri, rows, mode="error", configuration=STATE_CONFIG, commit_properties=commit)
 
 
 def _text(metadata: dict[bytes, bytes] | None) -> dict[str, str]:
@@ -254,11 +283,12 @@ def _quote(name: str) -> str:
 
 
 def _updates_of_missing_rows(
-    target: Any, net: pa.Table, keys: Sequence[str], values: Sequence[str]
+    target: Any | None, net: pa.Table, keys: Sequence[str], values: Sequence[str]
 ) -> list[Any] | None:
     """The keys of net upserts that must keep target values (an unchanged TOAST value, no
-    INSERT in the batch) but have no target row: Spark's path fails there rather than insert
-    NULLs. None: such rows exist and their keys cannot be looked up here (not integer or text)."""
+    INSERT in the batch) but have no target row (``target`` None: no state yet): Spark's path
+    fails there rather than insert NULLs. None: such rows exist and their keys cannot be looked
+    up here (not integer or text)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -271,6 +301,8 @@ def _updates_of_missing_rows(
     asked = net.filter(needs).select(list(keys))
     if asked.num_rows == 0:
         return []
+    if target is None:  # no state: no such row is anywhere
+        return [row if len(keys) > 1 else row[keys[0]] for row in asked.slice(0, 1).to_pylist()]
     if len(keys) != 1 or not (
         pa.types.is_integer(asked.schema[0].type) or pa.types.is_string(asked.schema[0].type)
     ):

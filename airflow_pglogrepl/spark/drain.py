@@ -143,11 +143,11 @@ class DrainResult:
             "changes_per_s": round(changes / window_s, 1) if window_s > 0 else 0.0,
             "tables": _sum_tables(self.windows),
             "columnar_windows": sum(w.decoder == "columnar" for w in self.windows),
-            "peak_rss_mb": _peak_rss_mb(),
+            "peak_rss_mb": peak_rss_mb(),
         }
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
     """This process's peak resident memory so far (Linux reports ``ru_maxrss`` in KiB)."""
     import resource
 

@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     from airflow_pglogrepl.hooks.pg.source import PgSource
     from airflow_pglogrepl.lake.lake import Lake
-    from airflow_pglogrepl.spark.drain import Drain, check_slot
+    from airflow_pglogrepl.spark.drain import Drain, check_slot, peak_rss_mb
 
     source = PgSource(dsn)
     check_slot(source, args.slot)  # refuse early: nothing started yet
@@ -104,6 +104,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                                          small_rows=args.small_merge_rows)  # fmt: skip
                 result["materialized"] = merged
                 result["materialize_s"] = round(time.monotonic() - began, 3)
+                result["peak_rss_mb"] = peak_rss_mb()  # a merge without a JVM holds its batch
         result.update(spark.summary())
         return result
     finally:

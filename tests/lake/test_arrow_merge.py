@@ -106,6 +106,59 @@ def play(rng: random.Random, model: Model, log: Log, steps: int) -> None:
             del model[key]
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_a_first_state_is_one_append_of_the_net_change(tmp_path: Path, seed: int) -> None:
+    """No state table yet (a lake begun by a drain, no snapshot): the batch's net change creates
+    it, with deletion vectors on as Spark's path creates it; later batches merge into it."""
+    from deltalake import DeltaTable
+
+    rng = random.Random(seed)
+    lake = Lake(str(tmp_path / "lake"), "s")
+    model: Model = {}
+    log = Log(0x100)
+    play(rng, model, log, rng.randrange(1, 60))
+    end = commit(lake, log, 0x100)
+    assert arrow_merge.merge_small(lake, ["public.t"]) == ({"public.t": str(end)}, [])
+    assert state(lake) == model
+    table = DeltaTable(lake.paths.state(T))
+    assert table.version() == 0 and table.transaction_version(lake.app) == int(end)
+    assert table.metadata().configuration.get("delta.enableDeletionVectors") == "true"
+    assert [f.name for f in table.schema().fields] == ["id", "v", "big"]
+    assert arrow_merge.merge_table(lake, "public.t", end) is None  # a replay: nothing
+    assert DeltaTable(lake.paths.state(T)).version() == 0
+    log = Log(int(end))
+    play(rng, model, log, 20)
+    later = commit(lake, log, int(end))
+    assert arrow_merge.merge_small(lake, ["public.t"]) == ({"public.t": str(later)}, [])
+    assert state(lake) == model
+
+
+def test_a_first_state_bigger_than_a_merge_batch_is_still_written_here(tmp_path: Path) -> None:
+    """Only memory bounds an append (``FIRST_STATE_ROWS``); ``max_rows`` bounds merges, which
+    rewrite files. ``max_rows=0`` still sends everything to Spark."""
+    lake = Lake(str(tmp_path / "lake"), "s")
+    log = Log(0x100)
+    for key in range(50):
+        log.add("I", key, key, "a")
+    end = commit(lake, log, 0x100)
+    assert arrow_merge.merge_small(lake, ["public.t"], max_rows=0) == ({}, ["public.t"])
+    assert txn_version(lake.paths.state(T), lake.app) is None
+    assert arrow_merge.merge_small(lake, ["public.t"], max_rows=10) == ({"public.t": str(end)}, [])
+    assert len(state(lake)) == 50
+
+
+def test_a_first_state_whose_update_keeps_a_toast_value_of_no_row_fails(tmp_path: Path) -> None:
+    """With no state at all, an update that left a TOAST value unchanged has no value to keep."""
+    lake = Lake(str(tmp_path / "lake"), "s")
+    log = Log(0x100)
+    log.add("I", 1, 1, "a")
+    log.add("U", 9, 2, None, unchanged=("big",))
+    commit(lake, log, 0x100)
+    with pytest.raises(LakeError, match=r"row 9 is neither in the state nor inserted earlier"):
+        arrow_merge.merge_small(lake, ["public.t"])
+    assert txn_version(lake.paths.state(T), lake.app) is None
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_random_batches_end_as_the_sequential_model(tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
@@ -129,13 +182,8 @@ def test_random_batches_end_as_the_sequential_model(tmp_path: Path, seed: int) -
 
 def test_what_it_declines_is_left_untouched_for_spark(tmp_path: Path) -> None:
     lake = Lake(str(tmp_path / "lake"), "s")
-    log = Log(0x100)
-    log.add("I", 1, 1, "a")
-    end = commit(lake, log, 0x100)
-    assert arrow_merge.merge_table(lake, "public.t", end) == (
-        "no state yet (a first state is written by Spark)"
-    )
     state_table(lake, {}, 0x100)
+    end = LSN(0x100)
     log = Log(int(end))
     log.add("T", None)
     log.add("I", 2, 2, "b")
@@ -214,7 +262,7 @@ def test_small_batches_merge_without_a_jvm_into_states_spark_made_and_back(
         source.sql(insert_sql("typed"), random_row(rng, key, big=key % 4 == 0))
     sink = str(tmp_path / "lake")
     ref = TableRef("public", "typed")
-    drain_in_process(spark, source, sink, window=1 << 20)  # the first state: Spark's
+    drain_in_process(spark, source, sink, window=1 << 20, small_rows=0)  # a first state by Spark
     assert_state_equals_source(source, sink, ref)
 
     caplog.set_level(logging.INFO, logger="airflow_pglogrepl.lake")
@@ -234,4 +282,49 @@ def test_small_batches_merge_without_a_jvm_into_states_spark_made_and_back(
     caplog.clear()
     drain_in_process(spark, source, sink, window=1 << 20)
     assert "merged by Spark: a TRUNCATE or a key change" in caplog.text
+    assert_state_equals_source(source, sink, ref)
+
+
+@pytest.mark.spark
+def test_a_first_state_written_here_takes_spark_merges_and_small_ones_after(
+    spark: Any, source: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every type the typed table holds, in a first state written without a JVM; then a key
+    change Spark merges into it (deletion vectors in a table delta-rs created); then a small
+    batch merged here again, over those vectors."""
+    import logging
+
+    from tests.support.drain import (
+        TYPED_TABLE,
+        assert_state_equals_source,
+        drain_in_process,
+        insert_sql,
+        random_row,
+    )
+
+    rng = random.Random(11)
+    source.sql(TYPED_TABLE.format(name="typed"))
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE typed")
+    for key in range(300):
+        source.sql(insert_sql("typed"), random_row(rng, key, big=key % 5 == 0))
+    source.sql("UPDATE typed SET i = i + 1 WHERE id % 3 = 0")
+    source.sql("DELETE FROM typed WHERE id % 11 = 0")
+    sink = str(tmp_path / "lake")
+    ref = TableRef("public", "typed")
+    caplog.set_level(logging.INFO, logger="airflow_pglogrepl.lake")
+    drain_in_process(spark, source, sink, window=1 << 20)
+    assert "state of public.typed written up to" in caplog.text
+    assert_state_equals_source(source, sink, ref)
+
+    caplog.clear()
+    source.sql("UPDATE typed SET id = -id WHERE id BETWEEN 1 AND 40")  # key changes: Spark's
+    drain_in_process(spark, source, sink, window=1 << 20)
+    assert "merged by Spark: a TRUNCATE or a key change" in caplog.text
+    assert_state_equals_source(source, sink, ref)
+
+    caplog.clear()
+    source.sql("UPDATE typed SET t = 'again' WHERE id % 2 = 0")
+    source.sql("DELETE FROM typed WHERE id < -30")
+    drain_in_process(spark, source, sink, window=1 << 20)
+    assert "without a JVM" in caplog.text and "merged by Spark" not in caplog.text
     assert_state_equals_source(source, sink, ref)

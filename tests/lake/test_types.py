@@ -453,6 +453,35 @@ def test_every_type_through_snapshot_drain_and_merge_equals_the_source(
     assert_lake_equals_source(source, sink, columns)
 
 
+@pytest.mark.usefixtures("spark")
+def test_every_type_in_a_first_state_written_without_a_jvm_then_merged_by_spark(
+    spark: Any, source: Source, tmp_path: Path
+) -> None:
+    """A lake begun by a drain (no snapshot): its first state is an Arrow append through
+    delta-rs (``lake.arrow_merge``), then Spark merges a key change into that table."""
+    sink = str(tmp_path / "lake")
+    for name, value in DATABASE_DEFAULTS.items():
+        source.sql(f'ALTER DATABASE "{source.db}" SET "{name}" = \'{value}\'')
+    for statement in USER_TYPES:
+        source.sql(statement)
+    columns = columns_of(source)
+    ddl = ", ".join(f"{c.name} {c.type}" for c in columns)
+    source.sql(f"CREATE TABLE every (id int PRIMARY KEY, {ddl})")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE every")
+    insert_rows(source, columns, (1, 2, 3, 4))
+    names = ", ".join(c.name for c in columns)
+    source.sql(f"UPDATE every SET ({names}) = (SELECT {names} FROM every WHERE id = 2) "
+               "WHERE id = 1")  # fmt: skip
+    source.sql("DELETE FROM every WHERE id = 4")
+    first = drain_in_process(spark, source, sink, window=ONE_WINDOW)
+    assert first["materialized"] == {"public.every": first["window_end_lsn"]}
+    assert_lake_equals_source(source, sink, columns)
+
+    source.sql("UPDATE every SET id = id + 100 WHERE id IN (2, 3)")  # key changes: Spark's
+    drain_in_process(spark, source, sink, window=ONE_WINDOW)
+    assert_lake_equals_source(source, sink, columns)
+
+
 def test_a_value_the_lake_cannot_hold_stops_the_drain_and_the_fix_it_names_works(
     spark: Any, source: Source, tmp_path: Path
 ) -> None:

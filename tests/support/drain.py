@@ -126,8 +126,10 @@ def drain_in_process(
     window: int,
     batch_rows: int = 200_000,
     columnar: bool = True,
+    small_rows: int | None = None,
 ) -> dict[str, Any]:
-    """One drain run on the session's Spark (no JVM start), then materialize, under the lock."""
+    """One drain run on the session's Spark (no JVM start), then materialize, under the lock;
+    ``small_rows`` as ``materialize`` takes it (0: every merge by Spark)."""
     hook = src.hook()
     lake = Lake(sink, src.slot, origins=hook.column_origins)
     with hook.writer_lock(src.slot) as lock:
@@ -136,7 +138,11 @@ def drain_in_process(
             source=hook, lake=lake, slot=src.slot, publications=[src.publication],
             max_window_bytes=window, batch_rows=batch_rows, columnar=columnar,
         ).run(time.monotonic()).to_dict()  # fmt: skip
-        result["materialized"] = materialize(spark, lake)
+        result["materialized"] = (
+            materialize(spark, lake)
+            if small_rows is None
+            else materialize(spark, lake, small_rows=small_rows)
+        )
     return result
 
 
