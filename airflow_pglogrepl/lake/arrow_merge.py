@@ -249,6 +249,12 @@ def merge_table(lake: Lake, name: str, end: LSN, *, max_rows: int = MAX_ROWS) ->
         before = int(target.version())
         lake.check_writer()
         _merge(target, source, keys, values, commit)
+        if delta.txn_version(uri, lake.app) != int(end):
+            # Nothing to change (every key's net effect cancelled out: an insert then a delete):
+            # delta-rs then commits nothing, yet the state must say it includes the batch, or
+            # it looks behind for ever (merged again each run, cuts held back).
+            delta.commit_files(uri, state, [], app=lake.app, version=int(end),
+                               expected=None if have is None else int(have))  # fmt: skip
     if is_local(uri):
         delta.make_log_durable(uri, after=before)
     fault("merge_committed")

@@ -180,6 +180,31 @@ def test_random_batches_end_as_the_sequential_model(tmp_path: Path, seed: int) -
         start = int(end)
 
 
+def test_a_batch_that_changes_nothing_still_moves_the_states_position(tmp_path: Path) -> None:
+    """An insert and a delete of the same key net to nothing: delta-rs' MERGE then commits
+    nothing, yet the state must record that it includes the batch (else it looks behind for
+    ever: merged again every run, a consistent cut held back)."""
+    from airflow_pglogrepl.lake.materialize import pending_tables
+
+    lake = Lake(str(tmp_path / "lake"), "s")
+    state_table(lake, {1: (1, "a")}, 0x100)
+    lake.record(kind="snapshot", start=LSN(0x100), end=LSN(0x100))
+    log = Log(0x100)
+    log.add("I", 5, 5, "x")
+    log.add("D", 5)
+    end = commit(lake, log, 0x100)
+    assert arrow_merge.merge_small(lake, ["public.t"]) == ({"public.t": str(end)}, [])
+    assert txn_version(lake.paths.state(T), lake.app) == int(end)
+    assert pending_tables(lake) == [] and state(lake) == {1: (1, "a")}
+    empty = Lake(str(tmp_path / "first"), "s")  # a first state of nothing: an empty table
+    log = Log(0x100)
+    log.add("I", 5, 5, "x")
+    log.add("D", 5)
+    end = commit(empty, log, 0x100)
+    assert arrow_merge.merge_small(empty, ["public.t"]) == ({"public.t": str(end)}, [])
+    assert txn_version(empty.paths.state(T), empty.app) == int(end) and state(empty) == {}
+
+
 def test_what_it_declines_is_left_untouched_for_spark(tmp_path: Path) -> None:
     lake = Lake(str(tmp_path / "lake"), "s")
     state_table(lake, {}, 0x100)
