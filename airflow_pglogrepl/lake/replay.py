@@ -37,10 +37,10 @@ merged at, the cut moves back to an earlier position, and this refuses and names
 positions it can read (a state of an earlier position is not the state at P). A table the lake
 did not hold yet at P has no rows there: an empty table of its current columns.
 
-LSNs are ``airflow_pglogrepl.lsn.LSN`` values, their text (``'0/16B3748'``) or integers. ``*_spark``
-variants return DataFrames read with ``versionAsOf`` at the same versions. Tables are named as
-``consistent_cut`` names them: a ``TableRef``, or its directory name (``layout.table_dir``:
-``schema.table`` for plain names).
+LSNs are ``airflow_pglogrepl.lsn.LSN`` values, their text (``'0/16B3748'``) or integers.
+``*_spark`` variants return DataFrames read with ``versionAsOf`` at the same versions. Tables are
+named as ``consistent_cut`` names them: a ``TableRef``, or its directory name
+(``layout.table_dir``: ``schema.table`` for plain names).
 """
 
 from __future__ import annotations
