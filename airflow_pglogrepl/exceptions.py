@@ -364,6 +364,32 @@ class LakeError(PgLogReplError):
     """The lake cannot be written as asked; the message names the table or path and the fix."""
 
 
+class ReplayRangeError(LakeError):
+    """A replay (``lake.replay``) asked for a table's changes or state where the lake cannot
+    give them exactly: past its position, before its beginning, over the changes a re-snapshot
+    took into the state, or at a position the table's state was not merged at. Nothing is
+    returned rather than an incomplete answer; the message says what the lake can give."""
+
+    def __init__(self, table: str, asked: str, why: str, available: str, fix: str) -> None:
+        self.table = table
+        self.asked = asked
+        self.available = available
+        super().__init__(f"{asked} of {table}: {why}. The lake can give {available}. Fix: {fix}")
+
+
+class TableNotInLakeError(LakeError):
+    """A replay named a table the lake has neither a changelog nor a state of."""
+
+    def __init__(self, table: str, root: str, known: Sequence[str]) -> None:
+        self.table = table
+        shown = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "")
+        super().__init__(
+            f"lake {root} has no table {table} (no changes/ and no state/ table of it); it "
+            f"holds: {shown or 'no tables'}. Fix: name the table as the lake does (schema.table, "
+            f"or a TableRef for names with dots or quotes), or check the publication"
+        )
+
+
 class SinkError(LakeError):
     """The lake (the sink) and the slot or snapshot disagree about what it holds: draining on
     would lose or double changes, so nothing is drained or committed."""

@@ -107,15 +107,7 @@ class ChangelogBatch:
         return pa.schema(
             [
                 *cl.mark_keys(base, self.table.key_names),
-                pa.field(cl.OP, pa.string()).with_metadata(
-                    cl.identity_metadata(self.table.replica_identity)
-                ),
-                pa.field(cl.COMMIT_LSN, pa.int64()),
-                pa.field(cl.SEQ, pa.int64()),
-                pa.field(cl.XID, pa.int64()),
-                pa.field(cl.COMMIT_TS, pa.timestamp("us", tz="UTC")),
-                pa.field(cl.UNCHANGED, pa.list_(pa.string())),
-                pa.field(cl.OLD, pa.struct([pa.field(f.name, f.type) for f in base])),
+                *cl.meta_fields(base, self.table.replica_identity),
             ]
         )
 

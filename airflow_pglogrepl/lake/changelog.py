@@ -63,6 +63,22 @@ def mark_keys(fields: pa.Schema | Sequence[pa.Field], key: Sequence[str]) -> lis
     ]
 
 
+def meta_fields(base: Sequence[pa.Field], replica_identity: str | None = None) -> list[pa.Field]:
+    """The metadata columns of a changelog whose table columns are ``base``, in order (what
+    follows the table's own columns in every ``changes/`` table)."""
+    import pyarrow as pa
+
+    return [
+        pa.field(OP, pa.string()).with_metadata(identity_metadata(replica_identity)),
+        pa.field(COMMIT_LSN, pa.int64()),
+        pa.field(SEQ, pa.int64()),
+        pa.field(XID, pa.int64()),
+        pa.field(COMMIT_TS, pa.timestamp("us", tz="UTC")),
+        pa.field(UNCHANGED, pa.list_(pa.string())),
+        pa.field(OLD, pa.struct([pa.field(f.name, f.type) for f in base])),
+    ]
+
+
 def identity_metadata(replica_identity: str | None) -> dict[str, str]:
     return {IDENTITY_META: replica_identity or "d"}
 

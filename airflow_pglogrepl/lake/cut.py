@@ -37,6 +37,11 @@ state, not the changelog); across tables it is still cut at P.
 A replay after a crash with a smaller window than the crashed run (``max_window_bytes``
 lowered) can leave a table's commit ending above the windows row that holds its first rows; such
 a table is read below that commit until the windows reach it.
+
+Time travel: with ``at``, L is the newest window end at or below ``at`` instead of the lake's
+position now, and everything above is taken as it is at L. That works because every version
+keeps its transaction: the logs answer for a past position as for the present one, as long as
+log cleanup and ``VACUUM`` left the versions (``lake.replay`` builds its calls on this).
 """
 
 from __future__ import annotations
@@ -86,25 +91,30 @@ def consistent_cut(
     *,
     kind: Kind = "state",
     slot: str | None = None,
+    at: LSN | str | int | None = None,
 ) -> Cut:
     """The versions of ``tables`` (default: every table of ``kind`` in the lake) that all hold
     the lake at one committed position, read from the Delta logs alone (no JVM, no SQL).
 
     ``slot`` names the drain whose app transactions to follow; without it the lake must hold
-    exactly one slot's windows. Raises ``HistoryExpiredError`` when a table can only be read
-    consistently at a version log cleanup removed (its state has not been merged for longer
-    than ``delta.logRetentionDuration``).
+    exactly one slot's windows. ``at`` (an LSN, its text such as ``'0/16B3748'``, or an int)
+    travels back: the cut is then taken at the newest committed position at or below ``at``
+    instead of the lake's position now (None when no window had committed there). Raises
+    ``HistoryExpiredError`` when a table can only be read consistently at a version log
+    cleanup removed (its state has not been merged for longer than
+    ``delta.logRetentionDuration``, or ``at`` is older than the log keeps).
     """
     if kind not in ("state", "changes"):
         raise ValueError(f"kind must be 'state' or 'changes', not {kind!r}")
     paths = LakePaths(root)
-    slot = slot if slot is not None else _only_slot(paths)
+    upto = _END if at is None else int(LSN(at))
+    slot = slot if slot is not None else only_slot(paths)
     app = app_id(slot)
     # The position first, the tables' logs after: every changes commit at or below it is then
     # listed (a window's tables commit before its windows row), and states seen are a prefix.
     windows = _Positions(paths, slot)
     names = _names(paths, kind) if tables is None else [_dir(t) for t in tables]
-    lake_position = windows.at_or_below(_END)
+    lake_position = windows.at_or_below(upto)
     if lake_position is None:
         return Cut(paths.root, kind, slot, None, dict.fromkeys(names))
     changes = {n: TxnLog(paths.changes(n), app) for n in names}
@@ -180,7 +190,7 @@ class _Positions:
         return [int(LSN(r["end_lsn"])) for r in rows if r["slot"] == self._slot and r["end_lsn"]]
 
 
-def _only_slot(paths: LakePaths) -> str:
+def only_slot(paths: LakePaths) -> str:
     """The one slot whose windows the lake holds (a lake may hold several: then name it)."""
     from airflow_pglogrepl.lake.delta import open_table, read_table
 

@@ -177,6 +177,49 @@ def test_tables_that_do_not_exist_at_the_position_are_none(built: Built) -> None
     assert consistent_cut(built.root, kind="changes").versions == {A: 1, C: 0}
 
 
+def test_a_cut_at_an_lsn_is_the_cut_of_the_newest_position_at_or_below_it(built: Built) -> None:
+    built.changes(A, 10, 1)
+    built.changes(B, 10, 1)
+    built.window(10)
+    built.state(A, 10, [1])
+    built.state(B, 10, [1])
+    a_at_10, b_at_10 = built.version("state", A), built.version("state", B)
+    built.changes(A, 20, 2)
+    built.window(20)
+    built.changes(A, 30, 3)
+    built.changes(B, 30, 3)
+    built.window(30)
+    built.state(A, 30, [1, 2, 3])
+    built.state(B, 30, [1, 3])
+    now = consistent_cut(built.root, [A, B])
+    assert consistent_cut(built.root, [A, B], at=LSN(30)) == now
+    assert consistent_cut(built.root, [A, B], at="0/FFFFFFFF") == now
+    back = consistent_cut(built.root, [A, B], at="0/1D")  # 29: the position of 20
+    # a's changes of 20 were never merged at 20: back again, to 10, where both were
+    assert (back.position, back.versions) == (LSN(10), {A: a_at_10, B: b_at_10})
+    assert {name: ids(t) for name, t in read_cut(back).items()} == {A: [1], B: [1]}
+    changes = consistent_cut(built.root, [A, B], kind="changes", at=25)
+    assert (changes.position, changes.versions) == (LSN(20), {A: 1, B: 0})
+    assert sorted(read_cut(changes)[A].column("_commit_lsn").to_pylist()) == [9, 19]
+    before = consistent_cut(built.root, [A, B], at=9)
+    assert (before.position, before.versions) == (None, {A: None, B: None})
+
+
+def test_a_cut_at_an_lsn_older_than_a_log_keeps_has_expired(built: Built) -> None:
+    for end in (10, 20, 30):
+        built.changes(A, end, end)
+        built.window(end)
+        built.state(A, end, range(10, end + 1, 10))
+    state = delta.open_table(built.paths.state(A))
+    assert state is not None
+    type(state)(built.paths.state(A), version=1).create_checkpoint()
+    for version in (0, 1):
+        os.remove(Path(built.paths.state(A), "_delta_log", f"{version:020d}.json"))
+    assert ids(read_cut(consistent_cut(built.root, [A], at=25))[A]) == [10, 20]
+    with pytest.raises(HistoryExpiredError, match="version 1"):
+        consistent_cut(built.root, [A], at=15)
+
+
 def test_a_lake_without_a_window_has_no_position(built: Built) -> None:
     cut = consistent_cut(built.root, [A], slot=SLOT)
     assert (cut.position, cut.versions) == (None, {A: None})
