@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.exceptions import LakeCommitConflictError, LakeError, PgLogReplError
@@ -74,18 +75,19 @@ FIRST_STATE_ROWS = 2_000_000
 STATE_CONFIG = {"delta.enableDeletionVectors": "true"}
 
 _P = "__pglr_"
-_DELETE, _FILL = f"{_P}delete", f"{_P}fill_target"
+DELETE_COLUMN, _FILL = f"{_P}delete", f"{_P}fill_target"
 
 
-def _sent(i: int) -> str:
+def sent_column(i: int) -> str:
+    """The column of a net change that says whether its ``i``-th value was sent at all."""
     return f"{_P}sent{i}"
 
 
 def net_upserts(batch: pa.Table, keys: Sequence[str], values: Sequence[str]) -> pa.Table | None:
     """The net change of a batch with no TRUNCATE and no key change, one row per touched key:
-    the key columns, each value column (its latest sent value), ``_sent(i)`` (whether the
+    the key columns, each value column (its latest sent value), ``sent_column(i)`` (whether the
     ``i``-th value was sent at all), ``_FILL`` (no INSERT of the key in the batch: unsent
-    columns keep the target's value) and ``_DELETE`` (the key's last change is a delete).
+    columns keep the target's value) and ``DELETE_COLUMN`` (the key's last change is a delete).
     None when the batch has a TRUNCATE or moves a row to another key."""
     import numpy as np
     import pyarrow as pa
@@ -128,21 +130,43 @@ def net_upserts(batch: pa.Table, keys: Sequence[str], values: Sequence[str]) -> 
     )
     out: dict[str, Any] = {key: grouped.column(key) for key in keys}
     last = grouped.column(f"{_P}pos_max")
-    out[_DELETE] = pc.equal(pc.take(op, last), DELETE)
+    out[DELETE_COLUMN] = pc.equal(pc.take(op, last), DELETE)
     out[_FILL] = pc.invert(grouped.column(f"{_P}ins_any"))
     for i, name in enumerate(values):
         at = grouped.column(f"{_P}sp{i}_max")
         valid = pc.greater_equal(at, 0)
         out[name] = pc.take(batch.column(name), pc.if_else(valid, at, pa.scalar(None, pa.int64())))
-        out[_sent(i)] = valid
+        out[sent_column(i)] = valid
     return pa.table(out)
 
 
+@dataclass(frozen=True)
+class Reduced:
+    """A batch's net change (``net_upserts``, cast to the state's types), reduced here for a
+    state too big for delta-rs' copy-on-write MERGE: Spark merges it
+    (``materialize.merge_reduced``) without planning the reduction's shuffles again."""
+
+    name: str
+    end: LSN
+    have: int | None  # the state's transaction version the batch was read against
+    keys: tuple[str, ...]
+    values: tuple[str, ...]
+    rows: pa.Table
+    changes: int
+
+
 def merge_small(
-    lake: Lake, tables: Sequence[str], *, max_rows: int = MAX_ROWS
+    lake: Lake,
+    tables: Sequence[str],
+    *,
+    max_rows: int = MAX_ROWS,
+    reduced: dict[str, Reduced] | None = None,
 ) -> tuple[dict[str, str], list[str]]:
     """Merge here each of ``tables`` this path takes, up to the lake's position; returns the
-    merged tables (table -> the LSN its state includes now) and the declined ones, for Spark."""
+    merged tables (table -> the LSN its state includes now) and the declined ones, for Spark.
+
+    With ``reduced``, a table declined only because its state is too big to rewrite is reduced
+    here anyway and its net change put there (it is still among the declined)."""
     end = lake.position()
     if end is None or max_rows <= 0:
         return {}, list(tables)
@@ -150,7 +174,7 @@ def merge_small(
     declined: list[str] = []
     for name in tables:
         try:
-            why = merge_table(lake, name, end, max_rows=max_rows)
+            why = merge_table(lake, name, end, max_rows=max_rows, reduced=reduced)
         except PgLogReplError:
             raise  # the lake's own refusals (a lost lock, a row nowhere): not Spark's to redo
         except Exception as exc:  # delta-rs's own classes: nothing was committed
@@ -171,9 +195,17 @@ def merge_small(
     return merged, declined
 
 
-def merge_table(lake: Lake, name: str, end: LSN, *, max_rows: int = MAX_ROWS) -> str | None:
+def merge_table(
+    lake: Lake,
+    name: str,
+    end: LSN,
+    *,
+    max_rows: int = MAX_ROWS,
+    reduced: dict[str, Reduced] | None = None,
+) -> str | None:
     """Merge ``changes/<name>`` up to ``end`` into ``state/<name>`` here; None when done, else
-    why this path declines the table (nothing was written)."""
+    why this path declines the table (nothing was written). A state too big to rewrite here
+    is declined after its batch is reduced, into ``reduced`` when given (``merge_small``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     from deltalake import CommitProperties, Transaction
@@ -197,6 +229,7 @@ def merge_table(lake: Lake, name: str, end: LSN, *, max_rows: int = MAX_ROWS) ->
         return f"a column named like this path's own ({_P}...)"
     if any(pa.types.is_floating(schema.field(k).type) for k in keys):
         return "a floating-point key (-0.0 and 0.0 group apart in Arrow, equal in a MERGE)"
+    too_big = None
     if target is None:
         state = pa.schema([schema.field(c) for c in columns])
         limit = max(max_rows, FIRST_STATE_ROWS)
@@ -206,7 +239,9 @@ def merge_table(lake: Lake, name: str, end: LSN, *, max_rows: int = MAX_ROWS) ->
             return "new columns for the state"
         size = _state_bytes(target)
         if size > MAX_STATE_BYTES:
-            return f"a state of {size} bytes (this path rewrites the files it touches)"
+            too_big = f"a state of {size} bytes (this path rewrites the files it touches)"
+            if reduced is None:
+                return too_big
         limit = max_rows
     in_range = pc.field(COMMIT_LSN) < int(end)
     if have is not None:
@@ -223,6 +258,14 @@ def merge_table(lake: Lake, name: str, end: LSN, *, max_rows: int = MAX_ROWS) ->
     net = net_upserts(batch, keys, values)
     if net is None:
         return "a TRUNCATE or a key change"
+    if too_big is not None and reduced is not None:
+        try:
+            rows = net.cast(_wanted(net, state, columns))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+            return f"types the state holds differently ({exc})"
+        reduced[name] = Reduced(name, end, None if have is None else int(have), tuple(keys),
+                                tuple(values), rows, batch.num_rows)  # fmt: skip
+        return f"{too_big}; reduced here ({batch.num_rows} changes, {net.num_rows} keys)"
     missing = _updates_of_missing_rows(target, net, keys, values)  # (no state: every such row)
     if missing is None:
         return "an update with unchanged TOAST values to check against a non-integer, non-text key"
@@ -232,16 +275,15 @@ def merge_table(lake: Lake, name: str, end: LSN, *, max_rows: int = MAX_ROWS) ->
             f"version to keep: row {missing[0]} is neither in the state nor inserted earlier. "
             f"Nothing was merged. Fix: re-snapshot the table (tables=[...])"
         )
-    wanted = pa.schema([state.field(f.name) if f.name in columns else f for f in net.schema])
     try:
-        source = net.cast(wanted)
+        source = net.cast(_wanted(net, state, columns))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
         return f"types the state holds differently ({exc})"
     uri = lake.paths.state(name)
     commit = CommitProperties(app_transactions=[Transaction(lake.app, int(end))])
     fault("merge_created")
     if target is None:
-        rows = source.filter(pc.invert(source.column(_DELETE))).select(columns)
+        rows = source.filter(pc.invert(source.column(DELETE_COLUMN))).select(columns)
         lake.check_writer()
         _create(uri, rows, commit)
         before = None
@@ -273,6 +315,13 @@ def _create(uri: str, rows: pa.Table, commit: Any) -> None:
     write_deltalake(uri, rows, mode="error", configuration=STATE_CONFIG, commit_properties=commit)
 
 
+def _wanted(net: pa.Table, state: pa.Schema, columns: Sequence[str]) -> pa.Schema:
+    """The net change's schema with the state's own type for each table column."""
+    import pyarrow as pa
+
+    return pa.schema([state.field(f.name) if f.name in columns else f for f in net.schema])
+
+
 def _text(metadata: dict[bytes, bytes] | None) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in (metadata or {}).items()}
 
@@ -302,8 +351,10 @@ def _updates_of_missing_rows(
         return []
     from functools import reduce
 
-    complete = reduce(pc.and_, [net.column(_sent(i)) for i in range(len(values))])
-    needs = pc.and_(pc.invert(net.column(_DELETE)), pc.and_(net.column(_FILL), pc.invert(complete)))
+    complete = reduce(pc.and_, [net.column(sent_column(i)) for i in range(len(values))])
+    needs = pc.and_(
+        pc.invert(net.column(DELETE_COLUMN)), pc.and_(net.column(_FILL), pc.invert(complete))
+    )
     asked = net.filter(needs).select(list(keys))
     if asked.num_rows == 0:
         return []
@@ -332,13 +383,13 @@ def _merge(target: Any, source: pa.Table, keys: Sequence[str], values: Sequence[
            commit: Any) -> None:  # fmt: skip
     on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in keys)
     update = {
-        _quote(c): f"CASE WHEN s.{_sent(i)} THEN s.{_quote(c)} ELSE t.{_quote(c)} END"
+        _quote(c): f"CASE WHEN s.{sent_column(i)} THEN s.{_quote(c)} ELSE t.{_quote(c)} END"
         for i, c in enumerate(values)
     }
     insert = {_quote(c): f"s.{_quote(c)}" for c in [*keys, *values]}
     merger = target.merge(source, on, source_alias="s", target_alias="t",
                           commit_properties=commit)  # fmt: skip
-    merger = merger.when_matched_delete(predicate=f"s.{_DELETE}")
+    merger = merger.when_matched_delete(predicate=f"s.{DELETE_COLUMN}")
     if values:
-        merger = merger.when_matched_update(updates=update, predicate=f"NOT s.{_DELETE}")
-    merger.when_not_matched_insert(updates=insert, predicate=f"NOT s.{_DELETE}").execute()
+        merger = merger.when_matched_update(updates=update, predicate=f"NOT s.{DELETE_COLUMN}")
+    merger.when_not_matched_insert(updates=insert, predicate=f"NOT s.{DELETE_COLUMN}").execute()

@@ -104,14 +104,68 @@ def materialize(
     names = pending_tables(lake) if tables is None else tables
     if not names:
         return {}
-    merged, rest = arrow_merge.merge_small(lake, names, max_rows=small_rows)
+    reduced: dict[str, arrow_merge.Reduced] = {}
+    merged, rest = arrow_merge.merge_small(lake, names, max_rows=small_rows, reduced=reduced)
     if not rest:
         return merged
     session = spark() if callable(spark) else spark
     with ThreadPoolExecutor(max_workers=max(1, parallelism), thread_name_prefix="merge") as pool:
-        futures = {name: pool.submit(materialize_table, session, lake, name, end) for name in rest}
+        futures = {
+            name: pool.submit(merge_reduced, session, lake, reduced[name])
+            if name in reduced
+            else pool.submit(materialize_table, session, lake, name, end)
+            for name in rest
+        }
         merged.update({name: str(future.result()) for name, future in futures.items()})
     return merged
+
+
+def merge_reduced(spark: Any, lake: Lake, batch: arrow_merge.Reduced) -> LSN:
+    """Merge a batch reduced in Arrow (``arrow_merge.Reduced``) into a big state with Spark: the
+    net change is a local DataFrame, so of Spark's work only the MERGE's own is left (the scan
+    that finds the touched files, the deletion vectors, the commit), writing deletion vectors
+    instead of rewriting the files delta-rs would."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as sf
+
+    from airflow_pglogrepl.exceptions import LakeCommitConflictError
+
+    name, end = batch.name, batch.end
+    path = lake.paths.state(name)
+    found = lake.state_version(name)
+    if found is not None and found >= end:
+        return found  # merged already
+    if (None if found is None else int(found)) != batch.have:  # moved since it was reduced
+        raise LakeCommitConflictError(path, lake.app, batch.have,
+                                      None if found is None else int(found), int(end))  # fmt: skip
+    session = spark.newSession()
+    source = session.createDataFrame(batch.rows).alias("s")
+    deleting = _s(arrow_merge.DELETE_COLUMN)
+    on = _all([_t(k) == _s(_name(k)) for k in batch.keys])
+    update: dict[str, str | Column] = {}
+    insert: dict[str, str | Column] = {_name(k): _s(_name(k)) for k in batch.keys}
+    for i, column_name in enumerate(batch.values):
+        sent = _s(arrow_merge.sent_column(i))
+        value = _s(_name(column_name))
+        update[_name(column_name)] = sf.when(sent, value).otherwise(_t(column_name))
+        insert[_name(column_name)] = sf.when(sent, value).otherwise(_unsent(column_name))
+    fault("merge_created")
+    session.conf.set(TXN_APP_CONF, lake.app)
+    session.conf.set(TXN_VERSION_CONF, str(int(end)))
+    try:
+        target = DeltaTable.forPath(session, path).alias("t")
+        merge = target.merge(source, on).whenMatchedDelete(condition=deleting)
+        if update:
+            merge = merge.whenMatchedUpdate(condition=~deleting, set=update)
+        lake.check_writer()  # the last moment before the merge commits
+        merge.whenNotMatchedInsert(condition=~deleting, values=insert).execute()
+    finally:
+        session.conf.unset(TXN_APP_CONF)
+        session.conf.unset(TXN_VERSION_CONF)
+    fault("merge_committed")
+    log.info("state of %s merged up to %s by Spark, reduced without it (%d changes, %d keys)",
+             name, end, batch.changes, batch.rows.num_rows)  # fmt: skip
+    return end
 
 
 def materialize_table(spark: Any, lake: Lake, name: str, end: LSN) -> LSN | None:

@@ -353,3 +353,55 @@ def test_a_first_state_written_here_takes_spark_merges_and_small_ones_after(
     drain_in_process(spark, source, sink, window=1 << 20)
     assert "without a JVM" in caplog.text and "merged by Spark" not in caplog.text
     assert_state_equals_source(source, sink, ref)
+
+
+# A state too big for delta-rs' copy-on-write MERGE: the batch is reduced here, Spark merges it.
+
+
+@pytest.mark.spark
+def test_a_big_states_batch_is_reduced_here_and_merged_by_spark(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from airflow_pglogrepl.lake.materialize import materialize
+
+    monkeypatch.setattr(arrow_merge, "MAX_STATE_BYTES", 0)  # every state is "big"
+    caplog.set_level(logging.INFO, logger="airflow_pglogrepl.lake")
+    rng = random.Random(5)
+    lake = Lake(str(tmp_path / "lake"), "s")
+    model: Model = {k: (k, "s" * k) for k in range(1, 8)}
+    state_table(lake, model, 0x100)
+    lake.record(kind="snapshot", start=LSN(0x100), end=LSN(0x100))
+    start = 0x100
+    for _ in range(3):
+        log = Log(start)
+        play(rng, model, log, rng.randrange(10, 30))
+        end = commit(lake, log, start)
+        assert materialize(spark, lake) == {"public.t": str(end)}
+        assert state(lake) == model
+        assert txn_version(lake.paths.state(T), lake.app) == int(end)
+        start = int(end)
+    assert caplog.text.count("by Spark, reduced without it") == 3
+
+    log = Log(start)
+    log.add("U", 99, 1, None, unchanged=("big",))  # row 99 is nowhere: Spark's raise_error
+    commit(lake, log, start)
+    with pytest.raises(Exception, match="unchanged TOAST value of column 'big'"):
+        materialize(spark, lake)
+    assert txn_version(lake.paths.state(T), lake.app) == start and state(lake) == model
+
+
+def test_a_reduced_batch_whose_state_moved_since_is_refused(tmp_path: Path) -> None:
+    """Reduced against one state version, merged only onto that one (a compare-and-set)."""
+    from airflow_pglogrepl.exceptions import LakeCommitConflictError
+    from airflow_pglogrepl.lake.materialize import merge_reduced
+
+    lake = Lake(str(tmp_path / "lake"), "s")
+    state_table(lake, {1: (1, "a")}, 0x200)
+    moved = arrow_merge.Reduced("public.t", LSN(0x300), 0x100, ("id",), ("v", "big"),
+                                pa.table({"id": [1]}), 1)  # fmt: skip
+    with pytest.raises(LakeCommitConflictError):
+        merge_reduced(None, lake, moved)
+    done = arrow_merge.Reduced("public.t", LSN(0x200), 0x100, ("id",), ("v",), pa.table({}), 0)
+    assert merge_reduced(None, lake, done) == LSN(0x200)  # merged already: nothing to do
