@@ -9,95 +9,26 @@ removal stamps it wrote are moved back by the hours given, as if the lake had ru
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
-from deltalake import CommitProperties, Transaction, write_deltalake
 
 from airflow_pglogrepl.exceptions import UnsafeRetentionError, WriterLockLostError
 from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.cut import consistent_cut, read_cut
 from airflow_pglogrepl.lake.lake import Lake
-from airflow_pglogrepl.lake.layout import LakePaths, app_id
 from airflow_pglogrepl.lake.txnlog import TxnLog
 from airflow_pglogrepl.lake.upkeep import WINDOWS, Keep, Thresholds, upkeep
 from airflow_pglogrepl.lsn import LSN
+from tests.support.upkeep import APP, SLOT, Built, age, files, ids, log_names, versions
 
-SLOT = "slot_u"
-APP = app_id(SLOT)
 A, B = "public.a", "public.b"
 # No floor and no kept hours: what is kept is decided by the kept LSN alone.
 BY_LSN = dict(hours=None, min_retention_hours=0.0)
 EAGER = Thresholds(max_files=4, max_small_files=3, max_dv_files=1)
-
-
-class Built:
-    """A lake written the way the drain writes it: changes, then the windows row, then state."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = str(root)
-        self.paths = LakePaths(self.root)
-        self.lake = Lake(self.root, SLOT)
-        self.start = 0
-
-    def window(self, end: int, rows: dict[str, list[int]]) -> None:
-        for table, ids in rows.items():
-            lsns = pa.array([end - 1] * len(ids), pa.int64())
-            batch = pa.table({"id": pa.array(ids, pa.int64()), "_commit_lsn": lsns})
-            uri = self.paths.changes(table)
-            written = delta.write_file(uri, batch, prefix=f"{end:016X}")
-            delta.commit_files(uri, batch.schema, [written], app=APP, version=end,
-                               expected=delta.txn_version(uri, APP))  # fmt: skip
-        self.lake.record(kind="window", start=LSN(self.start), end=LSN(end))
-        self.start = end
-
-    def state(self, table: str, at: int, ids: list[int], **config: str) -> None:
-        """The whole state at ``at`` as one version (an overwrite: the old files are removed)."""
-        rows = pa.table({"id": pa.array(sorted(ids), pa.int64())})
-        commit = CommitProperties(app_transactions=[Transaction(APP, at)])
-        write_deltalake(self.paths.state(table), rows, mode="overwrite",
-                        configuration=config or None, commit_properties=commit)  # fmt: skip
-
-
-def versions(uri: str) -> int:
-    table = delta.open_table(uri)
-    assert table is not None
-    return int(table.version())
-
-
-def files(uri: str) -> int:
-    table = delta.open_table(uri)
-    assert table is not None
-    return len(table.file_uris())
-
-
-def ids(uri: str, version: int | None = None) -> list[int]:
-    return sorted(delta.read_table(uri, version).column("id").to_pylist())
-
-
-def log_names(uri: str) -> list[str]:
-    return sorted(os.listdir(os.path.join(uri, "_delta_log")))
-
-
-def age(uri: str, hours: dict[int, float]) -> None:
-    """Move versions of a table back in time: ``hours[v]`` for version ``v``."""
-    now = time.time()
-    for version, back in hours.items():
-        path = os.path.join(uri, "_delta_log", f"{version:020d}.json")
-        shift = int(back * 3600 * 1000)
-        actions = [json.loads(line) for line in Path(path).read_text().splitlines() if line]
-        for action in actions:
-            for kind, key in (("commitInfo", "timestamp"), ("remove", "deletionTimestamp"),
-                              ("add", "modificationTime")):  # fmt: skip
-                if kind in action and action[kind].get(key) is not None:
-                    action[kind][key] -= shift
-        Path(path).write_text("".join(json.dumps(a) + "\n" for a in actions))
-        os.utime(path, (now - back * 3600, now - back * 3600))
 
 
 def test_compaction_packs_small_files_and_keeps_every_row_and_position(tmp_path: Path) -> None:
