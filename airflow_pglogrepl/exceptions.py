@@ -677,6 +677,24 @@ class WriterLockLostError(LakeError):
         )
 
 
+class UnsafeRetentionError(LakeError):
+    """A lake upkeep was asked to VACUUM with a retention shorter than a table allows: files a
+    running reader's snapshot may still read would be removed. Refused before anything is done."""
+
+    def __init__(self, table: str, asked_hours: float, floor_hours: float, why: str) -> None:
+        self.table = table
+        self.asked_hours = asked_hours
+        self.floor_hours = floor_hours
+        super().__init__(
+            f"refusing to VACUUM {table} keeping removed files for {asked_hours:g} hours: {why} "
+            f"requires at least {floor_hours:g} hours, and a shorter retention can delete files "
+            f"that a reader which started before the removal still reads. Nothing was done. "
+            f"Fix: keep at least {floor_hours:g} hours (keep_hours), or, if no reader of the "
+            f"lake runs that long, lower min_retention_hours (or the table's "
+            f"delta.deletedFileRetentionDuration) on purpose"
+        )
+
+
 class LakeCommitConflictError(SinkError):
     """A lake commit was refused because the table's log does not hold what this run read
     before writing: another writer committed in between, or the commit would move the table's

@@ -53,6 +53,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_pglogrepl.operators.finalize",
                     "airflow_pglogrepl.operators.drain",
                     "airflow_pglogrepl.operators.snapshot",
+                    "airflow_pglogrepl.operators.upkeep",
                 ],
             }
         ],

@@ -1,4 +1,5 @@
-"""Scheduled incremental drain: initial snapshot (first run) -> slot health -> drain -> lag report.
+"""Scheduled incremental drain: initial snapshot (first run) -> slot health -> drain -> lag report
+and lake upkeep.
 
 The DAG bootstraps itself: while the sink holds nothing, ``initial_snapshot`` creates the slot
 with an exported snapshot and copies the published tables on Spark at exactly the slot's start
@@ -12,6 +13,12 @@ exist, e.g. ``AIRFLOW_CONN_SPARK_LOCAL='{"conn_type": "spark", "host": "local[*]
 lake root is ``PGLOGREPL_SINK`` and the schedule ``PGLOGREPL_DRAIN_SCHEDULE``. One run at a time, no
 catch-up: each run drains what the slot holds when it starts, in windows of
 ``max_window_bytes``.
+
+After the drain, ``upkeep`` compacts, vacuums and checkpoints the lake (``LakeUpkeepOperator``)
+under the same writer lock, so it never runs beside a drain or snapshot (it is skipped, not
+failed, if one holds the lock: the next run maintains the lake). VACUUM keeps every version of
+the last ``upkeep_keep_hours`` (and from ``upkeep_keep_lsn``, when set) readable, never less than
+``upkeep_min_retention_hours``.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from airflow.sdk import DAG, Param, task
 from airflow_pglogrepl.operators.drain import SlotDrainOperator
 from airflow_pglogrepl.operators.slots import SlotHealthCheckOperator
 from airflow_pglogrepl.operators.snapshot import InitialSnapshotOperator
+from airflow_pglogrepl.operators.upkeep import LakeUpkeepOperator
 
 SINK = os.environ.get("PGLOGREPL_SINK", "/tmp/pglogrepl-lake")
 
@@ -45,6 +53,12 @@ with DAG(
         "max_retained_bytes": Param(None, type=["null", "integer"]),
         "snapshot_tasks_per_table": Param(None, type=["null", "integer"]),
         "snapshot_rows_per_task": Param(1_000_000, type="integer", minimum=1),
+        # the lake's upkeep: what VACUUM keeps readable, and when a table is compacted
+        "upkeep_keep_lsn": Param(None, type=["null", "string"]),
+        "upkeep_keep_hours": Param(7 * 24, type=["null", "number"], minimum=0),
+        "upkeep_min_retention_hours": Param(7 * 24, type="number", minimum=0),
+        "upkeep_max_files": Param(100, type="integer", minimum=1),
+        "upkeep_max_small_files": Param(20, type="integer", minimum=2),
     },
     tags=["pglogrepl"],
 ) as dag:
@@ -95,4 +109,16 @@ with DAG(
         print(f"lag report: {report}")
         return report
 
-    snapshot >> health >> drain >> lag_report()
+    upkeep = LakeUpkeepOperator(
+        task_id="upkeep",
+        postgres_conn_id="{{ params.postgres_conn_id }}",
+        slot_name="{{ params.slot }}",
+        sink=SINK,
+        keep_lsn="{{ params.upkeep_keep_lsn }}",
+        keep_hours="{{ params.upkeep_keep_hours }}",
+        min_retention_hours="{{ params.upkeep_min_retention_hours }}",
+        max_files="{{ params.upkeep_max_files }}",
+        max_small_files="{{ params.upkeep_max_small_files }}",
+    )
+
+    snapshot >> health >> drain >> [lag_report(), upkeep]

@@ -271,7 +271,8 @@ def _brief(result: Any) -> str:
     if not isinstance(result, dict):
         return "" if result is None else str(result)[:80]
     keys = ("status", "consistent_point", "rows", "fence_lsn", "confirmed_flush_lsn_after",
-            "windows", "changes", "lag_bytes", "checked", "passed", "changed")  # fmt: skip
+            "windows", "changes", "lag_bytes", "checked", "passed", "changed", "compacted",
+            "files_removed")  # fmt: skip
     parts = [
         f"{k}={result[k]}" for k in keys if k in result and not isinstance(result[k], dict | list)
     ]

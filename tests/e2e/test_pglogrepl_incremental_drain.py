@@ -85,6 +85,9 @@ def test_drain_dag_end_to_end_with_spark_submit(
         "slot": "lake_dag",
         "publications": ["lake_dag_pub"],
         "max_window_bytes": 64 * 1024,
+        # the upkeep compacts a table from two small files on (the default waits for 20)
+        "upkeep_max_files": 2,
+        "upkeep_max_small_files": 2,
     }
     # First run: no slot, empty sink -> the initial snapshot creates the slot and copies the
     # table at its start; the drain after it finds nothing new and succeeds with zero changes.
@@ -119,11 +122,22 @@ def test_drain_dag_end_to_end_with_spark_submit(
     report = latest_xcom("lag_report")
     assert report["confirmed_flush_lsn"] == confirmed and report["wal_status"] == "reserved"
     assert lake_rows(str(sink), orders) == source_rows(publisher, db, "orders")
+    # the upkeep ran after the drain: the windows' changelog files packed into one, the windows
+    # table compacted, every table checkpointed; rows (above) and the position unchanged
+    upkeep = {t["table"]: t for t in latest_xcom("upkeep")["tables"]}
+    changes = upkeep["changes/public.orders"]
+    assert changes["compacted"] and changes["files_before"] > 1 == changes["files_after"], changes
+    assert upkeep["_pglogrepl/windows"]["compacted"], upkeep
+    assert all(t["checkpoint"] == t["version_after"] for t in upkeep.values()), upkeep
+    from airflow_pglogrepl.lake.lake import Lake
+    from airflow_pglogrepl.lsn import LSN
+
+    assert Lake(str(sink), "lake_dag").position() == LSN(confirmed)
     # the DSN's password never reached the task log or XCom
     password = publisher.params(db)["password"]
     for run in (first, second):
         assert password not in run.stdout + run.stderr
-    assert password not in json.dumps(result) + json.dumps(snapshot)
+    assert password not in json.dumps(result) + json.dumps(snapshot) + json.dumps(upkeep)
 
 
 @pytest.fixture(scope="module")

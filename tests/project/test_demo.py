@@ -39,6 +39,8 @@ def test_demo_runs_and_reports(tmp_path: Path, pg_tool: Callable[[str], Path]) -
     assert summary["snapshot"]["tasks"]["initial_snapshot"]["result"]["committed"] is True
     assert drain["tasks"]["initial_snapshot"]["result"]["status"] == "exists"
     assert drain["tasks"]["drain"]["result"]["changes"] > 0
+    assert drain["tasks"]["upkeep"]["state"] == "success"  # the lake's upkeep ran after the drain
+    assert drain["tasks"]["upkeep"]["result"]["tables"]
     # the lake holds exactly the old primary's rows, table by table
     assert summary["lake_rows"] == summary["source_rows"]  # read through deltalake, no JVM
     assert summary["lake_rows_spark_sql"] == summary["source_rows"]  # and through Spark SQL

@@ -1,0 +1,486 @@
+"""Lake upkeep: compaction, VACUUM and log checkpoints that never take away a kept position.
+
+Why a lake needs it: every window adds one small Parquet file to each table it touches and one
+to ``_pglogrepl/windows``, every merge replaces files (or adds deletion vectors), and nothing is
+ever deleted. Left alone, reads slow down with the file count, the log grows a version per
+window, and replaced files fill the storage. So, for one lake root, per table:
+
+1. **compaction** (``optimize.compact``, bin-packing) once the table passes a file-count,
+   small-file or deletion-vector threshold (``Thresholds``). delta-rs applies deletion vectors
+   to the rows it rewrites, so compaction also purges the vectors of the files it packs; a file
+   it leaves alone (bigger than the target, or alone in its bin) keeps them, and the report says
+   how to purge those with Spark (``REORG TABLE ... APPLY (PURGE)``). Measured on Spark-written
+   deletion-vector tables (delta-spark 4.4.0, deltalake 1.6.6): Spark and delta-rs read the same
+   rows before and after, and the app transactions carry over, so a compaction commit (which
+   carries none) belongs to the transaction before it, as ``lake.txnlog`` reads it;
+2. **VACUUM** in delta-rs's "lite" mode (only files the log removed), with a retention computed
+   per table so that every version from the kept position on stays readable (``Keep``), and
+   that version's own files protected by name (``keep_versions``). Never the "full" mode: it
+   judges unreferenced files by modification time and removed the deletion-vector files of
+   versions still kept (measured), and it cannot see removals older than the last checkpoint's
+   tombstones;
+3. a **checkpoint** at the table's version, so readers replay a short log;
+4. **log cleanup** (``cleanup_metadata``, by the table's ``delta.logRetentionDuration``) only
+   when, simulated on the listed log, it leaves the kept version readable; else it is skipped and
+   the report says why.
+
+The retention rule. A file the log removed at version r is needed by versions before r only. If
+version K holds the kept position (its newest version whose app transaction is at or below the
+kept LSN, as ``lake.cut`` reads it; or, for kept hours, the version current that many hours
+ago), every file a version >= K needs was removed after K was committed. A retention of "the
+age of K, plus a margin for writers' clocks" therefore keeps them all. The retention is never
+below a floor that protects running readers: ``min_retention_hours`` (default Delta's 7 days)
+or the table's own ``delta.deletedFileRetentionDuration`` when longer. A kept-hours shorter than
+that floor is refused (``UnsafeRetentionError``), before anything is done; a kept LSN younger
+than it is simply kept longer.
+
+Exclusivity: the caller holds the lake's writer lock (``hooks.pg.locks``), and ``writer_check``
+proves it before every commit made here (a ``WriterLockLostError`` stops the upkeep before its
+next commit). A lake being drained is maintained by the next run, never concurrently.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from airflow_pglogrepl.exceptions import LakeError, UnsafeRetentionError
+from airflow_pglogrepl.lake import delta
+from airflow_pglogrepl.lake.layout import LakePaths, app_id, is_local
+from airflow_pglogrepl.lake.txnlog import HistoryExpiredError, TxnLog, filesystem
+from airflow_pglogrepl.lsn import LSN
+
+log = logging.getLogger("airflow_pglogrepl.lake")
+
+WINDOWS = "_pglogrepl/windows"
+# Writers stamp removals with their own clocks and storage stamps log files with its: an hour
+# more than the computed age absorbs any skew between them.
+MARGIN_HOURS = 1.0
+# Delta's defaults when a table does not set them (delta-rs and Spark agree).
+DELETED_FILE_RETENTION_HOURS = 7 * 24.0
+LOG_RETENTION_HOURS = 30 * 24.0
+_COMMIT = re.compile(r"(\d{20})\.json")
+# classic, multi-part and V2 checkpoints (as ``lake.txnlog`` lists them)
+_CHECKPOINT = re.compile(r"(\d{20})\.checkpoint\..+")
+_INTERVAL = re.compile(r"\s*(?:interval\s+)?(\d+(?:\.\d+)?)\s*([a-z]+)\s*", re.IGNORECASE)
+_UNIT_HOURS = {"second": 1 / 3600, "minute": 1 / 60, "hour": 1.0, "day": 24.0, "week": 168.0}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a table is compacted: more than ``max_files`` live files, at least
+    ``max_small_files`` files under ``small_file_bytes``, or at least ``max_dv_files`` files
+    with deletion vectors. ``target_file_bytes`` (None: the table's ``delta.targetFileSize``,
+    else 100 MiB) is the size compaction packs towards. The windows table, whose files are one
+    row each, is compacted whenever it has two or more."""
+
+    max_files: int = 100
+    small_file_bytes: int = 8 * 1024 * 1024
+    max_small_files: int = 20
+    max_dv_files: int = 10
+    target_file_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Keep:
+    """What VACUUM and log cleanup must leave readable: every version from the one holding
+    ``lsn`` (an LSN of the lake's drain), and every version of the last ``hours``; never fewer
+    than ``min_retention_hours`` of removed files (a running reader's snapshot)."""
+
+    lsn: LSN | None = None
+    hours: float | None = 7 * 24.0
+    min_retention_hours: float = 7 * 24.0
+
+
+@dataclass
+class TableReport:
+    """What the upkeep found and did on one table."""
+
+    table: str
+    version_before: int
+    version_after: int = 0
+    files_before: int = 0
+    files_after: int = 0
+    small_files_before: int = 0
+    dv_files_before: int = 0
+    dv_files_after: int = 0
+    compacted: bool = False
+    keep_version: int | None = None
+    retention_hours: int | None = None
+    files_removed: int = 0
+    bytes_removed: int = 0
+    checkpoint: int | None = None
+    log_cleaned: bool = False
+    skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class UpkeepReport:
+    """The upkeep of one lake root: one ``TableReport`` per table (for XCom and logs)."""
+
+    root: str
+    slot: str
+    keep: dict[str, Any]
+    tables: list[TableReport] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "root": self.root,
+            "slot": self.slot,
+            "keep": self.keep,
+            "tables": [asdict(t) for t in self.tables],
+            "compacted": sum(t.compacted for t in self.tables),
+            "files_removed": sum(t.files_removed for t in self.tables),
+            "bytes_removed": sum(t.bytes_removed for t in self.tables),
+        }
+
+
+@dataclass(frozen=True)
+class _Log:
+    """One listing of a table's ``_delta_log``: modification times (epoch seconds) of its
+    commit files and checkpoints by version."""
+
+    commits: dict[int, float]
+    checkpoints: dict[int, float]
+
+    @property
+    def newest(self) -> int:
+        return max(self.commits)
+
+    def readable_from(
+        self, gone: set[int] | None = None, gone_checkpoints: set[int] | None = None
+    ) -> int | None:
+        """The oldest version that can be read (None: none), with the commit files of ``gone``
+        and the checkpoints of ``gone_checkpoints`` deleted."""
+        commits = set(self.commits) - (gone or set())
+        checkpoints = set(self.checkpoints) - (gone_checkpoints or set())
+        if not commits:
+            return None
+        newest = max(commits)
+        missing = newest
+        while missing in commits:
+            missing -= 1
+        if missing < 0:
+            return 0
+        usable = [c for c in checkpoints if missing <= c <= newest]
+        return min(usable) if usable else None
+
+    def time_of(self, version: int) -> float | None:
+        return self.commits.get(version, self.checkpoints.get(version))
+
+
+def upkeep(
+    root: str,
+    slot: str,
+    *,
+    keep: Keep | None = None,
+    thresholds: Thresholds | None = None,
+    writer_check: Callable[[], None] | None = None,
+) -> UpkeepReport:
+    """Compact, vacuum and checkpoint every table of the lake at ``root`` drained from
+    ``slot`` (``changes/``, ``state/``, ``_pglogrepl/windows``). The caller holds the lake's
+    writer lock; ``writer_check`` proves it before each commit. Refuses
+    (``UnsafeRetentionError``) a kept-hours below a table's retention floor before anything is
+    done, and a lake another slot owns (``LakeOfAnotherSlotError``)."""
+    from airflow_pglogrepl.lake.lake import Lake
+
+    keep = keep or Keep()
+    thresholds = thresholds or Thresholds()
+    lake = Lake(root, slot, writer_check=writer_check)
+    lake.check_owner()
+    paths = LakePaths(root)
+    targets = [(f"changes/{n}", paths.changes(n)) for n in lake.changes_tables()]
+    targets += [(f"state/{n}", paths.state(n)) for n in lake.state_tables()]
+    if delta.open_table(paths.windows()) is not None:
+        targets.append((WINDOWS, paths.windows()))
+    floors = {name: _floor(name, uri, keep) for name, uri in targets}  # refusals first
+    report = UpkeepReport(
+        paths.root, slot, {"lsn": None if keep.lsn is None else str(keep.lsn),
+                           "hours": keep.hours, "min_retention_hours": keep.min_retention_hours},
+    )  # fmt: skip
+    for name, uri in targets:
+        table_report = _maintain(name, uri, app_id(slot), keep, floors[name], thresholds, lake)
+        report.tables.append(table_report)
+        log.info("upkeep of %s: %s", name, _summary(table_report))
+    return report
+
+
+def _floor(name: str, uri: str, keep: Keep) -> float:
+    """The shortest retention the table allows; refuses a kept-hours below it."""
+    table = delta.open_table(uri)
+    own = _hours(_property(table, "delta.deletedFileRetentionDuration"), None)
+    floor = max(keep.min_retention_hours, own or 0.0)
+    if keep.hours is not None and keep.hours < floor:
+        why = (
+            f"its delta.deletedFileRetentionDuration ({own:g} hours)"
+            if own is not None and own > keep.min_retention_hours
+            else f"min_retention_hours ({keep.min_retention_hours:g})"
+        )
+        raise UnsafeRetentionError(name, keep.hours, floor, why)
+    return floor
+
+
+def _maintain(name: str, uri: str, app: str, keep: Keep, floor: float, thresholds: Thresholds,
+              lake: Any) -> TableReport:  # fmt: skip
+    table = delta.open_table(uri)
+    assert table is not None
+    report = TableReport(name, version_before=int(table.version()))
+    sizes = _sizes(table)
+    report.files_before = len(sizes)
+    report.small_files_before = sum(s < thresholds.small_file_bytes for s in sizes)
+    report.dv_files_before = _dv_files(table)
+    # -- compaction
+    reasons = _compaction_reasons(name, report, thresholds)
+    if reasons:
+        before = int(table.version())
+        lake.check_writer()
+        metrics = table.optimize.compact(
+            target_size=thresholds.target_file_bytes,
+            post_commithook_properties=_no_hooks(),
+            commit_properties=_marked("compact"),
+        )
+        _durable(uri, before)
+        table = delta.open_table(uri)
+        assert table is not None
+        report.compacted = int(table.version()) > before
+        report.notes.append(
+            f"compacted ({', '.join(reasons)}): {metrics.get('numFilesRemoved', 0)} files "
+            f"into {metrics.get('numFilesAdded', 0)}"
+        )
+    else:
+        report.skipped.append("compaction: below every threshold")
+    report.dv_files_after = _dv_files(table) if report.dv_files_before else 0
+    if report.dv_files_after and report.dv_files_after >= thresholds.max_dv_files:
+        report.skipped.append(
+            f"purge: {report.dv_files_after} files keep deletion vectors (too big or alone to "
+            f"be packed without a JVM); purge them with Spark: REORG TABLE delta.`{uri}` "
+            f"APPLY (PURGE)"
+        )
+    # -- VACUUM
+    listing = _list_log(uri)
+    now = time.time()
+    by_lsn, by_hours = _kept_versions(uri, app, keep, listing, now, report.notes)
+    retention = max(floor, keep.hours or 0.0)
+    if by_lsn is not None:
+        stamp = listing.time_of(by_lsn)
+        retention = max(retention, math.inf if stamp is None else (now - stamp) / 3600)
+        retention += MARGIN_HOURS
+    kept = min((v for v in (by_lsn, by_hours) if v is not None), default=None)
+    report.keep_version = kept
+    if math.isfinite(retention):
+        report.retention_hours = math.ceil(retention)
+        _vacuum(uri, table, report, kept, lake)
+    else:
+        report.skipped.append(f"vacuum: the log no longer dates version {by_lsn}")
+    # -- checkpoint and log cleanup
+    table = delta.open_table(uri)
+    assert table is not None
+    listing = _list_log(uri)
+    version = int(table.version())
+    if version not in listing.checkpoints:
+        lake.check_writer()
+        table.create_checkpoint()
+    report.checkpoint = version
+    # again on the log as it is now: the versions VACUUM added hold the kept position too
+    listing = _list_log(uri)
+    kept_now = _kept_versions(uri, app, keep, listing, time.time(), [])
+    kept = min((v for v in kept_now if v is not None), default=None)
+    _clean_log(uri, table, report, kept, lake)
+    table = delta.open_table(uri)
+    assert table is not None
+    report.version_after = int(table.version())
+    report.files_after = len(_sizes(table))
+    return report
+
+
+def _compaction_reasons(name: str, report: TableReport, thresholds: Thresholds) -> list[str]:
+    if name == WINDOWS:
+        return [f"{report.files_before} one-row files"] if report.files_before >= 2 else []
+    reasons = []
+    if report.files_before > thresholds.max_files:
+        reasons.append(f"{report.files_before} files > {thresholds.max_files}")
+    if report.small_files_before >= max(thresholds.max_small_files, 2):
+        reasons.append(f"{report.small_files_before} small files")
+    if report.dv_files_before >= max(thresholds.max_dv_files, 1) and report.files_before >= 2:
+        reasons.append(f"{report.dv_files_before} files with deletion vectors")
+    return reasons
+
+
+def _kept_versions(uri: str, app: str, keep: Keep, listing: _Log, now: float,
+                   notes: list[str]) -> tuple[int | None, int | None]:  # fmt: skip
+    """The version holding the kept LSN, and the version current ``keep.hours`` ago (None: not
+    asked). A table with no version at or below the LSN (created after it, or whose log no
+    longer reaches it) is kept from its oldest readable version."""
+    oldest = listing.readable_from()
+    by_lsn = by_hours = None
+    if keep.lsn is not None:
+        try:
+            found = TxnLog(uri, app).at_or_below(int(keep.lsn))
+        except HistoryExpiredError:
+            found = None
+            notes.append(f"the log no longer reaches {keep.lsn}: kept from version {oldest}")
+        by_lsn = found.version if found is not None else oldest
+    if keep.hours is not None:
+        then = now - keep.hours * 3600
+        older = [v for v, stamp in listing.commits.items() if stamp <= then]
+        by_hours = max(max(older), oldest or 0) if older else oldest
+    return by_lsn, by_hours
+
+
+def _vacuum(uri: str, table: Any, report: TableReport, kept: int | None, lake: Any) -> None:
+    assert report.retention_hours is not None
+    options: dict[str, Any] = {
+        "retention_hours": report.retention_hours,
+        "enforce_retention_duration": False,  # the floor above is the check (_floor)
+        "full": False,
+        "keep_versions": None if kept is None else [kept],
+    }
+    doomed = table.vacuum(dry_run=True, **options)
+    if not doomed:
+        report.skipped.append(
+            f"vacuum: no file removed more than {report.retention_hours} hours ago"
+        )
+        return
+    sizes = _file_sizes(uri, doomed)
+    before = int(table.version())
+    lake.check_writer()
+    removed = table.vacuum(
+        dry_run=False,
+        post_commithook_properties=_no_hooks(),
+        commit_properties=_marked("vacuum"),
+        **options,
+    )
+    _durable(uri, before)
+    report.files_removed = len(removed)
+    report.bytes_removed = sum(sizes.get(path, 0) for path in removed)
+
+
+def _clean_log(uri: str, table: Any, report: TableReport, kept: int | None, lake: Any) -> None:
+    """``cleanup_metadata`` when, simulated on the listed log, the kept version stays readable.
+
+    The simulation is the worst case: every commit file and checkpoint below the newest
+    checkpoint that is older than ``delta.logRetentionDuration`` (less a margin) is taken as
+    deleted. delta-rs deletes no more than that (it stops at a checkpoint older than the
+    cutoff, so it often deletes less)."""
+    listing = _list_log(uri)
+    hours = _hours(_property(table, "delta.logRetentionDuration"), LOG_RETENTION_HOURS)
+    assert hours is not None
+    cutoff = time.time() - (hours - MARGIN_HOURS) * 3600
+    last = max(listing.checkpoints, default=None)
+    if last is None:
+        report.skipped.append("log cleanup: no checkpoint")
+        return
+    gone = {v for v, stamp in listing.commits.items() if v < last and stamp <= cutoff}
+    gone_checkpoints = {v for v, s in listing.checkpoints.items() if v < last and s <= cutoff}
+    if not gone and not gone_checkpoints:
+        report.skipped.append(f"log cleanup: no log entry older than {hours:g} hours")
+        return
+    after = listing.readable_from(gone, gone_checkpoints)
+    if kept is not None and (after is None or after > kept):
+        report.skipped.append(
+            f"log cleanup: it would leave the log readable from version {after} only, and "
+            f"version {kept} holds the kept position; set a longer delta.logRetentionDuration "
+            f"on {report.table} (now {hours:g} hours) or keep less"
+        )
+        return
+    lake.check_writer()
+    table.cleanup_metadata()
+    report.log_cleaned = True
+
+
+def _list_log(uri: str) -> _Log:
+    from pyarrow import fs
+
+    system, base = filesystem(uri)
+    infos = system.get_file_info(fs.FileSelector(f"{base}/_delta_log", allow_not_found=True))
+    commits: dict[int, float] = {}
+    checkpoints: dict[int, float] = {}
+    for info in infos:
+        stamp = info.mtime.timestamp() if info.mtime is not None else 0.0
+        if match := _COMMIT.fullmatch(info.base_name):
+            commits[int(match.group(1))] = stamp
+        elif match := _CHECKPOINT.fullmatch(info.base_name):
+            version = int(match.group(1))
+            checkpoints[version] = max(stamp, checkpoints.get(version, 0.0))
+    if not commits:
+        raise LakeError(f"{uri} has no Delta commit file: not a table the upkeep can maintain")
+    return _Log(commits, checkpoints)
+
+
+def _sizes(table: Any) -> list[int]:
+    import pyarrow as pa
+
+    actions = pa.table(table.get_add_actions(flatten=False))
+    return [int(s) for s in actions.column("size_bytes").to_pylist()]
+
+
+def _dv_files(table: Any) -> int:
+    """How many live files carry a deletion vector (read batch by batch)."""
+    import pyarrow as pa
+
+    if "deletionVectors" not in (table.protocol().reader_features or []):
+        return 0
+    reader = pa.RecordBatchReader.from_stream(table.deletion_vectors())
+    return sum(batch.num_rows for batch in reader)
+
+
+def _file_sizes(uri: str, paths: list[str]) -> dict[str, int]:
+    from pyarrow import fs
+
+    system, base = filesystem(uri)
+    # delta-rs names the files relative to the table (absolute ones are taken as they are)
+    located = [filesystem(p)[1] if "://" in p or p.startswith("/") else f"{base}/{p}"
+               for p in paths]  # fmt: skip
+    infos = system.get_file_info(located)
+    return {p: int(i.size) for p, i in zip(paths, infos, strict=True)
+            if i.type == fs.FileType.File and i.size is not None}  # fmt: skip
+
+
+def _property(table: Any, key: str) -> str | None:
+    value = table.metadata().configuration.get(key)
+    return None if value is None else str(value)
+
+
+def _hours(text: str | None, default: float | None) -> float | None:
+    """A Delta interval (``interval 7 days``, ``168 hours`` ...) in hours."""
+    if text is None:
+        return default
+    match = _INTERVAL.fullmatch(text)
+    unit = match.group(2).lower().rstrip("s") if match else ""
+    if match is None or unit not in _UNIT_HOURS:
+        raise LakeError(f"cannot read the Delta interval {text!r}: expected e.g. 'interval 7 days'")
+    return float(match.group(1)) * _UNIT_HOURS[unit]
+
+
+def _no_hooks() -> Any:
+    """No checkpoint or log cleanup as a side effect of a commit: the upkeep does both itself,
+    and a log cleanup must first be judged against the kept position."""
+    from deltalake import PostCommitHookProperties
+
+    return PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
+
+
+def _marked(step: str) -> Any:
+    from deltalake import CommitProperties
+
+    return CommitProperties(custom_metadata={"pglogrepl.upkeep": step})
+
+
+def _durable(uri: str, before: int) -> None:
+    if is_local(uri):
+        delta.make_log_durable(uri, after=before)
+
+
+def _summary(report: TableReport) -> str:
+    parts = [f"files {report.files_before} -> {report.files_after}",
+             f"versions {report.version_before} -> {report.version_after}"]  # fmt: skip
+    if report.files_removed:
+        parts.append(f"vacuumed {report.files_removed} files ({report.bytes_removed} bytes)")
+    parts += report.notes + [f"skipped {s}" for s in report.skipped]
+    return "; ".join(parts)

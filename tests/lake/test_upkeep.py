@@ -1,0 +1,215 @@
+"""Lake upkeep on real Delta tables: compaction keeps every row (deletion vectors written by Spark
+included) and every position readable through the cut; VACUUM keeps every version from the kept
+position on; a retention below the floor is refused before anything is done; log cleanup never
+takes the kept version's log; a lost lock stops the upkeep before its next commit.
+
+Time is simulated by ageing a table's log: each version's commit file, commit timestamp and the
+removal stamps it wrote are moved back by the hours given, as if the lake had run that long.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_pglogrepl.exceptions import UnsafeRetentionError, WriterLockLostError
+from airflow_pglogrepl.lake import delta
+from airflow_pglogrepl.lake.cut import consistent_cut, read_cut
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.txnlog import TxnLog
+from airflow_pglogrepl.lake.upkeep import WINDOWS, Keep, Thresholds, upkeep
+from airflow_pglogrepl.lsn import LSN
+from tests.support.upkeep import APP, SLOT, Built, age, files, ids, log_names, versions
+
+A, B = "public.a", "public.b"
+# No floor and no kept hours: what is kept is decided by the kept LSN alone.
+BY_LSN = dict(hours=None, min_retention_hours=0.0)
+EAGER = Thresholds(max_files=4, max_small_files=3, max_dv_files=1)
+
+
+def test_compaction_packs_small_files_and_keeps_every_row_and_position(tmp_path: Path) -> None:
+    built = Built(tmp_path / "lake")
+    for end in range(10, 130, 10):
+        built.window(end, {A: [end, end + 1], B: [end]})
+    built.state(A, 120, list(range(50)))
+    built.state(B, 120, list(range(5)))
+    paths, lake = built.paths, built.lake
+    before = {uri: ids(uri) for uri in (paths.changes(A), paths.changes(B), paths.state(A))}
+    position = lake.position()
+    cut = consistent_cut(built.root, kind="changes", slot=SLOT)
+    old = read_cut(cut)
+    windows_files = files(paths.windows())
+
+    report = upkeep(built.root, SLOT, keep=Keep(lsn=LSN(60), **BY_LSN), thresholds=EAGER)
+
+    by_name = {t.table: t for t in report.tables}
+    assert set(by_name) == {f"changes/{A}", f"changes/{B}", f"state/{A}", f"state/{B}", WINDOWS}
+    for name in (f"changes/{A}", f"changes/{B}"):
+        assert by_name[name].compacted and by_name[name].files_before == 12
+        assert by_name[name].files_after == 1
+    assert not by_name[f"state/{A}"].compacted  # one file: below every threshold
+    assert {uri: ids(uri) for uri in before} == before
+    # the windows table: compacted, checkpointed at its version, the position unchanged
+    assert files(paths.windows()) < windows_files and by_name[WINDOWS].compacted
+    assert f"{versions(paths.windows()):020d}.checkpoint.parquet" in log_names(paths.windows())
+    assert Lake(built.root, SLOT).position() == position == LSN(120)
+    # a compaction commit carries no app transaction: it belongs to the one before it
+    assert delta.txn_version(paths.changes(A), APP) == 120
+    after = consistent_cut(built.root, kind="changes", slot=SLOT)
+    assert after.position == cut.position and read_cut(after).keys() == old.keys()
+    for name, table in read_cut(after).items():
+        assert sorted(table.column("id").to_pylist()) == sorted(old[name].column("id").to_pylist())
+    assert read_cut(consistent_cut(built.root, slot=SLOT))[A].num_rows == 50
+    # idempotent: a second upkeep finds nothing to pack
+    again = upkeep(built.root, SLOT, keep=Keep(lsn=LSN(60), **BY_LSN), thresholds=EAGER)
+    assert not any(t.compacted for t in again.tables)
+
+
+def test_vacuum_keeps_every_version_from_the_kept_position(tmp_path: Path) -> None:
+    built = Built(tmp_path / "lake")
+    state = built.paths.state(A)
+    for end in (10, 20, 30, 40, 50):
+        built.window(end, {A: [end]})
+        built.state(A, end, list(range(end)))
+    # state versions 0..4 hold 10..50, each removing the files of the one before it
+    age(state, {0: 96, 1: 72, 2: 48, 3: 24})
+    report = upkeep(built.root, SLOT, keep=Keep(lsn=LSN(30), **BY_LSN))
+
+    table = {t.table: t for t in report.tables}[f"state/{A}"]
+    assert table.keep_version == 2 and table.retention_hours in (49, 50)  # 48 hours, plus margin
+    assert table.files_removed == 1 and table.bytes_removed > 0  # version 0's file only
+    for version, end in ((2, 30), (3, 40), (4, 50)):  # every version from the kept one on
+        assert ids(state, version) == list(range(end))
+    assert ids(state, 1) == list(range(20))  # removed 48 hours ago: inside the margin
+    with pytest.raises(Exception, match=r"(?i)not found|no such file"):
+        ids(state, 0)  # older than the kept position: allowed to break, and it did
+    # the cut still reads the lake at the kept position and at its newest
+    assert ids(state, TxnLog(state, APP).at_or_below(30).version) == list(range(30))  # type: ignore[union-attr]
+    assert read_cut(consistent_cut(built.root, slot=SLOT))[A].num_rows == 50
+
+
+def test_kept_hours_below_the_floor_are_refused_before_anything_is_done(tmp_path: Path) -> None:
+    built = Built(tmp_path / "lake")
+    for end in range(10, 60, 10):
+        built.window(end, {A: [end]})
+    built.state(B, 50, [1], **{"delta.deletedFileRetentionDuration": "interval 30 days"})
+    uris = [built.paths.changes(A), built.paths.state(B), built.paths.windows()]
+    logs = {uri: log_names(uri) for uri in uris}
+
+    with pytest.raises(UnsafeRetentionError, match=r"changes/public\.a .*1 hours.*"
+                       r"min_retention_hours \(24\).*Fix"):  # fmt: skip
+        upkeep(built.root, SLOT, keep=Keep(hours=1, min_retention_hours=24), thresholds=EAGER)
+    with pytest.raises(UnsafeRetentionError, match=r"state/public\.b .*200 hours.*"
+                       r"deletedFileRetentionDuration \(720 hours\)"):  # fmt: skip
+        upkeep(built.root, SLOT, keep=Keep(hours=200, min_retention_hours=24), thresholds=EAGER)
+    assert {uri: log_names(uri) for uri in uris} == logs  # no commit, no checkpoint
+
+
+def test_log_cleanup_never_removes_the_kept_versions_log(tmp_path: Path) -> None:
+    built = Built(tmp_path / "lake")
+    config = {"delta.logRetentionDuration": "interval 2 hours"}
+    changes = built.paths.changes(A)
+    state = built.paths.state(A)
+    for end in range(10, 90, 10):
+        built.window(end, {A: [end]})
+        built.state(A, end, [end], **config)
+        if end == 40:
+            delta.open_table(state).create_checkpoint()  # type: ignore[union-attr]
+    age(state, {v: 100 - 10 * v for v in range(8)})  # all older than the log retention
+    checkpoint = os.path.join(state, "_delta_log", f"{3:020d}.checkpoint.parquet")
+    os.utime(checkpoint, (time.time() - 70 * 3600, time.time() - 70 * 3600))
+
+    kept = upkeep(built.root, SLOT, keep=Keep(lsn=LSN(30), **BY_LSN))
+    assert TxnLog(state, APP).at_or_below(30).version == 2  # type: ignore[union-attr]
+    assert ids(state, 2) == [30]  # delta-rs would have removed its log (below checkpoint 3)
+    table = {t.table: t for t in kept.tables}[f"state/{A}"]
+    assert not table.log_cleaned and "version 2 holds the kept position" in " ".join(table.skipped)
+
+    latest = upkeep(built.root, SLOT, keep=Keep(lsn=LSN(80), **BY_LSN))
+    table = {t.table: t for t in latest.tables}[f"state/{A}"]
+    assert table.log_cleaned and "00000000000000000000.json" not in log_names(state)
+    assert ids(state) == [80] and ids(changes) == list(range(10, 90, 10))
+
+
+def test_a_lost_lock_stops_the_upkeep_before_its_next_commit(tmp_path: Path) -> None:
+    built = Built(tmp_path / "lake")
+    for end in range(10, 80, 10):
+        built.window(end, {A: [end], B: [end]})
+    uris = [built.paths.changes(A), built.paths.changes(B), built.paths.windows()]
+    before = {uri: (versions(uri), log_names(uri)) for uri in uris}
+    checks: list[int] = []
+
+    def check() -> None:
+        checks.append(1)
+        if len(checks) > 1:
+            raise WriterLockLostError(SLOT, "its session is closed")
+
+    with pytest.raises(WriterLockLostError):
+        upkeep(built.root, SLOT, keep=Keep(lsn=LSN(70), **BY_LSN), thresholds=EAGER,
+               writer_check=check)  # fmt: skip
+    after = {uri: (versions(uri), log_names(uri)) for uri in uris}
+    changed = [uri for uri in uris if after[uri] != before[uri]]
+    assert changed == [built.paths.changes(A)]  # the one commit the lock was proven for
+    assert versions(uris[0]) == before[uris[0]][0] + 1
+
+
+@pytest.mark.spark
+def test_a_state_with_sparks_deletion_vectors_is_compacted_row_for_row(
+    tmp_path: Path, spark: Any
+) -> None:
+    from delta.tables import DeltaTable
+
+    from airflow_pglogrepl.lake.materialize import TXN_APP_CONF, TXN_VERSION_CONF
+
+    built = Built(tmp_path / "lake")
+    built.window(10, {A: [1]})
+    state = built.paths.state(A)
+    session = spark.newSession()
+    session.range(0, 1200).selectExpr("id", "cast(id as string) AS v").repartition(6).write.format(
+        "delta"
+    ).option("delta.enableDeletionVectors", "true").option("txnAppId", APP).option(
+        "txnVersion", "10"
+    ).save(state)
+    for end, predicate in ((20, "id % 7 = 0"), (30, "id % 11 = 0")):
+        built.window(end, {A: [end]})
+        session.conf.set(TXN_APP_CONF, APP)
+        session.conf.set(TXN_VERSION_CONF, str(end))
+        DeltaTable.forPath(session, state).delete(predicate)
+    session.conf.unset(TXN_APP_CONF)
+    session.conf.unset(TXN_VERSION_CONF)
+
+    def spark_rows(version: int | None = None) -> list[tuple[int, str]]:
+        reader = session.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        return sorted((r.id, r.v) for r in reader.load(state).collect())
+
+    def rs_rows(version: int | None = None) -> list[tuple[int, str]]:
+        rows = delta.read_table(state, version)
+        return sorted(zip(rows.column("id").to_pylist(), rows.column("v").to_pylist(), strict=True))
+
+    expected = [(i, str(i)) for i in range(1200) if i % 7 and i % 11]
+    assert spark_rows() == rs_rows() == expected
+    old = versions(state)
+
+    report = upkeep(built.root, SLOT, keep=Keep(lsn=LSN(30), **BY_LSN), thresholds=EAGER)
+
+    table = {t.table: t for t in report.tables}[f"state/{A}"]
+    assert table.compacted and table.dv_files_before >= 6 and table.dv_files_after == 0
+    assert table.files_after == 1
+    assert spark_rows() == rs_rows() == expected  # deleted rows stay deleted
+    assert spark_rows(old) == rs_rows(old) == expected  # the kept version too
+    assert delta.txn_version(state, APP) == 30
+    cut = consistent_cut(built.root, slot=SLOT)
+    assert cut.position == LSN(30) and read_cut(cut)[A].num_rows == len(expected)
+    # Spark writes on after the upkeep's commits and checkpoint
+    session.conf.set(TXN_APP_CONF, APP)
+    session.conf.set(TXN_VERSION_CONF, "40")
+    DeltaTable.forPath(session, state).delete("id = 1")
+    session.conf.unset(TXN_APP_CONF)
+    session.conf.unset(TXN_VERSION_CONF)
+    assert rs_rows() == spark_rows() == expected[1:]
