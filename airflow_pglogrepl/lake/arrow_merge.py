@@ -16,9 +16,12 @@ insert) keep the target's value. Everything else (TRUNCATE, key changes, REPLICA
 no identity, columns added with a fill, a state that lacks a column, a big batch or a big state)
 is declined and goes to Spark, whose reduction handles all of it.
 
+A table without a replica identity (no key, not FULL) can only take inserts and truncates, and
+its state is a multiset of rows: a batch of inserts alone is appended as it is (``_append``).
+
 A table's first state (no state table yet) is the same net change written as one append that
 creates the table: no MERGE and no files to rewrite, so only memory bounds it
-(``FIRST_STATE_ROWS``). That is what an initial load through the slot (no snapshot) costs: a
+(``APPEND_ROWS``). That is what an initial load through the slot (no snapshot) costs: a
 million and more changes, which Spark's MERGE into an empty table took about a minute for.
 
 Exactly once, as on the Spark path and a little more: the MERGE carries the app transaction
@@ -71,7 +74,7 @@ MAX_ROWS = 100_000
 MAX_STATE_BYTES = 256 << 20
 # A table's first state is one append, with no files to rewrite: only memory bounds the batch
 # (the benchmark's 1,250,000 changes of a 4-column table peak at about ... MB here).
-FIRST_STATE_ROWS = 2_000_000
+APPEND_ROWS = 2_000_000
 STATE_CONFIG = {"delta.enableDeletionVectors": "true"}
 
 _P = "__pglr_"
@@ -220,8 +223,8 @@ def merge_table(
     schema = pa.schema(changes.schema().to_arrow())
     fields = [(f.name, _text(f.metadata)) for f in schema]
     keys = described_key(fields)
-    if not keys or described_identity(fields) == "f":
-        return "no key (REPLICA IDENTITY FULL or none)"
+    if described_identity(fields) == "f":
+        return "REPLICA IDENTITY FULL (rows match by every column: Spark's multiset merge)"
     if any(added_at(f) is not None and fill_value(f) is not None for f in base_fields(schema)):
         return "a column added with a value for older rows"
     columns = [n for n, _ in fields if n not in META_COLUMNS]
@@ -232,17 +235,17 @@ def merge_table(
     too_big = None
     if target is None:
         state = pa.schema([schema.field(c) for c in columns])
-        limit = max(max_rows, FIRST_STATE_ROWS)
+        limit = max(max_rows, APPEND_ROWS)
     else:
         state = pa.schema(target.schema().to_arrow())
         if any(c not in state.names for c in columns):
             return "new columns for the state"
-        size = _state_bytes(target)
+        limit = max_rows if keys else max(max_rows, APPEND_ROWS)
+        size = _state_bytes(target) if keys else 0  # an append rewrites nothing
         if size > MAX_STATE_BYTES:
             too_big = f"a state of {size} bytes (this path rewrites the files it touches)"
             if reduced is None:
                 return too_big
-        limit = max_rows
     in_range = pc.field(COMMIT_LSN) < int(end)
     if have is not None:
         in_range &= pc.field(COMMIT_LSN) >= int(have)
@@ -254,6 +257,8 @@ def merge_table(
     if count == 0 or count > limit:
         return f"{count} changes"
     batch = dataset.to_table(filter=in_range)
+    if not keys:
+        return _append(lake, name, end, target, batch, columns, state)
     values = [c for c in columns if c not in keys]
     net = net_upserts(batch, keys, values)
     if net is None:
@@ -303,6 +308,42 @@ def merge_table(
     log.info("state of %s %s up to %s without a JVM (%d changes, %d keys)", name,
              "written" if target is None else "merged", end, batch.num_rows,
              net.num_rows)  # fmt: skip
+    return None
+
+
+def _append(lake: Lake, name: str, end: LSN, target: Any | None, batch: pa.Table,
+            columns: Sequence[str], state: pa.Schema) -> str | None:  # fmt: skip
+    """A table without a replica identity takes only inserts and truncates (PostgreSQL refuses
+    to publish its updates and deletes), and its state is a multiset of rows: a batch of
+    inserts alone is appended as it is, a compare-and-set on the state's transaction version.
+    A ``TRUNCATE`` goes to Spark (the state is rewritten)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import CommitProperties, Transaction
+
+    if not pc.all(pc.equal(batch.column(OP), INSERT)).as_py():
+        return "a table without a key whose batch is not only inserts (a TRUNCATE)"
+    try:
+        rows = batch.select(list(columns)).cast(state)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+        return f"types the state holds differently ({exc})"
+    uri = lake.paths.state(name)
+    fault("merge_created")
+    if target is None:
+        commit = CommitProperties(app_transactions=[Transaction(lake.app, int(end))])
+        lake.check_writer()
+        _create(uri, rows, commit)
+        if is_local(uri):
+            delta.make_log_durable(uri, after=None)
+    else:
+        have = target.transaction_version(lake.app)
+        written = delta.write_file(uri, rows, prefix=f"{int(end):016X}")
+        lake.check_writer()
+        delta.commit_files(uri, state, [written], app=lake.app, version=int(end),
+                           expected=None if have is None else int(have))  # fmt: skip
+    fault("merge_committed")
+    log.info("state of %s appended up to %s without a JVM (%d inserts)", name, end,
+             rows.num_rows)  # fmt: skip
     return None
 
 

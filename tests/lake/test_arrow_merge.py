@@ -22,9 +22,9 @@ T = TableRef("public", "t")
 Model = dict[int, tuple[int | None, str | None]]
 
 
-def changelog_schema(identity: str = "d") -> pa.Schema:
+def changelog_schema(identity: str = "d", *, keyed: bool = True) -> pa.Schema:
     table = [
-        pa.field("id", pa.int64(), metadata={KEY_META: "0"}),
+        pa.field("id", pa.int64(), metadata={KEY_META: "0"} if keyed else None),
         pa.field("v", pa.int64()),
         pa.field("big", pa.string()),
     ]
@@ -405,3 +405,63 @@ def test_a_reduced_batch_whose_state_moved_since_is_refused(tmp_path: Path) -> N
         merge_reduced(None, lake, moved)
     done = arrow_merge.Reduced("public.t", LSN(0x200), 0x100, ("id",), ("v",), pa.table({}), 0)
     assert merge_reduced(None, lake, done) == LSN(0x200)  # merged already: nothing to do
+
+
+def test_a_table_without_a_key_has_its_inserts_appended(tmp_path: Path) -> None:
+    """No replica identity: only inserts and truncates reach the lake, the state is a multiset
+    (duplicate rows stay duplicates). Inserts alone are appended here, first state included, a
+    compare-and-set on the state's version; a TRUNCATE goes to Spark."""
+    from deltalake import DeltaTable
+
+    from airflow_pglogrepl.exceptions import LakeCommitConflictError
+
+    lake = Lake(str(tmp_path / "lake"), "s")
+    expected: list[tuple[Any, ...]] = []
+    start = 0x100
+    for round_ in range(3):
+        log = Log(start)
+        for n in range(5):
+            log.add("I", n % 2, round_, "dup" if n % 2 else None)  # duplicate rows
+            expected.append((n % 2, round_, "dup" if n % 2 else None))
+        end = LSN(log.lsn + 0x10)
+        window = lake.open_window(LSN(start))
+        window.write(T, log.table().cast(changelog_schema(keyed=False)))
+        window.commit(end, transactions=5, changes=5)
+        assert arrow_merge.merge_small(lake, ["public.t"]) == ({"public.t": str(end)}, [])
+        rows = read_table(lake.paths.state(T)).to_pylist()
+        assert sorted((r["id"], r["v"], r["big"]) for r in rows) == sorted(expected)
+        assert txn_version(lake.paths.state(T), lake.app) == int(end)
+        start = int(end)
+    assert len(DeltaTable(lake.paths.state(T)).file_uris()) == 3  # three appends, none rewritten
+
+    log = Log(start)
+    log.add("T", None)
+    log.add("I", 7, 7, "after")
+    window = lake.open_window(LSN(start))
+    window.write(T, log.table().cast(changelog_schema(keyed=False)))
+    window.commit(LSN(log.lsn + 0x10), transactions=2, changes=2)
+    assert arrow_merge.merge_table(lake, "public.t", LSN(log.lsn + 0x10)) == (
+        "a table without a key whose batch is not only inserts (a TRUNCATE)"
+    )
+
+    raced = Lake(str(tmp_path / "raced"), "s")  # the state moved after it was read
+    log = Log(0x100)
+    log.add("I", 1, 1, "a")
+    window = raced.open_window(LSN(0x100))
+    window.write(T, log.table().cast(changelog_schema(keyed=False)))
+    window.commit(LSN(0x200), transactions=1, changes=1)
+    arrow_merge.merge_small(raced, ["public.t"])
+    log = Log(0x200)
+    log.add("I", 2, 2, "b")
+    window = raced.open_window(LSN(0x200))
+    window.write(T, log.table().cast(changelog_schema(keyed=False)))
+    window.commit(LSN(0x300), transactions=1, changes=1)
+    stale = DeltaTable(raced.paths.state(T))
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    write_deltalake(raced.paths.state(T), pa.table({"id": [9], "v": [9], "big": ["x"]}),
+                    mode="append", commit_properties=CommitProperties(
+                        app_transactions=[Transaction(raced.app, 0x250)]))  # fmt: skip
+    with pytest.raises(LakeCommitConflictError):
+        arrow_merge._append(raced, "public.t", LSN(0x300), stale, log.table().slice(0, 1),
+                            ["id", "v", "big"], pa.schema(stale.schema().to_arrow()))  # fmt: skip

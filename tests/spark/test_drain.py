@@ -418,7 +418,7 @@ def ordered(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["_commit_lsn"], r["_seq"]))
 
 
-TABLES = [TableRef("public", name) for name in ("typed_a", "typed_b", "plain_c", "full_d")]
+TABLES = [TableRef("public", n) for n in ("typed_a", "typed_b", "plain_c", "full_d", "log_e")]
 
 
 def workload(src: Source, seed: int) -> int:
@@ -429,8 +429,10 @@ def workload(src: Source, seed: int) -> int:
     src.sql("CREATE TABLE plain_c (id int PRIMARY KEY, v text)")
     src.sql("CREATE TABLE full_d (a int, b text)")  # no key at all
     src.sql("ALTER TABLE full_d REPLICA IDENTITY FULL")
+    src.sql("CREATE TABLE log_e (n int, msg text)")  # no key, no identity: inserts only
     src.sql("CREATE TABLE noise (x int)")
-    src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE typed_a, typed_b, plain_c, full_d")
+    src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE typed_a, typed_b, plain_c, full_d, "
+            "log_e")  # fmt: skip
     changes = 0
     with src.cluster.connect(src.db) as conn:
 
@@ -445,10 +447,13 @@ def workload(src: Source, seed: int) -> int:
                     run(insert_sql(table), random_row(rng, key, big=key % 10 == 0))
         run("INSERT INTO plain_c SELECT g, 'c' || g FROM generate_series(1, 200) g")
         run("INSERT INTO full_d VALUES (1, 'dup'), (1, 'dup'), (2, 'x'), (3, NULL)")
+        run("INSERT INTO log_e VALUES (1, 'dup'), (1, 'dup'), (2, NULL)")
         run("INSERT INTO noise SELECT generate_series(1, 500)")
         changes -= 500  # noise is not published
         for step in range(40):
             table = rng.choice(["typed_a", "typed_b"])
+            if step % 9 == 0:
+                run("INSERT INTO log_e VALUES (%s, 'step'), (%s, 'step')", (10 + step, 10 + step))
             with conn.transaction():
                 kind = rng.random()
                 if kind < 0.35:  # update non-TOAST columns: big stays unchanged (u in pgoutput)
