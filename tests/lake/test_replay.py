@@ -291,6 +291,34 @@ class Small:
         return changes_between(self.root, table, start, end).column(COMMIT_LSN).to_pylist()
 
 
+def test_rows_a_crashed_run_committed_past_the_position_are_read(tmp_path: Path) -> None:
+    """A run that crashed between a table's commit (ending at E) and its windows row, replayed
+    with smaller windows: the replay's window below E writes nothing for the table (it holds
+    those rows), so the rows of that window sit in the commit above the position."""
+    from airflow_pglogrepl.lake import delta
+
+    small = Small(tmp_path / "lake")
+    small.change(PLAIN, BEGIN + 0x50, 1)
+    small.commit(BEGIN + 0x100)
+    crashed = small.lake.open_window(LSN(BEGIN + 0x100))
+    for key, lsn in ((2, BEGIN + 0x150), (3, BEGIN + 0x250)):
+        row = {"id": key, "v": key, OP: "I", COMMIT_LSN: lsn, SEQ: key}
+        crashed.write(PLAIN, pa.Table.from_pylist([row], schema=SCHEMA))
+    pending = crashed._pending[table_dir(PLAIN)]
+    delta.commit_files(
+        small.lake.paths.changes(PLAIN),
+        pending.schema,
+        pending.files,
+        app=small.lake.app,
+        version=BEGIN + 0x300,
+        expected=BEGIN + 0x100,
+    )  # fmt: skip  (then the run dies)
+    small.reopen()
+    small.change(PLAIN, BEGIN + 0x150, 2)  # the replay's smaller window: held, not written
+    small.commit(BEGIN + 0x200)
+    assert small.lsns(PLAIN, BEGIN, BEGIN + 0x200) == [BEGIN + 0x50, BEGIN + 0x150]
+
+
 @pytest.mark.parametrize("restarted", [True, False], ids=["restarted", "kept"])
 def test_a_range_over_a_re_snapshot_is_refused_and_the_ranges_beside_it_are_read(
     tmp_path: Path, restarted: bool
