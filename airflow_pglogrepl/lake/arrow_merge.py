@@ -75,7 +75,7 @@ MAX_STATE_BYTES = 256 << 20
 # A table's first state is one append, with no files to rewrite: only memory bounds the batch
 # (the benchmark's 1,250,000 changes of a 4-column table peak at about ... MB here).
 APPEND_ROWS = 2_000_000
-STATE_CONFIG = {"delta.enableDeletionVectors": "true"}
+FILE_ROWS = 1_000_000  # rows of one file of a first state
 
 _P = "__pglr_"
 DELETE_COLUMN, _FILL = f"{_P}delete", f"{_P}fill_target"
@@ -230,6 +230,8 @@ def merge_table(
     columns = [n for n, _ in fields if n not in META_COLUMNS]
     if any(c.startswith(_P) for c in columns):
         return f"a column named like this path's own ({_P}...)"
+    if any(pa.types.is_nested(schema.field(k).type) for k in keys):
+        return "a key of a nested type (Arrow groups only by plain values)"
     if any(pa.types.is_floating(schema.field(k).type) for k in keys):
         return "a floating-point key (-0.0 and 0.0 group apart in Arrow, equal in a MERGE)"
     too_big = None
@@ -254,6 +256,11 @@ def merge_table(
         count = dataset.count_rows(filter=in_range)  # before reading: the batch may be huge
     except Exception as exc:  # delta-rs raises its own classes for what it cannot read so
         return f"changelog not readable as a dataset ({type(exc).__name__})"
+    if count == 0 and target is not None:  # nothing in range (a commit of no rows): record it
+        lake.check_writer()
+        delta.commit_files(lake.paths.state(name), state, [], app=lake.app, version=int(end),
+                           expected=None if have is None else int(have))  # fmt: skip
+        return None
     if count == 0 or count > limit:
         return f"{count} changes"
     batch = dataset.to_table(filter=in_range)
@@ -285,25 +292,23 @@ def merge_table(
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
         return f"types the state holds differently ({exc})"
     uri = lake.paths.state(name)
-    commit = CommitProperties(app_transactions=[Transaction(lake.app, int(end))])
     fault("merge_created")
     if target is None:
         rows = source.filter(pc.invert(source.column(DELETE_COLUMN))).select(columns)
-        lake.check_writer()
-        _create(uri, rows, commit)
-        before = None
+        _create(lake, uri, rows, end)
     else:
         before = int(target.version())
+        commit = CommitProperties(app_transactions=[Transaction(lake.app, int(end))])
         lake.check_writer()
         _merge(target, source, keys, values, commit)
+        if is_local(uri):
+            delta.make_log_durable(uri, after=before)
         if delta.txn_version(uri, lake.app) != int(end):
             # Nothing to change (every key's net effect cancelled out: an insert then a delete):
             # delta-rs then commits nothing, yet the state must say it includes the batch, or
             # it looks behind for ever (merged again each run, cuts held back).
             delta.commit_files(uri, state, [], app=lake.app, version=int(end),
                                expected=None if have is None else int(have))  # fmt: skip
-    if is_local(uri):
-        delta.make_log_durable(uri, after=before)
     fault("merge_committed")
     log.info("state of %s %s up to %s without a JVM (%d changes, %d keys)", name,
              "written" if target is None else "merged", end, batch.num_rows,
@@ -319,7 +324,6 @@ def _append(lake: Lake, name: str, end: LSN, target: Any | None, batch: pa.Table
     A ``TRUNCATE`` goes to Spark (the state is rewritten)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    from deltalake import CommitProperties, Transaction
 
     if not pc.all(pc.equal(batch.column(OP), INSERT)).as_py():
         return "a table without a key whose batch is not only inserts (a TRUNCATE)"
@@ -330,11 +334,7 @@ def _append(lake: Lake, name: str, end: LSN, target: Any | None, batch: pa.Table
     uri = lake.paths.state(name)
     fault("merge_created")
     if target is None:
-        commit = CommitProperties(app_transactions=[Transaction(lake.app, int(end))])
-        lake.check_writer()
-        _create(uri, rows, commit)
-        if is_local(uri):
-            delta.make_log_durable(uri, after=None)
+        _create(lake, uri, rows, end)
     else:
         have = target.transaction_version(lake.app)
         written = delta.write_file(uri, rows, prefix=f"{int(end):016X}")
@@ -347,13 +347,22 @@ def _append(lake: Lake, name: str, end: LSN, target: Any | None, batch: pa.Table
     return None
 
 
-def _create(uri: str, rows: pa.Table, commit: Any) -> None:
-    """A table's first state: one append that creates the table, with deletion vectors on as
-    Spark's path creates it (later merges by Spark then write vectors instead of rewriting).
-    ``mode="error"``: a table that appeared since it was found missing is a lost race."""
-    from deltalake import write_deltalake
+def _create(lake: Lake, uri: str, rows: pa.Table, end: LSN) -> None:
+    """A table's first state: its files, then version 0 holding them with the app transaction,
+    put only if no table appeared since it was found missing (else a lost race). Deletion
+    vectors on as Spark's path creates a state (later merges by Spark write vectors instead of
+    rewriting); created by ``delta.create_table``, whose protocol needs no more than that."""
+    files = [delta.write_file(uri, pa_table(batch), prefix=f"{int(end):016X}")
+             for batch in rows.to_batches(max_chunksize=FILE_ROWS) if batch.num_rows]  # fmt: skip
+    lake.check_writer()
+    delta.create_table(uri, rows.schema, files, app=lake.app, version=int(end),
+                       configuration=delta.STATE_CONFIG)  # fmt: skip
 
-    write_deltalake(uri, rows, mode="error", configuration=STATE_CONFIG, commit_properties=commit)
+
+def pa_table(batch: pa.RecordBatch) -> pa.Table:
+    import pyarrow as pa
+
+    return pa.Table.from_batches([batch])
 
 
 def _wanted(net: pa.Table, state: pa.Schema, columns: Sequence[str]) -> pa.Schema:

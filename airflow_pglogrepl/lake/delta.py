@@ -13,6 +13,7 @@ directories are fsynced here (a power cut must not take back what the slot forgo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -188,9 +189,9 @@ def list_tables(parent: str) -> list[str]:
     """Names of the directories under ``parent`` that hold a Delta table, sorted."""
     from pyarrow import fs
 
-    filesystem, base = _filesystem(parent)
+    system, base = filesystem(parent)
     try:
-        infos = filesystem.get_file_info(fs.FileSelector(base, allow_not_found=True))
+        infos = system.get_file_info(fs.FileSelector(base, allow_not_found=True))
     except FileNotFoundError:
         return []
     names = sorted(i.base_name for i in infos if i.type == fs.FileType.Directory)
@@ -224,11 +225,11 @@ def write_file(uri: str, batch: pa.Table, prefix: str) -> DataFile:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    filesystem, base = _filesystem(uri)
-    filesystem.create_dir(base, recursive=True)
+    system, base = filesystem(uri)
+    system.create_dir(base, recursive=True)
     name = f"{prefix}-{uuid.uuid4().hex}.parquet"
     path = f"{base}/{name}"
-    pq.write_table(batch, path, filesystem=filesystem, compression="snappy")
+    pq.write_table(batch, path, filesystem=system, compression="snappy")
     if is_local(uri):
         fsync(path)
     lsn_range = None
@@ -237,7 +238,7 @@ def write_file(uri: str, batch: pa.Table, prefix: str) -> DataFile:
         lsn_range = (int(bounds["min"].as_py()), int(bounds["max"].as_py()))
     return DataFile(
         name=name,
-        size=int(filesystem.get_file_info(path).size),
+        size=int(system.get_file_info(path).size),
         rows=batch.num_rows,
         lsn_range=lsn_range,
     )
@@ -335,10 +336,126 @@ def fsync(path: str) -> None:
         os.close(fd)
 
 
-def _filesystem(uri: str) -> tuple[Any, str]:
+# Set on every table the lake creates: no writer (Spark, delta-rs) deletes log entries when it
+# checkpoints. Log cleanup is the upkeep's alone (``lake.upkeep``), which first checks that the
+# positions it was asked to keep stay readable; an explicit cleanup still works.
+KEEP_LOGS = {"delta.enableExpiredLogCleanup": "false"}
+# A state table's: deletion vectors on, so merges by Spark mark rows instead of rewriting files.
+STATE_CONFIG = {**KEEP_LOGS, "delta.enableDeletionVectors": "true"}
+
+_HADOOP_SCHEMES = {"s3a": "s3", "s3n": "s3"}  # what Spark's URIs call what pyarrow calls s3
+
+
+def filesystem(uri: str) -> tuple[Any, str]:
+    """pyarrow's filesystem of a lake URI and the path in it (Spark's ``s3a://`` is ``s3``)."""
     from pyarrow import fs
 
     if is_local(uri):
         return fs.LocalFileSystem(), os.path.abspath(uri)
-    filesystem, path = fs.FileSystem.from_uri(uri)
-    return filesystem, path
+    scheme, _, rest = uri.partition("://")
+    found, path = fs.FileSystem.from_uri(f"{_HADOOP_SCHEMES.get(scheme, scheme)}://{rest}")
+    return found, path
+
+
+FIRST_COMMIT = f"{0:020d}.json"
+
+
+def put_first_commit(table_uri: str, data: bytes) -> bool:
+    """Write the table's ``_delta_log/00000000000000000000.json`` whole, only if it does not
+    exist; False (nothing written) when it does.
+
+    Locally a complete, fsynced temporary file is hard-linked to its name, which fails if the
+    name exists; on an object store the object is written only when absent and becomes visible
+    whole when its upload completes (Delta's own single-writer assumption for S3, which the
+    lake's writer lock makes true)."""
+    from pyarrow import fs
+
+    system, base = filesystem(table_uri)
+    directory = f"{base}/_delta_log"
+    if not is_local(table_uri):
+        system.create_dir(directory, recursive=True)
+        if system.get_file_info(f"{directory}/{FIRST_COMMIT}").type != fs.FileType.NotFound:
+            return False
+        with system.open_output_stream(f"{directory}/{FIRST_COMMIT}") as stream:
+            stream.write(data)
+        return True
+    os.makedirs(directory, exist_ok=True)
+    temporary = os.path.join(directory, f".{FIRST_COMMIT}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(temporary, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        try:
+            os.link(temporary, os.path.join(directory, FIRST_COMMIT))
+        except FileExistsError:
+            return False
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+    for path in (directory, base, os.path.dirname(base)):
+        fsync(path)  # the new entry, the table's directory, and the parent that lists it
+    return True
+
+
+def create_table(
+    uri: str,
+    schema: pa.Schema,
+    files: Sequence[DataFile],
+    *,
+    app: str,
+    version: int,
+    configuration: Mapping[str, str],
+) -> None:
+    """Create the table at ``uri`` as version 0 holding ``files``, with the app transaction
+    ``(app, version)``, put only if no table is there (``LakeCommitConflictError`` otherwise).
+
+    Why not ``deltalake``'s own creation: with deletion vectors enabled it adds reader features
+    no column needs (``variantType``), which readers that do not know them refuse. The protocol
+    here is the least that the table needs: ``deletionVectors`` when enabled, ``timestampNtz``
+    when a column holds a timestamp without a time zone."""
+    from deltalake import Schema
+
+    from airflow_pglogrepl.exceptions import LakeCommitConflictError
+
+    features = []
+    if configuration.get("delta.enableDeletionVectors") == "true":
+        features.append("deletionVectors")
+    if _has_timestamp_ntz(schema):
+        features.append("timestampNtz")
+    now = int(time.time() * 1000)
+    protocol: dict[str, Any] = {"minReaderVersion": 1, "minWriterVersion": 2}
+    if features:
+        protocol = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features,
+                    "writerFeatures": features}  # fmt: skip
+    actions: list[dict[str, Any]] = [
+        {"commitInfo": {"timestamp": now, "operation": "CREATE TABLE",
+                        "operationParameters": {}, "engineInfo": "airflow-pglogrepl"}},
+        {"protocol": protocol},
+        {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
+                      "schemaString": Schema.from_arrow(schema).to_json(),
+                      "partitionColumns": [], "configuration": dict(configuration),
+                      "createdTime": now}},
+        {"txn": {"appId": app, "version": version, "lastUpdated": now}},
+        *({"add": {"path": f.name, "partitionValues": {}, "size": f.size,
+                   "modificationTime": now, "dataChange": True,
+                   "stats": json.dumps({"numRecords": f.rows})}} for f in files),
+    ]  # fmt: skip
+    text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
+    if not put_first_commit(uri, text.encode()):
+        raise LakeCommitConflictError(uri, app, None, txn_version(uri, app), version)
+
+
+def _has_timestamp_ntz(schema: Any) -> bool:
+    import pyarrow as pa
+
+    def naive(kind: pa.DataType) -> bool:
+        if pa.types.is_timestamp(kind):
+            return kind.tz is None
+        if pa.types.is_struct(kind):
+            return any(naive(kind.field(i).type) for i in range(kind.num_fields))
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind):
+            return naive(kind.value_type)
+        return False
+
+    return any(naive(field.type) for field in schema)

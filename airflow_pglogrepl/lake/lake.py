@@ -22,7 +22,8 @@ What a crash leaves, and what the next run (under the same writer lock) does wit
   (PostgreSQL persists an advance only at the next checkpoint, so this also covers a server
   crash);
 - Parquet files written before a crash and never committed are invisible to every reader;
-  ``VACUUM`` removes them.
+  a Spark ``VACUUM`` removes them (the upkeep's, delta-rs's "lite" one, removes only files the
+  log removed: see ``lake.upkeep``).
 
 A slot ahead of the lake's position means someone else consumed changes: refused, never skipped.
 
@@ -69,7 +70,7 @@ Origins = Callable[[TableRef, Sequence[str]], "ColumnOrigins"]
 log = logging.getLogger("airflow_pglogrepl.lake")
 
 # Only the commit LSN gets file statistics: it is what merges select changelog files by.
-CHANGES_CONFIG = {"delta.dataSkippingStatsColumns": COMMIT_LSN}
+CHANGES_CONFIG = {**delta.KEEP_LOGS, "delta.dataSkippingStatsColumns": COMMIT_LSN}
 # Every this many versions the windows table's one-row files are compacted and its log
 # checkpointed, so reading the lake's history and position stays cheap however long it runs.
 COMPACT_EVERY = 100
@@ -333,7 +334,8 @@ class Lake:
         written = delta.write_file(uri, rows, prefix="claim")
         self.check_writer()
         delta.commit_files(uri, rows.schema, [written], app=LAKE_APP, expected=held,
-                           version=version, name="pglogrepl windows")  # fmt: skip
+                           version=version, name="pglogrepl windows",
+                           configuration=delta.KEEP_LOGS)  # fmt: skip
 
     def recorded_source(self) -> dict[str, Any] | None:
         """The source identity recorded with the lake's last commit of this slot (None: none
@@ -372,7 +374,7 @@ class Lake:
         self.check_writer()
         delta.commit_files(uri, rows.schema, [written], app=self.app, version=int(end),
                            expected=None if expected is None else int(expected),
-                           name="pglogrepl windows")  # fmt: skip
+                           name="pglogrepl windows", configuration=delta.KEEP_LOGS)  # fmt: skip
         self._position = end
         table = delta.open_table(uri)
         if table is not None and table.version() % COMPACT_EVERY == 0:

@@ -274,9 +274,7 @@ def _create_if_missing(session: Any, path: str, schema: Any) -> bool:
     if delta.open_table(path) is not None:
         return False
     empty = session.createDataFrame([], schema)
-    empty.write.format("delta").option("delta.enableDeletionVectors", "true").mode("append").save(
-        path
-    )
+    empty.write.format("delta").options(**delta.STATE_CONFIG).mode("append").save(path)
     return True
 
 

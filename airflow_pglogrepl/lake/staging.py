@@ -45,7 +45,6 @@ import json
 import os
 import re
 import shutil
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.exceptions import LakeError
@@ -58,7 +57,7 @@ if TYPE_CHECKING:
 
 STAGED_PREFIX = "snapshot-"
 LOG_DIR = "_delta_log"
-FIRST_COMMIT = f"{0:020d}.json"
+FIRST_COMMIT = delta.FIRST_COMMIT
 _STAGED = re.compile(r"snapshot-([0-9A-F]{16})")
 _VERSION = re.compile(r"\d{20}\.json")
 
@@ -109,8 +108,8 @@ def leftovers(parent: str, app: str) -> list[str]:
 def publish(table_uri: str, staged: str) -> int:
     """Make the copy staged at ``staged`` the table at ``table_uri`` (see the module docstring);
     returns how many files it holds. Raises ``LakeError`` if a table is already there."""
-    filesystem, staged_base = _filesystem(staged)
-    _, base = _filesystem(table_uri)
+    filesystem, staged_base = delta.filesystem(staged)
+    _, base = delta.filesystem(table_uri)
     actions = _first_commit(filesystem, staged_base)
     prefix = staged_base.rsplit("/", 1)[-1] + "/"
     files = []
@@ -123,7 +122,11 @@ def publish(table_uri: str, staged: str) -> int:
             delta.fsync(os.path.join(base, path))
         delta.fsync(staged_base)
     text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
-    _create(filesystem, f"{base}/{LOG_DIR}", FIRST_COMMIT, text.encode(), table_uri)
+    if not delta.put_first_commit(table_uri, text.encode()):
+        raise LakeError(
+            f"{table_uri} already holds a Delta table: a snapshot's copy is published only where "
+            f"none is. Nothing was published there"
+        )
     remove(f"{staged}/{LOG_DIR}")
     return len(files)
 
@@ -134,7 +137,7 @@ def remove(uri: str) -> None:
         if os.path.isdir(uri):
             shutil.rmtree(uri)
         return
-    filesystem, path = _filesystem(uri)
+    filesystem, path = delta.filesystem(uri)
     with contextlib.suppress(FileNotFoundError):
         filesystem.delete_dir(path)
 
@@ -164,57 +167,10 @@ def _first_commit(filesystem: Any, staged: str) -> list[dict[str, Any]]:
     return actions
 
 
-def _create(filesystem: Any, directory: str, name: str, data: bytes, table_uri: str) -> None:
-    """Write ``directory/name`` whole, only if it does not exist (see the module docstring)."""
-    exists = LakeError(
-        f"{table_uri} already holds a Delta table: a snapshot's copy is published only where "
-        f"none is. Nothing was published there"
-    )
-    from pyarrow import fs
-
-    if not is_local(directory):
-        filesystem.create_dir(directory, recursive=True)
-        if filesystem.get_file_info(f"{directory}/{name}").type != fs.FileType.NotFound:
-            raise exists
-        with filesystem.open_output_stream(f"{directory}/{name}") as stream:
-            stream.write(data)
-        return
-    os.makedirs(directory, exist_ok=True)
-    temporary = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(temporary, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        try:
-            os.link(temporary, os.path.join(directory, name))
-        except FileExistsError:
-            raise exists from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-    table = os.path.dirname(directory)
-    for path in (directory, table, os.path.dirname(table)):
-        delta.fsync(path)  # the new entry, the table's directory, and state/ that lists it
-
-
 def _directories(uri: str) -> Iterator[str]:
     """Names of the sub-directories of ``uri`` (none if it does not exist), sorted."""
     from pyarrow import fs
 
-    filesystem, base = _filesystem(uri)
+    filesystem, base = delta.filesystem(uri)
     infos = filesystem.get_file_info(fs.FileSelector(base, allow_not_found=True))
     yield from sorted(i.base_name for i in infos if i.type == fs.FileType.Directory)
-
-
-_HADOOP_SCHEMES = {"s3a": "s3", "s3n": "s3"}  # what Spark's URIs call what pyarrow calls s3
-
-
-def _filesystem(uri: str) -> tuple[Any, str]:
-    from pyarrow import fs
-
-    if is_local(uri):
-        return fs.LocalFileSystem(), os.path.abspath(uri)
-    scheme, _, rest = uri.partition("://")
-    filesystem, path = fs.FileSystem.from_uri(f"{_HADOOP_SCHEMES.get(scheme, scheme)}://{rest}")
-    return filesystem, path

@@ -56,7 +56,7 @@ from airflow_pglogrepl.exceptions import (
 from airflow_pglogrepl.faults import fault, pause
 from airflow_pglogrepl.lake import staging
 from airflow_pglogrepl.lake.batch import ChangelogBatch
-from airflow_pglogrepl.lake.delta import refused_names
+from airflow_pglogrepl.lake.delta import STATE_CONFIG, refused_names
 from airflow_pglogrepl.lake.evolve import numbered
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.types import UnconvertibleTextError, arrow_from_text_array, arrow_schema
@@ -659,7 +659,7 @@ class SnapshotCopy:
             rows_out.write.format("delta")
             .mode("overwrite")
             .option("overwriteSchema", "true")
-            .option("delta.enableDeletionVectors", "true")
+            .options(**STATE_CONFIG)  # deletion vectors on, no log cleanup but the upkeep's
             .option("txnAppId", self.lake.app)
             .option("txnVersion", str(int(self.point.consistent_point)))
             .save(target)

@@ -19,6 +19,8 @@ from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
 
 T = TableRef("public", "t")
+
+
 Model = dict[int, tuple[int | None, str | None]]
 
 
@@ -122,7 +124,14 @@ def test_a_first_state_is_one_append_of_the_net_change(tmp_path: Path, seed: int
     assert state(lake) == model
     table = DeltaTable(lake.paths.state(T))
     assert table.version() == 0 and table.transaction_version(lake.app) == int(end)
-    assert table.metadata().configuration.get("delta.enableDeletionVectors") == "true"
+    assert table.metadata().configuration == {
+        "delta.enableDeletionVectors": "true",
+        "delta.enableExpiredLogCleanup": "false",  # only the upkeep cleans logs
+    }
+    protocol = table.protocol()  # no feature a column does not need (no variantType)
+    assert (protocol.min_reader_version, protocol.min_writer_version) == (3, 7)
+    assert protocol.reader_features == protocol.writer_features == ["deletionVectors"]
+    assert len(table.file_uris()) == (1 if model else 0)
     assert [f.name for f in table.schema().fields] == ["id", "v", "big"]
     assert arrow_merge.merge_table(lake, "public.t", end) is None  # a replay: nothing
     assert DeltaTable(lake.paths.state(T)).version() == 0
@@ -465,3 +474,27 @@ def test_a_table_without_a_key_has_its_inserts_appended(tmp_path: Path) -> None:
     with pytest.raises(LakeCommitConflictError):
         arrow_merge._append(raced, "public.t", LSN(0x300), stale, log.table().slice(0, 1),
                             ["id", "v", "big"], pa.schema(stale.schema().to_arrow()))  # fmt: skip
+
+
+def test_a_batch_with_no_change_in_range_records_the_position_without_spark(
+    tmp_path: Path,
+) -> None:
+    """A changelog ahead of the position (a crashed run's commit, replayed with smaller
+    windows) can hold no row below it: nothing to merge, yet the state moves to the position
+    here (it went to Spark, which started a JVM for nothing)."""
+    from airflow_pglogrepl.lake import delta
+
+    lake = Lake(str(tmp_path / "lake"), "s")
+    state_table(lake, {1: (1, "a")}, 0x100)
+    lake.record(kind="snapshot", start=LSN(0x100), end=LSN(0x100))
+    log = Log(0x240)
+    log.add("I", 2, 2, "b")  # commit LSN 0x250: past the position below
+    written = delta.write_file(lake.paths.changes(T), log.table(), prefix="crashed")
+    delta.commit_files(lake.paths.changes(T), log.table().schema, [written], app=lake.app,
+                       version=0x300, expected=None)  # fmt: skip
+    lake.record(kind="window", start=LSN(0x100), end=LSN(0x200))
+    assert arrow_merge.merge_small(lake, ["public.t"]) == ({"public.t": "0/200"}, [])
+    assert txn_version(lake.paths.state(T), lake.app) == 0x200 and state(lake) == {1: (1, "a")}
+    lake.record(kind="window", start=LSN(0x200), end=LSN(0x300))
+    assert arrow_merge.merge_small(lake, ["public.t"]) == ({"public.t": "0/300"}, [])
+    assert state(lake) == {1: (1, "a"), 2: (2, "b")}

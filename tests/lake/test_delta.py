@@ -97,3 +97,31 @@ def test_every_new_log_entry_and_new_directory_is_fsynced(
     assert new <= set(synced), sorted(new - set(synced))
     assert str(log_dir / entries[0]) not in synced  # what an earlier commit made durable
     assert os.path.realpath(uri) in {os.path.realpath(p) for p in synced}
+
+
+def test_every_table_the_lake_creates_leaves_log_cleanup_to_the_upkeep(tmp_path: Path) -> None:
+    """Writers clean expired log entries when they checkpoint, whatever positions a user asked
+    to keep; the lake's tables turn that off, and only the upkeep cleans, after its check."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from airflow_pglogrepl.lake import arrow_merge
+    from airflow_pglogrepl.lake.changelog import COMMIT_LSN, KEY_META, OLD, OP, SEQ, UNCHANGED
+    from airflow_pglogrepl.lake.lake import Lake
+    from airflow_pglogrepl.lsn import LSN
+    from airflow_pglogrepl.tables import TableRef
+
+    lake = Lake(str(tmp_path / "lake"), "s")
+    table = TableRef("public", "t")
+    schema = pa.schema([pa.field("id", pa.int64(), metadata={KEY_META: "0"}),
+                        pa.field(OP, pa.string()), pa.field(COMMIT_LSN, pa.int64()),
+                        pa.field(SEQ, pa.int64()), pa.field(UNCHANGED, pa.list_(pa.string())),
+                        pa.field(OLD, pa.struct([pa.field("id", pa.int64())]))])  # fmt: skip
+    window = lake.open_window(LSN(0x100))
+    window.write(table, pa.Table.from_pylist([{"id": 1, OP: "I", COMMIT_LSN: 0x150, SEQ: 0}],
+                                             schema=schema))  # fmt: skip
+    window.commit(LSN(0x200), transactions=1, changes=1)
+    assert arrow_merge.merge_small(lake, ["public.t"]) == ({"public.t": "0/200"}, [])
+    for uri in (lake.paths.changes(table), lake.paths.state(table), lake.paths.windows()):
+        config = DeltaTable(uri).metadata().configuration
+        assert config.get("delta.enableExpiredLogCleanup") == "false", uri
