@@ -49,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from airflow_pglogrepl.exceptions import LakeError, UnsafeRetentionError
+from airflow_pglogrepl.exceptions import LakeError, UnsafeRetentionError, WriterLockLostError
 from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.layout import LakePaths, app_id, is_local
 from airflow_pglogrepl.lake.txnlog import HistoryExpiredError, TxnLog, filesystem
@@ -84,6 +84,9 @@ class Thresholds:
     max_small_files: int = 20
     max_dv_files: int = 10
     target_file_bytes: int | None = None
+    # a table's log is checkpointed once it has none, or this many versions since its last one
+    # (Delta's own interval): a checkpoint every run is a file per table per run
+    checkpoint_every: int = 10
 
 
 @dataclass(frozen=True)
@@ -204,10 +207,32 @@ def upkeep(
         paths.root, slot, {"lsn": None if keep.lsn is None else str(keep.lsn),
                            "hours": keep.hours, "min_retention_hours": keep.min_retention_hours},
     )  # fmt: skip
+    failed: list[str] = []
     for name, uri in targets:
-        table_report = _maintain(name, uri, app_id(slot), keep, floors[name], thresholds, lake)
+        try:
+            table_report = _maintain(name, uri, app_id(slot), keep, floors[name], thresholds,
+                                     lake)  # fmt: skip
+        except WriterLockLostError:
+            raise  # nothing more may be committed
+        except Exception as exc:  # one table's trouble: the others are still maintained
+            log.error("upkeep of %s failed (%s: %s); the other tables are maintained", name,
+                      type(exc).__name__, exc)  # fmt: skip
+            failed.append(f"{name} ({type(exc).__name__}: {exc})")
+            report.tables.append(
+                TableReport(
+                    name, version_before=-1, skipped=[f"failed: {type(exc).__name__}: {exc}"]
+                )
+            )
+            continue
         report.tables.append(table_report)
         log.info("upkeep of %s: %s", name, _summary(table_report))
+    if failed:
+        raise LakeError(
+            f"the upkeep of {len(failed)} of {len(targets)} tables of {paths.root} failed, the "
+            f"others were maintained: {'; '.join(failed)}. What a failed table's steps committed "
+            f"before its error stays (every step is safe alone); the next run tries again. Fix: "
+            f"see each table's error above"
+        )
     return report
 
 
@@ -283,10 +308,18 @@ def _maintain(name: str, uri: str, app: str, keep: Keep, floor: float, threshold
     assert table is not None
     listing = _list_log(uri)
     version = int(table.version())
-    if version not in listing.checkpoints:
+    last = max(listing.checkpoints, default=None)
+    retention = _hours(_property(table, "delta.logRetentionDuration"), LOG_RETENTION_HOURS)
+    stale = last is not None and listing.checkpoints[last] < time.time() - (retention or 0) * 3600
+    # a checkpoint older than the log retention is renewed too: log cleanup stops at one
+    if last is None or stale or version - last >= max(thresholds.checkpoint_every, 1):
         lake.check_writer()
         table.create_checkpoint()
-    report.checkpoint = version
+        last = version
+    else:
+        report.skipped.append(f"checkpoint: {version - last} versions since the last one "
+                              f"(every {thresholds.checkpoint_every})")  # fmt: skip
+    report.checkpoint = last
     # again on the log as it is now: the versions VACUUM added hold the kept position too
     listing = _list_log(uri)
     kept_now = _kept_versions(uri, app, keep, listing, time.time(), [])

@@ -54,6 +54,8 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
     :param max_dv_files: compact a table with at least this many files with deletion vectors.
     :param target_file_bytes: the size compaction packs towards (None: the table's
         ``delta.targetFileSize``, else 100 MiB).
+    :param checkpoint_every: checkpoint a table's log once it has none, or this many versions
+        since its last checkpoint.
     :param database: the slot's database, when not the connection's.
     """
 
@@ -77,6 +79,7 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
         small_file_bytes: int = 8 * 1024 * 1024,
         max_dv_files: int = 10,
         target_file_bytes: int | None = None,
+        checkpoint_every: int = 10,
         database: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -92,6 +95,7 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
         self.small_file_bytes = small_file_bytes
         self.max_dv_files = max_dv_files
         self.target_file_bytes = target_file_bytes
+        self.checkpoint_every = checkpoint_every
         self.database = database
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -112,6 +116,7 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
             max_small_files=int(str(self.max_small_files)),
             max_dv_files=int(self.max_dv_files),
             target_file_bytes=self.target_file_bytes,
+            checkpoint_every=int(self.checkpoint_every),
         )
         hook = replication_hook(self.postgres_conn_id, self.database)
         try:

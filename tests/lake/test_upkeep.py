@@ -111,7 +111,7 @@ def test_kept_hours_below_the_floor_are_refused_before_anything_is_done(tmp_path
 
 def test_log_cleanup_never_removes_the_kept_versions_log(tmp_path: Path) -> None:
     built = Built(tmp_path / "lake")
-    config = {"delta.logRetentionDuration": "interval 2 hours"}
+    config = {**delta.KEEP_LOGS, "delta.logRetentionDuration": "interval 2 hours"}
     changes = built.paths.changes(A)
     state = built.paths.state(A)
     for end in range(10, 90, 10):
@@ -213,3 +213,58 @@ def test_a_state_with_sparks_deletion_vectors_is_compacted_row_for_row(
     session.conf.unset(TXN_APP_CONF)
     session.conf.unset(TXN_VERSION_CONF)
     assert rs_rows() == spark_rows() == expected[1:]
+
+
+def test_a_log_is_checkpointed_once_then_every_checkpoint_every_versions(tmp_path: Path) -> None:
+    """A checkpoint every run was a file per table per run (about 9 a run in the soak)."""
+    built = Built(tmp_path / "lake")
+    for end in range(10, 40, 10):
+        built.window(end, {A: [end]})
+    uri = built.paths.changes(A)
+    every = Thresholds(checkpoint_every=3)
+
+    def report() -> Any:
+        done = upkeep(built.root, SLOT, keep=Keep(lsn=LSN(10), **BY_LSN), thresholds=every)
+        return {t.table: t for t in done.tables}[f"changes/{A}"]
+
+    first = report()  # no checkpoint yet: one now
+    assert first.checkpoint == versions(uri) == 2
+    assert f"{2:020d}.checkpoint.parquet" in log_names(uri)
+    for end in (40, 50):
+        built.window(end, {A: [end]})
+    second = report()
+    assert second.checkpoint == 2 and "checkpoint: 2 versions since the last one" in " ".join(
+        second.skipped
+    )
+    assert f"{versions(uri):020d}.checkpoint.parquet" not in log_names(uri)
+    built.window(60, {A: [60]})
+    assert report().checkpoint == versions(uri) == 5
+
+
+def test_one_tables_failure_leaves_the_others_maintained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The error names the table and its cause; the tables after it are still maintained."""
+    from airflow_pglogrepl.exceptions import LakeError
+    from airflow_pglogrepl.lake import upkeep as module
+
+    built = Built(tmp_path / "lake")
+    for end in range(10, 40, 10):
+        built.window(end, {A: [end], B: [end]})
+    real = module._maintain
+
+    def failing(name: str, *args: Any) -> Any:
+        if name == f"changes/{A}":
+            raise OSError("no space left on device")
+        return real(name, *args)
+
+    monkeypatch.setattr(module, "_maintain", failing)
+    with pytest.raises(
+        LakeError,
+        match=r"the upkeep of 1 of 3 tables .* failed, the others were "
+        r"maintained: changes/public\.a \(OSError: no space left on device\)",
+    ):
+        upkeep(built.root, SLOT, keep=Keep(lsn=LSN(10), **BY_LSN))
+    uri = built.paths.changes(B)  # maintained after the failure: checkpointed (it had none)
+    assert f"{versions(uri):020d}.checkpoint.parquet" in log_names(uri)
+    assert not any("checkpoint" in n for n in log_names(built.paths.changes(A)))
