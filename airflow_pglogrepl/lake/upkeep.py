@@ -309,8 +309,8 @@ def _maintain(name: str, uri: str, app: str, keep: Keep, floor: float, threshold
     listing = _list_log(uri)
     version = int(table.version())
     last = max(listing.checkpoints, default=None)
-    retention = _hours(_property(table, "delta.logRetentionDuration"), LOG_RETENTION_HOURS)
-    stale = last is not None and listing.checkpoints[last] < time.time() - (retention or 0) * 3600
+    log_hours = _hours(_property(table, "delta.logRetentionDuration"), LOG_RETENTION_HOURS) or 0
+    stale = last is not None and listing.checkpoints[last] < time.time() - log_hours * 3600
     # a checkpoint older than the log retention is renewed too: log cleanup stops at one
     if last is None or stale or version - last >= max(thresholds.checkpoint_every, 1):
         lake.check_writer()
