@@ -4,6 +4,8 @@ The Spark provider's hook runs ``spark-submit`` (master and deploy mode from the
 connection). Around it this operator checks the slot before anything starts, hands the source
 DSN to the application through its environment only, ships this package to the executors, reads
 the run's JSON summary back, and pushes LSNs and counts to XCom with an Asset event for the sink.
+A run with nothing to drain or merge is told apart on the worker first and submits nothing
+(``skip_when_idle``, ``operators._idle``).
 """
 
 from __future__ import annotations
