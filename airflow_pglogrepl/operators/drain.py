@@ -4,12 +4,15 @@ The Spark provider's hook runs ``spark-submit`` (master and deploy mode from the
 connection). Around it this operator checks the slot before anything starts, hands the source
 DSN to the application through its environment only, ships this package to the executors, reads
 the run's JSON summary back, and pushes LSNs and counts to XCom with an Asset event for the sink.
+A run with nothing to drain or merge is told apart on the worker first and submits nothing
+(``skip_when_idle``, ``operators._idle``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Context
@@ -21,6 +24,9 @@ from airflow_pglogrepl.operators._spark import (
     PackageSparkSubmitOperator,
     sink_asset,
 )
+
+if TYPE_CHECKING:
+    from airflow_pglogrepl.operators._idle import Idle
 
 __all__ = ["DRAIN_APP", "DSN_ENV", "PACKAGE_DIR", "SlotDrainOperator", "sink_asset"]
 
@@ -54,6 +60,16 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         that the change was deliberate: a ``pg_upgrade`` (new system identifier, slots carried
         over from 17) or a promotion whose slot is before the switch point. The new source is
         recorded from then on.
+    :param skip_when_idle: before submitting, decide on the worker whether the run has anything
+        to do, and when it has not, start no spark-submit: the task logs why and returns the
+        summary of a run that drained and merged nothing (``idle`` True, ``spark_start_s``
+        None). Idle means: the lake is local (a path or ``file:`` URI; a remote lake is always
+        submitted), its position is the slot's ``confirmed_flush_lsn``, no change waits for its
+        merge, and the slot holds no published change, with at most ``idle_wal_bytes`` of WAL
+        past ``confirmed_flush_lsn`` (``operators._idle``). False: always submit.
+    :param idle_wal_bytes: WAL past ``confirmed_flush_lsn`` an idle run may leave for later.
+        Traffic outside the publications moves the WAL but not an idle slot; once more than
+        this has accumulated, the run is submitted and the slot advances past it.
     :param database: the slot's database, when not the connection's.
     :param conn_id: the Spark connection; it must exist (the provider would otherwise silently
         submit to YARN).
@@ -62,7 +78,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields,
         "postgres_conn_id", "slot_name", "publications", "sink", "database",
-        "max_window_bytes", "max_windows", "small_merge_rows",
+        "max_window_bytes", "max_windows", "small_merge_rows", "idle_wal_bytes",
     )  # fmt: skip
     ui_color = "#fdebd0"
 
@@ -80,6 +96,8 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         database: str | None = None,
         conn_id: str = "spark_default",
         accept_source_change: bool = False,
+        skip_when_idle: bool = True,
+        idle_wal_bytes: int = 16 * 1024 * 1024,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", "pglogrepl-drain")
@@ -95,6 +113,8 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         self.small_merge_rows = small_merge_rows
         self.database = database
         self.accept_source_change = accept_source_change
+        self.skip_when_idle = skip_when_idle
+        self.idle_wal_bytes = idle_wal_bytes
 
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         from airflow_pglogrepl.conninfo import make_dsn
@@ -107,6 +127,15 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         if refusal is not None:  # lost: the boundary fails the task; in use: a retry may pass
             raise refusal
         self._check_spark_connection()
+        if self.skip_when_idle and not self.accept_source_change:
+            from airflow_pglogrepl.operators._idle import idle_run
+
+            started = time.monotonic()
+            idle = idle_run(hook, slot, sink=str(self.sink), publications=self.publications,
+                            materialize=self.materialize,
+                            max_wal_bytes=int(str(self.idle_wal_bytes)))  # fmt: skip
+            if idle is not None:
+                return self._idle(context, idle, started)
         self._prepare_submit(make_dsn(hook.connection_params()))
         self.application_args = self._app_args()
         with self._shipping_package():
@@ -123,20 +152,40 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
             "confirmed_flush_lsn_before": str(slot.confirmed_flush_lsn),
             "confirmed_flush_lsn_after": str(after.confirmed_flush_lsn),
             "sink": self.sink,
+            "idle": False,
         }
-        context["ti"].xcom_push(key="confirmed_flush_lsn", value=str(after.confirmed_flush_lsn))
-        for asset in self.outlets or []:
-            context["outlet_events"][asset].extra = {
-                "slot": self.slot_name,
-                "confirmed_flush_lsn": str(after.confirmed_flush_lsn),
-                "changes": summary.get("changes", 0),
-            }
+        self._publish(context, str(after.confirmed_flush_lsn), summary.get("changes", 0))
         self.log.info(
             "Drained slot %s: %s windows, %s transactions, %s changes; confirmed %s -> %s",
             self.slot_name, summary.get("windows"), summary.get("transactions"),
             summary.get("changes"), slot.confirmed_flush_lsn, after.confirmed_flush_lsn,
         )  # fmt: skip
         return result
+
+    def _idle(self, context: Context, idle: Idle, started: float) -> dict[str, Any]:
+        """An idle run's result, as a submitted run would have returned it."""
+        from airflow_pglogrepl.operators._idle import idle_summary
+
+        confirmed = str(idle.confirmed)
+        self.log.info(
+            "Slot %s and lake %s have nothing to do, spark-submit skipped: %s; lake and slot "
+            "at %s (skip_when_idle)", self.slot_name, self.sink, idle.reason, confirmed,
+        )  # fmt: skip
+        summary = idle_summary(str(self.slot_name), idle, materialize=self.materialize,
+                               started=started)  # fmt: skip
+        result = {**summary, "sink": self.sink, "idle": True}
+        self._publish(context, confirmed, 0)
+        return result
+
+    def _publish(self, context: Context, confirmed: str, changes: int) -> None:
+        """``confirmed_flush_lsn`` to XCom and the sink's Asset event."""
+        context["ti"].xcom_push(key="confirmed_flush_lsn", value=confirmed)
+        for asset in self.outlets or []:
+            context["outlet_events"][asset].extra = {
+                "slot": self.slot_name,
+                "confirmed_flush_lsn": confirmed,
+                "changes": changes,
+            }
 
     def _app_args(self) -> list[str]:
         args = ["--slot", str(self.slot_name), "--sink", str(self.sink)]

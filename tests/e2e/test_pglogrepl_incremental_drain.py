@@ -95,7 +95,10 @@ def test_drain_dag_end_to_end_with_spark_submit(
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
     snapshot = latest_xcom("initial_snapshot")
     assert snapshot["committed"] is True, snapshot
-    assert latest_xcom("drain")["changes"] == 0
+    # ... so nothing was submitted: the worker told it was idle (no spark-submit)
+    idle = latest_xcom("drain")
+    assert idle["changes"] == 0 and idle["idle"] is True and idle["spark_start_s"] is None, idle
+    assert "spark-submit skipped" in first.stdout + first.stderr
     from airflow_pglogrepl.tables import TableRef
 
     orders = TableRef("public", "orders")
@@ -113,6 +116,7 @@ def test_drain_dag_end_to_end_with_spark_submit(
     alive = [i for i in range(1, 4001) if not (i <= 3000 and i % 5 == 0)]
     expected = 1000 + sum(i % 7 == 0 for i in alive) + sum(i % 11 == 0 for i in alive)
     assert result["changes"] == expected and result["windows"] > 1, result
+    assert result["idle"] is False
     confirmed = latest_xcom("drain", "confirmed_flush_lsn")
     assert confirmed == result["confirmed_flush_lsn_after"] != result["confirmed_flush_lsn_before"]
     slot = publisher.execute(

@@ -1,0 +1,157 @@
+"""Whether a drain run has anything to do, decided on the Airflow worker without Spark.
+
+A drain run is idle when all of these hold, read in this order (each read is cheap):
+
+1. the lake is local (a path or ``file:`` URI: the worker reads its Delta logs with no storage
+   credentials) and its position is the slot's ``confirmed_flush_lsn`` (an empty lake, a lake
+   ahead of the slot after a lost advance, or one behind it is the application's to handle);
+2. no committed change waits for its merge into ``state/`` (``pending_tables``; only when the
+   run merges);
+3. nothing the publications produce was committed after ``confirmed_flush_lsn``, and the WAL
+   past it stays within ``max_wal_bytes``.
+
+For 3, WAL always moves (other databases, tables outside the publications, checkpoints), so a
+flushed WAL position equal to ``confirmed_flush_lsn`` proves idleness for free but is rare on a
+busy server. Otherwise the slot is peeked up to the flushed position for at most one change,
+with the drain's own pgoutput options: pgoutput (15+) sends nothing for a transaction without a
+published change, so no row back means no change to drain. The slot does not move. While it
+does not, the WAL it holds grows with the server's other traffic: past ``max_wal_bytes`` the
+run is not idle, and the application drains (an empty window: the slot advances), so an idle
+publication pins at most that much WAL beyond its last run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_pglogrepl.hooks.records import SlotInfo
+    from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
+    from airflow_pglogrepl.lsn import LSN
+
+log = logging.getLogger("airflow_pglogrepl.drain")
+
+IDLE_WAL_BYTES = 16 * 1024 * 1024  # one WAL segment (default size)
+
+
+@dataclass(frozen=True)
+class Idle:
+    """An idle run: where the slot and the lake stand, and why nothing is to do."""
+
+    confirmed: LSN
+    flush: LSN
+    reason: str
+
+
+def idle_run(
+    hook: PgLogicalReplicationHook,
+    slot: SlotInfo,
+    *,
+    sink: str,
+    publications: Sequence[str],
+    materialize: bool,
+    max_wal_bytes: int,
+) -> Idle | None:
+    """The run's ``Idle`` when it has nothing to drain or merge, else None (with the reason
+    logged). Any error while deciding is logged and answers None: the application decides."""
+    try:
+        return _idle_run(hook, slot, sink=sink, publications=publications,
+                         materialize=materialize, max_wal_bytes=max_wal_bytes)  # fmt: skip
+    except Exception as exc:  # the application meets the same error and reports it properly
+        log.info("could not tell whether slot %s has anything to drain (%s: %s): submitting",
+                 slot.name, type(exc).__name__, exc)  # fmt: skip
+        return None
+
+
+def _idle_run(
+    hook: PgLogicalReplicationHook,
+    slot: SlotInfo,
+    *,
+    sink: str,
+    publications: Sequence[str],
+    materialize: bool,
+    max_wal_bytes: int,
+) -> Idle | None:
+    from airflow_pglogrepl.lake.lake import Lake
+    from airflow_pglogrepl.lake.layout import is_local
+    from airflow_pglogrepl.lake.materialize import pending_tables
+    from airflow_pglogrepl.names import publication_names_option
+
+    confirmed = slot.confirmed_flush_lsn
+    name = slot.name
+    if confirmed is None:
+        return None
+    if not is_local(sink):
+        log.info("lake %s is not local: the application reads it (Spark submitted)", sink)
+        return None
+    lake = Lake(sink, name)
+    position = lake.position()
+    if position != confirmed:
+        log.info("lake at %s, slot %s at %s: the application reconciles them (Spark submitted)",
+                 position, name, confirmed)  # fmt: skip
+        return None
+    if materialize:
+        pending = pending_tables(lake)
+        if pending:
+            log.info("%d table(s) wait for their merge (%s): Spark submitted",
+                     len(pending), ", ".join(pending[:5]))  # fmt: skip
+            return None
+    flush = hook.flush_lsn()
+    if flush <= confirmed:
+        return Idle(confirmed, flush, "no WAL was written after the slot's confirmed_flush_lsn")
+    if flush - confirmed > max_wal_bytes:
+        log.info("%d WAL bytes past slot %s's confirmed_flush_lsn (more than %d): the "
+                 "application drains, so the slot moves on", flush - confirmed, name,
+                 max_wal_bytes)  # fmt: skip
+        return None
+    missing = hook.missing_publications(list(publications))
+    if missing:
+        log.info("publication(s) %s missing: the application reports it", ", ".join(missing))
+        return None
+    options = {
+        "proto_version": "1",
+        "publication_names": publication_names_option(publications),
+        "messages": "false",
+    }
+    began = time.monotonic()
+    rows = hook.peek_changes(name, upto_lsn=flush, options=options, upto_nchanges=1)
+    try:
+        found = next(iter(rows), None)
+    finally:
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()
+    if found is not None:
+        log.info("slot %s has changes to drain after %s: Spark submitted", name, confirmed)
+        return None
+    return Idle(
+        confirmed,
+        flush,
+        f"no published change in the {flush - confirmed} WAL bytes after the slot's "
+        f"confirmed_flush_lsn (peeked in {time.monotonic() - began:.2f} s)",
+    )
+
+
+def idle_summary(slot: str, idle: Idle, *, materialize: bool, started: float) -> dict[str, Any]:
+    """The summary an idle run reports: the application's keys, with nothing drained or merged
+    and no Spark started."""
+    from airflow_pglogrepl.spark.drain import DrainResult
+
+    result = DrainResult(
+        slot=slot,
+        windows=[],
+        confirmed_before=idle.confirmed,
+        confirmed_after=idle.confirmed,
+        run_end=idle.flush,
+        startup_s=time.monotonic() - started,
+        lag_bytes_left=max(0, idle.flush - idle.confirmed),
+    ).to_dict()
+    if materialize:
+        result["materialized"] = {}
+        result["materialize_s"] = 0.0
+    result["spark_start_s"] = None
+    return result

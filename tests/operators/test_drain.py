@@ -1,0 +1,176 @@
+"""``SlotDrainOperator`` decides on the worker whether a run needs Spark: a run with nothing to
+drain or merge starts no spark-submit and returns what a submitted run would have; any run with
+something to do is submitted. spark-submit here is a stand-in that counts its calls and runs the
+drain application with this Python (a local lake needs no JVM to drain or to merge small
+batches), so a test sees exactly which runs were submitted."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.materialize import pending_tables
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.operators.drain import SlotDrainOperator
+from tests.support.airflow import FakeTI, set_airflow_connection
+from tests.support.paths import REPO
+from tests.support.sources import Source
+
+# whether a peek finds a change depends on pgoutput (15 skips empty transactions; 18 decodes
+# past a missing publication)
+pytestmark = pytest.mark.pgversion
+
+FAKE_SPARK_SUBMIT = """#!{python}
+import os, subprocess, sys
+with open({calls!r}, "a") as calls:
+    calls.write(" ".join(sys.argv[1:]) + "\\n")
+app = next(i for i, a in enumerate(sys.argv) if a.endswith("drain_app.py"))
+env = {{**os.environ, "PYTHONPATH": {repo!r}}}
+sys.exit(subprocess.run([sys.executable, *sys.argv[app:]], env=env).returncode)
+"""
+
+
+class Drains:
+    """Runs of the operator on one source and lake, and the spark-submit calls they made."""
+
+    def __init__(self, src: Source, tmp_path: Path) -> None:
+        self.src = src
+        self.sink = str(tmp_path / "lake")
+        self.calls = tmp_path / "spark-submit-calls"
+        self.calls.touch()
+        self.binary = tmp_path / "spark-submit"
+        self.binary.write_text(
+            FAKE_SPARK_SUBMIT.format(python=sys.executable, calls=str(self.calls), repo=str(REPO))
+        )
+        self.binary.chmod(0o755)
+        self.conn_id = f"drain_op_{src.db}"
+        set_airflow_connection(self.conn_id, src.cluster.airflow_uri(src.db))
+        set_airflow_connection(
+            "drain_op_spark", json.dumps({"conn_type": "spark", "host": "local[1]"})
+        )
+
+    def submits(self) -> int:
+        return len(self.calls.read_text().splitlines())
+
+    def confirmed(self) -> str:
+        rows = self.src.sql(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+            (self.src.slot,),
+        )
+        return str(rows[0][0])
+
+    def flush(self) -> LSN:
+        return LSN(str(self.src.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0]))
+
+    def run(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """One run: its return value, and what it pushed (XCom) and emitted (Asset extra)."""
+        task = SlotDrainOperator(
+            task_id="drain", postgres_conn_id=self.conn_id, slot_name=self.src.slot,
+            publications=[self.src.publication], sink=self.sink, conn_id="drain_op_spark",
+            spark_binary=str(self.binary), **kwargs,
+        )  # fmt: skip
+        ti = FakeTI()
+        events: defaultdict[Any, SimpleNamespace] = defaultdict(SimpleNamespace)
+        context: Any = {"ti": ti, "outlet_events": events}
+        result = task.execute(context)
+        extras = [vars(event)["extra"] for event in events.values()]
+        return result, {**ti.pushed, "asset": extras}
+
+
+@pytest.fixture
+def drains(source: Source, tmp_path: Path) -> Drains:
+    """A published table ``t`` and an unpublished one ``other``, drained once (3 changes)."""
+    source.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    source.sql("CREATE TABLE other (id int PRIMARY KEY, v text)")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE t")
+    source.sql("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 3) g")
+    d = Drains(source, tmp_path)
+    result, pushed = d.run()
+    assert d.submits() == 1 and result["changes"] == 3 and result["idle"] is False, result
+    assert pushed["confirmed_flush_lsn"] == d.confirmed() == result["confirmed_flush_lsn_after"]
+    return d
+
+
+def test_an_idle_run_starts_no_spark_submit_and_returns_what_a_run_would(drains: Drains) -> None:
+    submitted, _ = drains.run(skip_when_idle=False)  # the same run, submitted: its shape
+    assert drains.submits() == 2 and submitted["changes"] == 0, submitted
+    confirmed = drains.confirmed()
+
+    result, pushed = drains.run()
+
+    assert drains.submits() == 2, "an idle run called spark-submit"
+    assert result["idle"] is True and result["spark_start_s"] is None
+    assert set(result) == set(submitted), set(result) ^ set(submitted)
+    assert (result["windows"], result["transactions"], result["changes"]) == (0, 0, 0)
+    assert result["materialized"] == {} and result["tables"] == {}
+    assert result["confirmed_flush_lsn_before"] == result["confirmed_flush_lsn_after"] == confirmed
+    assert pushed == {
+        "confirmed_flush_lsn": confirmed,
+        "asset": [{"slot": drains.src.slot, "confirmed_flush_lsn": confirmed, "changes": 0}],
+    }
+    assert drains.confirmed() == confirmed  # the slot did not move
+
+
+def test_wal_without_a_published_change_is_idle_until_it_grows_past_the_bound(
+    drains: Drains,
+) -> None:
+    drains.src.sql("INSERT INTO other SELECT g, 'o' || g FROM generate_series(1, 200) g")
+    confirmed = drains.confirmed()
+    assert drains.flush() > LSN(confirmed)  # WAL moved: the slot is peeked
+
+    result, _ = drains.run()
+    assert drains.submits() == 1 and result["idle"] is True and result["lag_bytes_left"] > 0
+
+    # more WAL past the slot than the run may leave: submitted, and the slot moves past it
+    result, _ = drains.run(idle_wal_bytes=result["lag_bytes_left"] - 1)
+    assert drains.submits() == 2 and result["idle"] is False and result["changes"] == 0
+    assert LSN(drains.confirmed()) > LSN(confirmed)
+    assert Lake(drains.sink, drains.src.slot).position() == LSN(drains.confirmed())
+
+
+def test_a_published_change_is_submitted_and_drained(drains: Drains) -> None:
+    drains.src.sql("INSERT INTO other VALUES (1, 'o')")  # an unpublished change first
+    drains.src.sql("UPDATE t SET v = 'changed' WHERE id = 2")
+    result, pushed = drains.run()
+    assert drains.submits() == 2 and result["idle"] is False and result["changes"] == 1, result
+    assert pushed["confirmed_flush_lsn"] == drains.confirmed()
+
+
+def test_changes_waiting_for_their_merge_are_submitted(drains: Drains) -> None:
+    drains.src.sql("DELETE FROM t WHERE id = 1")
+    drains.run(materialize=False)
+    lake = Lake(drains.sink, drains.src.slot)
+    assert drains.submits() == 2 and pending_tables(lake) == ["public.t"]
+
+    result, _ = drains.run()  # nothing new in the slot, but a merge to do
+    assert drains.submits() == 3 and result["idle"] is False, result
+    assert result["changes"] == 0 and "public.t" in result["materialized"]
+    assert pending_tables(Lake(drains.sink, drains.src.slot)) == []
+    assert drains.run()[0]["idle"] is True and drains.submits() == 3
+
+
+def test_a_lake_behind_the_slot_is_left_to_the_application(drains: Drains) -> None:
+    # the slot moved on without the lake: the application's to refuse, so it is submitted
+    drains.src.sql("UPDATE t SET v = 'lost' WHERE id = 3")
+    drains.src.sql(
+        "SELECT pg_replication_slot_advance(%s, pg_current_wal_flush_lsn())", (drains.src.slot,)
+    )
+    with pytest.raises(Exception, match="SlotAheadOfSinkError"):
+        drains.run()
+    assert drains.submits() == 2
+
+
+def test_a_missing_publication_is_left_to_the_application(drains: Drains) -> None:
+    # 18 decodes past a missing publication with only a warning: a peek alone would say idle
+    drains.src.sql(f"DROP PUBLICATION {drains.src.publication}")
+    drains.src.sql("INSERT INTO t VALUES (10, 'unpublished now')")
+    with pytest.raises(Exception, match=r"PublicationNotFoundError|does not exist"):
+        drains.run()
+    assert drains.submits() == 2
