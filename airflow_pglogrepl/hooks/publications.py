@@ -14,8 +14,10 @@ from typing import Any
 
 from psycopg import sql
 
+from airflow_pglogrepl import conninfo
 from airflow_pglogrepl.exceptions import DefinitionConflictError, UnsupportedFeatureError
-from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
+from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl, show
+from airflow_pglogrepl.hooks.errors import WAL_LEVEL_FIX
 from airflow_pglogrepl.hooks.records import PublicationInfo, PublishedTable, Reconciled
 from airflow_pglogrepl.row_filter import check_row_filter
 from airflow_pglogrepl.tables import TableRef
@@ -104,6 +106,7 @@ class PublicationsMixin(PgSessionHook):
             # row filters are pasted into the DDL: their literals must read as check_row_filter
             # scanned them (with standard_conforming_strings off, '\'' would not end there)
             conn.execute("SELECT set_config('standard_conforming_strings', 'on', false)")
+            wal_level = show(conn, "wal_level")
             before = _read_publication(conn, name)
             if any(t.columns is not None or t.row_filter for t in tables):
                 _require_15(conn, name)
@@ -131,6 +134,12 @@ class PublicationsMixin(PgSessionHook):
                     action = "unchanged"
         result = Reconciled("publication", name, action, details)
         self.log.info("Publication %s %s%s", name, action, "".join(f"\n  {d}" for d in details))
+        if wal_level != "logical":
+            self.log.warning(
+                "Publication %s is defined, but PostgreSQL %s publishes nothing yet: its "
+                "wal_level is %r, and a subscription or slot on it is refused. Fix: %s",
+                name, conninfo.describe(self.connection_params()), wal_level, WAL_LEVEL_FIX,
+            )  # fmt: skip
         return result
 
     def drop_publication(self, name: str, *, missing_ok: bool = True) -> bool:
