@@ -63,6 +63,27 @@ class ServerNotConfiguredError(PgLogReplError):
         )
 
 
+class PublisherNotConfiguredError(ServerNotConfiguredError):
+    """The publisher refused what a subscription statement asked of it (its replication slot, a
+    WAL sender) for want of a setting. Raised on the subscriber's side; the publisher's own text,
+    as the subscriber relayed it, is the cause (``__cause__``)."""
+
+    def __init__(
+        self, setting: str, required: str, publisher: str, refused: str, fix: str,
+        *, retryable: bool = False,
+    ) -> None:  # fmt: skip
+        self.setting = setting
+        self.current = "unknown"
+        self.required = required
+        self.publisher = publisher
+        self.retryable = retryable
+        PgLogReplError.__init__(
+            self,
+            f"the publisher {publisher} refused {refused}: {setting} must be {required} there. "
+            f"Fix: {fix}",
+        )
+
+
 class SlotError(PgLogReplError):
     """Something is wrong with a named replication slot."""
 

@@ -9,8 +9,11 @@ import logging
 from collections.abc import Iterator
 
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_pglogrepl.exceptions import PublisherNotConfiguredError
 from airflow_pglogrepl.operators.publication import CreatePublicationOperator
+from airflow_pglogrepl.operators.subscription import CreateSubscriptionOperator
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 from tests.support.airflow import context, set_airflow_connection
 
@@ -47,3 +50,33 @@ def test_server_warning_on_create_publication_is_logged(
     assert "[warning" in ours and "wal_level is 'replica'" in ours
     assert f"PostgreSQL postgres@{where}/postgres publishes nothing yet" in ours
     assert "Fix: set wal_level = logical" in ours and "restart PostgreSQL" in ours
+
+
+def test_subscription_to_a_replica_level_publisher_fails_at_once_with_the_fix(
+    replica_conn: str, replica_level_cluster: PgCluster, subscriber: PgCluster
+) -> None:
+    """Before: a retryable SubscriptionStatementError with the server's text and no fix."""
+    subscriber.execute("CREATE TABLE IF NOT EXISTS shop (id int PRIMARY KEY)")
+    CreatePublicationOperator(
+        task_id="p", publication="shop_pub", postgres_conn_id=replica_conn, tables=["shop"]
+    ).execute(context())
+    operator = CreateSubscriptionOperator(
+        task_id="s", subscription="shop_sub", publications=["shop_pub"],
+        publisher_conn_id=replica_conn, subscriber_conn_id="pglogrepl_subscriber",
+    )  # fmt: skip
+    set_airflow_connection("pglogrepl_subscriber", subscriber.airflow_uri())
+    with pytest.raises(AirflowFailException) as failure:
+        operator.execute(context())
+    error = failure.value.__cause__
+    assert isinstance(error, PublisherNotConfiguredError)
+    assert error.retryable is False
+    assert error.setting == "wal_level"
+    where = f"{replica_level_cluster.host}:{replica_level_cluster.port}"
+    message = str(error)
+    assert f"Fix: set wal_level = logical on the publisher {where}" in message
+    assert "restart" in message
+    assert "refused to create replication slot 'shop_sub'" in message
+    assert "logical decoding requires wal_level >= logical" in str(error.__cause__)
+    assert subscriber.execute(
+        "SELECT count(*) FROM pg_subscription WHERE subname = 'shop_sub'"
+    ) == [(0,)]
