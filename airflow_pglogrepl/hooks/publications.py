@@ -77,6 +77,25 @@ class PublicationsMixin(PgSessionHook):
         with self.session() as conn:
             return missing_publications(conn, names)
 
+    def require_publications(
+        self, names: Sequence[str], *, slot: str | None = None, consequence: str
+    ) -> None:
+        """Raise ``PublicationNotFoundError`` when a publication of ``names`` does not exist in
+        the connected database: the ones that do are listed, the closest suggested.
+        ``consequence`` says what was not done because of it."""
+        from airflow_pglogrepl.exceptions import PublicationNotFoundError
+        from airflow_pglogrepl.hooks.pg.server import missing_publications, publication_names
+
+        with self.session() as conn:
+            missing = missing_publications(conn, names)
+            if not missing:
+                return
+            existing = publication_names(conn)
+        raise PublicationNotFoundError(
+            missing, slot, existing=existing, consequence=consequence,
+            server=f"PostgreSQL {conninfo.describe(self.connection_params())}",
+        )  # fmt: skip
+
     def get_publication(self, name: str, *, conn: Conn | None = None) -> PublicationInfo | None:
         """The publication's definition, or ``None`` when it does not exist."""
         with self._use(conn) as c:

@@ -1,21 +1,27 @@
 """The first hour (issue 27): what a new user's first mistakes look like. A publisher left at
 ``wal_level = replica``: the server's warning on CREATE PUBLICATION reaches the task log, and the
-subscription's refused slot fails the task at once, naming the server and the fix.
+subscription's refused slot fails the task at once, naming the server and the fix. A misspelt
+publication: the drain and the snapshot refuse it before anything starts, with the ones there.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_pglogrepl.exceptions import PublisherNotConfiguredError
+from airflow_pglogrepl.exceptions import PublicationNotFoundError, PublisherNotConfiguredError
+from airflow_pglogrepl.operators.drain import SlotDrainOperator
 from airflow_pglogrepl.operators.publication import CreatePublicationOperator
+from airflow_pglogrepl.operators.snapshot import InitialSnapshotOperator
 from airflow_pglogrepl.operators.subscription import CreateSubscriptionOperator
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 from tests.support.airflow import context, set_airflow_connection
+from tests.support.sources import Source
 
 
 @pytest.fixture
@@ -80,3 +86,91 @@ def test_subscription_to_a_replica_level_publisher_fails_at_once_with_the_fix(
     assert subscriber.execute(
         "SELECT count(*) FROM pg_subscription WHERE subname = 'shop_sub'"
     ) == [(0,)]
+
+
+# -- a misspelt publication is refused before anything starts -----------------------------------
+
+
+@pytest.fixture
+def typo_source(source: Source) -> Iterator[tuple[Source, str]]:
+    """A database with a slot and two publications, and an Airflow connection to it."""
+    source.sql("CREATE TABLE shop (id int PRIMARY KEY); CREATE TABLE audit (id int PRIMARY KEY)")
+    source.sql(
+        "CREATE PUBLICATION shop_pub FOR TABLE shop; CREATE PUBLICATION audit FOR TABLE audit"
+    )
+    conn_id = f"first_hour_{source.db}"
+    set_airflow_connection(conn_id, source.cluster.airflow_uri(source.db))
+    yield source, conn_id
+
+
+def _refused(operator: Any) -> PublicationNotFoundError:
+    with pytest.raises(AirflowFailException) as failure:
+        operator.execute({"ti": None})
+    error = failure.value.__cause__
+    assert isinstance(error, PublicationNotFoundError), repr(error)
+    assert error.retryable is False
+    return error
+
+
+def _slot_position(source: Source) -> list[Any]:
+    return source.sql(
+        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s", (source.slot,)
+    )
+
+
+def test_the_drain_refuses_a_misspelt_publication_before_spark(
+    typo_source: tuple[Source, str], tmp_path: Path
+) -> None:
+    """Before: the slot was checked, then spark-submit ran with the typo."""
+    source, conn_id = typo_source
+    before = _slot_position(source)
+    error = _refused(
+        SlotDrainOperator(
+            task_id="drain", postgres_conn_id=conn_id, slot_name=source.slot,
+            publications=["shop_pubb"], sink=str(tmp_path / "lake"), conn_id="no_such_spark",
+        )
+    )  # fmt: skip
+    where = f"{source.cluster.host}:{source.cluster.port}/{source.db}"
+    assert str(error) == (
+        f"publication 'shop_pubb' does not exist on PostgreSQL postgres@{where}. The "
+        f"publications there: 'audit', 'shop_pub'; did you mean 'shop_pub'? Fix: correct the "
+        f"publication name, or create it there (CREATE PUBLICATION, or "
+        f"CreatePublicationOperator). Nothing was started: spark-submit did not run and the "
+        f"slot did not move"
+    )
+    assert "18" not in str(error).replace(where, "")
+    assert error.existing == ["audit", "shop_pub"] and error.names == ["shop_pubb"]
+    assert _slot_position(source) == before and not (tmp_path / "lake").exists()
+
+
+def test_the_snapshot_refuses_a_misspelt_publication_instead_of_nothing_to_do(
+    typo_source: tuple[Source, str], tmp_path: Path
+) -> None:
+    """Before: with a lake that held the snapshot it said "nothing to do"; with none it went
+    on to create the slot and copy."""
+    source, conn_id = typo_source
+    source.sql("SELECT pg_drop_replication_slot(%s)", (source.slot,))
+    try:
+        error = _refused(
+            InitialSnapshotOperator(
+                task_id="snapshot", postgres_conn_id=conn_id, slot_name=source.slot,
+                publications=["shop_pub", "audits"], sink=str(tmp_path / "lake"),
+                conn_id="no_such_spark", outlets=[],
+            )
+        )  # fmt: skip
+    finally:
+        created = _slot_position(source)
+        source.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (source.slot,))
+    assert "publication 'audits' does not exist on PostgreSQL" in str(error)
+    assert "did you mean 'audit'?" in str(error)
+    assert "Nothing was started: no slot was created or dropped" in str(error)
+    assert created == [] and not (tmp_path / "lake").exists()
+
+
+@pytest.mark.parametrize(("version", "says_18"), [(150000, False), (170000, False), (180000, True)])
+def test_a_missing_publication_mentions_postgresql_18_only_on_18(
+    version: int, says_18: bool
+) -> None:
+    error = PublicationNotFoundError(["p"], "s", server_version=version)
+    assert ("PostgreSQL 18" in str(error)) is says_18
+    assert "Nothing was committed and the slot did not move" in str(error)

@@ -189,7 +189,9 @@ def peek_changes(
             # 18 decodes past a missing publication with only a warning: look first
             missing = server.missing_publications(conn, publication_list(options))
             if missing:
-                raise PublicationNotFoundError(missing, slot)
+                raise PublicationNotFoundError(
+                    missing, slot, server_version=conn.info.server_version
+                )
         with slot_errors(slot, setting=lambda s: show(conn, s)):
             rows = _fetch(conn, query, arguments, batch_rows, chunked=chunked)
             try:
