@@ -15,6 +15,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_pglogrepl.exceptions import PublicationNotFoundError, PublisherNotConfiguredError
+from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
 from airflow_pglogrepl.operators.drain import SlotDrainOperator
 from airflow_pglogrepl.operators.publication import CreatePublicationOperator
 from airflow_pglogrepl.operators.snapshot import InitialSnapshotOperator
@@ -174,3 +175,33 @@ def test_a_missing_publication_mentions_postgresql_18_only_on_18(
     error = PublicationNotFoundError(["p"], "s", server_version=version)
     assert ("PostgreSQL 18" in str(error)) is says_18
     assert "Nothing was committed and the slot did not move" in str(error)
+
+
+def test_a_subscription_to_a_misspelt_publication_is_refused_before_it_is_created(
+    publisher: PgCluster, publisher_conn_id: str, subscriber: PgCluster, subscriber_conn_id: str
+) -> None:
+    """Before: the subscription was created (the server only warned, from 15 on, or said
+    nothing) and its apply worker failed in a loop on the publisher's error."""
+    publisher.execute("CREATE TABLE IF NOT EXISTS hour_orders (id int PRIMARY KEY)")
+    publisher.execute("DROP PUBLICATION IF EXISTS hour_orders_pub")
+    publisher.execute("CREATE PUBLICATION hour_orders_pub FOR TABLE hour_orders")
+    try:
+        error = _refused(
+            CreateSubscriptionOperator(
+                task_id="s", subscription="hour_sub", publications=["hour_order_pub"],
+                publisher_conn_id=publisher_conn_id, subscriber_conn_id=subscriber_conn_id,
+            )
+        )  # fmt: skip
+        assert str(error).startswith(
+            f"publication 'hour_order_pub' does not exist on PostgreSQL postgres@"
+            f"{publisher.host}:{publisher.port}/postgres. The publications there: "
+        )
+        assert "did you mean 'hour_orders_pub'?" in str(error)
+        assert str(error).endswith("Nothing was created on the subscriber or the publisher")
+        assert subscriber.execute("SELECT count(*) FROM pg_subscription") == [(0,)]
+        assert publisher.execute(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'hour_sub'"
+        ) == [(0,)]
+    finally:  # before: the subscription was made, and its slot with it
+        PgLogicalReplicationHook(postgres_conn_id=subscriber_conn_id).drop_subscription("hour_sub")
+        publisher.execute("DROP PUBLICATION hour_orders_pub")
