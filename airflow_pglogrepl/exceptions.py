@@ -53,12 +53,16 @@ class ConnectionFailedError(PgLogReplError):
 class ServerNotConfiguredError(PgLogReplError):
     """The server lacks a setting that logical replication needs (``wal_level`` and friends)."""
 
-    def __init__(self, setting: str, current: str, required: str, fix: str) -> None:
+    def __init__(
+        self, setting: str, current: str, required: str, fix: str, *, server: str | None = None
+    ) -> None:
         self.setting = setting
         self.current = current
         self.required = required
+        self.server = server
+        which = f"the server {server}" if server else "the server"
         super().__init__(
-            f"the server is not configured for logical replication: {setting} is "
+            f"{which} is not configured for logical replication: {setting} is "
             f"{current!r}, it must be {required}. Fix: {fix}"
         )
 

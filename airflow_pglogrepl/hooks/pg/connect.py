@@ -133,6 +133,11 @@ def connect_error(
     )
 
 
+def server_of(conn: Conn) -> str:
+    """``host:port`` of the server ``conn`` is connected to, for messages and fixes."""
+    return f"{conn.info.host}:{conn.info.port}"
+
+
 def show(conn: Conn, name: str) -> str:
     """A server setting's current value (``current_setting``) as text."""
     row = conn.execute("SELECT current_setting(%s) AS value", (name,)).fetchone()
