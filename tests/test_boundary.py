@@ -304,9 +304,9 @@ def test_a_publisher_short_of_a_setting_is_named_with_its_fix_and_retry_decision
     )
     assert (busy.setting, busy.retryable) == ("max_wal_senders", True)
     assert "end unused replication connections on the publisher pub.example:5433" in str(busy)
-    none = failing(
+    none = failing(  # as PostgreSQL 17 says it, the setting quoted
         "could not connect to the publisher: FATAL:  number of requested standby connections "
-        "exceeds max_wal_senders (currently 0)"
+        'exceeds "max_wal_senders" (currently 0)'
     )
     assert (none.setting, none.retryable) == ("max_wal_senders", False)
     assert "raise max_wal_senders on the publisher pub.example:5433 (it is 0" in str(none)

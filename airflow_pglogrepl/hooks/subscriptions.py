@@ -561,7 +561,8 @@ def _redacted(
 
 
 _SLOT_REFUSED = re.compile(r'could not create replication slot "([^"]*)"')
-_SENDERS = re.compile(r"exceeds max_wal_senders \(currently (\d+)\)")
+# PostgreSQL 17 quotes the setting's name
+_SENDERS = re.compile(r'exceeds "?max_wal_senders"? \(currently (\d+)\)')
 
 
 def _publisher_refusal(
