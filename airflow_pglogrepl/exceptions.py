@@ -53,13 +53,38 @@ class ConnectionFailedError(PgLogReplError):
 class ServerNotConfiguredError(PgLogReplError):
     """The server lacks a setting that logical replication needs (``wal_level`` and friends)."""
 
-    def __init__(self, setting: str, current: str, required: str, fix: str) -> None:
+    def __init__(
+        self, setting: str, current: str, required: str, fix: str, *, server: str | None = None
+    ) -> None:
         self.setting = setting
         self.current = current
         self.required = required
+        self.server = server
+        which = f"the server {server}" if server else "the server"
         super().__init__(
-            f"the server is not configured for logical replication: {setting} is "
+            f"{which} is not configured for logical replication: {setting} is "
             f"{current!r}, it must be {required}. Fix: {fix}"
+        )
+
+
+class PublisherNotConfiguredError(ServerNotConfiguredError):
+    """The publisher refused what a subscription statement asked of it (its replication slot, a
+    WAL sender) for want of a setting. Raised on the subscriber's side; the publisher's own text,
+    as the subscriber relayed it, is the cause (``__cause__``)."""
+
+    def __init__(
+        self, setting: str, required: str, publisher: str, refused: str, fix: str,
+        *, retryable: bool = False,
+    ) -> None:  # fmt: skip
+        self.setting = setting
+        self.current = "unknown"
+        self.required = required
+        self.publisher = publisher
+        self.retryable = retryable
+        PgLogReplError.__init__(
+            self,
+            f"the publisher {publisher} refused {refused}: {setting} must be {required} there. "
+            f"Fix: {fix}",
         )
 
 
@@ -236,19 +261,63 @@ class ObjectNotFoundError(PgLogReplError):
 
 
 class PublicationNotFoundError(ObjectNotFoundError):
-    """A publication a drain or peek reads does not exist (in the slot's database)."""
+    """Publications a drain, a snapshot or a peek reads do not exist (in the slot's database).
 
-    def __init__(self, names: list[str], slot: str | None = None) -> None:
-        self.names = names
-        where = f" of slot {slot!r}'s database" if slot else ""
-        super().__init__(
-            "publication",
-            ", ".join(names),
-            f"create it again in the database{where} (CREATE PUBLICATION, or "
-            f"CreatePublicationOperator), or drain with the publications that exist. Nothing "
-            f"was committed and the slot did not move: on PostgreSQL 18 a missing publication "
-            f"is only a warning, and every window would come back empty while the slot "
-            f"advanced past the changes",
+    ``existing``: the publications that database has, when looked up; the message lists them
+    and suggests the closest to each missing name. ``server``: where it was looked (host, port,
+    database). ``consequence``: what was (not) done; by default, nothing committed and the slot
+    not moved, and on PostgreSQL 18 (``server_version``) why that matters."""
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        slot: str | None = None,
+        *,
+        existing: Sequence[str] | None = None,
+        server: str | None = None,
+        server_version: int | None = None,
+        consequence: str | None = None,
+    ) -> None:
+        import difflib
+
+        self.kind = "publication"
+        self.name = ", ".join(names)
+        self.names = list(names)
+        self.existing = None if existing is None else list(existing)
+        self.slot = slot
+        shown = ", ".join(repr(n) for n in names)
+        what = (
+            f"publication {shown} does not" if len(names) == 1 else f"publications {shown} do not"
+        )
+        if server:
+            where = f" on {server}"
+        elif slot:
+            where = f" in the database of slot {slot!r}"
+        else:
+            where = ""
+        found = ""
+        if existing is not None:
+            listed = ", ".join(repr(e) for e in existing) if existing else "none"
+            found = f". The publications there: {listed}"
+            guesses = [
+                f"{close[0]!r} for {name!r}" if len(names) > 1 else repr(close[0])
+                for name in names
+                if (close := difflib.get_close_matches(name, existing, n=1, cutoff=0.6))
+            ]
+            if guesses:
+                found += f"; did you mean {', '.join(guesses)}?"
+        if consequence is None:
+            consequence = "Nothing was committed and the slot did not move"
+            if server_version is not None and server_version >= 180000:
+                consequence += (
+                    ": on PostgreSQL 18 a missing publication is only a warning, and every "
+                    "window would come back empty while the slot advanced past the changes"
+                )
+        head = f"{what} exist{where}{found}"
+        PgLogReplError.__init__(
+            self,
+            f"{head}{'' if head.endswith('?') else '.'} Fix: correct the publication name, or "
+            f"create it there (CREATE PUBLICATION, or CreatePublicationOperator). {consequence}",
         )
 
 

@@ -258,3 +258,55 @@ def test_an_applications_error_line_carries_no_secret_and_no_kilobytes() -> None
     reported = json.loads(leaky.stdout.strip().splitlines()[-1])
     assert "secret-pw" not in reported["message"] and len(reported["message"]) < 4200
     assert reported["message"].endswith("(cut; the application's log has it whole)")
+
+
+def test_a_publisher_short_of_a_setting_is_named_with_its_fix_and_retry_decision() -> None:
+    """The publisher's refusals as the subscriber relays them (issue 27); before: a
+    SubscriptionStatementError with the server's text only."""
+    import psycopg
+
+    from airflow_pglogrepl.hooks.subscriptions import _redacted
+
+    publisher = {"host": "pub.example", "port": "5433", "user": "rep", "dbname": "shop"}
+
+    def failing(text: str) -> exceptions.PublisherNotConfiguredError:
+        with (
+            pytest.raises(exceptions.PublisherNotConfiguredError) as raised,
+            _redacted(["pw"], publisher),
+        ):
+            raise psycopg.OperationalError(text)
+        assert text in str(raised.value.__cause__)
+        return raised.value
+
+    wal = failing(
+        'could not create replication slot "shop_sub": ERROR:  logical decoding requires '
+        "wal_level >= logical"
+    )
+    assert (wal.setting, wal.retryable) == ("wal_level", False)
+    assert str(wal) == (
+        "the publisher PostgreSQL rep@pub.example:5433/shop refused to create replication slot "
+        "'shop_sub': wal_level must be logical there. Fix: set wal_level = logical on the "
+        "publisher pub.example:5433 (ALTER SYSTEM SET wal_level = 'logical', or in its "
+        "postgresql.conf) and restart it: wal_level only changes on restart, and until then "
+        "every run fails alike. Nothing was created on the subscriber"
+    )
+    slots = failing(
+        'could not create replication slot "shop_sub": ERROR:  all replication slots are in use'
+        "\nHINT:  Free one or increase max_replication_slots."
+    )
+    assert (slots.setting, slots.retryable) == ("max_replication_slots", True)
+    assert "raise max_replication_slots there and restart it" in str(slots)
+    assert "pub.example:5433" in str(slots)
+    busy = failing(
+        'could not connect to the publisher: connection to server at "pub.example", port 5433 '
+        "failed: FATAL:  number of requested standby connections exceeds max_wal_senders "
+        "(currently 10)"
+    )
+    assert (busy.setting, busy.retryable) == ("max_wal_senders", True)
+    assert "end unused replication connections on the publisher pub.example:5433" in str(busy)
+    none = failing(  # as PostgreSQL 17 says it, the setting quoted
+        "could not connect to the publisher: FATAL:  number of requested standby connections "
+        'exceeds "max_wal_senders" (currently 0)'
+    )
+    assert (none.setting, none.retryable) == ("max_wal_senders", False)
+    assert "raise max_wal_senders on the publisher pub.example:5433 (it is 0" in str(none)

@@ -22,6 +22,7 @@ from airflow_pglogrepl.hooks.pg.connect import (
     Conn,
     connect,
     connect_error,
+    notice_logger,
     run_ddl,
     show,
 )
@@ -86,6 +87,7 @@ class PgSessionHook(PostgresHook):
             )
         except psycopg.OperationalError as exc:
             raise connect_error(params, exc, self._source_label()) from None
+        conn.add_notice_handler(notice_logger(conninfo.describe(params)))
         register_lsn_adapters(conn)
         async with conn:
             yield conn

@@ -31,17 +31,27 @@ WAL_LEVEL_FIX = (
 )
 
 
-def wal_level_error(current: str) -> ServerNotConfiguredError:
-    """The error for a server whose ``wal_level`` is below ``logical``."""
-    return ServerNotConfiguredError("wal_level", current, "'logical'", WAL_LEVEL_FIX)
+def wal_level_error(current: str, server: str | None = None) -> ServerNotConfiguredError:
+    """The error for a server whose ``wal_level`` is below ``logical``; ``server``: its
+    ``host:port``, named in the fix when known."""
+    fix = WAL_LEVEL_FIX
+    if server:
+        fix = (
+            f"set wal_level = logical on {server} (ALTER SYSTEM SET wal_level = 'logical' or in "
+            f"its postgresql.conf) and restart it; wal_level only changes on restart"
+        )
+    return ServerNotConfiguredError("wal_level", current, "'logical'", fix, server=server)
 
 
 @contextmanager
-def slot_errors(slot: str, *, setting: Callable[[str], str]) -> Iterator[None]:
+def slot_errors(
+    slot: str, *, setting: Callable[[str], str], server: str | None = None
+) -> Iterator[None]:
     """Map errors raised by statements on ``slot``.
 
     ``setting(name)`` reads a server setting; it is called only to enrich a configuration error
-    with the current value, on a connection that is still usable (autocommit).
+    with the current value, on a connection that is still usable (autocommit). ``server``
+    (``host:port``) is named in a configuration error's fix.
     """
     try:
         yield
@@ -61,9 +71,9 @@ def slot_errors(slot: str, *, setting: Callable[[str], str]) -> Iterator[None]:
     except pgerr.ObjectNotInPrerequisiteState as exc:
         text = str(exc)
         if "wal_level" in text:
-            raise wal_level_error(_safe(setting, "wal_level")) from exc
+            raise wal_level_error(_safe(setting, "wal_level"), server) from exc
         if "max_replication_slots" in text:
-            raise _slots_exhausted(_safe(setting, "max_replication_slots")) from exc
+            raise _slots_exhausted(_safe(setting, "max_replication_slots"), server) from exc
         raise _advance_error(slot, exc) from exc
     except pgerr.ConfigurationLimitExceeded as exc:
         # 53400 is any configured limit: slots, or the peek's temporary file
@@ -77,7 +87,7 @@ def slot_errors(slot: str, *, setting: Callable[[str], str]) -> Iterator[None]:
                 f"move; every retry fails alike. ALTER ROLE <drain role> SET temp_file_limit = "
                 f"-1 (a superuser may)",
             ) from exc
-        raise _slots_exhausted(_safe(setting, "max_replication_slots")) from exc
+        raise _slots_exhausted(_safe(setting, "max_replication_slots"), server) from exc
     except pgerr.InvalidParameterValue as exc:
         raise _advance_error(slot, exc) from exc
 
@@ -92,13 +102,15 @@ def _advance_error(slot: str, exc: pgerr.Error) -> SlotAdvanceError:
     )
 
 
-def _slots_exhausted(current: str) -> ServerNotConfiguredError:
+def _slots_exhausted(current: str, server: str | None = None) -> ServerNotConfiguredError:
+    there = f" on {server}" if server else ""
     exhausted = ServerNotConfiguredError(
         "max_replication_slots",
         current,
         "larger than the number of slots in use",
-        "drop abandoned slots (see pg_replication_slots where active is false) or raise "
-        "max_replication_slots and restart PostgreSQL",
+        f"drop abandoned slots{there} (see pg_replication_slots where active is false) or raise "
+        f"max_replication_slots and restart {'it' if server else 'PostgreSQL'}",
+        server=server,
     )
     # often passing: a subscription's table-sync slots hold places only while tables copy
     exhausted.retryable = True

@@ -14,8 +14,10 @@ from typing import Any
 
 from psycopg import sql
 
+from airflow_pglogrepl import conninfo
 from airflow_pglogrepl.exceptions import DefinitionConflictError, UnsupportedFeatureError
-from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
+from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl, show
+from airflow_pglogrepl.hooks.errors import WAL_LEVEL_FIX
 from airflow_pglogrepl.hooks.records import PublicationInfo, PublishedTable, Reconciled
 from airflow_pglogrepl.row_filter import check_row_filter
 from airflow_pglogrepl.tables import TableRef
@@ -75,6 +77,25 @@ class PublicationsMixin(PgSessionHook):
         with self.session() as conn:
             return missing_publications(conn, names)
 
+    def require_publications(
+        self, names: Sequence[str], *, slot: str | None = None, consequence: str
+    ) -> None:
+        """Raise ``PublicationNotFoundError`` when a publication of ``names`` does not exist in
+        the connected database: the ones that do are listed, the closest suggested.
+        ``consequence`` says what was not done because of it."""
+        from airflow_pglogrepl.exceptions import PublicationNotFoundError
+        from airflow_pglogrepl.hooks.pg.server import missing_publications, publication_names
+
+        with self.session() as conn:
+            missing = missing_publications(conn, names)
+            if not missing:
+                return
+            existing = publication_names(conn)
+        raise PublicationNotFoundError(
+            missing, slot, existing=existing, consequence=consequence,
+            server=f"PostgreSQL {conninfo.describe(self.connection_params())}",
+        )  # fmt: skip
+
     def get_publication(self, name: str, *, conn: Conn | None = None) -> PublicationInfo | None:
         """The publication's definition, or ``None`` when it does not exist."""
         with self._use(conn) as c:
@@ -104,6 +125,7 @@ class PublicationsMixin(PgSessionHook):
             # row filters are pasted into the DDL: their literals must read as check_row_filter
             # scanned them (with standard_conforming_strings off, '\'' would not end there)
             conn.execute("SELECT set_config('standard_conforming_strings', 'on', false)")
+            wal_level = show(conn, "wal_level")
             before = _read_publication(conn, name)
             if any(t.columns is not None or t.row_filter for t in tables):
                 _require_15(conn, name)
@@ -131,6 +153,12 @@ class PublicationsMixin(PgSessionHook):
                     action = "unchanged"
         result = Reconciled("publication", name, action, details)
         self.log.info("Publication %s %s%s", name, action, "".join(f"\n  {d}" for d in details))
+        if wal_level != "logical":
+            self.log.warning(
+                "Publication %s is defined, but PostgreSQL %s publishes nothing yet: its "
+                "wal_level is %r, and a subscription or slot on it is refused. Fix: %s",
+                name, conninfo.describe(self.connection_params()), wal_level, WAL_LEVEL_FIX,
+            )  # fmt: skip
         return result
 
     def drop_publication(self, name: str, *, missing_ok: bool = True) -> bool:

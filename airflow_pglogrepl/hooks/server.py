@@ -80,7 +80,9 @@ class ServerMixin(PgSessionHook):
         """Server facts, or ``ServerNotConfiguredError`` naming ``wal_level`` when not logical."""
         facts = self.server_facts(conn=conn)
         if facts.wal_level != "logical":
-            raise wal_level_error(facts.wal_level)
+            params = self.connection_params()
+            where = f"{params.get('host', 'localhost')}:{params.get('port', '5432')}"
+            raise wal_level_error(facts.wal_level, where)
         return facts
 
     def instance_identity(self, *, conn: Conn | None = None) -> tuple[str, str]:

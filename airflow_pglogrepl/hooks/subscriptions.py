@@ -9,6 +9,7 @@ https://www.postgresql.org/docs/15/sql-createsubscription.html
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from airflow_pglogrepl.exceptions import (
     DefinitionConflictError,
     PasswordExposureError,
     PrivilegeError,
+    PublisherNotConfiguredError,
     SubscriptionStatementError,
 )
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
@@ -185,7 +187,7 @@ class SubscriptionsMixin(PgSessionHook):
             raise ValueError(f"subscription {name!r}: name at least one publication")
         dsn = conninfo.make_dsn(publisher_params)
         secrets = conninfo.secrets_of(publisher_params)
-        with self.session() as conn, _redacted(secrets):
+        with self.session() as conn, _redacted(secrets, publisher_params):
             _require_version(name, options, conn.info.server_version)
             _keep_password_home(conn, name, bool(secrets))
             current = self.get_subscription(name, conn=conn)
@@ -537,8 +539,12 @@ def _publisher_unreachable(exc: Exception) -> bool:
 
 
 @contextmanager
-def _redacted(secrets: Sequence[str]) -> Iterator[None]:
-    """Re-raise psycopg errors with every secret removed from the message."""
+def _redacted(
+    secrets: Sequence[str], publisher_params: Mapping[str, str] | None = None
+) -> Iterator[None]:
+    """Re-raise psycopg errors with every secret removed from the message; a publisher that
+    refused for want of a setting raises ``PublisherNotConfiguredError`` (the redacted
+    ``SubscriptionStatementError`` its cause)."""
     try:
         yield
     except psycopg.Error as exc:
@@ -548,4 +554,58 @@ def _redacted(secrets: Sequence[str]) -> Iterator[None]:
         error.retryable = _publisher_unreachable(exc) or isinstance(
             exc, psycopg.OperationalError | pgerr.LockNotAvailable
         )
+        refused = _publisher_refusal(text, publisher_params or {})
+        if refused is not None:
+            raise refused from error
         raise error from None
+
+
+_SLOT_REFUSED = re.compile(r'could not create replication slot "([^"]*)"')
+# PostgreSQL 17 quotes the setting's name
+_SENDERS = re.compile(r'exceeds "?max_wal_senders"? \(currently (\d+)\)')
+
+
+def _publisher_refusal(
+    text: str, publisher_params: Mapping[str, str]
+) -> PublisherNotConfiguredError | None:
+    """The setting the publisher lacks, when its error (relayed by the subscriber) names one."""
+    host = publisher_params.get("host", "localhost")
+    where = f"{host}:{publisher_params.get('port', '5432')}"
+    publisher = (
+        f"PostgreSQL {conninfo.describe(publisher_params)}" if publisher_params else "server"
+    )
+    slot = _SLOT_REFUSED.search(text)
+    refused = f"to create replication slot {slot.group(1)!r}" if slot else "the subscription"
+    if "wal_level" in text and "logical" in text:
+        return PublisherNotConfiguredError(
+            "wal_level", "logical", publisher, refused,
+            f"set wal_level = logical on the publisher {where} (ALTER SYSTEM SET wal_level = "
+            f"'logical', or in its postgresql.conf) and restart it: wal_level only changes on "
+            f"restart, and until then every run fails alike. Nothing was created on the "
+            f"subscriber",
+        )  # fmt: skip
+    if "all replication slots are in use" in text:
+        # often passing: table-sync slots hold places only while their tables copy
+        return PublisherNotConfiguredError(
+            "max_replication_slots", "larger than the number of slots in use", publisher,
+            refused,
+            f"drop abandoned slots on the publisher {where} (pg_replication_slots where active "
+            f"is false) or raise max_replication_slots there and restart it. Nothing was "
+            f"created on the subscriber",
+            retryable=True,
+        )  # fmt: skip
+    senders = _SENDERS.search(text)
+    if senders:
+        none = senders.group(1) == "0"
+        return PublisherNotConfiguredError(
+            "max_wal_senders", "above the replication connections in use", publisher,
+            "a replication connection", (
+                f"raise max_wal_senders on the publisher {where} (it is 0: no replication "
+                f"connection is allowed) and restart it"
+                if none
+                else f"end unused replication connections on the publisher {where} "
+                f"(pg_stat_replication) or raise max_wal_senders there and restart it"
+            ) + ". Nothing was created on the subscriber",
+            retryable=not none,
+        )  # fmt: skip
+    return None

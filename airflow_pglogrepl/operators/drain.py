@@ -39,7 +39,9 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     """Drain a logical slot into a Delta Lake lake, exactly once, in bounded LSN windows.
 
     Before submitting, the slot must exist, use ``pgoutput``, not be lost and not be active in
-    another session; otherwise the task fails with that reason and Spark never starts. The
+    another session, and every publication must exist in its database (a missing one is named,
+    with those that exist and the closest); otherwise the task fails with that reason and Spark
+    never starts. The
     publisher's DSN reaches the application only through ``PGLOGREPL_SOURCE_DSN`` in the
     spark-submit process environment (never argv, XCom or the log). After the job the slot is read
     again; XCom gets the summary (return value) and ``confirmed_flush_lsn``; the sink is emitted
@@ -126,6 +128,10 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         refusal = drain_refusal(slot)
         if refusal is not None:  # lost: the boundary fails the task; in use: a retry may pass
             raise refusal
+        hook.require_publications(
+            [str(p) for p in self.publications], slot=str(self.slot_name),
+            consequence="Nothing was started: spark-submit did not run and the slot did not move",
+        )  # fmt: skip
         self._check_spark_connection()
         if self.skip_when_idle and not self.accept_source_change:
             from airflow_pglogrepl.operators._idle import idle_run

@@ -37,6 +37,8 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
     ``consistent_point``; the return value is the application's summary). The sink must hold no
     commit yet. Running it again after success changes nothing (status ``exists``);
     ``bootstrap=True`` also leaves a sink drained without a snapshot alone (status ``drained``).
+    Every publication must exist first: a missing one fails the task before anything starts,
+    naming those that exist and the closest.
 
     With ``tables``, only those tables are re-snapshotted into a sink that already has commits
     (a table added to the publication later), in a temporary slot's snapshot: the drain's slot
@@ -115,6 +117,12 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         from airflow_pglogrepl.conninfo import make_dsn
 
         hook = self._source_hook()
+        # before the lake is looked at: a misspelt publication is not a snapshot already taken
+        hook.require_publications(
+            [str(p) for p in self.publications], slot=str(self.slot_name),
+            consequence="Nothing was started: no slot was created or dropped, the lake was not "
+            "read or written, and spark-submit did not run",
+        )  # fmt: skip
         self._check_spark_connection()
         self._prepare_submit(make_dsn(hook.connection_params()))
         with self._shipping_package():

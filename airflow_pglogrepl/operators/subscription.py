@@ -36,7 +36,9 @@ class CreateSubscriptionOperator(TaskBoundary, BaseOperator):
     ``publisher_port`` give the address as the *subscriber's server* sees it (containers). The
     password never appears in logs, XCom or errors. When publisher and subscriber are the same
     instance, the slot is created on the publisher first and the subscription uses it with
-    ``create_slot = false`` (otherwise ``CREATE SUBSCRIPTION`` waits for itself).
+    ``create_slot = false`` (otherwise ``CREATE SUBSCRIPTION`` waits for itself). A publication
+    missing on the publisher fails the task before anything is created (unless ``connect`` is
+    false), naming those that exist and the closest.
 
     :param subscription: subscription name.
     :param publications: publications to subscribe to.
@@ -153,6 +155,12 @@ class CreateSubscriptionOperator(TaskBoundary, BaseOperator):
         slot = self.slot_name or slot_name_for(self.subscription)
         options["slot_name"] = slot
         connect = options.get("connect", True)
+        if connect:
+            # the server only warns (15+), and the subscription's workers then fail in a loop
+            publisher.require_publications(
+                [str(p) for p in self.publications],
+                consequence="Nothing was created on the subscriber or the publisher",
+            )
         same_instance = bool(connect) and (
             publisher.instance_identity() == subscriber.instance_identity()
         )

@@ -177,6 +177,23 @@ def test_wal_level_replica_is_refused(replica_level_cluster: PgCluster) -> None:
     assert hook.list_slots() == []
 
 
+def test_wal_level_replica_names_the_server_to_restart(replica_level_cluster: PgCluster) -> None:
+    """Issue 27: the fix says which server to set and restart (before: "restart PostgreSQL")."""
+    set_airflow_connection("pglogrepl_replica_level", replica_level_cluster.airflow_uri())
+    hook = PgLogicalReplicationHook(postgres_conn_id="pglogrepl_replica_level")
+    where = f"{replica_level_cluster.host}:{replica_level_cluster.port}"
+    for attempt in (
+        lambda: hook.create_logical_slot("never_created"),
+        hook.require_logical_decoding,
+    ):
+        with pytest.raises(ServerNotConfiguredError) as info:
+            attempt()
+        assert info.value.retryable is False and info.value.server == where
+        assert str(info.value).startswith(f"the server {where} is not configured")
+        assert f"Fix: set wal_level = logical on {where} (ALTER SYSTEM" in str(info.value)
+        assert "and restart it; wal_level only changes on restart" in str(info.value)
+
+
 HOSTILE = 'we"ird; drop table x'
 
 

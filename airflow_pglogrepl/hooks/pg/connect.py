@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import psycopg
@@ -15,6 +17,26 @@ from airflow_pglogrepl.versions import Features
 
 Conn: TypeAlias = psycopg.Connection[dict[str, Any]]
 AsyncConn: TypeAlias = psycopg.AsyncConnection[dict[str, Any]]
+
+# The server's WARNINGs and NOTICEs on our statements ("wal_level is insufficient to publish
+# logical changes" after CREATE PUBLICATION): logged here, under this logger, never dropped.
+server_log = logging.getLogger("airflow_pglogrepl.server")
+
+
+def notice_logger(server: str) -> Callable[[psycopg.errors.Diagnostic], None]:
+    """A notice handler (``conn.add_notice_handler``) logging what ``server`` said: WARNING and
+    NOTICE as warnings, the lower severities (INFO, DEBUG, LOG) as info."""
+
+    def log_notice(diag: psycopg.errors.Diagnostic) -> None:
+        severity = diag.severity_nonlocalized or diag.severity or "NOTICE"
+        text = diag.message_primary or ""
+        for label, extra in (("DETAIL", diag.message_detail), ("HINT", diag.message_hint)):
+            if extra:
+                text += f" {label}: {extra}"
+        level = logging.WARNING if severity in ("WARNING", "NOTICE") else logging.INFO
+        server_log.log(level, "PostgreSQL %s says: %s: %s", server, severity, text)
+
+    return log_notice
 
 
 def dsn_params(dsn: str) -> dict[str, str]:
@@ -95,6 +117,7 @@ def connect(
         )
     except psycopg.OperationalError as exc:
         raise connect_error(params, exc, label) from None
+    conn.add_notice_handler(notice_logger(conninfo.describe(params)))
     register_lsn_adapters(conn)
     return conn
 
@@ -108,6 +131,11 @@ def connect_error(
         f"check host, port, login and password there and that the server accepts it "
         f"(pg_hba.conf)"
     )
+
+
+def server_of(conn: Conn) -> str:
+    """``host:port`` of the server ``conn`` is connected to, for messages and fixes."""
+    return f"{conn.info.host}:{conn.info.port}"
 
 
 def show(conn: Conn, name: str) -> str:

@@ -48,6 +48,14 @@ def missing_publications(conn: Conn, names: Sequence[str]) -> list[str]:
     return [row["name"] for row in rows]
 
 
+PUBLICATION_NAMES = sql.SQL("SELECT pubname AS name FROM pg_publication ORDER BY pubname")
+
+
+def publication_names(conn: Conn) -> list[str]:
+    """Every publication of the connected database, by name."""
+    return [row["name"] for row in conn.execute(PUBLICATION_NAMES).fetchall()]
+
+
 def source_identity(conn: Conn) -> dict[str, object]:
     """Which server, history and database the changes come from: ``system_identifier`` (one
     per cluster, shared with its physical standbys), ``timeline`` (a promotion starts a new

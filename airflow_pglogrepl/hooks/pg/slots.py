@@ -27,6 +27,7 @@ from airflow_pglogrepl.hooks.pg.connect import (
     Conn,
     connect,
     long_work_settings,
+    server_of,
     set_session,
     show,
 )
@@ -73,7 +74,7 @@ def create_logical_slot(
     query = sql.SQL("SELECT slot_name, lsn FROM pg_create_logical_replication_slot({})").format(
         sql.SQL(", ").join(args)
     )
-    with slot_errors(name, setting=lambda s: show(conn, s)):
+    with slot_errors(name, setting=lambda s: show(conn, s), server=server_of(conn)):
         row = conn.execute(query, params).fetchone()
     assert row is not None
     log.info("Created logical slot %s (plugin %s) at %s", name, plugin, row["lsn"])
@@ -87,7 +88,7 @@ def drop_slot(conn: Conn, name: str, *, missing_ok: bool = False) -> bool:
     """
     validate_slot_name(name)
     try:
-        with slot_errors(name, setting=lambda s: show(conn, s)):
+        with slot_errors(name, setting=lambda s: show(conn, s), server=server_of(conn)):
             conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
     except SlotNotFoundError:
         if missing_ok:
@@ -132,7 +133,7 @@ def advance_slot(conn: Conn, name: str, upto: LSN | str) -> LSN:
     target = LSN(upto)
     if int(target) == 0:  # InvalidXLogRecPtr; the server answers with an internal error
         raise SlotAdvanceError(name, f"cannot advance replication slot {name!r} to 0/0")
-    with slot_errors(name, setting=lambda s: show(conn, s)):
+    with slot_errors(name, setting=lambda s: show(conn, s), server=server_of(conn)):
         row = conn.execute(
             "SELECT end_lsn FROM pg_replication_slot_advance(%s, %s)", (name, target)
         ).fetchone()
@@ -189,8 +190,10 @@ def peek_changes(
             # 18 decodes past a missing publication with only a warning: look first
             missing = server.missing_publications(conn, publication_list(options))
             if missing:
-                raise PublicationNotFoundError(missing, slot)
-        with slot_errors(slot, setting=lambda s: show(conn, s)):
+                raise PublicationNotFoundError(
+                    missing, slot, server_version=conn.info.server_version
+                )
+        with slot_errors(slot, setting=lambda s: show(conn, s), server=server_of(conn)):
             rows = _fetch(conn, query, arguments, batch_rows, chunked=chunked)
             try:
                 from_server = LSN.from_server  # no argument checks: the server's pg_lsn

@@ -36,6 +36,7 @@ from airflow_pglogrepl.hooks.pg.connect import (
     TEXT_OUTPUT,
     connect,
     long_work_settings,
+    server_of,
     set_session,
     show,
 )
@@ -177,7 +178,7 @@ def create_slot_with_snapshot(
         conn = stack.enter_context(connect(params, label=label, replication=True))
         # the session must outlive the whole copy, idle: no configured timeout may end it
         set_session(conn, long_work_settings(conn.info.server_version))
-        with slot_errors(name, setting=lambda s: show(conn, s)):
+        with slot_errors(name, setting=lambda s: show(conn, s), server=server_of(conn)):
             row = conn.execute(statement).fetchone()
     except BaseException:
         stack.close()
