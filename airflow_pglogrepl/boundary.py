@@ -30,15 +30,31 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def task_failure(error: PgLogReplError) -> Exception:
-    """What the task raises for ``error``: ``AirflowFailException`` (same message, ``error`` its
-    cause) when no retry can help, else ``error`` itself. The one translation of the package."""
+    """What the task raises for ``error``: ``AirflowFailException`` when no retry can help, else
+    ``error`` itself. The one translation of the package.
+
+    The failure says what ``error`` says once, prefixed with its class, and carries its
+    traceback and its cause (the server's or driver's own error): chaining ``error`` itself would
+    print its message a second time in the task log. ``raised_error`` gives ``error`` back.
+    """
     if error.retryable:
         return error
     from airflow.sdk.exceptions import AirflowFailException
 
-    failure = AirflowFailException(str(error))
-    failure.__cause__ = error
-    return failure
+    failure = AirflowFailException(f"{type(error).__name__}: {error}")
+    failure.pglogrepl_error = error  # type: ignore[attr-defined]
+    failure.__cause__ = error.__cause__
+    failure.__suppress_context__ = True
+    return failure.with_traceback(error.__traceback__)
+
+
+def raised_error(failure: BaseException) -> PgLogReplError | None:
+    """The package's error a task failed with: ``failure`` itself, or the error behind the
+    ``AirflowFailException`` of ``task_failure``; None for anything else."""
+    if isinstance(failure, PgLogReplError):
+        return failure
+    error = getattr(failure, "pglogrepl_error", None)
+    return error if isinstance(error, PgLogReplError) else None
 
 
 def at_boundary(method: F) -> F:
@@ -54,7 +70,7 @@ def at_boundary(method: F) -> F:
             failure = task_failure(exc)
             if failure is exc:
                 raise
-            raise failure from exc
+            raise failure from exc.__cause__
 
     wrapper.__pglogrepl_boundary__ = True  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]

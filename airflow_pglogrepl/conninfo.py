@@ -32,6 +32,9 @@ SECRET_KEYWORDS = frozenset({"password", "sslpassword"})
 # The one way a Spark application is told its source: the environment, never argv (which ps and
 # the Spark UI show). The operators set it, the applications read it, errors name it.
 SOURCE_DSN_ENV = "PGLOGREPL_SOURCE_DSN"
+# Set by the operators beside it: an error the application reports in its summary line is raised
+# by the operator, so the application does not also log it (each failure once in the task log).
+SUBMITTED_ENV = "PGLOGREPL_SUBMITTED_BY_OPERATOR"
 DEFAULT_APPLICATION_NAME = "airflow-pglogrepl"
 _MASK = "***"
 

@@ -11,6 +11,7 @@ import os
 import pkgutil
 import subprocess
 import sys
+import traceback
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 import airflow_pglogrepl.operators
 import airflow_pglogrepl.sensors
 from airflow_pglogrepl import exceptions
-from airflow_pglogrepl.boundary import BOUNDARY_METHODS, TaskBoundary, at_boundary
+from airflow_pglogrepl.boundary import BOUNDARY_METHODS, TaskBoundary, at_boundary, raised_error
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
 from airflow_pglogrepl.operators.drain import SlotDrainOperator
 from airflow_pglogrepl.sensors._base import VerdictSensor
@@ -41,7 +42,20 @@ def test_a_non_retryable_error_fails_the_task_at_once_with_its_message() -> None
     lost = exceptions.SlotLostError("orders", "wal_removed")
     with pytest.raises(AirflowFailException) as failure:
         _raising(lost)({})
-    assert str(failure.value) == str(lost) and failure.value.__cause__ is lost
+    assert str(failure.value) == f"SlotLostError: {lost}" and raised_error(failure.value) is lost
+    # said once: the failure does not chain the error, whose message it repeats
+    printed = "".join(traceback.format_exception(failure.value))
+    assert printed.count(str(lost)) == 1, printed
+    assert "_raising" in printed  # the error's own traceback is kept
+
+
+def test_a_non_retryable_error_keeps_the_servers_words_as_the_cause() -> None:
+    server = RuntimeError("ERROR: logical decoding requires wal_level >= logical")
+    error = exceptions.SlotLostError("orders", "wal_removed")
+    error.__cause__ = server
+    with pytest.raises(AirflowFailException) as failure:
+        _raising(error)({})
+    assert failure.value.__cause__ is server
 
 
 @pytest.mark.parametrize(
@@ -210,7 +224,7 @@ DONE = Verdict(True, "every table ready", data={"ready": 1})
 def test_a_failed_gate_fails_the_sensor_at_once_and_soft_fail_skips_it() -> None:
     with pytest.raises(AirflowFailException, match="is disabled") as failure:
         _gate(FAILED).execute(context())
-    assert isinstance(failure.value.__cause__, exceptions.GateFailedError)
+    assert isinstance(raised_error(failure.value), exceptions.GateFailedError)
     with pytest.raises(AirflowSkipException):
         _gate(FAILED, soft_fail=True).execute(context())
 
@@ -219,7 +233,7 @@ def test_an_error_in_poke_goes_through_the_sensors_loop_then_the_boundary() -> N
     missing = exceptions.SlotNotFoundError("lake_orders")
     with pytest.raises(AirflowFailException, match="does not exist") as failure:
         _gate(missing, soft_fail=True).execute(context())  # a typo is no skip
-    assert failure.value.__cause__ is missing
+    assert raised_error(failure.value) is missing
     # silent_fail: the sensor logs it and pokes on, as Airflow documents
     assert _gate(missing, DONE, silent_fail=True).execute(context()) == {"ready": 1}
 

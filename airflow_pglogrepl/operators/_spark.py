@@ -7,6 +7,10 @@ silently submit to YARN) and any master or deploy mode that would put the source
 line, hands the DSN to the application through its environment only (masked in the log), ships
 this package to the executors as a ``--py-files`` zip, and keeps the application's output lines so
 the operator can read its JSON summary back.
+
+The task log is kept to what a reader needs: Spark's driver logs at ``spark_log_level`` (WARN by
+default, ``spark.log4j``), the summary line is read, not logged, and an error the application
+reported is raised once, as ours, without the provider's copy of the output around it.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Asset, Context
 
 from airflow_pglogrepl.boundary import TaskBoundary
-from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
+from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV, SUBMITTED_ENV
 from airflow_pglogrepl.exceptions import SparkApplicationError
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -56,10 +60,16 @@ class CapturingSparkSubmitHook(SparkSubmitHook):
     def _process_spark_submit_log(self, itr: Iterator[Any]) -> None:
         def tee() -> Iterator[Any]:
             for line in itr:
-                self.captured.append(str(line).strip())
-                yield line
+                text = str(line).strip()
+                self.captured.append(text)
+                if summary_line([text], *SUMMARY_KEYS) is None:  # the summary is read, not logged
+                    yield line
 
         super()._process_spark_submit_log(tee())
+
+
+# the keys one of the applications' JSON summary lines has (drain, snapshot, failure)
+SUMMARY_KEYS = ("windows", "committed", "resolved", "error")
 
 
 class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
@@ -68,7 +78,14 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
     Subclasses call ``_check_spark_connection()`` before anything reads the source's secrets,
     ``_prepare_submit(dsn)`` once, run ``_run_application(context)`` inside
     ``_shipping_package()`` and read the result with ``_summary(*keys)``.
+
+    :param spark_log_level: the level of Spark's own (log4j) logging in the task log: ``WARN``
+        by default; ``INFO`` or ``DEBUG`` for a run that needs Spark's account of itself.
     """
+
+    def __init__(self, *, spark_log_level: str = "WARN", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.spark_log_level = spark_log_level
 
     def _check_spark_connection(self) -> None:
         check_spark_connection(self._conn_id)
@@ -79,6 +96,7 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
         self.env_vars = {
             **(self.env_vars or {}),
             DSN_ENV: dsn,
+            SUBMITTED_ENV: "1",
             "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
             **spark_home_env(),
         }
@@ -88,9 +106,14 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
 
     @contextmanager
     def _shipping_package(self) -> Iterator[None]:
-        """This package as ``--py-files`` while the block runs (the zip is removed after)."""
+        """This package as ``--py-files``, and the driver's log configuration, while the block
+        runs (both are removed after)."""
+        from airflow_pglogrepl.spark.log4j import driver_conf, spark_log_level
+
+        level = spark_log_level(self.spark_log_level)
         with tempfile.TemporaryDirectory(prefix="pglogrepl-pyfiles-") as tmp:
             self.py_files = package_zip(Path(tmp))
+            self.conf = driver_conf(dict(self.conf or {}), Path(tmp), level)
             yield
 
     def _run_application(self, context: Context) -> None:
@@ -99,15 +122,17 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
         as the original: a lake from another server fails the task at once, a crash retries."""
         try:
             super().execute(context)
-        except Exception as exc:
+        except Exception:
             failure = self._summary("error")
             if failure is None:
                 raise
+            # The provider's exception repeats the command and the output's tail, which the
+            # log above already has: the application's own error is the one to read.
             raise SparkApplicationError(
                 str(failure["error"]),
                 str(failure.get("message", "")),
                 retryable=bool(failure.get("retryable", True)),
-            ) from exc
+            ) from None
 
     def _summary(self, *keys: str) -> dict[str, Any] | None:
         """The last JSON summary line the application printed with one of ``keys``."""

@@ -24,6 +24,7 @@ from airflow_pglogrepl.operators._spark import (
     PackageSparkSubmitOperator,
     sink_asset,
 )
+from airflow_pglogrepl.operators.task_reports import drain_paragraph
 
 if TYPE_CHECKING:
     from airflow_pglogrepl.operators._idle import Idle
@@ -75,12 +76,17 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     :param database: the slot's database, when not the connection's.
     :param conn_id: the Spark connection; it must exist (the provider would otherwise silently
         submit to YARN).
+    :param spark_log_level: Spark's own logging in the task log (``WARN``; ``INFO`` or
+        ``DEBUG`` to see what Spark did). The drain's progress lines are logged whatever it is.
+
+    The task log ends with a paragraph: changes, transactions and windows drained, the LSNs
+    before and after, the busiest tables, the merge and what is left for the next run.
     """
 
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields,
         "postgres_conn_id", "slot_name", "publications", "sink", "database",
-        "max_window_bytes", "max_windows", "small_merge_rows", "idle_wal_bytes",
+        "max_window_bytes", "max_windows", "small_merge_rows", "idle_wal_bytes", "spark_log_level",
     )  # fmt: skip
     ui_color = "#fdebd0"
 
@@ -161,11 +167,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
             "idle": False,
         }
         self._publish(context, str(after.confirmed_flush_lsn), summary.get("changes", 0))
-        self.log.info(
-            "Drained slot %s: %s windows, %s transactions, %s changes; confirmed %s -> %s",
-            self.slot_name, summary.get("windows"), summary.get("transactions"),
-            summary.get("changes"), slot.confirmed_flush_lsn, after.confirmed_flush_lsn,
-        )  # fmt: skip
+        self.log.info("%s", drain_paragraph(result, sink=str(self.sink)))
         return result
 
     def _idle(self, context: Context, idle: Idle, started: float) -> dict[str, Any]:
@@ -174,13 +176,13 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
 
         confirmed = str(idle.confirmed)
         self.log.info(
-            "Slot %s and lake %s have nothing to do, spark-submit skipped: %s; lake and slot "
-            "at %s (skip_when_idle)", self.slot_name, self.sink, idle.reason, confirmed,
+            "spark-submit skipped (skip_when_idle): %s", idle.reason,
         )  # fmt: skip
         summary = idle_summary(str(self.slot_name), idle, materialize=self.materialize,
                                started=started)  # fmt: skip
         result = {**summary, "sink": self.sink, "idle": True}
         self._publish(context, confirmed, 0)
+        self.log.info("%s", drain_paragraph(result, sink=str(self.sink)))
         return result
 
     def _publish(self, context: Context, confirmed: str, changes: int) -> None:

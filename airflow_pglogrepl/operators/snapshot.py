@@ -19,6 +19,7 @@ from airflow.sdk import Context
 
 from airflow_pglogrepl.hooks.for_connection import replication_hook
 from airflow_pglogrepl.operators._spark import PACKAGE_DIR, PackageSparkSubmitOperator, sink_asset
+from airflow_pglogrepl.operators.task_reports import snapshot_paragraph
 
 if TYPE_CHECKING:
     from airflow_pglogrepl.hooks.pg.snapshot import ExportedSnapshot
@@ -67,12 +68,14 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         unmounted volume or a changed sink (``replace_slot=True`` is the explicit signal).
     :param database: the slot's database, when not the connection's.
     :param conn_id: the Spark connection; it must exist.
+    :param spark_log_level: Spark's own logging in the task log (``WARN``; ``INFO`` or
+        ``DEBUG`` to see what Spark did).
     """
 
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields,
         "postgres_conn_id", "slot_name", "publications", "sink", "tables", "database",
-        "tasks_per_table", "rows_per_task",
+        "tasks_per_table", "rows_per_task", "spark_log_level",
     )  # fmt: skip
     ui_color = "#d6eaf8"
 
@@ -139,6 +142,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
                     "consistent_point": result["consistent_point"],
                     "rows": result.get("rows", 0),
                 }
+        self.log.info("%s", snapshot_paragraph(result, sink=str(self.sink)))
         return result
 
     def _initial(self, context: Context, hook: PgLogicalReplicationHook) -> dict[str, Any]:
@@ -159,16 +163,8 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
             slot_lsn=slot_lsn,
         )  # fmt: skip
         if plan.action == "exists":
-            self.log.info(
-                "Lake %s already holds the snapshot of slot %s at %s: nothing to do",
-                self.sink, self.slot_name, plan.snapshot_lsn,
-            )  # fmt: skip
             return self._unchanged("exists", plan.snapshot_lsn)
         if plan.action == "drained":
-            self.log.info(
-                "Lake %s is drained from slot %s without a snapshot: nothing to do",
-                self.sink, self.slot_name,
-            )  # fmt: skip
             return self._unchanged("drained", None)
         if plan.action == "replace_slot":
             self.log.warning(
@@ -206,10 +202,6 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         finally:
             exported.close()
             self._exported = None
-        self.log.info(
-            "Snapshot of %s committed at %s: %s rows in %s tables",
-            self.publications, point, summary.get("rows"), len(summary.get("tables", {})),
-        )  # fmt: skip
         return {**summary, "sink": self.sink}
 
     def _unchanged(self, status: str, point: str | None) -> dict[str, Any]:

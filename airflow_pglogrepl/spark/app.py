@@ -133,6 +133,26 @@ def _reportable(message: str, dsn: str) -> str:
     return message
 
 
+def _report(prog: str, exc: Exception, *, logger: str) -> None:
+    """The failure on stderr, once. One of ours carries its fix and needs no traceback; under an
+    operator (``SUBMITTED_ENV``) it is not printed at all, since the operator raises it from the
+    summary line. A foreign error gets its traceback, which is what there is to read."""
+    from airflow_pglogrepl.conninfo import SUBMITTED_ENV
+    from airflow_pglogrepl.exceptions import PgLogReplError
+
+    if not isinstance(exc, PgLogReplError):
+        logging.getLogger(logger).exception("%s failed", prog)
+        return
+    if not os.environ.get(SUBMITTED_ENV):
+        print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    cause = exc.__cause__
+    if cause is not None:  # the server's own words, which the error's message does not repeat
+        logging.getLogger(logger).info(
+            "%s: the cause of %s: %s: %s", prog, type(exc).__name__, type(cause).__name__,
+            str(cause).strip(),
+        )  # fmt: skip
+
+
 def run_app(prog: str, operator: str, run: Callable[[str], dict[str, Any]], *, logger: str) -> int:
     """Run ``run(dsn)`` under the contract; the exit status (0, 1 failed, 2 no DSN)."""
     sys.stdout.flush()
@@ -141,6 +161,7 @@ def run_app(prog: str, operator: str, run: Callable[[str], dict[str, Any]], *, l
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
     )
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # a line per gateway call at INFO
     dsn = os.environ.get(DSN_ENV)
     if not dsn:
         print(
@@ -151,9 +172,8 @@ def run_app(prog: str, operator: str, run: Callable[[str], dict[str, Any]], *, l
         return 2
     try:
         result = run(dsn)
-    except Exception as exc:  # one clear line for the task log; the traceback follows it
-        logging.getLogger(logger).exception("%s failed", prog)
-        print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except Exception as exc:
+        _report(prog, exc, logger=logger)
         # what failed, for the operator: it raises it again as SparkApplicationError, and the
         # task boundary decides about retries as it would had the error been raised there
         result = {

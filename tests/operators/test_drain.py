@@ -167,10 +167,41 @@ def test_a_lake_behind_the_slot_is_left_to_the_application(drains: Drains) -> No
     assert drains.submits() == 2
 
 
-def test_a_missing_publication_is_left_to_the_application(drains: Drains) -> None:
+def test_a_missing_publication_is_refused_before_the_idle_check(drains: Drains) -> None:
     # 18 decodes past a missing publication with only a warning: a peek alone would say idle
     drains.src.sql(f"DROP PUBLICATION {drains.src.publication}")
     drains.src.sql("INSERT INTO t VALUES (10, 'unpublished now')")
-    with pytest.raises(Exception, match=r"PublicationNotFoundError|does not exist"):
+    with pytest.raises(Exception, match=r"does not exist"):
         drains.run()
-    assert drains.submits() == 2
+    assert drains.submits() == 1
+
+
+def test_an_error_the_application_reports_is_in_the_task_log_once(
+    drains: Drains, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The application's own error reaches the task as ours, once: not also logged by the
+    application, nor repeated in a provider exception carrying the output's tail."""
+    import logging
+    import traceback
+
+    from airflow_pglogrepl.exceptions import SparkApplicationError
+    from airflow_pglogrepl.hooks.pg.source import PgSource
+
+    drains.src.sql("INSERT INTO t VALUES (100, 'x')")  # something to do: the run is submitted
+    caplog.set_level(logging.DEBUG)
+    with (
+        PgSource(drains.src.dsn).writer_lock(drains.src.slot, role="snapshot"),
+        pytest.raises(SparkApplicationError) as failure,
+    ):
+        drains.run()
+
+    assert failure.value.error == "LakeWriterBusyError" and failure.value.retryable
+    told = "only one drain or snapshot may write it at a time"
+    printed = "".join(traceback.format_exception(failure.value))
+    captured = capsys.readouterr()
+    logged = caplog.text + captured.out + captured.err  # structlog writes the task log to stdout
+    assert "Spark-Submit cmd" in logged  # what the task logged is here
+    assert printed.count(told) == 1, printed
+    assert logged.count(told) == 0, logged
+    assert "Cannot execute" not in printed + logged  # the provider's copy is dropped
+    assert '{"error"' not in logged  # the summary line is read, not logged

@@ -7,6 +7,7 @@ publication: the drain and the snapshot refuse it before anything starts, with t
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_pglogrepl.boundary import raised_error
 from airflow_pglogrepl.exceptions import PublicationNotFoundError, PublisherNotConfiguredError
 from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
 from airflow_pglogrepl.operators.drain import SlotDrainOperator
@@ -77,7 +79,7 @@ def test_subscription_to_a_replica_level_publisher_fails_at_once_with_the_fix(
     set_airflow_connection("pglogrepl_subscriber", subscriber.airflow_uri())
     with pytest.raises(AirflowFailException) as failure:
         operator.execute(context())
-    error = failure.value.__cause__
+    error = raised_error(failure.value)
     assert isinstance(error, PublisherNotConfiguredError)
     assert error.retryable is False
     assert error.setting == "wal_level"
@@ -111,9 +113,12 @@ def typo_source(source: Source) -> Iterator[tuple[Source, str]]:
 def _refused(operator: Any) -> PublicationNotFoundError:
     with pytest.raises(AirflowFailException) as failure:
         operator.execute({"ti": None})
-    error = failure.value.__cause__
+    error = raised_error(failure.value)
     assert isinstance(error, PublicationNotFoundError), repr(error)
     assert error.retryable is False
+    # once in what the task log prints of the failure
+    printed = "".join(traceback.format_exception(failure.value))
+    assert printed.count(str(error)) == 1, printed
     return error
 
 

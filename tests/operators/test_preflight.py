@@ -17,6 +17,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 from psycopg import sql
 
+from airflow_pglogrepl.boundary import raised_error
 from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
 from airflow_pglogrepl.operators.preflight import ReplicationPreflightOperator
 from airflow_pglogrepl.preflight import PreflightFailedError, ReplicaIdentityChangeError
@@ -114,8 +115,9 @@ def preflight(**kwargs: Any) -> Outcome:
     try:
         returned = operator.execute({"ti": ti})  # type: ignore[arg-type]
     except AirflowFailException as failed:  # no retry can help: the task fails at once
-        assert isinstance(failed.__cause__, PreflightFailedError), repr(failed.__cause__)
-        return Outcome(ti.xcom["report"], None, failed.__cause__)
+        error = raised_error(failed)
+        assert isinstance(error, PreflightFailedError), repr(error)
+        return Outcome(ti.xcom["report"], None, error)
     assert returned == ti.xcom["report"]
     return Outcome(ti.xcom["report"], returned, None)
 

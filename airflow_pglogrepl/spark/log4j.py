@@ -1,0 +1,70 @@
+"""The log configuration of the spark-submit driver our operators start: quiet unless asked.
+
+Every line spark-submit prints becomes a line of the Airflow task log (the Spark provider logs
+them one by one). At Spark's default level a small drain writes a thousand lines of scheduler and
+codec chatter around the dozen lines that say what the run did. The operators therefore hand the
+driver JVM a log4j2 configuration (``-Dlog4j2.configurationFile``) at ``WARN`` by default; a
+``spark_log_level`` argument raises it for a run that needs Spark's own account. The
+application's own progress lines are Python logging, not log4j, and are not affected.
+
+Three warnings every local run prints and no user can act on are kept at ``ERROR``: the missing
+native Hadoop library, the loopback host name (local mode binds to loopback on purpose) and the
+pre-cleanup of an empty staging directory. They still appear at ``INFO`` and below.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+LEVELS = ("OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL")
+DEFAULT_LEVEL = "WARN"
+JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
+
+# logger -> the level below which its known, unactionable warnings are not shown
+_UNACTIONABLE = {
+    "org.apache.hadoop.util.NativeCodeLoader": "ERROR",
+    "org.apache.spark.util.Utils": "ERROR",
+}
+
+
+def spark_log_level(value: object) -> str:
+    """``value`` as a log4j level name; a clear error for anything else (a templated argument
+    arrives as text)."""
+    level = str(value).strip().upper()
+    if level == "WARNING":
+        level = "WARN"
+    if level not in LEVELS:
+        raise ValueError(
+            f"spark_log_level {value!r} is not a log4j level; use one of {', '.join(LEVELS)}"
+        )
+    return level
+
+
+def properties(level: str) -> str:
+    """A log4j2 properties file: everything at ``level`` to stderr, in Spark's own line format."""
+    lines = [
+        f"rootLogger.level = {level}",
+        "rootLogger.appenderRef.stderr.ref = console",
+        "appender.console.type = Console",
+        "appender.console.name = console",
+        "appender.console.target = SYSTEM_ERR",
+        "appender.console.layout.type = PatternLayout",
+        "appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex",
+    ]
+    if LEVELS.index(level) < LEVELS.index("INFO"):
+        for n, (logger, quiet) in enumerate(sorted(_UNACTIONABLE.items())):
+            lines += [f"logger.q{n}.name = {logger}", f"logger.q{n}.level = {quiet}"]
+    return "\n".join(lines) + "\n"
+
+
+def driver_conf(conf: dict[str, str], directory: Path, level: str) -> dict[str, str]:
+    """``conf`` with the driver's JVM reading a configuration at ``level`` written into
+    ``directory``; the user's own driver Java options are kept (after ours, so a
+    ``-Dlog4j2.configurationFile`` of theirs wins)."""
+    path = directory / "log4j2-pglogrepl.properties"
+    path.write_text(properties(level))
+    ours = f"-Dlog4j2.configurationFile=file:{path}"
+    if any(c.isspace() for c in ours):
+        ours = f'"{ours}"'  # Spark splits the options as a shell would
+    theirs = conf.get(JAVA_OPTIONS_KEY, "").strip()
+    return {**conf, JAVA_OPTIONS_KEY: f"{ours} {theirs}".strip()}
