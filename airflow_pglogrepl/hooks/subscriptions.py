@@ -187,7 +187,7 @@ class SubscriptionsMixin(PgSessionHook):
             raise ValueError(f"subscription {name!r}: name at least one publication")
         dsn = conninfo.make_dsn(publisher_params)
         secrets = conninfo.secrets_of(publisher_params)
-        with self.session() as conn, _redacted(secrets, publisher_params):
+        with self.session(secrets=secrets) as conn, _redacted(secrets, publisher_params):
             _require_version(name, options, conn.info.server_version)
             _keep_password_home(conn, name, bool(secrets))
             current = self.get_subscription(name, conn=conn)
