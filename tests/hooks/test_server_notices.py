@@ -80,3 +80,29 @@ def test_a_notice_quoting_the_statement_has_the_password_masked(
     (echoed,) = [m for m in _said(caplog) if "ran: CREATE SUBSCRIPTION" in m]
     assert "password=''***''" in echoed
     assert "secret" not in echoed and "it" not in echoed.split("password=")[1][:8]
+
+
+def test_routine_notices_are_info_and_warnings_stay_warnings(
+    notice_pair: tuple[PgCluster, PgCluster], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: every NOTICE was a WARNING, so each subscription created or dropped left a
+    warning ("created replication slot ... on publisher") in a run that went well."""
+    publisher, subscriber = notice_pair
+    caplog.set_level(logging.INFO)
+    hook = DsnReplicationHook(subscriber.dsn(DB))
+    hook.ensure_subscription(
+        "notice_sub", publisher_params=publisher.params(DB), publications=["notice_pub"],
+        options={},
+    )  # fmt: skip
+    hook.drop_subscription("notice_sub")
+    server = [r for r in caplog.records if r.name == "airflow_pglogrepl.server"]
+    assert [r.levelno for r in server if "replication slot" in r.getMessage()] == [
+        logging.INFO, logging.INFO,
+    ], [r.getMessage() for r in server]  # fmt: skip
+    assert [r for r in server if r.levelno >= logging.WARNING] == []
+    caplog.clear()  # a WARNING stays one
+    with hook.session() as conn:
+        conn.execute("DO $$ BEGIN RAISE WARNING 'careful'; RAISE INFO 'fyi'; END $$")
+    said = {r.getMessage().rsplit(": ", 1)[1]: r.levelno for r in caplog.records
+            if r.name == "airflow_pglogrepl.server"}  # fmt: skip
+    assert said == {"careful": logging.WARNING, "fyi": logging.INFO}

@@ -19,7 +19,7 @@ Conn: TypeAlias = psycopg.Connection[dict[str, Any]]
 AsyncConn: TypeAlias = psycopg.AsyncConnection[dict[str, Any]]
 
 # The server's WARNINGs and NOTICEs on our statements ("wal_level is insufficient to publish
-# logical changes" after CREATE PUBLICATION): logged here, under this logger, never dropped.
+# logical changes" after CREATE PUBLICATION): logged here, under this logger.
 server_log = logging.getLogger("airflow_pglogrepl.server")
 
 # Sent only when client_min_messages was lowered (a role's or database's setting, or the
@@ -32,9 +32,10 @@ _UNLOGGED = ("DEBUG", "LOG")
 def notice_logger(
     server: str, secrets: Sequence[str] = ()
 ) -> Callable[[psycopg.errors.Diagnostic], None]:
-    """A notice handler (``conn.add_notice_handler``) logging what ``server`` said: WARNING and
-    NOTICE as warnings, INFO as info, with ``secrets`` masked; DEBUG and LOG are not logged
-    (they echo statements)."""
+    """A notice handler (``conn.add_notice_handler``) logging what ``server`` said, with
+    ``secrets`` masked: WARNING as a warning; NOTICE and INFO as info, since the server says
+    routine things at NOTICE ("created replication slot ... on publisher" on every subscription
+    created); DEBUG and LOG not at all (they echo statements)."""
 
     def log_notice(diag: psycopg.errors.Diagnostic) -> None:
         severity = diag.severity_nonlocalized or diag.severity or "NOTICE"
@@ -45,7 +46,7 @@ def notice_logger(
             if extra:
                 text += f" {label}: {extra}"
         text = conninfo.redact(text, secrets)
-        level = logging.WARNING if severity in ("WARNING", "NOTICE") else logging.INFO
+        level = logging.WARNING if severity == "WARNING" else logging.INFO
         server_log.log(level, "PostgreSQL %s says: %s: %s", server, severity, text)
 
     return log_notice
