@@ -212,3 +212,25 @@ def test_a_subscription_to_a_misspelt_publication_is_refused_before_it_is_create
     finally:  # before: the subscription was made, and its slot with it
         PgLogicalReplicationHook(postgres_conn_id=subscriber_conn_id).drop_subscription("hour_sub")
         publisher.execute("DROP PUBLICATION hour_orders_pub")
+
+
+@pytest.mark.parametrize("name", ["shop_" + "x" * 70, "é" * 40, 'Shop "Pub", ' + "ü" * 30])
+def test_a_name_past_63_bytes_is_found_as_the_server_finds_it(
+    typo_source: tuple[Source, str], name: str
+) -> None:
+    """The server cuts an identifier to 63 bytes (never inside a character), in CREATE
+    PUBLICATION, CREATE SUBSCRIPTION and pgoutput's publication_names alike: the name the DAG
+    gives in full names the publication it created. Before: "does not exist", "did you mean"
+    the very same publication, where the drain and the subscription would have worked."""
+    from psycopg import sql
+
+    source, conn_id = typo_source
+    source.cluster.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE shop").format(sql.Identifier(name)),
+        dbname=source.db,
+    )
+    hook = PgLogicalReplicationHook(postgres_conn_id=conn_id)
+    hook.require_publications([name, "shop_pub"], consequence="nothing")
+    with pytest.raises(PublicationNotFoundError) as info:
+        hook.require_publications([name + "-other", name[:10]], consequence="nothing")
+    assert info.value.names == [name[:10]]
