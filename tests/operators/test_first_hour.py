@@ -234,3 +234,32 @@ def test_a_name_past_63_bytes_is_found_as_the_server_finds_it(
     with pytest.raises(PublicationNotFoundError) as info:
         hook.require_publications([name + "-other", name[:10]], consequence="nothing")
     assert info.value.names == [name[:10]]
+
+
+@pytest.mark.pgversion  # the server words its messages by version (17 quotes names)
+def test_a_slot_named_after_wal_level_is_not_a_publisher_short_of_it(
+    publisher: PgCluster, publisher_conn_id: str, subscriber: PgCluster, subscriber_conn_id: str
+) -> None:
+    """The publisher refuses the subscription's slot because it exists already: that is what
+    the task says. Before: the slot's name ("logical_wal_level_sub") made it "set wal_level =
+    logical on the publisher and restart it", on a publisher at wal_level = logical."""
+    from airflow_pglogrepl.exceptions import SubscriptionStatementError
+
+    publisher.execute("CREATE TABLE IF NOT EXISTS hour_orders (id int PRIMARY KEY)")
+    subscriber.execute("CREATE TABLE IF NOT EXISTS hour_orders (id int PRIMARY KEY)")
+    publisher.execute("DROP PUBLICATION IF EXISTS hour_wal_pub")
+    publisher.execute("CREATE PUBLICATION hour_wal_pub FOR TABLE hour_orders")
+    publisher.execute(
+        "SELECT pg_create_logical_replication_slot('logical_wal_level_sub', 'pgoutput')"
+    )
+    try:
+        with pytest.raises(SubscriptionStatementError) as info:
+            CreateSubscriptionOperator(
+                task_id="s", subscription="logical_wal_level_sub", publications=["hour_wal_pub"],
+                publisher_conn_id=publisher_conn_id, subscriber_conn_id=subscriber_conn_id,
+            ).execute(context())  # fmt: skip
+        assert not isinstance(info.value, PublisherNotConfiguredError)
+        assert "already exists" in str(info.value)
+    finally:
+        publisher.execute("SELECT pg_drop_replication_slot('logical_wal_level_sub')")
+        publisher.execute("DROP PUBLICATION hour_wal_pub")
