@@ -263,3 +263,14 @@ def test_a_slot_named_after_wal_level_is_not_a_publisher_short_of_it(
     finally:
         publisher.execute("SELECT pg_drop_replication_slot('logical_wal_level_sub')")
         publisher.execute("DROP PUBLICATION hour_wal_pub")
+
+
+def test_a_database_of_many_publications_lists_a_few_of_them() -> None:
+    """Before: every publication of the database was in the message (one per tenant: thousands,
+    in every alert and task log line of the failure)."""
+    existing = [f"tenant_{i:04}_pub" for i in range(5000)]
+    error = PublicationNotFoundError(["tenant_0042_pubb"], existing=existing, consequence="x")
+    assert len(str(error)) < 1000
+    assert "'tenant_0000_pub', " in str(error) and "and 4980 more" in str(error)
+    assert "did you mean 'tenant_0042_pub'?" in str(error)
+    assert error.existing == existing
