@@ -100,8 +100,13 @@ def secrets_of(params: Mapping[str, str]) -> list[str]:
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret replaced by ``***``, in raw and libpq-quoted form."""
+    """``text`` with every secret replaced by ``***``: raw, libpq-quoted, and libpq-quoted inside
+    an SQL string literal, ``'...'`` or ``E'...'`` (a ``CONNECTION`` clause the server echoes)."""
     for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
-        for form in (_quote(secret), secret):
+        quoted = _quote(secret)
+        body = quoted[1:-1]
+        in_literal = body.replace("'", "''")
+        in_e_literal = body.replace("\\", "\\\\").replace("'", "''")
+        for form in (quoted, in_e_literal, in_literal, secret):
             text = text.replace(form, _MASK)
     return text

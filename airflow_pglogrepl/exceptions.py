@@ -260,6 +260,9 @@ class ObjectNotFoundError(PgLogReplError):
         super().__init__(f"{kind} {name!r} does not exist. Fix: {fix}")
 
 
+_LISTED = 20  # existing publications a PublicationNotFoundError names
+
+
 class PublicationNotFoundError(ObjectNotFoundError):
     """Publications a drain, a snapshot or a peek reads do not exist (in the slot's database).
 
@@ -297,7 +300,10 @@ class PublicationNotFoundError(ObjectNotFoundError):
             where = ""
         found = ""
         if existing is not None:
-            listed = ", ".join(repr(e) for e in existing) if existing else "none"
+            # a few: a database of one publication per tenant would fill every alert
+            listed = ", ".join(repr(e) for e in existing[:_LISTED]) if existing else "none"
+            if len(existing) > _LISTED:
+                listed += f" and {len(existing) - _LISTED} more"
             found = f". The publications there: {listed}"
             guesses = [
                 f"{close[0]!r} for {name!r}" if len(names) > 1 else repr(close[0])

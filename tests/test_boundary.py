@@ -324,3 +324,56 @@ def test_a_publisher_short_of_a_setting_is_named_with_its_fix_and_retry_decision
     )
     assert (none.setting, none.retryable) == ("max_wal_senders", False)
     assert "raise max_wal_senders on the publisher pub.example:5433 (it is 0" in str(none)
+
+
+def _relayed(text: str) -> Exception:
+    """What ``_redacted`` raises for the subscriber's error ``text``."""
+    import psycopg
+    from psycopg import errors as pgerr
+
+    from airflow_pglogrepl.hooks.subscriptions import _redacted
+
+    publisher = {"host": "pub.example", "port": "5433", "user": "rep", "dbname": "shop"}
+    with pytest.raises(exceptions.PgLogReplError) as raised, _redacted(["pw"], publisher):
+        raise pgerr.ProtocolViolation(text) if "replication slot" in text else psycopg.Error(text)
+    return raised.value
+
+
+def test_a_name_in_the_publishers_text_is_not_taken_for_its_setting() -> None:
+    """The refusal is told by the server's sentence, not by words anywhere in the text: a slot
+    (a subscription) named after them is not a publisher short of wal_level or of slots.
+    Before: any failure to create such a slot (here: it exists) read as "set wal_level =
+    logical and restart", not retryable."""
+    for slot in ("logical_wal_level_sub", "all_replication_slots_are_in_use"):
+        error = _relayed(
+            f'could not create replication slot "{slot}": ERROR:  replication slot "{slot}" '
+            f"already exists"
+        )
+        assert not isinstance(error, exceptions.PublisherNotConfiguredError), str(error)
+        assert "already exists" in str(error)
+
+
+def test_a_standby_publisher_is_told_to_fix_its_primary() -> None:
+    """PostgreSQL 16+ decodes on a standby only when its primary has wal_level = logical: the
+    fix is on the primary, not on the standby the subscription connects to (before: "set
+    wal_level = logical on the publisher pub.example:5433")."""
+    for said in (
+        "logical decoding on standby requires wal_level >= logical on the primary",
+        'logical decoding on standby requires "wal_level" >= "logical" on the primary',  # 17
+    ):
+        error = _relayed(f'could not create replication slot "shop_sub": ERROR:  {said}')
+        assert isinstance(error, exceptions.PublisherNotConfiguredError)
+        assert error.retryable is False
+        assert "on the primary of the publisher pub.example:5433 (a standby)" in str(error)
+
+
+def test_a_publisher_without_replication_slots_is_not_retried() -> None:
+    """max_replication_slots = 0 on the publisher: no slot frees up, every retry fails alike.
+    Before: a retryable SubscriptionStatementError without the fix."""
+    error = _relayed(
+        'could not create replication slot "shop_sub": ERROR:  replication slots can only be '
+        "used if max_replication_slots > 0"
+    )
+    assert isinstance(error, exceptions.PublisherNotConfiguredError)
+    assert (error.setting, error.retryable) == ("max_replication_slots", False)
+    assert "raise max_replication_slots on the publisher pub.example:5433" in str(error)

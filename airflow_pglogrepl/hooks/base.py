@@ -7,7 +7,7 @@ the Spark applications, which receive a DSN through the environment.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -61,12 +61,15 @@ class PgSessionHook(PostgresHook):
         replication: bool = False,
         autocommit: bool = True,
         application_name: str | None = None,
+        secrets: Sequence[str] = (),
     ) -> Iterator[Conn]:
         """An open psycopg connection with ``pg_lsn`` read and written as ``LSN``.
 
         ``replication=True`` opens a ``replication=database`` connection, which accepts the
         replication protocol's commands (``CREATE_REPLICATION_SLOT ... SNAPSHOT 'export'``).
         Connection failures raise ``ConnectionFailedError`` with the password removed.
+        ``secrets``: others the session's statements carry (a publisher's password), masked in
+        the server's notices as the session's own are.
         """
         with connect(
             self.connection_params(),
@@ -74,6 +77,7 @@ class PgSessionHook(PostgresHook):
             replication=replication,
             autocommit=autocommit,
             application_name=application_name,
+            secrets=secrets,
         ) as conn:
             yield conn
 
@@ -87,7 +91,9 @@ class PgSessionHook(PostgresHook):
             )
         except psycopg.OperationalError as exc:
             raise connect_error(params, exc, self._source_label()) from None
-        conn.add_notice_handler(notice_logger(conninfo.describe(params)))
+        conn.add_notice_handler(
+            notice_logger(conninfo.describe(params), conninfo.secrets_of(params))
+        )
         register_lsn_adapters(conn)
         async with conn:
             yield conn

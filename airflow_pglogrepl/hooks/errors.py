@@ -25,6 +25,9 @@ from airflow_pglogrepl.exceptions import (
 
 _ACTIVE_PID = re.compile(r"active for PID (\d+)")
 _MISSING_PUBLICATION = re.compile(r'publication "(.*)" does not exist')
+# The server's sentence ("logical decoding requires wal_level >= logical"; 17 quotes the names),
+# not the words anywhere in the text: an error naming a slot "orders_wal_level" is not about it
+WAL_LEVEL_REFUSAL = re.compile(r'wal_level"?\s*>=\s*"?logical')
 WAL_LEVEL_FIX = (
     "set wal_level = logical (ALTER SYSTEM SET wal_level = 'logical' or in postgresql.conf) "
     "and restart PostgreSQL; wal_level only changes on restart"
@@ -70,7 +73,7 @@ def slot_errors(
         raise InvalidSlotNameError(slot) from exc
     except pgerr.ObjectNotInPrerequisiteState as exc:
         text = str(exc)
-        if "wal_level" in text:
+        if WAL_LEVEL_REFUSAL.search(text):
             raise wal_level_error(_safe(setting, "wal_level"), server) from exc
         if "max_replication_slots" in text:
             raise _slots_exhausted(_safe(setting, "max_replication_slots"), server) from exc

@@ -29,6 +29,7 @@ from airflow_pglogrepl.exceptions import (
     SubscriptionStatementError,
 )
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
+from airflow_pglogrepl.hooks.errors import WAL_LEVEL_REFUSAL
 from airflow_pglogrepl.hooks.records import (
     Reconciled,
     Record,
@@ -187,7 +188,7 @@ class SubscriptionsMixin(PgSessionHook):
             raise ValueError(f"subscription {name!r}: name at least one publication")
         dsn = conninfo.make_dsn(publisher_params)
         secrets = conninfo.secrets_of(publisher_params)
-        with self.session() as conn, _redacted(secrets, publisher_params):
+        with self.session(secrets=secrets) as conn, _redacted(secrets, publisher_params):
             _require_version(name, options, conn.info.server_version)
             _keep_password_home(conn, name, bool(secrets))
             current = self.get_subscription(name, conn=conn)
@@ -563,12 +564,18 @@ def _redacted(
 _SLOT_REFUSED = re.compile(r'could not create replication slot "([^"]*)"')
 # PostgreSQL 17 quotes the setting's name
 _SENDERS = re.compile(r'exceeds "?max_wal_senders"? \(currently (\d+)\)')
+_QUOTED_SETTING = re.compile(r'"(wal_level|logical|max_wal_senders|max_replication_slots)"')
+_NO_SLOTS = re.compile(r'max_replication_slots"? > 0')
+# PostgreSQL 16+ decodes on a standby only when its primary has wal_level = logical
+_ON_PRIMARY = re.compile(WAL_LEVEL_REFUSAL.pattern + r'"?\s+on the primary')
 
 
 def _publisher_refusal(
     text: str, publisher_params: Mapping[str, str]
 ) -> PublisherNotConfiguredError | None:
-    """The setting the publisher lacks, when its error (relayed by the subscriber) names one."""
+    """The setting the publisher lacks, when its error (relayed by the subscriber) says so in
+    the server's own sentence: names (a slot's, a database's) are quoted out first, so that a
+    slot named "all_replication_slots_..." is taken for nothing."""
     host = publisher_params.get("host", "localhost")
     where = f"{host}:{publisher_params.get('port', '5432')}"
     publisher = (
@@ -576,7 +583,18 @@ def _publisher_refusal(
     )
     slot = _SLOT_REFUSED.search(text)
     refused = f"to create replication slot {slot.group(1)!r}" if slot else "the subscription"
-    if "wal_level" in text and "logical" in text:
+    # 17 quotes the settings as it quotes names: unquote those, then empty every quoted name
+    said = re.sub(r'"[^"]*"', '""', _QUOTED_SETTING.sub(r"\1", text))
+    if _ON_PRIMARY.search(said):
+        return PublisherNotConfiguredError(
+            "wal_level", "logical", publisher, refused,
+            f"the publisher {where} is a standby, which decodes only when its primary logs "
+            f"enough: set wal_level = logical on the primary of the publisher {where} (a "
+            f"standby) (ALTER SYSTEM SET wal_level = 'logical', or in its postgresql.conf) and "
+            f"restart the primary; until then every run fails alike. Nothing was created on the "
+            f"subscriber",
+        )  # fmt: skip
+    if WAL_LEVEL_REFUSAL.search(said):
         return PublisherNotConfiguredError(
             "wal_level", "logical", publisher, refused,
             f"set wal_level = logical on the publisher {where} (ALTER SYSTEM SET wal_level = "
@@ -584,7 +602,14 @@ def _publisher_refusal(
             f"restart, and until then every run fails alike. Nothing was created on the "
             f"subscriber",
         )  # fmt: skip
-    if "all replication slots are in use" in text:
+    if _NO_SLOTS.search(said):
+        return PublisherNotConfiguredError(
+            "max_replication_slots", "above 0", publisher, refused,
+            f"raise max_replication_slots on the publisher {where} (it is 0: no slot can be "
+            f"created) and restart it; until then every run fails alike. Nothing was created "
+            f"on the subscriber",
+        )  # fmt: skip
+    if "all replication slots are in use" in said:
         # often passing: table-sync slots hold places only while their tables copy
         return PublisherNotConfiguredError(
             "max_replication_slots", "larger than the number of slots in use", publisher,
@@ -594,7 +619,7 @@ def _publisher_refusal(
             f"created on the subscriber",
             retryable=True,
         )  # fmt: skip
-    senders = _SENDERS.search(text)
+    senders = _SENDERS.search(said)
     if senders:
         none = senders.group(1) == "0"
         return PublisherNotConfiguredError(

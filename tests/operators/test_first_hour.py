@@ -217,3 +217,65 @@ def test_a_subscription_to_a_misspelt_publication_is_refused_before_it_is_create
     finally:  # before: the subscription was made, and its slot with it
         PgLogicalReplicationHook(postgres_conn_id=subscriber_conn_id).drop_subscription("hour_sub")
         publisher.execute("DROP PUBLICATION hour_orders_pub")
+
+
+@pytest.mark.parametrize("name", ["shop_" + "x" * 70, "é" * 40, 'Shop "Pub", ' + "ü" * 30])
+def test_a_name_past_63_bytes_is_found_as_the_server_finds_it(
+    typo_source: tuple[Source, str], name: str
+) -> None:
+    """The server cuts an identifier to 63 bytes (never inside a character), in CREATE
+    PUBLICATION, CREATE SUBSCRIPTION and pgoutput's publication_names alike: the name the DAG
+    gives in full names the publication it created. Before: "does not exist", "did you mean"
+    the very same publication, where the drain and the subscription would have worked."""
+    from psycopg import sql
+
+    source, conn_id = typo_source
+    source.cluster.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE shop").format(sql.Identifier(name)),
+        dbname=source.db,
+    )
+    hook = PgLogicalReplicationHook(postgres_conn_id=conn_id)
+    hook.require_publications([name, "shop_pub"], consequence="nothing")
+    with pytest.raises(PublicationNotFoundError) as info:
+        hook.require_publications([name + "-other", name[:10]], consequence="nothing")
+    assert info.value.names == [name[:10]]
+
+
+@pytest.mark.pgversion  # the server words its messages by version (17 quotes names)
+def test_a_slot_named_after_wal_level_is_not_a_publisher_short_of_it(
+    publisher: PgCluster, publisher_conn_id: str, subscriber: PgCluster, subscriber_conn_id: str
+) -> None:
+    """The publisher refuses the subscription's slot because it exists already: that is what
+    the task says. Before: the slot's name ("logical_wal_level_sub") made it "set wal_level =
+    logical on the publisher and restart it", on a publisher at wal_level = logical."""
+    from airflow_pglogrepl.exceptions import SubscriptionStatementError
+
+    publisher.execute("CREATE TABLE IF NOT EXISTS hour_orders (id int PRIMARY KEY)")
+    subscriber.execute("CREATE TABLE IF NOT EXISTS hour_orders (id int PRIMARY KEY)")
+    publisher.execute("DROP PUBLICATION IF EXISTS hour_wal_pub")
+    publisher.execute("CREATE PUBLICATION hour_wal_pub FOR TABLE hour_orders")
+    publisher.execute(
+        "SELECT pg_create_logical_replication_slot('logical_wal_level_sub', 'pgoutput')"
+    )
+    try:
+        with pytest.raises(SubscriptionStatementError) as info:
+            CreateSubscriptionOperator(
+                task_id="s", subscription="logical_wal_level_sub", publications=["hour_wal_pub"],
+                publisher_conn_id=publisher_conn_id, subscriber_conn_id=subscriber_conn_id,
+            ).execute(context())  # fmt: skip
+        assert not isinstance(info.value, PublisherNotConfiguredError)
+        assert "already exists" in str(info.value)
+    finally:
+        publisher.execute("SELECT pg_drop_replication_slot('logical_wal_level_sub')")
+        publisher.execute("DROP PUBLICATION hour_wal_pub")
+
+
+def test_a_database_of_many_publications_lists_a_few_of_them() -> None:
+    """Before: every publication of the database was in the message (one per tenant: thousands,
+    in every alert and task log line of the failure)."""
+    existing = [f"tenant_{i:04}_pub" for i in range(5000)]
+    error = PublicationNotFoundError(["tenant_0042_pubb"], existing=existing, consequence="x")
+    assert len(str(error)) < 1000
+    assert "'tenant_0000_pub', " in str(error) and "and 4980 more" in str(error)
+    assert "did you mean 'tenant_0042_pub'?" in str(error)
+    assert error.existing == existing

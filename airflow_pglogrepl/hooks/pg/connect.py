@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 import psycopg
@@ -19,21 +19,34 @@ Conn: TypeAlias = psycopg.Connection[dict[str, Any]]
 AsyncConn: TypeAlias = psycopg.AsyncConnection[dict[str, Any]]
 
 # The server's WARNINGs and NOTICEs on our statements ("wal_level is insufficient to publish
-# logical changes" after CREATE PUBLICATION): logged here, under this logger, never dropped.
+# logical changes" after CREATE PUBLICATION): logged here, under this logger.
 server_log = logging.getLogger("airflow_pglogrepl.server")
 
+# Sent only when client_min_messages was lowered (a role's or database's setting, or the
+# connection's options): they echo statement text ("parse <unnamed>: CREATE SUBSCRIPTION ...
+# CONNECTION '... password=...'"), which no redaction can be trusted to catch in every quoting.
+# The server's own log has them; the task log does not.
+_UNLOGGED = ("DEBUG", "LOG")
 
-def notice_logger(server: str) -> Callable[[psycopg.errors.Diagnostic], None]:
-    """A notice handler (``conn.add_notice_handler``) logging what ``server`` said: WARNING and
-    NOTICE as warnings, the lower severities (INFO, DEBUG, LOG) as info."""
+
+def notice_logger(
+    server: str, secrets: Sequence[str] = ()
+) -> Callable[[psycopg.errors.Diagnostic], None]:
+    """A notice handler (``conn.add_notice_handler``) logging what ``server`` said, with
+    ``secrets`` masked: WARNING as a warning; NOTICE and INFO as info, since the server says
+    routine things at NOTICE ("created replication slot ... on publisher" on every subscription
+    created); DEBUG and LOG not at all (they echo statements)."""
 
     def log_notice(diag: psycopg.errors.Diagnostic) -> None:
         severity = diag.severity_nonlocalized or diag.severity or "NOTICE"
+        if severity in _UNLOGGED:
+            return
         text = diag.message_primary or ""
         for label, extra in (("DETAIL", diag.message_detail), ("HINT", diag.message_hint)):
             if extra:
                 text += f" {label}: {extra}"
-        level = logging.WARNING if severity in ("WARNING", "NOTICE") else logging.INFO
+        text = conninfo.redact(text, secrets)
+        level = logging.WARNING if severity == "WARNING" else logging.INFO
         server_log.log(level, "PostgreSQL %s says: %s: %s", server, severity, text)
 
     return log_notice
@@ -95,13 +108,15 @@ def connect(
     replication: bool = False,
     autocommit: bool = True,
     application_name: str | None = None,
+    secrets: Sequence[str] = (),
 ) -> Conn:
     """An open connection with ``pg_lsn`` read and written as ``LSN`` (close it, or use ``with``).
 
     ``replication=True`` opens a ``replication=database`` connection, which accepts the
     replication protocol's commands (``CREATE_REPLICATION_SLOT ... SNAPSHOT 'export'``).
     Failures raise ``ConnectionFailedError`` naming ``label`` (where the parameters came from),
-    with the password removed.
+    with the password removed. The server's notices are logged (``notice_logger``) with this
+    connection's secrets and ``secrets`` (others its statements carry) masked.
     """
     params = dict(params)
     if replication:
@@ -117,7 +132,8 @@ def connect(
         )
     except psycopg.OperationalError as exc:
         raise connect_error(params, exc, label) from None
-    conn.add_notice_handler(notice_logger(conninfo.describe(params)))
+    masked = [*conninfo.secrets_of(params), *secrets]
+    conn.add_notice_handler(notice_logger(conninfo.describe(params), masked))
     register_lsn_adapters(conn)
     return conn
 

@@ -36,14 +36,17 @@ def current_wal_lsn(conn: Conn) -> LSN:
     return LSN(row["lsn"])
 
 
+# ``::name`` cuts a name to 63 bytes, never inside a character, as the server cuts the
+# identifiers of CREATE PUBLICATION, CREATE SUBSCRIPTION and pgoutput's publication_names
 MISSING_PUBLICATIONS = (
     "SELECT n AS name FROM unnest(%s::text[]) WITH ORDINALITY AS u(n, i)"
-    " WHERE NOT EXISTS (SELECT 1 FROM pg_publication p WHERE p.pubname = u.n) ORDER BY i"
+    " WHERE NOT EXISTS (SELECT 1 FROM pg_publication p WHERE p.pubname = u.n::name) ORDER BY i"
 )
 
 
 def missing_publications(conn: Conn, names: Sequence[str]) -> list[str]:
-    """The ``names`` no publication of the connected database has."""
+    """The ``names`` (as given) no publication of the connected database has, each compared as
+    the server compares it: cut to 63 bytes."""
     rows = conn.execute(MISSING_PUBLICATIONS, (list(names),)).fetchall()
     return [row["name"] for row in rows]
 
