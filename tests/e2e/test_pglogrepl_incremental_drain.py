@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +141,14 @@ def test_drain_dag_end_to_end_with_spark_submit(
     from airflow_pglogrepl.lsn import LSN
 
     assert Lake(str(sink), "lake_dag").position() == LSN(confirmed)
+    # quiet logs: Spark's own INFO stays out of the task log (spark_log_level WARN), so what the
+    # spark-submit runs wrote is the applications' progress lines and a few warnings
+    for run in (first, second):
+        console = run.stdout + run.stderr
+        assert not re.search(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d INFO ", console), console[-3000:]
+        spark_lines = [line for line in console.splitlines() if "SparkSubmitHook]" in line]
+        assert len(spark_lines) <= 40, "\n".join(spark_lines)
+    assert "Drain of slot lake_dag into" in second.stdout + second.stderr  # the closing paragraph
     # the DSN's password never reached the task log or XCom
     password = publisher.params(db)["password"]
     for run in (first, second):
