@@ -167,10 +167,11 @@ def test_a_lake_behind_the_slot_is_left_to_the_application(drains: Drains) -> No
     assert drains.submits() == 2
 
 
-def test_a_missing_publication_is_left_to_the_application(drains: Drains) -> None:
-    # 18 decodes past a missing publication with only a warning: a peek alone would say idle
+def test_a_missing_publication_is_never_idle(drains: Drains) -> None:
+    # 18 decodes past a missing publication with only a warning: a peek alone would say idle.
+    # The operator's own check refuses it before the idle check or spark-submit.
     drains.src.sql(f"DROP PUBLICATION {drains.src.publication}")
     drains.src.sql("INSERT INTO t VALUES (10, 'unpublished now')")
     with pytest.raises(Exception, match=r"PublicationNotFoundError|does not exist"):
         drains.run()
-    assert drains.submits() == 2
+    assert drains.submits() == 1
