@@ -1,6 +1,8 @@
 """Whether a drain run has anything to do, decided on the Airflow worker without Spark.
 
-A drain run is idle when all of these hold, read in this order (each read is cheap):
+A drain run is idle when all of these hold, read in this order (each read is cheap) under the
+lake's writer lock (another run writing the lake: not idle, and the peek below never holds the
+slot while that run's drain needs it):
 
 1. the lake is local (a path or ``file:`` URI: the worker reads its Delta logs with no storage
    credentials) and its position is the slot's ``confirmed_flush_lsn`` (an empty lake, a lake
@@ -58,9 +60,15 @@ def idle_run(
 ) -> Idle | None:
     """The run's ``Idle`` when it has nothing to drain or merge, else None (with the reason
     logged). Any error while deciding is logged and answers None: the application decides."""
+    from airflow_pglogrepl.exceptions import LakeWriterBusyError
+
     try:
         return _idle_run(hook, slot, sink=sink, publications=publications,
                          materialize=materialize, max_wal_bytes=max_wal_bytes)  # fmt: skip
+    except LakeWriterBusyError as exc:
+        log.info("another run writes the lake of slot %s (%s): Spark submitted, the application "
+                 "reports it", slot.name, exc)  # fmt: skip
+        return None
     except Exception as exc:  # the application meets the same error and reports it properly
         log.info("could not tell whether slot %s has anything to drain (%s: %s): submitting",
                  slot.name, type(exc).__name__, exc)  # fmt: skip
@@ -76,8 +84,30 @@ def _idle_run(
     materialize: bool,
     max_wal_bytes: int,
 ) -> Idle | None:
-    from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.lake.layout import is_local
+
+    if not is_local(sink):
+        log.info("lake %s is not local: the application reads it (Spark submitted)", sink)
+        return None
+    # Judged under the lake's writer lock, as a drain would hold it: no other run commits to the
+    # lake or moves the slot between the reads below, and the peek never holds the slot while
+    # another run's drain peeks it (that run would fail: slot active). Another holder:
+    # LakeWriterBusyError, and the run is submitted.
+    with hook.writer_lock(slot.name, role="idle-check"):
+        return _judge(hook, hook.get_slot(slot.name), sink=sink, publications=publications,
+                      materialize=materialize, max_wal_bytes=max_wal_bytes)  # fmt: skip
+
+
+def _judge(
+    hook: PgLogicalReplicationHook,
+    slot: SlotInfo,
+    *,
+    sink: str,
+    publications: Sequence[str],
+    materialize: bool,
+    max_wal_bytes: int,
+) -> Idle | None:
+    from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.lake.materialize import pending_tables
     from airflow_pglogrepl.names import publication_names_option
 
@@ -85,8 +115,9 @@ def _idle_run(
     name = slot.name
     if confirmed is None:
         return None
-    if not is_local(sink):
-        log.info("lake %s is not local: the application reads it (Spark submitted)", sink)
+    if slot.active:
+        log.info("slot %s is in use by backend %s: Spark submitted, the application reports it",
+                 name, slot.active_pid)  # fmt: skip
         return None
     lake = Lake(sink, name)
     position = lake.position()

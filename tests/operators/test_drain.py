@@ -175,3 +175,16 @@ def test_a_missing_publication_is_never_idle(drains: Drains) -> None:
     with pytest.raises(Exception, match=r"PublicationNotFoundError|does not exist"):
         drains.run()
     assert drains.submits() == 1
+
+
+def test_a_lake_another_run_writes_is_never_idle(drains: Drains) -> None:
+    # A drain or snapshot of the same lake holds the writer lock: the lake and the slot it is
+    # moving are not this run's to judge, and a peek now would hold the slot that run peeks.
+    # Submitted, so the application reports the busy lake as it did before the idle check.
+    with (
+        drains.src.hook().writer_lock(drains.src.slot, role="snapshot"),
+        pytest.raises(Exception, match=r"LakeWriterBusyError|writer lock"),
+    ):
+        drains.run()
+    assert drains.submits() == 2
+    assert drains.run()[0]["idle"] is True and drains.submits() == 2  # free again: idle
