@@ -10,7 +10,8 @@ slot while that run's drain needs it):
 2. no committed change waits for its merge into ``state/`` (``pending_tables``; only when the
    run merges);
 3. nothing the publications produce was committed after ``confirmed_flush_lsn``, and the WAL
-   past it stays within ``max_wal_bytes``.
+   the slot holds (from its ``restart_lsn``, where every peek decodes from) stays within
+   ``max_wal_bytes``.
 
 For 3, WAL always moves (other databases, tables outside the publications, checkpoints), so a
 flushed WAL position equal to ``confirmed_flush_lsn`` proves idleness for free but is rare on a
@@ -19,7 +20,9 @@ with the drain's own pgoutput options: pgoutput (15+) sends nothing for a transa
 published change, so no row back means no change to drain. The slot does not move. While it
 does not, the WAL it holds grows with the server's other traffic: past ``max_wal_bytes`` the
 run is not idle, and the application drains (an empty window: the slot advances), so an idle
-publication pins at most that much WAL beyond its last run.
+publication pins at most that much WAL, and a peek decodes at most that much. A
+``restart_lsn`` left far behind ``confirmed_flush_lsn`` (a transaction open across the last
+drain) counts from where it is: such a slot is drained until an advance moves it on.
 """
 
 from __future__ import annotations
@@ -134,9 +137,14 @@ def _judge(
     flush = hook.flush_lsn()
     if flush <= confirmed:
         return Idle(confirmed, flush, "no WAL was written after the slot's confirmed_flush_lsn")
-    if flush - confirmed > max_wal_bytes:
-        log.info("%d WAL bytes past slot %s's confirmed_flush_lsn (more than %d): the "
-                 "application drains, so the slot moves on", flush - confirmed, name,
+    # The WAL the slot holds, and every peek decodes again, starts at restart_lsn, not at
+    # confirmed_flush_lsn: a transaction open across the last drain left restart_lsn behind,
+    # and only an advance moves it on.
+    restart = min(slot.restart_lsn or confirmed, confirmed)
+    if flush - restart > max_wal_bytes:
+        log.info("slot %s holds %d WAL bytes from its restart_lsn %s (%d past its "
+                 "confirmed_flush_lsn %s), more than %d: the application drains, so the slot "
+                 "moves on", name, flush - restart, restart, flush - confirmed, confirmed,
                  max_wal_bytes)  # fmt: skip
         return None
     missing = hook.missing_publications(list(publications))

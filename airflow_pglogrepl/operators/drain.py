@@ -67,11 +67,11 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         summary of a run that drained and merged nothing (``idle`` True, ``spark_start_s``
         None). Idle means: the lake is local (a path or ``file:`` URI; a remote lake is always
         submitted), its position is the slot's ``confirmed_flush_lsn``, no change waits for its
-        merge, and the slot holds no published change, with at most ``idle_wal_bytes`` of WAL
-        past ``confirmed_flush_lsn`` (``operators._idle``). False: always submit.
-    :param idle_wal_bytes: WAL past ``confirmed_flush_lsn`` an idle run may leave for later.
-        Traffic outside the publications moves the WAL but not an idle slot; once more than
-        this has accumulated, the run is submitted and the slot advances past it.
+        merge, and the slot holds no published change, and at most ``idle_wal_bytes`` of WAL
+        from its ``restart_lsn`` (``operators._idle``). False: always submit.
+    :param idle_wal_bytes: WAL the slot may hold (from its ``restart_lsn``) when a run is
+        idle. Traffic outside the publications moves the WAL but not an idle slot; once more
+        than this has accumulated, the run is submitted and the slot advances past it.
     :param database: the slot's database, when not the connection's.
     :param conn_id: the Spark connection; it must exist (the provider would otherwise silently
         submit to YARN).

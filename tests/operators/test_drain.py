@@ -188,3 +188,39 @@ def test_a_lake_another_run_writes_is_never_idle(drains: Drains) -> None:
         drains.run()
     assert drains.submits() == 2
     assert drains.run()[0]["idle"] is True and drains.submits() == 2  # free again: idle
+
+
+def test_a_slot_holding_wal_from_far_behind_its_confirmed_position_is_never_idle(
+    drains: Drains,
+) -> None:
+    # A transaction open across a drain holds the slot's restart_lsn at its start: that drain
+    # advances confirmed_flush_lsn past it, restart_lsn stays. Every peek decodes from
+    # restart_lsn, and only an advance moves it, so an idle check that looks only past
+    # confirmed_flush_lsn would decode (and pin) that WAL on every run for as long as the
+    # publication stays idle.
+    import psycopg
+
+    bound = 512 * 1024
+    with psycopg.connect(drains.src.dsn) as long_open:
+        long_open.execute("INSERT INTO other VALUES (0, 'open across a drain')")  # an xid
+        drains.src.sql(
+            "INSERT INTO other SELECT g, repeat('x', 1000) FROM generate_series(1, 2000) g"
+        )
+        assert drains.run(idle_wal_bytes=bound)[0]["idle"] is False  # past the bound: drained
+        long_open.commit()
+    restart, confirmed = drains.src.sql(
+        "SELECT restart_lsn::text, confirmed_flush_lsn::text FROM pg_replication_slots"
+        " WHERE slot_name = %s",
+        (drains.src.slot,),
+    )[0]
+    assert LSN(confirmed) - LSN(restart) > bound  # the WAL every peek would decode again
+    assert drains.flush() - LSN(confirmed) < bound  # only the commit past confirmed
+
+    result, _ = drains.run(idle_wal_bytes=bound)
+    assert result["idle"] is False and drains.submits() == 3, result
+
+    # the transaction is over: once the slot advances past a running-transactions record
+    # (a checkpoint logs one), restart_lsn follows, and the publication is idle again
+    drains.src.sql("CHECKPOINT")
+    assert drains.run(idle_wal_bytes=bound)[0]["idle"] is False and drains.submits() == 4
+    assert drains.run(idle_wal_bytes=bound)[0]["idle"] is True and drains.submits() == 4
