@@ -11,7 +11,8 @@ slot while that run's drain needs it):
    run merges);
 3. nothing the publications produce was committed after ``confirmed_flush_lsn``, and the WAL
    the slot holds (from its ``restart_lsn``, where every peek decodes from) stays within
-   ``max_wal_bytes``.
+   ``max_wal_bytes``, and the slot is not within ``max_wal_bytes`` of being lost to
+   ``max_slot_wal_keep_size`` (``safe_wal_size``).
 
 For 3, WAL always moves (other databases, tables outside the publications, checkpoints), so a
 flushed WAL position equal to ``confirmed_flush_lsn`` proves idleness for free but is rare on a
@@ -145,6 +146,13 @@ def _judge(
         log.info("slot %s holds %d WAL bytes from its restart_lsn %s (%d past its "
                  "confirmed_flush_lsn %s), more than %d: the application drains, so the slot "
                  "moves on", name, flush - restart, restart, flush - confirmed, confirmed,
+                 max_wal_bytes)  # fmt: skip
+        return None
+    safe = slot.safe_wal_size  # None: max_slot_wal_keep_size is -1 (no limit)
+    if safe is not None and safe < max_wal_bytes:
+        log.info("slot %s is lost after %d more WAL bytes (max_slot_wal_keep_size), fewer than "
+                 "an idle run may leave (%d): the application drains, so the slot moves on "
+                 "(a smaller idle_wal_bytes lets such a run skip)", name, safe,
                  max_wal_bytes)  # fmt: skip
         return None
     missing = hook.missing_publications(list(publications))

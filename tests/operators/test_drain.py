@@ -224,3 +224,24 @@ def test_a_slot_holding_wal_from_far_behind_its_confirmed_position_is_never_idle
     drains.src.sql("CHECKPOINT")
     assert drains.run(idle_wal_bytes=bound)[0]["idle"] is False and drains.submits() == 4
     assert drains.run(idle_wal_bytes=bound)[0]["idle"] is True and drains.submits() == 4
+
+
+def test_a_slot_near_its_max_slot_wal_keep_size_is_never_idle(drains: Drains) -> None:
+    # With max_slot_wal_keep_size below the WAL an idle run may leave (safe_wal_size under
+    # idle_wal_bytes), a skip leaves the slot to be invalidated ("lost": a new initial
+    # snapshot) by a checkpoint after the next burst, where a drain would have advanced it.
+    drains.src.sql("INSERT INTO other VALUES (1, 'o')")
+    assert drains.run()[0]["idle"] is True and drains.submits() == 1
+    drains.src.cluster.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+    try:
+        drains.src.cluster.execute("SELECT pg_reload_conf()")
+        safe = drains.src.sql(
+            "SELECT safe_wal_size FROM pg_replication_slots WHERE slot_name = %s",
+            (drains.src.slot,),
+        )[0][0]
+        assert safe is not None and safe < 16 * 1024 * 1024
+        result, _ = drains.run()
+        assert result["idle"] is False and drains.submits() == 2, result
+    finally:
+        drains.src.cluster.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+        drains.src.cluster.execute("SELECT pg_reload_conf()")
