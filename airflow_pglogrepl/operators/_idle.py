@@ -1,6 +1,8 @@
 """Whether a drain run has anything to do, decided on the Airflow worker without Spark.
 
-A drain run is idle when all of these hold, read in this order (each read is cheap):
+A drain run is idle when all of these hold, read in this order (each read is cheap) under the
+lake's writer lock (another run writing the lake: not idle, and the peek below never holds the
+slot while that run's drain needs it):
 
 1. the lake is local (a path or ``file:`` URI: the worker reads its Delta logs with no storage
    credentials) and its position is the slot's ``confirmed_flush_lsn`` (an empty lake, a lake
@@ -8,7 +10,9 @@ A drain run is idle when all of these hold, read in this order (each read is che
 2. no committed change waits for its merge into ``state/`` (``pending_tables``; only when the
    run merges);
 3. nothing the publications produce was committed after ``confirmed_flush_lsn``, and the WAL
-   past it stays within ``max_wal_bytes``.
+   the slot holds (from its ``restart_lsn``, where every peek decodes from) stays within
+   ``max_wal_bytes``, and the slot is not within ``max_wal_bytes`` of being lost to
+   ``max_slot_wal_keep_size`` (``safe_wal_size``).
 
 For 3, WAL always moves (other databases, tables outside the publications, checkpoints), so a
 flushed WAL position equal to ``confirmed_flush_lsn`` proves idleness for free but is rare on a
@@ -17,7 +21,9 @@ with the drain's own pgoutput options: pgoutput (15+) sends nothing for a transa
 published change, so no row back means no change to drain. The slot does not move. While it
 does not, the WAL it holds grows with the server's other traffic: past ``max_wal_bytes`` the
 run is not idle, and the application drains (an empty window: the slot advances), so an idle
-publication pins at most that much WAL beyond its last run.
+publication pins at most that much WAL, and a peek decodes at most that much. A
+``restart_lsn`` left far behind ``confirmed_flush_lsn`` (a transaction open across the last
+drain) counts from where it is: such a slot is drained until an advance moves it on.
 """
 
 from __future__ import annotations
@@ -58,9 +64,15 @@ def idle_run(
 ) -> Idle | None:
     """The run's ``Idle`` when it has nothing to drain or merge, else None (with the reason
     logged). Any error while deciding is logged and answers None: the application decides."""
+    from airflow_pglogrepl.exceptions import LakeWriterBusyError
+
     try:
         return _idle_run(hook, slot, sink=sink, publications=publications,
                          materialize=materialize, max_wal_bytes=max_wal_bytes)  # fmt: skip
+    except LakeWriterBusyError as exc:
+        log.info("another run writes the lake of slot %s (%s): Spark submitted, the application "
+                 "reports it", slot.name, exc)  # fmt: skip
+        return None
     except Exception as exc:  # the application meets the same error and reports it properly
         log.info("could not tell whether slot %s has anything to drain (%s: %s): submitting",
                  slot.name, type(exc).__name__, exc)  # fmt: skip
@@ -76,8 +88,30 @@ def _idle_run(
     materialize: bool,
     max_wal_bytes: int,
 ) -> Idle | None:
-    from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.lake.layout import is_local
+
+    if not is_local(sink):
+        log.info("lake %s is not local: the application reads it (Spark submitted)", sink)
+        return None
+    # Judged under the lake's writer lock, as a drain would hold it: no other run commits to the
+    # lake or moves the slot between the reads below, and the peek never holds the slot while
+    # another run's drain peeks it (that run would fail: slot active). Another holder:
+    # LakeWriterBusyError, and the run is submitted.
+    with hook.writer_lock(slot.name, role="idle-check"):
+        return _judge(hook, hook.get_slot(slot.name), sink=sink, publications=publications,
+                      materialize=materialize, max_wal_bytes=max_wal_bytes)  # fmt: skip
+
+
+def _judge(
+    hook: PgLogicalReplicationHook,
+    slot: SlotInfo,
+    *,
+    sink: str,
+    publications: Sequence[str],
+    materialize: bool,
+    max_wal_bytes: int,
+) -> Idle | None:
+    from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.lake.materialize import pending_tables
     from airflow_pglogrepl.names import publication_names_option
 
@@ -85,8 +119,9 @@ def _idle_run(
     name = slot.name
     if confirmed is None:
         return None
-    if not is_local(sink):
-        log.info("lake %s is not local: the application reads it (Spark submitted)", sink)
+    if slot.active:
+        log.info("slot %s is in use by backend %s: Spark submitted, the application reports it",
+                 name, slot.active_pid)  # fmt: skip
         return None
     lake = Lake(sink, name)
     position = lake.position()
@@ -103,9 +138,21 @@ def _idle_run(
     flush = hook.flush_lsn()
     if flush <= confirmed:
         return Idle(confirmed, flush, "no WAL was written after the slot's confirmed_flush_lsn")
-    if flush - confirmed > max_wal_bytes:
-        log.info("%d WAL bytes past slot %s's confirmed_flush_lsn (more than %d): the "
-                 "application drains, so the slot moves on", flush - confirmed, name,
+    # The WAL the slot holds, and every peek decodes again, starts at restart_lsn, not at
+    # confirmed_flush_lsn: a transaction open across the last drain left restart_lsn behind,
+    # and only an advance moves it on.
+    restart = min(slot.restart_lsn or confirmed, confirmed)
+    if flush - restart > max_wal_bytes:
+        log.info("slot %s holds %d WAL bytes from its restart_lsn %s (%d past its "
+                 "confirmed_flush_lsn %s), more than %d: the application drains, so the slot "
+                 "moves on", name, flush - restart, restart, flush - confirmed, confirmed,
+                 max_wal_bytes)  # fmt: skip
+        return None
+    safe = slot.safe_wal_size  # None: max_slot_wal_keep_size is -1 (no limit)
+    if safe is not None and safe < max_wal_bytes:
+        log.info("slot %s is lost after %d more WAL bytes (max_slot_wal_keep_size), fewer than "
+                 "an idle run may leave (%d): the application drains, so the slot moves on "
+                 "(a smaller idle_wal_bytes lets such a run skip)", name, safe,
                  max_wal_bytes)  # fmt: skip
         return None
     missing = hook.missing_publications(list(publications))

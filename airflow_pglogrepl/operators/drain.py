@@ -68,11 +68,11 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         summary of a run that drained and merged nothing (``idle`` True, ``spark_start_s``
         None). Idle means: the lake is local (a path or ``file:`` URI; a remote lake is always
         submitted), its position is the slot's ``confirmed_flush_lsn``, no change waits for its
-        merge, and the slot holds no published change, with at most ``idle_wal_bytes`` of WAL
-        past ``confirmed_flush_lsn`` (``operators._idle``). False: always submit.
-    :param idle_wal_bytes: WAL past ``confirmed_flush_lsn`` an idle run may leave for later.
-        Traffic outside the publications moves the WAL but not an idle slot; once more than
-        this has accumulated, the run is submitted and the slot advances past it.
+        merge, and the slot holds no published change, and at most ``idle_wal_bytes`` of WAL
+        from its ``restart_lsn`` (``operators._idle``). False: always submit.
+    :param idle_wal_bytes: WAL the slot may hold (from its ``restart_lsn``) when a run is
+        idle. Traffic outside the publications moves the WAL but not an idle slot; once more
+        than this has accumulated, the run is submitted and the slot advances past it.
     :param database: the slot's database, when not the connection's.
     :param conn_id: the Spark connection; it must exist (the provider would otherwise silently
         submit to YARN).
@@ -166,7 +166,8 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
             "sink": self.sink,
             "idle": False,
         }
-        self._publish(context, str(after.confirmed_flush_lsn), summary.get("changes", 0))
+        self._publish(context, str(after.confirmed_flush_lsn), summary.get("changes", 0),
+                      idle=False)  # fmt: skip
         self.log.info("%s", drain_paragraph(result, sink=str(self.sink)))
         return result
 
@@ -181,18 +182,21 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         summary = idle_summary(str(self.slot_name), idle, materialize=self.materialize,
                                started=started)  # fmt: skip
         result = {**summary, "sink": self.sink, "idle": True}
-        self._publish(context, confirmed, 0)
+        self._publish(context, confirmed, 0, idle=True)
         self.log.info("%s", drain_paragraph(result, sink=str(self.sink)))
         return result
 
-    def _publish(self, context: Context, confirmed: str, changes: int) -> None:
-        """``confirmed_flush_lsn`` to XCom and the sink's Asset event."""
+    def _publish(self, context: Context, confirmed: str, changes: int, *, idle: bool) -> None:
+        """``confirmed_flush_lsn`` to XCom and the sink's Asset event. Airflow emits the event
+        on every success; ``idle`` in its extra lets a DAG scheduled on the sink tell a run
+        that changed nothing (a condition on ``triggering_asset_events``)."""
         context["ti"].xcom_push(key="confirmed_flush_lsn", value=confirmed)
         for asset in self.outlets or []:
             context["outlet_events"][asset].extra = {
                 "slot": self.slot_name,
                 "confirmed_flush_lsn": confirmed,
                 "changes": changes,
+                "idle": idle,
             }
 
     def _app_args(self) -> list[str]:

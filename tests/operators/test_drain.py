@@ -113,7 +113,9 @@ def test_an_idle_run_starts_no_spark_submit_and_returns_what_a_run_would(drains:
     assert result["confirmed_flush_lsn_before"] == result["confirmed_flush_lsn_after"] == confirmed
     assert pushed == {
         "confirmed_flush_lsn": confirmed,
-        "asset": [{"slot": drains.src.slot, "confirmed_flush_lsn": confirmed, "changes": 0}],
+        "asset": [
+            {"slot": drains.src.slot, "confirmed_flush_lsn": confirmed, "changes": 0, "idle": True}
+        ],
     }
     assert drains.confirmed() == confirmed  # the slot did not move
 
@@ -167,8 +169,9 @@ def test_a_lake_behind_the_slot_is_left_to_the_application(drains: Drains) -> No
     assert drains.submits() == 2
 
 
-def test_a_missing_publication_is_refused_before_the_idle_check(drains: Drains) -> None:
-    # 18 decodes past a missing publication with only a warning: a peek alone would say idle
+def test_a_missing_publication_is_never_idle(drains: Drains) -> None:
+    # 18 decodes past a missing publication with only a warning: a peek alone would say idle.
+    # The operator's own check refuses it before the idle check or spark-submit.
     drains.src.sql(f"DROP PUBLICATION {drains.src.publication}")
     drains.src.sql("INSERT INTO t VALUES (10, 'unpublished now')")
     with pytest.raises(Exception, match=r"does not exist"):
@@ -205,3 +208,73 @@ def test_an_error_the_application_reports_is_in_the_task_log_once(
     assert logged.count(told) == 0, logged
     assert "Cannot execute" not in printed + logged  # the provider's copy is dropped
     assert '{"error"' not in logged  # the summary line is read, not logged
+
+
+def test_a_lake_another_run_writes_is_never_idle(drains: Drains) -> None:
+    # A drain or snapshot of the same lake holds the writer lock: the lake and the slot it is
+    # moving are not this run's to judge, and a peek now would hold the slot that run peeks.
+    # Submitted, so the application reports the busy lake as it did before the idle check.
+    with (
+        drains.src.hook().writer_lock(drains.src.slot, role="snapshot"),
+        pytest.raises(Exception, match=r"LakeWriterBusyError|writer lock"),
+    ):
+        drains.run()
+    assert drains.submits() == 2
+    assert drains.run()[0]["idle"] is True and drains.submits() == 2  # free again: idle
+
+
+def test_a_slot_holding_wal_from_far_behind_its_confirmed_position_is_never_idle(
+    drains: Drains,
+) -> None:
+    # A transaction open across a drain holds the slot's restart_lsn at its start: that drain
+    # advances confirmed_flush_lsn past it, restart_lsn stays. Every peek decodes from
+    # restart_lsn, and only an advance moves it, so an idle check that looks only past
+    # confirmed_flush_lsn would decode (and pin) that WAL on every run for as long as the
+    # publication stays idle.
+    import psycopg
+
+    bound = 512 * 1024
+    with psycopg.connect(drains.src.dsn) as long_open:
+        long_open.execute("INSERT INTO other VALUES (0, 'open across a drain')")  # an xid
+        drains.src.sql(
+            "INSERT INTO other SELECT g, repeat('x', 1000) FROM generate_series(1, 2000) g"
+        )
+        assert drains.run(idle_wal_bytes=bound)[0]["idle"] is False  # past the bound: drained
+        long_open.commit()
+    restart, confirmed = drains.src.sql(
+        "SELECT restart_lsn::text, confirmed_flush_lsn::text FROM pg_replication_slots"
+        " WHERE slot_name = %s",
+        (drains.src.slot,),
+    )[0]
+    assert LSN(confirmed) - LSN(restart) > bound  # the WAL every peek would decode again
+    assert drains.flush() - LSN(confirmed) < bound  # only the commit past confirmed
+
+    result, _ = drains.run(idle_wal_bytes=bound)
+    assert result["idle"] is False and drains.submits() == 3, result
+
+    # the transaction is over: once the slot advances past a running-transactions record
+    # (a checkpoint logs one), restart_lsn follows, and the publication is idle again
+    drains.src.sql("CHECKPOINT")
+    assert drains.run(idle_wal_bytes=bound)[0]["idle"] is False and drains.submits() == 4
+    assert drains.run(idle_wal_bytes=bound)[0]["idle"] is True and drains.submits() == 4
+
+
+def test_a_slot_near_its_max_slot_wal_keep_size_is_never_idle(drains: Drains) -> None:
+    # With max_slot_wal_keep_size below the WAL an idle run may leave (safe_wal_size under
+    # idle_wal_bytes), a skip leaves the slot to be invalidated ("lost": a new initial
+    # snapshot) by a checkpoint after the next burst, where a drain would have advanced it.
+    drains.src.sql("INSERT INTO other VALUES (1, 'o')")
+    assert drains.run()[0]["idle"] is True and drains.submits() == 1
+    drains.src.cluster.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+    try:
+        drains.src.cluster.execute("SELECT pg_reload_conf()")
+        safe = drains.src.sql(
+            "SELECT safe_wal_size FROM pg_replication_slots WHERE slot_name = %s",
+            (drains.src.slot,),
+        )[0][0]
+        assert safe is not None and safe < 16 * 1024 * 1024
+        result, _ = drains.run()
+        assert result["idle"] is False and drains.submits() == 2, result
+    finally:
+        drains.src.cluster.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+        drains.src.cluster.execute("SELECT pg_reload_conf()")
