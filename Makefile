@@ -22,7 +22,7 @@ PG_UPGRADE_TARGET := 18
 PG_FETCH := $(filter $(addsuffix =%,$(sort $(PG_MATRIX) $(PG_UPGRADE_TARGET))),$(PG_BINARIES))
 export PGLOGREPL_PG_VERSIONS_DIR ?= $(CURDIR)/$(PG_DIR)
 
-.PHONY: demo test test-unit test-matrix lint system venv jars pg-binaries clean
+.PHONY: demo test test-unit test-matrix lint docs system venv jars pg-binaries clean
 
 demo: system venv jars
 	$(PY) scripts/demo.py $(DEMO_ARGS)
@@ -55,6 +55,13 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# The documentation site in site/ (open site/index.html): the guides of docs/ and the reference
+# pages mkdocstrings renders from the docstrings. --strict, as tests/project/test_docs_build.py
+# builds it: a broken link or anchor fails the build. Material's banner about MkDocs 2.0 is not
+# a build warning: silenced.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 system:
 	./scripts/bootstrap-system.sh
 
@@ -77,4 +84,4 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache site
