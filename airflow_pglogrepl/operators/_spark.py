@@ -33,6 +33,7 @@ from airflow.sdk import Asset, Context
 from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV, SUBMITTED_ENV
 from airflow_pglogrepl.exceptions import SparkApplicationError
+from airflow_pglogrepl.spark.submit_output import QuietSubmitOutput
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 DSN_ENV = SOURCE_DSN_ENV
@@ -56,14 +57,21 @@ class CapturingSparkSubmitHook(SparkSubmitHook):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.captured: list[str] = []
+        self.quiet: QuietSubmitOutput | None = None
 
     def _process_spark_submit_log(self, itr: Iterator[Any]) -> None:
         def tee() -> Iterator[Any]:
             for line in itr:
                 text = str(line).strip()
                 self.captured.append(text)
-                if summary_line([text], *SUMMARY_KEYS) is None:  # the summary is read, not logged
-                    yield line
+                if summary_line([text], *SUMMARY_KEYS) is not None:
+                    continue  # the summary is read, not logged
+                if self.quiet is not None and not self.quiet.keep(text):
+                    if (ivy := self.quiet.ivy_summary()) and not self.quiet.summarized:
+                        self.quiet.summarized = True
+                        self.log.info("%s", ivy)
+                    continue
+                yield line
 
         super()._process_spark_submit_log(tee())
 
@@ -142,10 +150,14 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
         # The provider builds its hook from a dozen operator fields in its private _get_hook;
         # the capturing hook takes that hook's state as it is rather than repeat the list
         # (pinned by tests/operators/test__spark.py).
+        from airflow_pglogrepl.spark.log4j import is_quiet, spark_log_level
+
         base = super()._get_hook()
         hook = CapturingSparkSubmitHook.__new__(CapturingSparkSubmitHook)
         hook.__dict__.update(base.__dict__)
         hook.captured = []
+        quiet = is_quiet(spark_log_level(self.spark_log_level))
+        hook.quiet = QuietSubmitOutput() if quiet else None
         return hook
 
 

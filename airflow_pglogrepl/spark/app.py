@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -162,6 +163,8 @@ def run_app(prog: str, operator: str, run: Callable[[str], dict[str, Any]], *, l
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)  # a line per gateway call at INFO
+    # pyspark warns of pandas 3 on import; the applications use pandas through Arrow only
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
     dsn = os.environ.get(DSN_ENV)
     if not dsn:
         print(

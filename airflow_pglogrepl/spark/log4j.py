@@ -7,9 +7,9 @@ driver JVM a log4j2 configuration (``-Dlog4j2.configurationFile``) at ``WARN`` b
 ``spark_log_level`` argument raises it for a run that needs Spark's own account. The
 application's own progress lines are Python logging, not log4j, and are not affected.
 
-Three warnings every local run prints and no user can act on are kept at ``ERROR``: the missing
-native Hadoop library, the loopback host name (local mode binds to loopback on purpose) and the
-pre-cleanup of an empty staging directory. They still appear at ``INFO`` and below.
+Warnings a run prints and no user can act on are kept at ``ERROR``: the missing native Hadoop
+library, the loopback host name (local mode binds to loopback on purpose) and a plan's text cut
+short in a debug string. They still appear at ``INFO`` and below.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
 _UNACTIONABLE = {
     "org.apache.hadoop.util.NativeCodeLoader": "ERROR",
     "org.apache.spark.util.Utils": "ERROR",
+    # "Truncated the string representation of a plan": a debugging aid's length, not a problem
+    "org.apache.spark.sql.catalyst.util.SparkStringUtils": "ERROR",
 }
 
 
@@ -40,6 +42,11 @@ def spark_log_level(value: object) -> str:
     return level
 
 
+def is_quiet(level: str) -> bool:
+    """Whether ``level`` hides Spark's INFO lines (and so Ivy's report, ``submit_output``)."""
+    return LEVELS.index(level) < LEVELS.index("INFO")
+
+
 def properties(level: str) -> str:
     """A log4j2 properties file: everything at ``level`` to stderr, in Spark's own line format."""
     lines = [
@@ -51,7 +58,7 @@ def properties(level: str) -> str:
         "appender.console.layout.type = PatternLayout",
         "appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex",
     ]
-    if LEVELS.index(level) < LEVELS.index("INFO"):
+    if is_quiet(level):
         for n, (logger, quiet) in enumerate(sorted(_UNACTIONABLE.items())):
             lines += [f"logger.q{n}.name = {logger}", f"logger.q{n}.level = {quiet}"]
     return "\n".join(lines) + "\n"
