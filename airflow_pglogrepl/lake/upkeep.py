@@ -225,7 +225,9 @@ def upkeep(
             )
             continue
         report.tables.append(table_report)
-        log.info("upkeep of %s: %s", name, _summary(table_report))
+        # a line per table that changed; one that needed nothing is said in the closing count
+        level = logging.INFO if _changed(table_report) else logging.DEBUG
+        log.log(level, "upkeep of %s: %s", name, _summary(table_report))
     if failed:
         raise LakeError(
             f"the upkeep of {len(failed)} of {len(targets)} tables of {paths.root} failed, the "
@@ -444,6 +446,13 @@ def _list_log(uri: str) -> _Log:
     if not commits:
         raise LakeError(f"{uri} has no Delta commit file: not a table the upkeep can maintain")
     return _Log(commits, checkpoints)
+
+
+def _changed(report: TableReport) -> bool:
+    """Whether the upkeep committed or removed anything on the table."""
+    checkpointed = not any(skip.startswith("checkpoint") for skip in report.skipped)
+    return bool(report.compacted or report.files_removed or report.log_cleaned or checkpointed
+                or report.version_after != report.version_before)  # fmt: skip
 
 
 def _sizes(table: Any) -> list[int]:

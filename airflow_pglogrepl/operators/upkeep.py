@@ -128,8 +128,10 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
             raise AirflowSkipException(f"lake upkeep skipped: {busy}") from None
         result = report.to_dict()
         self.log.info(
-            "Lake %s maintained: %s tables compacted, %s files (%s bytes) vacuumed",
-            result["root"], result["compacted"], result["files_removed"], result["bytes_removed"],
+            "Lake %s maintained: %s tables looked at, %s compacted, %s files (%s bytes) "
+            "vacuumed; a table that needed nothing is logged at DEBUG",
+            result["root"], len(result["tables"]), result["compacted"], result["files_removed"],
+            result["bytes_removed"],
         )  # fmt: skip
         return result
 

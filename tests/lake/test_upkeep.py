@@ -9,6 +9,7 @@ removal stamps it wrote are moved back by the hours given, as if the lake had ru
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -239,6 +240,26 @@ def test_a_log_is_checkpointed_once_then_every_checkpoint_every_versions(tmp_pat
     assert f"{versions(uri):020d}.checkpoint.parquet" not in log_names(uri)
     built.window(60, {A: [60]})
     assert report().checkpoint == versions(uri) == 5
+
+
+def test_a_table_that_needed_nothing_is_not_a_line_of_the_task_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A line per table per run was 80 lines of "skipped" for a lake of 40 tables."""
+    built = Built(tmp_path / "lake")
+    built.window(10, {A: [10]})
+    keep = Keep(lsn=LSN(10), **BY_LSN)
+    upkeep(built.root, SLOT, keep=keep)  # the first run checkpoints every table
+    caplog.set_level(logging.INFO, logger="airflow_pglogrepl.lake")
+    again = upkeep(built.root, SLOT, keep=keep)
+    assert again.tables and not [r for r in caplog.records if "upkeep of" in r.getMessage()]
+    built.window(20, {A: [20]})
+    for end in range(30, 230, 10):  # past max_small_files: compacted, and said so
+        built.window(end, {A: [end]})
+    caplog.clear()
+    upkeep(built.root, SLOT, keep=keep)
+    said = [r.getMessage() for r in caplog.records if "upkeep of" in r.getMessage()]
+    assert any(f"upkeep of changes/{A}: " in m and "compacted" in m for m in said), said
 
 
 def test_one_tables_failure_leaves_the_others_maintained(
