@@ -24,7 +24,7 @@ import zipfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -34,6 +34,9 @@ from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV, SUBMITTED_ENV
 from airflow_pglogrepl.exceptions import SparkApplicationError
 from airflow_pglogrepl.spark.submit_output import QuietSubmitOutput
+
+if TYPE_CHECKING:
+    from airflow_pglogrepl.operators._in_worker import WorkerRun
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 DSN_ENV = SOURCE_DSN_ENV
@@ -91,12 +94,20 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
         by default; ``INFO`` or ``DEBUG`` for a run that needs Spark's account of itself.
     """
 
+    # The application's module when it can run without spark-submit on a local master
+    # (``operators._in_worker``): the drain, which starts Spark only when a merge needs it.
+    IN_WORKER_MODULE: str | None = None
+
     def __init__(self, *, spark_log_level: str = "WARN", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.spark_log_level = spark_log_level
+        self._binary_given = self._spark_binary is not None
+        self._master: str | None = None
+        self._workdir: str | None = None
+        self._worker_run: WorkerRun | None = None
 
     def _check_spark_connection(self) -> None:
-        check_spark_connection(self._conn_id)
+        self._master = check_spark_connection(self._conn_id)
 
     def _prepare_submit(self, dsn: str) -> None:
         """The DSN into the spark-submit environment only (masked), and the Spark to run."""
@@ -122,12 +133,22 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
         with tempfile.TemporaryDirectory(prefix="pglogrepl-pyfiles-") as tmp:
             self.py_files = package_zip(Path(tmp))
             self.conf = driver_conf(dict(self.conf or {}), Path(tmp), level)
-            yield
+            self._workdir = tmp
+            try:
+                yield
+            finally:
+                self._workdir = None
 
     def _run_application(self, context: Context) -> None:
         """spark-submit the application. When it failed with an error it reported (its last
         output line names it), that error is raised here as ``SparkApplicationError``, retryable
-        as the original: a lake from another server fails the task at once, a crash retries."""
+        as the original: a lake from another server fails the task at once, a crash retries.
+
+        On a local master, an application that can (``IN_WORKER_MODULE``) runs without
+        spark-submit: a plain Python process that starts Spark only if it needs it."""
+        if self._runs_in_worker():
+            self._run_in_worker()
+            return
         try:
             super().execute(context)
         except Exception:
@@ -142,8 +163,71 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
                 retryable=bool(failure.get("retryable", True)),
             ) from None
 
+    def _runs_in_worker(self) -> bool:
+        """A local master, an application that can, and no spark-submit binary asked for."""
+        from airflow_pglogrepl.operators._in_worker import local_master
+
+        return bool(self.IN_WORKER_MODULE) and not self._binary_given and local_master(self._master)
+
+    def _run_in_worker(self) -> None:
+        """The application as a child process of the worker, with what spark-submit would have
+        been given: its environment (the DSN), its master and configuration (for the local
+        session it starts when it must), its output shown and kept as spark-submit's is."""
+        from airflow_pglogrepl.operators._in_worker import (
+            SPARK_SETTINGS_ENV,
+            WorkerRun,
+            spark_settings,
+        )
+        from airflow_pglogrepl.spark.log4j import is_quiet, spark_log_level
+
+        assert self.IN_WORKER_MODULE is not None and self._master is not None
+        settings = spark_settings(self._master, self.conf or {}, app_name=str(self.name),
+                                  driver_memory=self._driver_memory)  # fmt: skip
+        env = {**os.environ, **(self.env_vars or {}), SPARK_SETTINGS_ENV: settings}
+        quiet = QuietSubmitOutput() if is_quiet(spark_log_level(self.spark_log_level)) else None
+
+        def show(line: str) -> None:
+            text = line.strip()
+            if summary_line([text], *SUMMARY_KEYS) is not None:
+                return  # the summary is read, not logged
+            if quiet is not None and not quiet.keep(text):
+                return
+            self.log.info("%s", line)
+
+        self.log.info(
+            "Running %s on the worker without spark-submit (master %s): Spark starts only if "
+            "a merge needs it", self.IN_WORKER_MODULE, self._master,
+        )  # fmt: skip
+        run = WorkerRun(self.IN_WORKER_MODULE, [str(a) for a in self.application_args or []],
+                        env, cwd=self._workdir or tempfile.gettempdir())  # fmt: skip
+        self._worker_run = run
+        status = run.run(show)
+        if status == 0:
+            return
+        failure = self._summary("error")
+        if failure is not None:
+            raise SparkApplicationError(
+                str(failure["error"]),
+                str(failure.get("message", "")),
+                retryable=bool(failure.get("retryable", True)),
+            )
+        raise SparkApplicationError(
+            f"exit status {status}",
+            f"{self.IN_WORKER_MODULE} ended without reporting an error (killed, or out of "
+            f"memory); its output is above",
+            retryable=True,
+        )
+
+    def on_kill(self) -> None:
+        if self._worker_run is not None:
+            self._worker_run.kill()
+            return
+        super().on_kill()
+
     def _summary(self, *keys: str) -> dict[str, Any] | None:
         """The last JSON summary line the application printed with one of ``keys``."""
+        if self._worker_run is not None:
+            return summary_line(self._worker_run.captured, *keys)
         return summary_line(getattr(self._hook, "captured", []), *keys)
 
     def _get_hook(self) -> SparkSubmitHook:
@@ -188,8 +272,8 @@ def summary_line(lines: Sequence[str], *keys: str) -> dict[str, Any] | None:
     return None
 
 
-def check_spark_connection(conn_id: str) -> None:
-    """The Spark connection must exist and keep the DSN off command lines."""
+def check_spark_connection(conn_id: str) -> str:
+    """The Spark connection must exist and keep the DSN off command lines; its master."""
     from airflow.sdk import BaseHook
 
     from airflow_pglogrepl.exceptions import SparkSetupError
@@ -211,6 +295,9 @@ def check_spark_connection(conn_id: str) -> None:
             f"variables into --conf arguments). Use a local or standalone master in client "
             f"mode"
         )
+    if conn.extra_dejson.get("spark-binary"):
+        return ""  # a spark-submit of the connection's choosing: always through it
+    return str(conn.host or "")
 
 
 def mask(secret: str) -> None:

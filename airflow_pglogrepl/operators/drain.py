@@ -89,6 +89,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         "max_window_bytes", "max_windows", "small_merge_rows", "idle_wal_bytes", "spark_log_level",
     )  # fmt: skip
     ui_color = "#fdebd0"
+    IN_WORKER_MODULE = "airflow_pglogrepl.spark.drain_app"
 
     def __init__(
         self,

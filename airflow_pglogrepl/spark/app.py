@@ -26,13 +26,24 @@ DSN_ENV = SOURCE_DSN_ENV
 
 
 def spark_session(app_name: str) -> Any:
-    """The session spark-submit prepared (its master), or a local one under ``python -m``."""
-    from airflow_pglogrepl.spark.session import configure, local_session
+    """The session spark-submit prepared (its master); under ``python -m``, the one the operator
+    described (``SPARK_SETTINGS_ENV``: a local master run without spark-submit), else a local
+    one."""
+    from airflow_pglogrepl.spark.session import (
+        SPARK_SETTINGS_ENV,
+        configure,
+        local_session,
+        session_with,
+    )
 
     if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit
         from pyspark.sql import SparkSession
 
         return configure(SparkSession.builder.appName(app_name)).getOrCreate()
+    described = os.environ.get(SPARK_SETTINGS_ENV)
+    if described:
+        settings = json.loads(described)
+        return session_with(app_name, str(settings["master"]), dict(settings["conf"]))
     return local_session(app_name, cores=os.cpu_count() or 2)
 
 

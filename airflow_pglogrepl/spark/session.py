@@ -18,6 +18,10 @@ from typing import Any
 # delta-spark 4.4.0 is built for Spark 4.2 and Scala 2.13 (pyspark 4.2.0 is pinned to match).
 DELTA_PACKAGES = ("io.delta:delta-spark_4.2_2.13:4.4.0", "io.delta:delta-storage:4.4.0")
 JARS_ENV = "PGLOGREPL_DELTA_JARS"
+# The master and Spark configuration of an application the operator runs without spark-submit
+# (a local master: ``operators._in_worker``), as JSON. In the environment, as the DSN is, since a
+# configuration may carry object-store credentials.
+SPARK_SETTINGS_ENV = "PGLOGREPL_SPARK_SETTINGS"
 
 DELTA_SQL_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -87,6 +91,20 @@ def local_session(app_name: str, cores: int = 2, **conf: str) -> Any:
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def session_with(app_name: str, master: str, conf: dict[str, str]) -> Any:
+    """A session on ``master`` with ``conf`` as spark-submit would have been given it (the
+    operators' configuration already holds Delta's jars and the driver's log settings), plus
+    ``SINK_CONF``. pyspark hands ``conf`` to the JVM it launches, so driver options apply."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return configure(builder).getOrCreate()
 
 
 def configure(builder: Any) -> Any:

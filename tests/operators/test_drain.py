@@ -6,12 +6,9 @@ batches), so a test sees exactly which runs were submitted."""
 
 from __future__ import annotations
 
-import json
-import sys
 from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
@@ -19,69 +16,13 @@ from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.materialize import pending_tables
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.operators.drain import SlotDrainOperator
-from tests.support.airflow import FakeTI, set_airflow_connection
-from tests.support.paths import REPO
+from tests.support.airflow import FakeTI
+from tests.support.drains import Drains
 from tests.support.sources import Source
 
 # whether a peek finds a change depends on pgoutput (15 skips empty transactions; 18 decodes
 # past a missing publication)
 pytestmark = pytest.mark.pgversion
-
-FAKE_SPARK_SUBMIT = """#!{python}
-import os, subprocess, sys
-with open({calls!r}, "a") as calls:
-    calls.write(" ".join(sys.argv[1:]) + "\\n")
-app = next(i for i, a in enumerate(sys.argv) if a.endswith("drain_app.py"))
-env = {{**os.environ, "PYTHONPATH": {repo!r}}}
-sys.exit(subprocess.run([sys.executable, *sys.argv[app:]], env=env).returncode)
-"""
-
-
-class Drains:
-    """Runs of the operator on one source and lake, and the spark-submit calls they made."""
-
-    def __init__(self, src: Source, tmp_path: Path) -> None:
-        self.src = src
-        self.sink = str(tmp_path / "lake")
-        self.calls = tmp_path / "spark-submit-calls"
-        self.calls.touch()
-        self.binary = tmp_path / "spark-submit"
-        self.binary.write_text(
-            FAKE_SPARK_SUBMIT.format(python=sys.executable, calls=str(self.calls), repo=str(REPO))
-        )
-        self.binary.chmod(0o755)
-        self.conn_id = f"drain_op_{src.db}"
-        set_airflow_connection(self.conn_id, src.cluster.airflow_uri(src.db))
-        set_airflow_connection(
-            "drain_op_spark", json.dumps({"conn_type": "spark", "host": "local[1]"})
-        )
-
-    def submits(self) -> int:
-        return len(self.calls.read_text().splitlines())
-
-    def confirmed(self) -> str:
-        rows = self.src.sql(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-            (self.src.slot,),
-        )
-        return str(rows[0][0])
-
-    def flush(self) -> LSN:
-        return LSN(str(self.src.sql("SELECT pg_current_wal_flush_lsn()::text")[0][0]))
-
-    def run(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-        """One run: its return value, and what it pushed (XCom) and emitted (Asset extra)."""
-        task = SlotDrainOperator(
-            task_id="drain", postgres_conn_id=self.conn_id, slot_name=self.src.slot,
-            publications=[self.src.publication], sink=self.sink, conn_id="drain_op_spark",
-            spark_binary=str(self.binary), **kwargs,
-        )  # fmt: skip
-        ti = FakeTI()
-        events: defaultdict[Any, SimpleNamespace] = defaultdict(SimpleNamespace)
-        context: Any = {"ti": ti, "outlet_events": events}
-        result = task.execute(context)
-        extras = [vars(event)["extra"] for event in events.values()]
-        return result, {**ti.pushed, "asset": extras}
 
 
 @pytest.fixture
@@ -278,3 +219,88 @@ def test_a_slot_near_its_max_slot_wal_keep_size_is_never_idle(drains: Drains) ->
     finally:
         drains.src.cluster.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
         drains.src.cluster.execute("SELECT pg_reload_conf()")
+
+
+# -- a local master runs the application on the worker, without spark-submit ------------------
+
+
+def test_a_local_master_drains_without_spark_submit(
+    drains: Drains, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """spark-submit's JVM (about ten seconds) is not started for a run that may not need Spark:
+    the application runs as a Python process and merges small batches without a JVM."""
+    drains.src.sql("UPDATE t SET v = 'changed' WHERE id = 1; INSERT INTO t VALUES (7, 'seven')")
+    result, pushed = drains.run(spark_binary=None)
+    assert drains.submits() == 1, "spark-submit was called"
+    assert result["changes"] == 2 and result["idle"] is False and result["spark_start_s"] is None
+    assert (
+        pushed["confirmed_flush_lsn"] == drains.confirmed() == result["confirmed_flush_lsn_after"]
+    )
+    logged = capsys.readouterr().out
+    assert "without spark-submit (master local[1])" in logged and "Spark-Submit cmd" not in logged
+    assert "INFO window " in logged  # the application's progress lines reach the task log
+    assert '{"slot"' not in logged  # its summary line is read, not logged
+    rows = drains.src.sql("SELECT id, v FROM t ORDER BY id")
+    from airflow_pglogrepl.tables import TableRef
+    from tests.support.drain import lake_rows
+
+    assert lake_rows(drains.sink, TableRef("public", "t")) == rows
+
+
+def test_an_error_of_the_application_on_the_worker_is_raised_once(
+    drains: Drains, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import traceback
+
+    from airflow_pglogrepl.exceptions import SparkApplicationError
+    from airflow_pglogrepl.hooks.pg.source import PgSource
+
+    drains.src.sql("INSERT INTO t VALUES (100, 'x')")
+    with (
+        PgSource(drains.src.dsn).writer_lock(drains.src.slot, role="snapshot"),
+        pytest.raises(SparkApplicationError) as failure,
+    ):
+        drains.run(spark_binary=None)
+    assert failure.value.error == "LakeWriterBusyError" and failure.value.retryable
+    told = "only one drain or snapshot may write it at a time"
+    printed = "".join(traceback.format_exception(failure.value))
+    assert printed.count(told) == 1 and told not in capsys.readouterr().out
+
+
+def test_a_killed_task_ends_the_application_on_the_worker(drains: Drains, tmp_path: Path) -> None:
+    """on_kill (a task cleared or timed out) ends the child process and what it started."""
+    import os
+    import threading
+
+    from airflow_pglogrepl.faults import PAUSE_ENV
+    from airflow_pglogrepl.testing.wait import wait_until
+
+    drains.src.sql("INSERT INTO t VALUES (200, 'x')")
+    paused = tmp_path / "paused"
+    paused.mkdir()
+    task = SlotDrainOperator(
+        task_id="drain", postgres_conn_id=drains.conn_id, slot_name=drains.src.slot,
+        publications=[drains.src.publication], sink=drains.sink, conn_id="drain_op_spark",
+    )  # fmt: skip
+    failed: list[BaseException] = []
+
+    def execute() -> None:
+        try:
+            task.execute({"ti": FakeTI(), "outlet_events": defaultdict(SimpleNamespace)})  # type: ignore[arg-type]
+        except BaseException as exc:  # what the killed run raised
+            failed.append(exc)
+
+    os.environ[PAUSE_ENV] = f"before_commit:{paused}"
+    try:
+        runner = threading.Thread(target=execute)
+        runner.start()
+        wait_until(lambda: any(paused.iterdir()), what="the application paused in its run")
+        pid = task._worker_run.process.pid  # type: ignore[union-attr]
+        task.on_kill()
+        runner.join(timeout=60)
+    finally:
+        del os.environ[PAUSE_ENV]
+    assert not runner.is_alive()
+    assert failed and "exit status" in str(failed[0]), failed
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
