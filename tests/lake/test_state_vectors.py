@@ -206,3 +206,18 @@ def test_by_default_sparks_merge_writes_vectors(spark: Any, tmp_path: Path) -> N
     assert vectors_written(lake) > 0
     with pytest.raises(Exception, match="deletionVectors"):
         DeltaTable(lake.paths.state(T)).to_pandas()
+
+
+def test_the_operators_hand_the_choice_to_the_applications() -> None:
+    from airflow_pglogrepl.operators.drain import SlotDrainOperator
+    from airflow_pglogrepl.operators.snapshot import InitialSnapshotOperator
+    from airflow_pglogrepl.spark import drain_app, snapshot_app
+
+    common = {"postgres_conn_id": "pg", "slot_name": "s", "publications": ["p"], "sink": "/l"}
+    for value in (None, True, False):
+        drain = SlotDrainOperator(task_id=f"d{value}", state_deletion_vectors=value, **common)
+        assert drain_app.parse_args(drain._app_args()).state_deletion_vectors is value
+        snap = InitialSnapshotOperator(task_id=f"s{value}", state_deletion_vectors=value, **common)
+        handed = type("Exported", (), {"snapshot_name": "n", "consistent_point": "0/1"})()
+        args = snap._copy_args(handed)
+        assert snapshot_app.parse_args(args).state_deletion_vectors is value
