@@ -59,7 +59,8 @@ def read_table(uri: str, version: int | None = None) -> pa.Table:
     """A Delta table's rows at its current (or a given) version, as a pyarrow Table, no JVM.
 
     Read through ``deltalake``'s query engine (DataFusion), which applies deletion vectors; its
-    ``to_pyarrow_table`` refuses tables that have them, and every state table does.
+    ``to_pyarrow_table`` refuses tables that have them, as every state table does unless the
+    lake was created without them (``Lake.state_config``).
     """
     import pyarrow as pa
     from deltalake import DeltaTable, QueryBuilder

@@ -6,99 +6,31 @@ Spark's merges their deletion vectors."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 from airflow_pglogrepl.lake import arrow_merge
-from airflow_pglogrepl.lake import changelog as cl
-from airflow_pglogrepl.lake.delta import open_table, read_table
+from airflow_pglogrepl.lake.delta import open_table
 from airflow_pglogrepl.lake.lake import STATE_VECTORS, Lake
-from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
+from tests.support.keyed import KeyedBatches
 
 T = TableRef("public", "t")
 SOURCE = {"system_identifier": "7", "timeline": 1, "database": "db", "database_oid": 5}
-COLUMNS = [pa.field("id", pa.int64()), pa.field("v", pa.string())]
-SCHEMA = pa.schema(
-    [
-        *cl.mark_keys(COLUMNS, ["id"]),
-        pa.field(cl.OP, pa.string()).with_metadata(cl.identity_metadata("d")),
-        pa.field(cl.COMMIT_LSN, pa.int64()),
-        pa.field(cl.SEQ, pa.int64()),
-        pa.field(cl.UNCHANGED, pa.list_(pa.string())),
-        pa.field(cl.OLD, pa.struct(COLUMNS)),
-    ]
-)
 
 
-class Batches:
-    """Windows of keyed changes to ``public.t``, committed one after the other, and the rows
-    the state must hold after them."""
-
-    def __init__(self, lake: Lake) -> None:
-        self.lake = lake
-        self.start = 0x100
-        self.model: dict[int, str] = {}
-
-    def commit(self, changes: list[tuple[str, int, str | None]]) -> LSN:
-        rows = []
-        for n, (op, key, value) in enumerate(changes):
-            rows.append({"id": key, "v": value, cl.OP: op, cl.COMMIT_LSN: self.start + n + 1,
-                         cl.SEQ: 0, cl.UNCHANGED: [], cl.OLD: None})  # fmt: skip
-            if op == "D":
-                self.model.pop(key, None)
-            else:
-                self.model[key] = str(value)
-        end = LSN(self.start + len(changes) + 1)
-        window = self.lake.open_window(LSN(self.start))
-        window.write(T, pa.Table.from_pylist(rows, schema=SCHEMA))
-        window.commit(end, transactions=len(changes), changes=len(changes))
-        self.start = int(end)
-        return end
-
-    def inserts(self, keys: range) -> LSN:
-        return self.commit([("I", k, f"v{k}") for k in keys])
-
-    def updates_and_deletes(self, keys: range, tag: str) -> LSN:
-        """Updates of every other key in ``keys`` and deletes of every fifth one: rows in
-        files that stay, which Spark's merge marks with deletion vectors when it may."""
-        changes: list[tuple[str, int, str | None]] = []
-        for k in keys:
-            if k % 5 == 0:
-                changes.append(("D", k, None))
-            elif k % 2 == 0:
-                changes.append(("U", k, f"{tag}{k}"))
-        return self.commit(changes)
-
-    def state(self) -> dict[int, str]:
-        rows = read_table(self.lake.paths.state(T)).to_pylist()
-        return {r["id"]: r["v"] for r in rows}
-
-
-def vectors_written(lake: Lake) -> int:
-    """How many files the state's log added with a deletion vector, over its whole history."""
-    found = 0
-    for entry in sorted(Path(lake.paths.state(T), "_delta_log").glob("*.json")):
-        for line in entry.read_text().splitlines():
-            action = json.loads(line)
-            found += bool(action.get("add", {}).get("deletionVector"))
-    return found
-
-
-def assert_plain(lake: Lake, model: dict[int, str]) -> None:
+def assert_plain(batches: KeyedBatches) -> None:
     """No deletion vectors in the table's protocol or log, and a reader without them reads it."""
-    table = open_table(lake.paths.state(T))
+    table = open_table(batches.lake.paths.state(T))
     assert table is not None
     assert table.metadata().configuration["delta.enableDeletionVectors"] == "false"
     assert "deletionVectors" not in (table.protocol().reader_features or [])
-    assert vectors_written(lake) == 0
+    assert batches.vectors_written() == 0
     frame = table.to_pandas()  # refuses any table with the deletionVectors reader feature
-    assert dict(zip(frame["id"], frame["v"], strict=True)) == model
+    assert dict(zip(frame["id"], frame["v"], strict=True)) == batches.model
 
 
 # -- the lake's record --------------------------------------------------------------------------
@@ -118,7 +50,7 @@ def test_the_choice_is_recorded_with_the_claim_and_later_runs_follow_it(
     assert later.state_vectors() is False
     assert later.state_config(T)["delta.enableDeletionVectors"] == "false"
 
-    batches = Batches(later)
+    batches = KeyedBatches(later, T)
     batches.inserts(range(1, 9))
     assert arrow_merge.merge_small(later, ["public.t"])[1] == []
     caplog.set_level(logging.WARNING, logger="airflow_pglogrepl.lake")
@@ -142,7 +74,7 @@ def test_a_new_lake_records_vectors_on_and_an_older_claim_keeps_them(tmp_path: P
 
 def test_delta_rs_creates_and_merges_a_state_without_vectors(tmp_path: Path) -> None:
     lake = Lake(str(tmp_path / "lake"), "s", state_deletion_vectors=False)
-    batches = Batches(lake)
+    batches = KeyedBatches(lake, T)
     batches.inserts(range(1, 41))
     assert arrow_merge.merge_small(lake, ["public.t"])[1] == []
     protocol = open_table(lake.paths.state(T)).protocol()  # type: ignore[union-attr]
@@ -150,7 +82,7 @@ def test_delta_rs_creates_and_merges_a_state_without_vectors(tmp_path: Path) -> 
     batches.updates_and_deletes(range(1, 41), "rs")
     assert arrow_merge.merge_small(lake, ["public.t"])[1] == []
     assert batches.state() == batches.model
-    assert_plain(lake, batches.model)
+    assert_plain(batches)
 
 
 # -- Spark's paths -------------------------------------------------------------------------------
@@ -170,24 +102,24 @@ def test_without_vectors_no_writer_adds_them(
     Lake(root, "s", state_deletion_vectors=False).claim(SOURCE, publications=["p"],
                                                         began_with="drain")  # fmt: skip
     lake = Lake(root, "s")  # follows the record
-    batches = Batches(lake)
+    batches = KeyedBatches(lake, T)
     batches.inserts(range(1, 201))
     materialize(spark, lake, small_rows=0 if first == "Spark" else arrow_merge.MAX_ROWS)
-    assert_plain(lake, batches.model)
+    assert_plain(batches)
 
     batches.updates_and_deletes(range(1, 101), "spark")
     materialize(spark, lake, small_rows=0)  # Spark's general path
-    assert_plain(lake, batches.model)
+    assert_plain(batches)
 
     batches.updates_and_deletes(range(101, 201), "reduced")
     monkeypatch.setattr(arrow_merge, "MAX_STATE_BYTES", 0)  # "big": reduced here, Spark merges
     materialize(spark, lake)
-    assert_plain(lake, batches.model)
+    assert_plain(batches)
     monkeypatch.undo()
 
     batches.updates_and_deletes(range(1, 201, 3), "rs")
     assert arrow_merge.merge_small(lake, ["public.t"])[1] == []  # delta-rs after Spark
-    assert_plain(lake, batches.model)
+    assert_plain(batches)
 
 
 @pytest.mark.spark
@@ -197,13 +129,13 @@ def test_by_default_sparks_merge_writes_vectors(spark: Any, tmp_path: Path) -> N
     from airflow_pglogrepl.lake.materialize import materialize
 
     lake = Lake(str(tmp_path / "lake"), "s")
-    batches = Batches(lake)
+    batches = KeyedBatches(lake, T)
     batches.inserts(range(1, 201))
     materialize(spark, lake, small_rows=0)
     batches.updates_and_deletes(range(1, 101), "spark")
     materialize(spark, lake, small_rows=0)
     assert batches.state() == batches.model
-    assert vectors_written(lake) > 0
+    assert batches.vectors_written() > 0
     with pytest.raises(Exception, match="deletionVectors"):
         DeltaTable(lake.paths.state(T)).to_pandas()
 
