@@ -15,6 +15,11 @@ through the lake's window API. Each path merges a fresh copy of that lake:
 ``arrow_merge.MAX_STATE_BYTES`` is where ``materialize`` switches from the first to the second;
 this prints the figures it was chosen by. Not a test: ``python -m bench.bench_merge_paths``;
 results go to docs/benchmarks.md.
+
+``--deletion-vectors`` measures instead what a lake without deletion vectors
+(``state_deletion_vectors=False``) costs the merges that need Spark: the same batch through the
+two Spark paths, into a state created with them on and one created with them off, where Spark's
+MERGE rewrites every file a touched key is in instead of marking rows.
 """
 
 from __future__ import annotations
@@ -50,6 +55,13 @@ PATHS = {  # label -> (small_rows, MAX_STATE_BYTES)
     "Arrow + Spark": (arrow_merge.MAX_ROWS, 0),
     "Spark": (0, arrow_merge.MAX_STATE_BYTES),
 }
+# --deletion-vectors: the paths that merge with Spark, into a state with and without vectors
+DV_PATHS = {  # label -> (path, deletion vectors)
+    "Arrow + Spark, vectors": ("Arrow + Spark", True),
+    "Arrow + Spark, none": ("Arrow + Spark", False),
+    "Spark, vectors": ("Spark", True),
+    "Spark, none": ("Spark", False),
+}
 
 
 def changelog_schema() -> pa.Schema:
@@ -74,7 +86,7 @@ def changes(rows: int, count: int, seed: int = 7) -> pa.Table:
     keys = rng.sample(range(1, rows + 1), int(count * 0.85))
     keys += range(rows + 1, rows + 1 + count - len(keys))
     at = dt.datetime(2026, 6, 1)
-    data = []
+    data: list[dict[str, Any]] = []
     for n, key in enumerate(keys):
         op = "I" if key > rows else ("D" if n % 100 < 18 else "U")
         data.append({"id": key, "qty": None if op == "D" else n,
@@ -85,7 +97,7 @@ def changes(rows: int, count: int, seed: int = 7) -> pa.Table:
     return pa.Table.from_pylist(data, schema=changelog_schema())
 
 
-def build(spark: Any, root: Path, rows: int, count: int) -> int:
+def build(spark: Any, root: Path, rows: int, count: int, *, vectors: bool = True) -> int:
     """The lake of the module docstring; returns its state's size in bytes."""
     lake = Lake(str(root), "bench")
     state = spark.range(1, rows + 1).selectExpr(
@@ -98,7 +110,7 @@ def build(spark: Any, root: Path, rows: int, count: int) -> int:
             state = state.withMetadata(field.name, metadata)
     (
         state.write.format("delta")
-        .option("delta.enableDeletionVectors", "true")
+        .option("delta.enableDeletionVectors", str(vectors).lower())
         .option("txnAppId", lake.app)
         .option("txnVersion", str(SNAPSHOT))
         .save(lake.paths.state(TABLE))
@@ -115,31 +127,41 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[500_000, 2_000_000, 5_000_000])
     parser.add_argument("--changes", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--deletion-vectors", action="store_true",
+                        help="compare the Spark paths into states with and without deletion "
+                             "vectors (module docstring)")  # fmt: skip
     args = parser.parse_args()
+    paths = {label: (PATHS[path], vectors) for label, (path, vectors) in DV_PATHS.items()}
+    if not args.deletion_vectors:
+        paths = {label: (setting, True) for label, setting in PATHS.items()}
 
     from airflow_pglogrepl.spark.session import local_session
 
     spark = local_session("bench-merge-paths", cores=2, **{"spark.sql.shuffle.partitions": "2"})
     spark.sparkContext.setLogLevel("ERROR")
     work = Path(tempfile.mkdtemp(prefix="bench-merge-paths-"))
-    results: dict[int, tuple[int, dict[str, float]]] = {}
+    results: dict[int, tuple[int, dict[str, float], dict[str, str]]] = {}
     try:
         for rows in args.rows:
-            base = work / f"base-{rows}"
-            size = build(spark, base, rows, args.changes)
+            bases = {}
+            for vectors in sorted({v for _, v in paths.values()}, reverse=True):
+                bases[vectors] = work / f"base-{rows}-{vectors}"
+                size = build(spark, bases[vectors], rows, args.changes, vectors=vectors)
             best: dict[str, float] = {}
+            written: dict[str, str] = {}
             for i in range(args.repeat):
-                for label, (small_rows, max_state) in PATHS.items():
+                for label, ((small_rows, max_state), vectors) in paths.items():
                     copy = work / f"{label}-{i}"
-                    shutil.copytree(base, copy)
+                    shutil.copytree(bases[vectors], copy)
                     arrow_merge.MAX_STATE_BYTES = max_state
                     began = time.perf_counter()
                     merged = materialize(spark, Lake(str(copy), "bench"), small_rows=small_rows)
                     seconds = time.perf_counter() - began
                     assert merged == {"public.bench": str(LSN(START + args.changes + 1))}, merged
                     best[label] = min(best.get(label, float("inf")), seconds)
+                    written[label] = _merge_writes(copy)
                     shutil.rmtree(copy)
-            results[rows] = (size, best)
+            results[rows] = (size, best, written)
             print(f"{rows:,} rows done: {best}", flush=True)
     finally:
         spark.stop()
@@ -147,11 +169,28 @@ def main() -> None:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\n{args.changes:,} changes at random keys; local[2]; best of {args.repeat}; "
           f"load average {load}\n")  # fmt: skip
-    print("| state rows | state MiB | " + " | ".join(PATHS) + " |")
-    print("|---:|---:|" + "---:|" * len(PATHS))
-    for rows, (size, best) in results.items():
-        cells = " | ".join(f"{best[label]:.2f} s" for label in PATHS)
+    print("| state rows | state MiB | " + " | ".join(paths) + " |")
+    print("|---:|---:|" + "---:|" * len(paths))
+    for rows, (size, best, _) in results.items():
+        cells = " | ".join(f"{best[label]:.2f} s" for label in paths)
         print(f"| {rows:,} | {size / 2**20:,.0f} | {cells} |")
+    if args.deletion_vectors:
+        print("\nwhat the merge wrote (last run): " + "; ".join(
+            f"{rows:,} rows, {label}: {what}" for rows, (_, _, written) in results.items()
+            for label, what in written.items()))  # fmt: skip
+
+
+def _merge_writes(root: Path) -> str:
+    """What the merge's commit (the state's last version) wrote: new data files and their MiB,
+    and the files it kept, marked with a deletion vector instead of rewritten."""
+    import json
+
+    log = sorted(Path(root, "state", "public.bench", "_delta_log").glob("*.json"))[-1]
+    adds = [a["add"] for a in map(json.loads, log.read_text().splitlines()) if "add" in a]
+    marked = sum(1 for a in adds if a.get("deletionVector"))
+    written = [a for a in adds if not a.get("deletionVector")]
+    size = sum(a["size"] for a in written) / 2**20
+    return f"{len(written)} files written ({size:,.1f} MiB), {marked} marked with a vector"
 
 
 if __name__ == "__main__":

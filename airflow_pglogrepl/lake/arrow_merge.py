@@ -301,7 +301,7 @@ def merge_table(
     fault("merge_created")
     if target is None:
         rows = source.filter(pc.invert(source.column(DELETE_COLUMN))).select(columns)
-        _create(lake, uri, rows, end)
+        _create(lake, name, rows, end)
     else:
         before = int(target.version())
         commit = CommitProperties(app_transactions=[Transaction(lake.app, int(end))])
@@ -340,7 +340,7 @@ def _append(lake: Lake, name: str, end: LSN, target: Any | None, batch: pa.Table
     uri = lake.paths.state(name)
     fault("merge_created")
     if target is None:
-        _create(lake, uri, rows, end)
+        _create(lake, name, rows, end)
     else:
         have = target.transaction_version(lake.app)
         written = delta.write_file(uri, rows, prefix=f"{int(end):016X}")
@@ -353,16 +353,19 @@ def _append(lake: Lake, name: str, end: LSN, target: Any | None, batch: pa.Table
     return None
 
 
-def _create(lake: Lake, uri: str, rows: pa.Table, end: LSN) -> None:
+def _create(lake: Lake, name: str, rows: pa.Table, end: LSN) -> None:
     """A table's first state: its files, then version 0 holding them with the app transaction,
-    put only if no table appeared since it was found missing (else a lost race). Deletion
-    vectors on as Spark's path creates a state (later merges by Spark write vectors instead of
-    rewriting); created by ``delta.create_table``, whose protocol needs no more than that."""
+    put only if no table appeared since it was found missing (else a lost race). Configured as
+    Spark's path creates a state (``Lake.state_config``: deletion vectors on unless the lake
+    says otherwise, so later merges by Spark write vectors instead of rewriting); created by
+    ``delta.create_table``, whose protocol needs no more than that."""
+    uri = lake.paths.state(name)
+    config = lake.state_config(name)
     files = [delta.write_file(uri, rows.slice(at, FILE_ROWS), prefix=f"{int(end):016X}")
              for at in range(0, rows.num_rows, FILE_ROWS)]  # fmt: skip
     lake.check_writer()
     delta.create_table(uri, rows.schema, files, app=lake.app, version=int(end),
-                       configuration=delta.STATE_CONFIG)  # fmt: skip
+                       configuration=config)  # fmt: skip
 
 
 def _wanted(net: pa.Table, state: pa.Schema, columns: Sequence[str]) -> pa.Schema:

@@ -59,7 +59,8 @@ def read_table(uri: str, version: int | None = None) -> pa.Table:
     """A Delta table's rows at its current (or a given) version, as a pyarrow Table, no JVM.
 
     Read through ``deltalake``'s query engine (DataFusion), which applies deletion vectors; its
-    ``to_pyarrow_table`` refuses tables that have them, and every state table does.
+    ``to_pyarrow_table`` refuses tables that have them, as every state table does unless the
+    lake was created without them (``Lake.state_config``).
     """
     import pyarrow as pa
     from deltalake import DeltaTable, QueryBuilder
@@ -340,7 +341,9 @@ def fsync(path: str) -> None:
 # checkpoints. Log cleanup is the upkeep's alone (``lake.upkeep``), which first checks that the
 # positions it was asked to keep stay readable; an explicit cleanup still works.
 KEEP_LOGS = {"delta.enableExpiredLogCleanup": "false"}
-# A state table's: deletion vectors on, so merges by Spark mark rows instead of rewriting files.
+# A state table's by default: deletion vectors on, so merges by Spark mark rows instead of
+# rewriting files. A lake created with ``state_deletion_vectors=False`` turns them off for its new
+# state tables (``Lake.state_config``), for readers that cannot apply them.
 STATE_CONFIG = {**KEEP_LOGS, "delta.enableDeletionVectors": "true"}
 
 _HADOOP_SCHEMES = {"s3a": "s3", "s3n": "s3"}  # what Spark's URIs call what pyarrow calls s3

@@ -106,6 +106,10 @@ class Lake:
     ``writer_check`` proves the run still holds the lake's writer lock
     (``hooks.pg.locks.WriterLock.check``); it is called before every commit this object makes,
     and the drain calls it before every slot advance.
+
+    ``state_deletion_vectors`` is what this run asks of the state tables it creates (None: what
+    the lake records, on for a lake that records nothing); ``claim`` records it, so that every
+    later run, whatever it is told, creates state tables the same way (``state_config``).
     """
 
     def __init__(
@@ -115,12 +119,14 @@ class Lake:
         *,
         origins: Origins | None = None,
         writer_check: Callable[[], None] | None = None,
+        state_deletion_vectors: bool | None = None,
     ) -> None:
         self.paths = LakePaths(root)
         self.slot = slot
         self.app = app_id(slot)
         self.origins = origins
         self.writer_check = writer_check
+        self.state_deletion_vectors = state_deletion_vectors
         # the source's identity, recorded with each commit (set by the drain and the snapshot)
         self.source: dict[str, object] | None = None
         self._versions: dict[str, LSN | None] = {}
@@ -231,6 +237,33 @@ class Lake:
         rows = delta.read_table(self.paths.windows(), version=table.version()).to_pylist()
         return (None if held is None else int(held)), rows
 
+    # -- how state tables are made -------------------------------------------------------------
+
+    def state_config(self, table: TableRef | str) -> dict[str, str]:
+        """The Delta configuration to create ``state/<table>`` with, or to overwrite it with.
+
+        A table that exists keeps its own deletion-vector setting: Spark's MERGE writes vectors
+        or rewrites files by the table's property, so the setting of each table decides, and
+        the lake's option only says how new tables are made. Without vectors, the table is
+        created without the ``deletionVectors`` reader feature too, so readers that lack it
+        (``DeltaTable.to_pandas()``) read it."""
+        current = delta.open_table(self.paths.state(table))
+        if current is not None:
+            setting = current.metadata().configuration.get(DV_PROPERTY, "false")
+            vectors = setting.strip().lower() == "true"
+        else:
+            vectors = self.state_vectors()
+        return {**delta.STATE_CONFIG, DV_PROPERTY: "true" if vectors else "false"}
+
+    def state_vectors(self) -> bool:
+        """Whether state tables this run creates get deletion vectors: the run's own
+        ``state_deletion_vectors`` when given, else what the lake records (``claim``), else
+        on."""
+        if self.state_deletion_vectors is not None:
+            return self.state_deletion_vectors
+        recorded = (self.identity() or {}).get(STATE_VECTORS)
+        return True if recorded is None else bool(recorded)
+
     # -- whose lake it is -----------------------------------------------------------------------
 
     def identity(self) -> dict[str, Any] | None:
@@ -255,11 +288,14 @@ class Lake:
         or of another server or database (``SinkFromAnotherSourceError``; with
         ``accept_source_change`` the new source is recorded instead). A database is compared by
         its OID, so a renamed one is the same source. A changed list of publications is
-        recorded. ``began_with`` is ``"snapshot"`` or ``"drain"``: what the run does that claims
-        an unclaimed lake (an initial snapshot re-claims a lake with no commit). A lake that
-        holds nothing but claims (a first run failed before its first commit) belongs to nobody
-        yet. Claims are commits of their own app transaction, compare-and-set against the
-        version the check read, so two runs claiming at once cannot both succeed.
+        recorded, and so is a ``state_deletion_vectors`` this run was given that differs from
+        the recorded one (tables created from then on follow it; existing ones keep theirs, and
+        a warning names those that differ). ``began_with`` is ``"snapshot"`` or ``"drain"``:
+        what the run does that claims an unclaimed lake (an initial snapshot re-claims a lake
+        with no commit). A lake that holds nothing but claims (a first run failed before its
+        first commit) belongs to nobody yet. Claims are commits of their own app transaction,
+        compare-and-set against the version the check read, so two runs claiming at once cannot
+        both succeed.
         """
         self.source = dict(source)
         held, rows = self._claims_and_rows()
@@ -274,11 +310,14 @@ class Lake:
             "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "began_with": began_with,
         }
+        if self.state_deletion_vectors is not None:
+            wanted[STATE_VECTORS] = self.state_deletion_vectors
         if recorded is not None and recorded.get("slot") != self.slot and self._holds_nothing(rows):
             log.info("lake %s holds nothing yet (claimed by slot %r): claimed for slot %r",
                      self.root, recorded.get("slot"), self.slot)  # fmt: skip
             recorded = None
         if recorded is None:
+            wanted.setdefault(STATE_VECTORS, True)
             self._commit_claim(wanted, held)
             return wanted
         if recorded.get("slot") != self.slot:
@@ -292,6 +331,8 @@ class Lake:
         keep = {k: recorded[k] for k in ("created_at", "began_with") if recorded.get(k)}
         if began_with == "snapshot" and self.position() is None:
             keep = {"created_at": wanted["created_at"]}  # an initial snapshot begins it again
+        if STATE_VECTORS not in wanted and recorded.get(STATE_VECTORS) is not None:
+            keep[STATE_VECTORS] = recorded[STATE_VECTORS]  # not asked: the lake's stays
         update = {**wanted, **keep}
         if update != recorded:
             if moved:
@@ -301,7 +342,23 @@ class Lake:
                 log.info("lake %s: publications %s (were %s)", self.root,
                          update["publications"], recorded.get("publications"))  # fmt: skip
             self._commit_claim(update, held)
+        before = recorded.get(STATE_VECTORS, True)
+        if update.get(STATE_VECTORS, True) != before:
+            self._warn_vectors_changed(bool(update[STATE_VECTORS]))
         return update
+
+    def _warn_vectors_changed(self, vectors: bool) -> None:
+        """A changed ``state_deletion_vectors`` applies to state tables created from now on;
+        say which existing ones do otherwise, and how to change them (docs/drain.md)."""
+        other = [name for name in self.state_tables()
+                 if (self.state_config(name)[DV_PROPERTY] == "true") != vectors]  # fmt: skip
+        log.warning(
+            "lake %s: state tables are created %s deletion vectors from now on "
+            "(state_deletion_vectors=%s); existing state tables keep their own setting%s",
+            self.root, "with" if vectors else "without", vectors,
+            f", and these differ: {other} (see 'Reading the lake' in docs/drain.md to change "
+            "one)" if other else "",
+        )  # fmt: skip
 
     def check_owner(self) -> None:
         """Refuse (``LakeOfAnotherSlotError``) a lake another slot owns, reading only: what a
@@ -488,6 +545,10 @@ class Window:
 
 CLAIM = "claim"  # the kind of a windows row that records whose lake it is (``Lake.claim``)
 CLAIM_KEY = "claim_version"  # in a claim's JSON: its version of ``LAKE_APP``, newest wins
+# In a claim's JSON: whether the lake creates its state tables with deletion vectors (a lake
+# whose claims do not say: with them, as every lake did before the option)
+STATE_VECTORS = "state_deletion_vectors"
+DV_PROPERTY = "delta.enableDeletionVectors"
 
 
 def _identity(rows: list[dict[str, Any]], slot: str) -> dict[str, Any] | None:

@@ -5,8 +5,9 @@ position)`` are reduced to their net effect (``reduce.net_changes``) and applied
 operation carrying the app transaction ``(app_id(slot), lake position)``:
 
 * ``MERGE INTO`` matched by key (or by whole row under REPLICA IDENTITY FULL): only the files
-  holding touched rows change, and with deletion vectors (on for every state table this creates)
-  not even those are rewritten; the cost follows the changes, not the table;
+  holding touched rows change, and with deletion vectors (on for the state tables this creates,
+  unless the lake says otherwise: ``Lake.state_config``) not even those are rewritten; the cost
+  follows the changes, not the table;
 * an append, for a table without a replica identity;
 * an overwrite, when the batch truncated the table: one version that readers see whole.
 
@@ -187,7 +188,9 @@ def materialize_table(spark: Any, lake: Lake, name: str, end: LSN) -> LSN | None
     assert described is not None, f"changes/{name} is a Delta table (Spark just read it)"
     fills = added_columns(described)
     changes = with_fills(changes, fills)
-    if not _create_if_missing(session, state_path, changes.select(*map(column, columns)).schema):
+    config = lake.state_config(name)
+    if not _create_if_missing(session, state_path, changes.select(*map(column, columns)).schema,
+                              config):  # fmt: skip
         evolve_state(session, state_path, changes, columns, fills)
     fault("merge_created")
     target = session.read.format("delta").load(state_path)
@@ -268,13 +271,14 @@ def _merge_multiset(target: Any, net: NetChanges) -> None:
     )
 
 
-def _create_if_missing(session: Any, path: str, schema: Any) -> bool:
-    """An empty state table with deletion vectors on (so merges write deletion vectors);
-    False: there is one already."""
+def _create_if_missing(session: Any, path: str, schema: Any, config: dict[str, str]) -> bool:
+    """An empty state table with ``config`` (``Lake.state_config``: with deletion vectors on,
+    Spark's merges write vectors; off, they rewrite files, and the table has no reader feature
+    that readers without vectors refuse); False: there is one already."""
     if delta.open_table(path) is not None:
         return False
     empty = session.createDataFrame([], schema)
-    empty.write.format("delta").options(**delta.STATE_CONFIG).mode("append").save(path)
+    empty.write.format("delta").options(**config).mode("append").save(path)
     return True
 
 

@@ -48,6 +48,14 @@ def sink_asset(sink: str) -> Asset:
     return Asset(uri=uri)
 
 
+def state_vectors_args(value: bool | None) -> list[str]:
+    """The application's ``--[no-]state-deletion-vectors`` for an operator's
+    ``state_deletion_vectors`` (None: no argument, the lake's recorded choice stands)."""
+    if value is None:
+        return []
+    return ["--state-deletion-vectors" if value else "--no-state-deletion-vectors"]
+
+
 class CapturingSparkSubmitHook(SparkSubmitHook):
     """SparkSubmitHook that also keeps the application's output lines (for its JSON summary).
 

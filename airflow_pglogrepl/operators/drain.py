@@ -23,6 +23,7 @@ from airflow_pglogrepl.operators._spark import (
     PACKAGE_DIR,
     PackageSparkSubmitOperator,
     sink_asset,
+    state_vectors_args,
 )
 from airflow_pglogrepl.operators.task_reports import drain_paragraph
 
@@ -73,6 +74,12 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     :param idle_wal_bytes: WAL the slot may hold (from its ``restart_lsn``) when a run is
         idle. Traffic outside the publications moves the WAL but not an idle slot; once more
         than this has accumulated, the run is submitted and the slot advances past it.
+    :param state_deletion_vectors: whether the lake creates its state tables with deletion
+        vectors (cheap Spark merges) or without (readers that cannot apply them, such as
+        ``deltalake``'s ``to_pandas()``, read them; Spark's merges rewrite whole files). None:
+        as the lake records it, on for a new lake. A value given is recorded in the lake, so
+        every later run, snapshot and merge creates tables the same way; existing state tables
+        keep their own setting (docs/drain.md, "Reading the lake").
     :param database: the slot's database, when not the connection's.
     :param conn_id: the Spark connection; it must exist (the provider would otherwise silently
         submit to YARN).
@@ -107,6 +114,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         accept_source_change: bool = False,
         skip_when_idle: bool = True,
         idle_wal_bytes: int = 16 * 1024 * 1024,
+        state_deletion_vectors: bool | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", "pglogrepl-drain")
@@ -124,6 +132,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         self.accept_source_change = accept_source_change
         self.skip_when_idle = skip_when_idle
         self.idle_wal_bytes = idle_wal_bytes
+        self.state_deletion_vectors = state_deletion_vectors
 
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         from airflow_pglogrepl.conninfo import make_dsn
@@ -211,4 +220,4 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         if not self.materialize:
             args.append("--no-materialize")
         args += ["--small-merge-rows", str(int(str(self.small_merge_rows)))]
-        return args
+        return args + state_vectors_args(self.state_deletion_vectors)

@@ -18,7 +18,12 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Context
 
 from airflow_pglogrepl.hooks.for_connection import replication_hook
-from airflow_pglogrepl.operators._spark import PACKAGE_DIR, PackageSparkSubmitOperator, sink_asset
+from airflow_pglogrepl.operators._spark import (
+    PACKAGE_DIR,
+    PackageSparkSubmitOperator,
+    sink_asset,
+    state_vectors_args,
+)
 from airflow_pglogrepl.operators.task_reports import snapshot_paragraph
 
 if TYPE_CHECKING:
@@ -66,6 +71,11 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         replaced only when the lake holds the uncommitted snapshot a killed run took at the
         slot's position; otherwise the task fails, since an empty-looking path may be an
         unmounted volume or a changed sink (``replace_slot=True`` is the explicit signal).
+    :param state_deletion_vectors: whether the lake creates its state tables with deletion
+        vectors (cheap Spark merges) or without (readers that cannot apply them, such as
+        ``deltalake``'s ``to_pandas()``, read them). None: as the lake records it, on for a new
+        lake. Recorded in the lake, so the drain's merges create later tables the same way; a
+        re-snapshotted table keeps its own setting (docs/drain.md, "Reading the lake").
     :param database: the slot's database, when not the connection's.
     :param conn_id: the Spark connection; it must exist.
     :param spark_log_level: Spark's own logging in the task log (``WARN``; ``INFO`` or
@@ -95,6 +105,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         bootstrap: bool = False,
         database: str | None = None,
         conn_id: str = "spark_default",
+        state_deletion_vectors: bool | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", "pglogrepl-snapshot")
@@ -112,6 +123,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         self.replace_slot = replace_slot
         self.bootstrap = bootstrap
         self.database = database
+        self.state_deletion_vectors = state_deletion_vectors
         self._exported: ExportedSnapshot | None = None
 
     # -- execution ----------------------------------------------------------------------------
@@ -263,7 +275,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         args += ["--lock-timeout", str(float(self.lock_timeout))]
         if str(self.tasks_per_table) not in ("None", ""):  # templated: may render as text
             args += ["--tasks-per-table", str(int(str(self.tasks_per_table)))]
-        return args
+        return args + state_vectors_args(self.state_deletion_vectors)
 
     def _submit(self, context: Context, args: list[str]) -> dict[str, Any] | None:
         """Run the application with ``args``; its JSON summary, or None when it printed none."""

@@ -25,6 +25,19 @@ from airflow_pglogrepl.exceptions import SparkSetupError
 DSN_ENV = SOURCE_DSN_ENV
 
 
+def add_state_vectors_argument(parser: Any) -> None:
+    """``--[no-]state-deletion-vectors``: how the lake creates its state tables, recorded in the
+    lake so later runs follow it (``Lake.claim``); absent, the lake's recorded choice (on for a
+    new lake)."""
+    import argparse
+
+    parser.add_argument(
+        "--state-deletion-vectors", action=argparse.BooleanOptionalAction, default=None,
+        help="create state tables with deletion vectors (default: as the lake records, on for "
+        "a new lake); --no-state-deletion-vectors for readers without them (to_pandas)",
+    )  # fmt: skip
+
+
 def spark_session(app_name: str) -> Any:
     """The session spark-submit prepared (its master); under ``python -m``, the one the operator
     described (``SPARK_SETTINGS_ENV``: a local master run without spark-submit), else a local

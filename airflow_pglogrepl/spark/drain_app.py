@@ -54,6 +54,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "purpose (pg_upgrade gives a new system identifier; a promotion a new timeline): drain "
         "on, and record the new source",
     )  # fmt: skip
+    app.add_state_vectors_argument(parser)
     return parser.parse_args(argv)
 
 
@@ -79,8 +80,9 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     try:
         with source.writer_lock(args.slot, role="drain") as lock:
             lake = Lake(
-                args.sink, args.slot, origins=source.column_origins, writer_check=lock.check
-            )
+                args.sink, args.slot, origins=source.column_origins, writer_check=lock.check,
+                state_deletion_vectors=args.state_deletion_vectors,
+            )  # fmt: skip
             drain = Drain(
                 source=source,
                 lake=lake,

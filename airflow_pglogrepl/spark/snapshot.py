@@ -56,7 +56,7 @@ from airflow_pglogrepl.exceptions import (
 from airflow_pglogrepl.faults import fault, pause
 from airflow_pglogrepl.lake import staging
 from airflow_pglogrepl.lake.batch import ChangelogBatch
-from airflow_pglogrepl.lake.delta import STATE_CONFIG, refused_names
+from airflow_pglogrepl.lake.delta import refused_names
 from airflow_pglogrepl.lake.evolve import numbered
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.types import UnconvertibleTextError, arrow_from_text_array, arrow_schema
@@ -648,7 +648,9 @@ class SnapshotCopy:
             staging.remove(target)  # a copy of this point a failed run left, if any
         rows_out = mark_keys(frame.mapInArrow(task, spark_schema), table_info(table).key_names)
         # One overwrite version with the app transaction at the consistent point: readers see
-        # the table before or after it; deletion vectors make the merges that follow cheap.
+        # the table before or after it; deletion vectors make the merges that follow cheap
+        # (unless the lake is without them: ``Lake.state_config``; a re-snapshotted table keeps
+        # its own setting).
         # An initial snapshot's copy is staged, and becomes this version of the state table
         # when every table is copied (``_publish``).
         if self.tables is not None:
@@ -659,7 +661,7 @@ class SnapshotCopy:
             rows_out.write.format("delta")
             .mode("overwrite")
             .option("overwriteSchema", "true")
-            .options(**STATE_CONFIG)  # deletion vectors on, no log cleanup but the upkeep's
+            .options(**self.lake.state_config(table.table))  # no log cleanup but the upkeep's
             .option("txnAppId", self.lake.app)
             .option("txnVersion", str(int(self.point.consistent_point)))
             .save(target)

@@ -88,6 +88,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--resolve", action="store_true", help="report where the sink stands (read only): "
         "its commits, its snapshot's consistent point, and what killed snapshots left",
     )  # fmt: skip
+    app.add_state_vectors_argument(parser)
     args = parser.parse_args(argv)
     args.snapshot_name = args.snapshot_name or os.environ.get(SNAPSHOT_ENV) or None
     if not args.resolve and not args.publication:
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     lazy = app.LazySpark("pglogrepl-snapshot")
     spark = lazy.get
     try:
-        sink = Lake(args.sink, args.slot)
+        sink = Lake(args.sink, args.slot, state_deletion_vectors=args.state_deletion_vectors)
         if args.resolve:
             from airflow_pglogrepl.lsn import LSN
             from airflow_pglogrepl.spark.snapshot import resolve

@@ -395,6 +395,35 @@ def test_identity_full_and_unique_index_and_types_equal_the_drains(
         assert lake_table(snap_sink, table) == source_table(src, table), table
 
 
+def test_a_lake_without_deletion_vectors_is_snapshotted_and_merged_without_them(
+    spark: Any, src: Source, tmp_path: Path
+) -> None:
+    """The snapshot creates the state as the lake was told (no vectors, no reader feature), and
+    the drain after it, told nothing, follows the lake's record: Spark's merge of updates and
+    deletes leaves a table ``DeltaTable.to_pandas()`` reads, equal to the source."""
+    src.sql("CREATE TABLE plain (id int PRIMARY KEY, v text)")
+    src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE plain")
+    src.sql("INSERT INTO plain SELECT g, 'v' || g FROM generate_series(1, 2000) g")
+    sink = str(tmp_path / "lake")
+    hook = SnapHook(src.dsn)
+    with hook.create_slot_with_snapshot(src.slot) as exported:
+        point = SnapshotPoint(exported.slot, exported.consistent_point, exported.snapshot_name)
+        SnapshotCopy(
+            spark=spark, lake=Lake(sink, src.slot, state_deletion_vectors=False),
+            reader_params=hook.connection_params(), point=point, publications=[src.publication],
+        ).run()  # fmt: skip
+    state = Path(sink, "state", "public.plain")
+    assert DeltaTable(str(state)).protocol().reader_features is None
+    src.sql("UPDATE plain SET v = 'changed' WHERE id % 3 = 0")
+    src.sql("DELETE FROM plain WHERE id % 7 = 0")
+    drain_in_process(spark, src, sink, window=1 << 20, small_rows=0)  # Spark's MERGE
+    log = "".join(p.read_text() for p in sorted(Path(state, "_delta_log").glob("*.json")))
+    assert '"deletionVector":{' not in log
+    frame = DeltaTable(str(state)).to_pandas()
+    rows = [(int(i), v) for i, v in zip(frame["id"], frame["v"], strict=True)]
+    assert sorted(rows, key=repr) == source_table(src, "plain")
+
+
 @pytest.mark.pgversion
 def test_the_task_reads_hostile_names_in_the_snapshot_through_adbc_and_fails_cleanly(
     src: Source, tmp_path: Path
