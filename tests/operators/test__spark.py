@@ -41,9 +41,9 @@ def test_the_capturing_hook_keeps_the_lines_and_the_providers_state() -> None:
     hook = operator._get_hook()
     assert isinstance(hook, CapturingSparkSubmitHook)
     # every field the provider set, with the same value (its logger proxy is built per hook)
-    ours = {k: v for k, v in vars(hook).items() if k not in ("captured", "_log")}
+    ours = {k: v for k, v in vars(hook).items() if k not in ("captured", "quiet", "_log")}
     assert ours == {k: v for k, v in vars(base).items() if k != "_log"}
-    assert set(vars(hook)) == set(vars(base)) | {"captured"}
+    assert set(vars(hook)) == set(vars(base)) | {"captured", "quiet"}
     hook._process_spark_submit_log(iter(['{"windows": 1}\n', "plain line\n"]))
     assert hook.captured == ['{"windows": 1}', "plain line"]
 
