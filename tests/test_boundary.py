@@ -58,6 +58,40 @@ def test_a_non_retryable_error_keeps_the_servers_words_as_the_cause() -> None:
     assert failure.value.__cause__ is server
 
 
+def test_an_error_raised_while_another_was_handled_keeps_that_one_in_the_task_log() -> None:
+    """A cleanup that fails while an error propagates: the first error is the context of the
+    second, and the one that says what went wrong first."""
+    first = RuntimeError("ERROR: could not read block 7 of relation 16384")
+
+    @at_boundary
+    def execute(context: object) -> None:
+        try:
+            raise first
+        finally:  # a cleanup that fails in turn, as a finally block or an except clause can
+            raise exceptions.SlotLostError("orders", "wal_removed")
+
+    with pytest.raises(AirflowFailException) as failure:
+        execute({})
+    printed = "".join(traceback.format_exception(failure.value))
+    assert "could not read block 7" in printed, printed
+    assert printed.count(str(exceptions.SlotLostError("orders", "wal_removed"))) == 1, printed
+    # an error raised "from None" on purpose stays without the one it replaced
+    with pytest.raises(AirflowFailException) as failure:
+        _raising_from_none(first)({})
+    assert "could not read block 7" not in "".join(traceback.format_exception(failure.value))
+
+
+def _raising_from_none(hidden: BaseException) -> Any:
+    @at_boundary
+    def execute(context: object) -> None:
+        try:
+            raise hidden
+        except RuntimeError:
+            raise exceptions.SlotLostError("orders", "wal_removed") from None
+
+    return execute
+
+
 @pytest.mark.parametrize(
     "error",
     [
