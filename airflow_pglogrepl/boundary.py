@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from airflow_pglogrepl.exceptions import PgLogReplError
 
-__all__ = ["BOUNDARY_METHODS", "TaskBoundary", "at_boundary", "task_failure"]
+__all__ = ["BOUNDARY_METHODS", "TaskBoundary", "at_boundary", "raised_error", "task_failure"]
 
 # The methods through which Airflow enters a task and leaves it with an error: the operator's
 # work and the resumption after a deferral. A sensor's ``poke`` is not one: its errors go through
