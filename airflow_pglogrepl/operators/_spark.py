@@ -116,12 +116,12 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
     def _shipping_package(self) -> Iterator[None]:
         """This package as ``--py-files``, and the driver's log configuration, while the block
         runs (both are removed after)."""
-        from airflow_pglogrepl.spark.log4j import driver_conf, spark_log_level
+        from airflow_pglogrepl.spark.log4j import driver_env, spark_log_level
 
         level = spark_log_level(self.spark_log_level)
         with tempfile.TemporaryDirectory(prefix="pglogrepl-pyfiles-") as tmp:
             self.py_files = package_zip(Path(tmp))
-            self.conf = driver_conf(dict(self.conf or {}), Path(tmp), level)
+            self.env_vars = driver_env(dict(self.env_vars or {}), Path(tmp), level)
             yield
 
     def _run_application(self, context: Context) -> None:

@@ -11,6 +11,9 @@ renames or reshapes either fails here, before a drain loses its summary.
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -58,3 +61,36 @@ def test_the_users_settings_win(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "spark.jars.packages" not in with_delta({}, user_jars=True)
     assert with_delta({"spark.jars": "/opt/delta.jar"})["spark.jars"] == "/opt/delta.jar"
     assert "spark.jars.packages" not in with_delta({"spark.jars": "/opt/delta.jar"})
+
+
+def test_the_drivers_log_configuration_keeps_the_users_spark_defaults(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Java options of spark-defaults.conf (a trust store, a proxy, a log configuration of
+    their own) reach the driver JVM beside ours: a spark.driver.extraJavaOptions on the command
+    line would replace them. Read from the JVM command spark-submit's launcher builds."""
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL", '{"conn_type": "spark", "host": "local[1]"}')
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(
+        "spark.driver.extraJavaOptions -Dpglogrepl.probe=defaults "
+        "-Dlog4j2.configurationFile=file:/etc/theirs.properties\n"
+    )
+    operator = PackageSparkSubmitOperator(
+        task_id="t", application="app.py", conn_id="spark_local", spark_log_level="ERROR"
+    )
+    operator._prepare_submit("host=localhost dbname=probe")
+    with operator._shipping_package():
+        hook = operator._get_hook()
+        command = [*hook._build_spark_submit_command("app.py")[:-1], "--version"]
+        env = {**os.environ, **(hook._env or {}), "SPARK_CONF_DIR": str(conf_dir),
+               "SPARK_PRINT_LAUNCH_COMMAND": "1"}  # fmt: skip
+        ran = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        assert "spark.driver.extraJavaOptions" not in (operator.conf or {})
+    launched = next(line for line in ran.stderr.splitlines() if line.startswith("Spark Command"))
+    options = [word for word in launched.split() if word.startswith("-D")]
+    assert "-Dpglogrepl.probe=defaults" in options, launched
+    # ours first, so a configuration file of theirs wins
+    logs = [o for o in options if o.startswith("-Dlog4j2.configurationFile=")]
+    assert logs[-1] == "-Dlog4j2.configurationFile=file:/etc/theirs.properties", logs
+    assert len(logs) == 2 and "log4j2-pglogrepl" in logs[0], logs
