@@ -69,9 +69,9 @@ def idle_run(
     try:
         return _idle_run(hook, slot, sink=sink, publications=publications,
                          materialize=materialize, max_wal_bytes=max_wal_bytes)  # fmt: skip
-    except LakeWriterBusyError as exc:
-        log.info("another run writes the lake of slot %s (%s): Spark submitted, the application "
-                 "reports it", slot.name, exc)  # fmt: skip
+    except LakeWriterBusyError:  # its message (the writer's pid, the fix) is the failure's
+        log.info("another run writes the lake of slot %s: Spark submitted, the application "
+                 "reports it", slot.name)  # fmt: skip
         return None
     except Exception as exc:  # the application meets the same error and reports it properly
         log.info("could not tell whether slot %s has anything to drain (%s: %s): submitting",
