@@ -92,7 +92,11 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
     """
 
     def __init__(self, *, spark_log_level: str = "WARN", **kwargs: Any) -> None:
+        from airflow_pglogrepl.spark.log4j import spark_log_level as log4j_level
+
         super().__init__(**kwargs)
+        if "{{" not in str(spark_log_level):  # a typo fails the DAG's parse, not each try
+            log4j_level(spark_log_level)
         self.spark_log_level = spark_log_level
 
     def _check_spark_connection(self) -> None:

@@ -94,3 +94,13 @@ def test_the_drivers_log_configuration_keeps_the_users_spark_defaults(
     logs = [o for o in options if o.startswith("-Dlog4j2.configurationFile=")]
     assert logs[-1] == "-Dlog4j2.configurationFile=file:/etc/theirs.properties", logs
     assert len(logs) == 2 and "log4j2-pglogrepl" in logs[0], logs
+
+
+def test_a_misspelt_spark_log_level_fails_the_dags_parse() -> None:
+    """Not each try of the task: a ValueError at run time is retried like a network fault."""
+    with pytest.raises(ValueError, match="not a log4j level"):
+        PackageSparkSubmitOperator(task_id="t", application="a.py", spark_log_level="WARNN")
+    templated = "{{ params.spark_log_level }}"
+    operator = PackageSparkSubmitOperator(task_id="t", application="a.py",
+                                          spark_log_level=templated)  # fmt: skip
+    assert operator.spark_log_level == templated  # checked once rendered, when the task runs
