@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from airflow_pglogrepl.exceptions import PgLogReplError
 
-__all__ = ["BOUNDARY_METHODS", "TaskBoundary", "at_boundary", "task_failure"]
+__all__ = ["BOUNDARY_METHODS", "TaskBoundary", "at_boundary", "raised_error", "task_failure"]
 
 # The methods through which Airflow enters a task and leaves it with an error: the operator's
 # work and the resumption after a deferral. A sensor's ``poke`` is not one: its errors go through
@@ -43,9 +43,17 @@ def task_failure(error: PgLogReplError) -> Exception:
 
     failure = AirflowFailException(f"{type(error).__name__}: {error}")
     failure.pglogrepl_error = error  # type: ignore[attr-defined]
-    failure.__cause__ = error.__cause__
+    failure.__cause__ = _cause(error)
     failure.__suppress_context__ = True
     return failure.with_traceback(error.__traceback__)
+
+
+def _cause(error: BaseException) -> BaseException | None:
+    """What the traceback of ``error`` would print before it: its cause, else the error it was
+    raised while handling (a cleanup that failed in turn), unless ``from None`` hid that."""
+    if error.__cause__ is not None or error.__suppress_context__:
+        return error.__cause__
+    return error.__context__
 
 
 def raised_error(failure: BaseException) -> PgLogReplError | None:
@@ -70,7 +78,7 @@ def at_boundary(method: F) -> F:
             failure = task_failure(exc)
             if failure is exc:
                 raise
-            raise failure from exc.__cause__
+            raise failure from failure.__cause__
 
     wrapper.__pglogrepl_boundary__ = True  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]

@@ -12,6 +12,7 @@ import pkgutil
 import subprocess
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -56,6 +57,56 @@ def test_a_non_retryable_error_keeps_the_servers_words_as_the_cause() -> None:
     with pytest.raises(AirflowFailException) as failure:
         _raising(error)({})
     assert failure.value.__cause__ is server
+
+
+def test_the_failure_callbacks_recipe_in_the_docs_finds_our_error() -> None:
+    """docs/reference/errors.md tells a failure callback how to find our error behind
+    ``AirflowFailException``: the way it names must work."""
+    import airflow_pglogrepl.boundary as boundary
+
+    docs = (Path(__file__).parent.parent / "docs" / "reference" / "errors.md").read_text()
+    recipe = docs[docs.index("**Failure callbacks**") :].split("\n\n")[0]
+    assert 'raised_error(context["exception"])' in recipe and "__cause__`" in recipe
+    assert "raised_error" in boundary.__all__
+    lost = exceptions.SlotLostError("orders", "wal_removed")
+    with pytest.raises(AirflowFailException) as failure:
+        _raising(lost)({})
+    assert isinstance(raised_error(failure.value), exceptions.SlotLostError)
+    assert not isinstance(failure.value.__cause__, exceptions.SlotLostError)
+
+
+def test_an_error_raised_while_another_was_handled_keeps_that_one_in_the_task_log() -> None:
+    """A cleanup that fails while an error propagates: the first error is the context of the
+    second, and the one that says what went wrong first."""
+    first = RuntimeError("ERROR: could not read block 7 of relation 16384")
+
+    @at_boundary
+    def execute(context: object) -> None:
+        try:
+            raise first
+        finally:  # a cleanup that fails in turn, as a finally block or an except clause can
+            raise exceptions.SlotLostError("orders", "wal_removed")
+
+    with pytest.raises(AirflowFailException) as failure:
+        execute({})
+    printed = "".join(traceback.format_exception(failure.value))
+    assert "could not read block 7" in printed, printed
+    assert printed.count(str(exceptions.SlotLostError("orders", "wal_removed"))) == 1, printed
+    # an error raised "from None" on purpose stays without the one it replaced
+    with pytest.raises(AirflowFailException) as failure:
+        _raising_from_none(first)({})
+    assert "could not read block 7" not in "".join(traceback.format_exception(failure.value))
+
+
+def _raising_from_none(hidden: BaseException) -> Any:
+    @at_boundary
+    def execute(context: object) -> None:
+        try:
+            raise hidden
+        except RuntimeError:
+            raise exceptions.SlotLostError("orders", "wal_removed") from None
+
+    return execute
 
 
 @pytest.mark.parametrize(

@@ -225,9 +225,8 @@ def upkeep(
             )
             continue
         report.tables.append(table_report)
-        # a line per table that changed; one that needed nothing is said in the closing count
-        level = logging.INFO if _changed(table_report) else logging.DEBUG
-        log.log(level, "upkeep of %s: %s", name, _summary(table_report))
+        # a line per table that changed or has advice; the others are in the closing count
+        log.log(upkeep_level(table_report), "upkeep of %s: %s", name, _summary(table_report))
     if failed:
         raise LakeError(
             f"the upkeep of {len(failed)} of {len(targets)} tables of {paths.root} failed, the "
@@ -446,6 +445,24 @@ def _list_log(uri: str) -> _Log:
     if not commits:
         raise LakeError(f"{uri} has no Delta commit file: not a table the upkeep can maintain")
     return _Log(commits, checkpoints)
+
+
+# the skips every run of a table with nothing to do says; any other skip (a cleanup refused with
+# what to set, deletion vectors to purge with Spark, a VACUUM that could not run) is advice
+_ROUTINE_SKIPS = (
+    "compaction: below every threshold",
+    "vacuum: no file removed more than ",
+    "checkpoint: ",
+    "log cleanup: no checkpoint",
+    "log cleanup: no log entry older than ",
+)
+
+
+def upkeep_level(report: TableReport) -> int:
+    """The level of a table's line: INFO when the upkeep changed it or has something to say
+    (advice, a note), DEBUG when it needed nothing."""
+    advice = report.notes or any(not s.startswith(_ROUTINE_SKIPS) for s in report.skipped)
+    return logging.INFO if advice or _changed(report) else logging.DEBUG
 
 
 def _changed(report: TableReport) -> bool:

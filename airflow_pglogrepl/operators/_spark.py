@@ -107,7 +107,11 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
     IN_WORKER_MODULE: str | None = None
 
     def __init__(self, *, spark_log_level: str = "WARN", **kwargs: Any) -> None:
+        from airflow_pglogrepl.spark.log4j import spark_log_level as log4j_level
+
         super().__init__(**kwargs)
+        if "{{" not in str(spark_log_level):  # a typo fails the DAG's parse, not each try
+            log4j_level(spark_log_level)
         self.spark_log_level = spark_log_level
         self._binary_given = self._spark_binary is not None
         self._master: str | None = None
@@ -135,12 +139,12 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
     def _shipping_package(self) -> Iterator[None]:
         """This package as ``--py-files``, and the driver's log configuration, while the block
         runs (both are removed after)."""
-        from airflow_pglogrepl.spark.log4j import driver_conf, spark_log_level
+        from airflow_pglogrepl.spark.log4j import driver_env, spark_log_level
 
         level = spark_log_level(self.spark_log_level)
         with tempfile.TemporaryDirectory(prefix="pglogrepl-pyfiles-") as tmp:
             self.py_files = package_zip(Path(tmp))
-            self.conf = driver_conf(dict(self.conf or {}), Path(tmp), level)
+            self.env_vars = driver_env(dict(self.env_vars or {}), Path(tmp), level)
             self._workdir = tmp
             try:
                 yield

@@ -3,9 +3,10 @@
 Every line spark-submit prints becomes a line of the Airflow task log (the Spark provider logs
 them one by one). At Spark's default level a small drain writes a thousand lines of scheduler and
 codec chatter around the dozen lines that say what the run did. The operators therefore hand the
-driver JVM a log4j2 configuration (``-Dlog4j2.configurationFile``) at ``WARN`` by default; a
-``spark_log_level`` argument raises it for a run that needs Spark's own account. The
-application's own progress lines are Python logging, not log4j, and are not affected.
+driver JVM a log4j2 configuration (``-Dlog4j2.configurationFile`` in ``SPARK_SUBMIT_OPTS``) at
+``WARN`` by default; a ``spark_log_level`` argument raises it for a run that needs Spark's own
+account. The application's own progress lines are Python logging, not log4j, and are not
+affected.
 
 Warnings a run prints and no user can act on are kept at ``ERROR``: the missing native Hadoop
 library, the loopback host name (local mode binds to loopback on purpose) and a plan's text cut
@@ -14,11 +15,13 @@ short in a debug string. They still appear at ``INFO`` and below.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 LEVELS = ("OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL")
 DEFAULT_LEVEL = "WARN"
-JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
+SUBMIT_OPTS_ENV = "SPARK_SUBMIT_OPTS"
 
 # logger -> the level below which its known, unactionable warnings are not shown
 _UNACTIONABLE = {
@@ -64,14 +67,19 @@ def properties(level: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def driver_conf(conf: dict[str, str], directory: Path, level: str) -> dict[str, str]:
-    """``conf`` with the driver's JVM reading a configuration at ``level`` written into
-    ``directory``; the user's own driver Java options are kept (after ours, so a
-    ``-Dlog4j2.configurationFile`` of theirs wins)."""
+def driver_env(env: Mapping[str, str], directory: Path, level: str) -> dict[str, str]:
+    """``env`` (spark-submit's environment) with the driver's JVM reading a configuration at
+    ``level`` written into ``directory``.
+
+    The option goes in ``SPARK_SUBMIT_OPTS``, which the launcher puts on the driver's command
+    line before ``spark.driver.defaultJavaOptions`` and ``spark.driver.extraJavaOptions``: a
+    ``-Dlog4j2.configurationFile`` of the user's, in their conf or spark-defaults.conf, wins, and
+    nothing of spark-defaults.conf is replaced (a ``--conf spark.driver.extraJavaOptions`` would
+    replace its value). Any ``SPARK_SUBMIT_OPTS`` already set is kept, after ours."""
     path = directory / "log4j2-pglogrepl.properties"
     path.write_text(properties(level))
     ours = f"-Dlog4j2.configurationFile=file:{path}"
     if any(c.isspace() for c in ours):
-        ours = f'"{ours}"'  # Spark splits the options as a shell would
-    theirs = conf.get(JAVA_OPTIONS_KEY, "").strip()
-    return {**conf, JAVA_OPTIONS_KEY: f"{ours} {theirs}".strip()}
+        ours = f'"{ours}"'  # the launcher splits the options as a shell would
+    theirs = env.get(SUBMIT_OPTS_ENV, os.environ.get(SUBMIT_OPTS_ENV, "")).strip()
+    return {**env, SUBMIT_OPTS_ENV: f"{ours} {theirs}".strip()}

@@ -22,7 +22,14 @@ from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.cut import consistent_cut, read_cut
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.txnlog import TxnLog
-from airflow_pglogrepl.lake.upkeep import WINDOWS, Keep, Thresholds, upkeep
+from airflow_pglogrepl.lake.upkeep import (
+    WINDOWS,
+    Keep,
+    TableReport,
+    Thresholds,
+    upkeep,
+    upkeep_level,
+)
 from airflow_pglogrepl.lsn import LSN
 from tests.support.upkeep import APP, SLOT, Built, age, files, ids, log_names, versions
 
@@ -260,6 +267,34 @@ def test_a_table_that_needed_nothing_is_not_a_line_of_the_task_log(
     upkeep(built.root, SLOT, keep=keep)
     said = [r.getMessage() for r in caplog.records if "upkeep of" in r.getMessage()]
     assert any(f"upkeep of changes/{A}: " in m and "compacted" in m for m in said), said
+
+
+@pytest.mark.parametrize(
+    "advice",
+    [
+        "log cleanup: it would leave the log readable from version 9 only, and version 2 holds "
+        "the kept position; set a longer delta.logRetentionDuration on state/public.a (now 2 "
+        "hours) or keep less",
+        "purge: 3 files keep deletion vectors (too big or alone to be packed without a JVM); "
+        "purge them with Spark: REORG TABLE delta.`/lake/state/public.a` APPLY (PURGE)",
+        "vacuum: the log no longer dates version 4",
+    ],
+)
+def test_a_table_left_as_it_was_with_advice_is_a_line_of_the_task_log(advice: str) -> None:
+    """A table the upkeep changed nothing on, but whose line says what to set or run (or that
+    VACUUM could not run): that line is no DEBUG line."""
+    routine = [
+        "compaction: below every threshold",
+        "checkpoint: 4 versions since the last one (every 10)",
+    ]
+    quiet = TableReport("state/public.a", version_before=7, version_after=7, skipped=routine)
+    assert upkeep_level(quiet) == logging.DEBUG
+    advised = TableReport("state/public.a", version_before=7, version_after=7,
+                          skipped=[*routine, advice])  # fmt: skip
+    assert upkeep_level(advised) == logging.INFO
+    noted = TableReport("state/public.a", version_before=7, version_after=7, skipped=routine,
+                        notes=["the log no longer reaches 0/1E: kept from version 3"])  # fmt: skip
+    assert upkeep_level(noted) == logging.INFO
 
 
 def test_one_tables_failure_leaves_the_others_maintained(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_pglogrepl.spark.log4j import driver_conf, is_quiet, properties, spark_log_level
+from airflow_pglogrepl.spark.log4j import driver_env, is_quiet, properties, spark_log_level
 from airflow_pglogrepl.spark.submit_output import QuietSubmitOutput
 
 pytestmark = pytest.mark.unit
@@ -85,13 +85,20 @@ def test_log_levels() -> None:
     assert "NativeCodeLoader" in properties("WARN") and "NativeCodeLoader" not in properties("INFO")
 
 
-def test_the_users_driver_options_are_kept_after_ours(tmp_path: object) -> None:
+def test_the_users_driver_options_are_kept_after_ours(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from pathlib import Path
 
-    conf = driver_conf({"spark.driver.extraJavaOptions": "-Dx=1"}, Path(str(tmp_path)), "WARN")
-    options = conf["spark.driver.extraJavaOptions"]
-    assert options.startswith("-Dlog4j2.configurationFile=file:") and options.endswith(" -Dx=1")
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-Dfrom.environment=1")
+    env = driver_env({"PGLOGREPL_SOURCE_DSN": "x"}, Path(str(tmp_path)), "WARN")
+    options = env["SPARK_SUBMIT_OPTS"]
+    assert env["PGLOGREPL_SOURCE_DSN"] == "x"
+    assert options.startswith("-Dlog4j2.configurationFile=file:")
+    assert options.endswith(" -Dfrom.environment=1")
+    given = driver_env({"SPARK_SUBMIT_OPTS": "-Dx=1"}, Path(str(tmp_path)), "WARN")
+    assert given["SPARK_SUBMIT_OPTS"].endswith(" -Dx=1")
     spaced = Path(str(tmp_path)) / "a b"
     spaced.mkdir()
-    quoted = driver_conf({}, spaced, "WARN")["spark.driver.extraJavaOptions"]
-    assert quoted.startswith('"-Dlog4j2') and quoted.endswith('properties"')
+    quoted = driver_env({}, spaced, "WARN")["SPARK_SUBMIT_OPTS"]
+    assert quoted.startswith('"-Dlog4j2') and quoted.endswith('properties" -Dfrom.environment=1')
