@@ -29,6 +29,7 @@ def readme_dag(folder: Path) -> object:
     """The README's DAG block, written to ``folder``, loaded as Airflow loads a DAG file and
     serialized to the metadata database (``dag.test()`` runs the serialized DAG; the session's
     DAG bundle is the suite's own folder, so this one is written to it by hand)."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
     from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
 
     [block] = [b for b in code_blocks(REPO / "README.md") if "with DAG(" in b.body]
@@ -37,6 +38,7 @@ def readme_dag(folder: Path) -> object:
     assert not bag.import_errors, bag.import_errors
     dag = bag.get_dag("orders_replication")
     assert dag is not None
+    DagBundlesManager().sync_bundles_to_db()  # the bundle row the DAG's row refers to
     sync_bag_to_db(bag, "dags-folder", None)
     return dag
 
