@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
 from airflow_pglogrepl.hooks.errors import wal_level_error
 from airflow_pglogrepl.hooks.pg import server
@@ -84,6 +86,39 @@ class ServerMixin(PgSessionHook):
             where = f"{params.get('host', 'localhost')}:{params.get('port', '5432')}"
             raise wal_level_error(facts.wal_level, where)
         return facts
+
+    def require_slot_privileges(
+        self, *, reads: Sequence[str] = (), conn: Conn | None = None
+    ) -> None:
+        """Raise ``PrivilegeError`` unless the role may use replication slots (REPLICATION or
+        superuser: peek, advance, create) and, for a copy, SELECT every table the ``reads``
+        publications publish. Checked before a drain or snapshot starts, so a role short of a
+        privilege fails in milliseconds, before anything is done, not after spark-submit."""
+        from psycopg import sql
+
+        from airflow_pglogrepl.exceptions import PrivilegeError
+
+        with self._use(conn) as c:
+            role = server.role_attributes(c)
+            name = str(role["role"])
+            if not (role["superuser"] or role["replication"]):
+                ident = sql.Identifier(name).as_string(c)
+                raise PrivilegeError(
+                    name, "use replication slots (a drain peeks and advances its slot, a "
+                    "snapshot creates it)",
+                    f"as a superuser, ALTER ROLE {ident} REPLICATION",
+                )  # fmt: skip
+            unreadable = server.unreadable_published_tables(c, reads) if reads else []
+            if unreadable:
+                shown = ", ".join(
+                    sql.SQL("{}.{}").format(sql.Identifier(s), sql.Identifier(t)).as_string(c)
+                    for s, t in unreadable
+                )
+                raise PrivilegeError(
+                    name, f"SELECT {len(unreadable)} published table(s) the snapshot copies: "
+                    f"{shown}",
+                    f"GRANT SELECT ON {shown} TO {sql.Identifier(name).as_string(c)}",
+                )  # fmt: skip
 
     def instance_identity(self, *, conn: Conn | None = None) -> tuple[str, str]:
         """(postmaster start time, port): equal for two connections to one running server.

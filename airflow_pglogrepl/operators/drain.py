@@ -148,6 +148,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
             [str(p) for p in self.publications], slot=str(self.slot_name),
             consequence="Nothing was started: spark-submit did not run and the slot did not move",
         )  # fmt: skip
+        hook.require_slot_privileges()
         self._check_spark_connection()
         if self.skip_when_idle and not self.accept_source_change:
             from airflow_pglogrepl.operators._idle import idle_run

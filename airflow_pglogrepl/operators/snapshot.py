@@ -138,6 +138,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
             consequence="Nothing was started: no slot was created or dropped, the lake was not "
             "read or written, and spark-submit did not run",
         )  # fmt: skip
+        hook.require_slot_privileges(reads=[str(p) for p in self.publications])
         self._check_spark_connection()
         self._prepare_submit(make_dsn(hook.connection_params()))
         with self._shipping_package():

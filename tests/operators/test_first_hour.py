@@ -279,3 +279,73 @@ def test_a_database_of_many_publications_lists_a_few_of_them() -> None:
     assert "'tenant_0000_pub', " in str(error) and "and 4980 more" in str(error)
     assert "did you mean 'tenant_0042_pub'?" in str(error)
     assert error.existing == existing
+
+
+# -- a role short of a privilege is refused before anything starts ------------------------------
+
+
+def _role_conn(source: Source, role: str, *attributes: str) -> str:
+    """An Airflow connection to the source's database as a new role with ``attributes``."""
+    from urllib.parse import quote
+
+    from psycopg import sql
+
+    cluster = source.cluster
+    cluster.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+    cluster.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD 'pw' {}").format(
+        sql.Identifier(role), sql.SQL(" ".join(attributes))))  # fmt: skip
+    conn_id = f"first_hour_role_{role.lower().replace(' ', '_')}"
+    set_airflow_connection(
+        conn_id, f"postgres://{quote(role, safe='')}:pw@{cluster.host}:{cluster.port}/{source.db}"
+    )
+    return conn_id
+
+
+def test_a_drain_as_a_role_without_replication_is_refused_before_spark(
+    typo_source: tuple[Source, str], tmp_path: Path
+) -> None:
+    """Before: spark-submit ran and the application failed on its first peek."""
+    from airflow_pglogrepl.exceptions import PrivilegeError
+
+    source, _ = typo_source
+    conn_id = _role_conn(source, "Lake Reader")
+    with pytest.raises(AirflowFailException) as failure:
+        SlotDrainOperator(
+            task_id="drain", postgres_conn_id=conn_id, slot_name=source.slot,
+            publications=["shop_pub"], sink=str(tmp_path / "lake"), conn_id="no_such_spark",
+        ).execute({"ti": None})  # type: ignore[arg-type]  # fmt: skip
+    error = raised_error(failure.value)
+    assert isinstance(error, PrivilegeError) and not error.retryable
+    assert str(error) == (
+        "role 'Lake Reader' may not use replication slots (a drain peeks and advances its slot, "
+        'a snapshot creates it). Nothing was done. Fix: as a superuser, ALTER ROLE "Lake Reader" '
+        "REPLICATION"
+    )
+    assert not (tmp_path / "lake").exists()
+
+
+def test_a_snapshot_as_a_role_that_cannot_read_a_table_is_refused_before_the_slot(
+    typo_source: tuple[Source, str], tmp_path: Path
+) -> None:
+    from airflow_pglogrepl.exceptions import PrivilegeError
+
+    source, _ = typo_source
+    source.sql("SELECT pg_drop_replication_slot(%s)", (source.slot,))
+    conn_id = _role_conn(source, "snap_rep", "REPLICATION")
+    source.sql("GRANT SELECT ON shop TO snap_rep")
+    try:
+        with pytest.raises(AirflowFailException) as failure:
+            InitialSnapshotOperator(
+                task_id="snapshot", postgres_conn_id=conn_id, slot_name=source.slot,
+                publications=["shop_pub", "audit"], sink=str(tmp_path / "lake"),
+                conn_id="no_such_spark", outlets=[],
+            ).execute({"ti": None})  # type: ignore[arg-type]  # fmt: skip
+    finally:
+        created = _slot_position(source)
+        source.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (source.slot,))
+    error = raised_error(failure.value)
+    assert isinstance(error, PrivilegeError)
+    copies = 'may not SELECT 1 published table(s) the snapshot copies: "public"."audit"'
+    assert copies in str(error)
+    assert 'Fix: GRANT SELECT ON "public"."audit" TO "snap_rep"' in str(error)
+    assert created == [] and not (tmp_path / "lake").exists()

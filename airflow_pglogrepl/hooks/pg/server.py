@@ -59,6 +59,33 @@ def publication_names(conn: Conn) -> list[str]:
     return [row["name"] for row in conn.execute(PUBLICATION_NAMES).fetchall()]
 
 
+ROLE_ATTRIBUTES = sql.SQL(
+    "SELECT current_user AS role, r.rolsuper AS superuser, r.rolreplication AS replication"
+    " FROM pg_roles r WHERE r.rolname = current_user"
+)
+
+
+def role_attributes(conn: Conn) -> dict[str, object]:
+    """The connected role's name and whether it is a superuser or has REPLICATION."""
+    row = conn.execute(ROLE_ATTRIBUTES).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+UNREADABLE_PUBLISHED_TABLES = sql.SQL(
+    "SELECT DISTINCT t.schemaname AS schema, t.tablename AS name FROM pg_publication_tables t"
+    " WHERE t.pubname = ANY(%s::text[]::name[])"
+    " AND NOT has_table_privilege(format('%%I.%%I', t.schemaname, t.tablename), 'SELECT')"
+    " ORDER BY 1, 2"
+)
+
+
+def unreadable_published_tables(conn: Conn, publications: Sequence[str]) -> list[tuple[str, str]]:
+    """The tables the publications publish that the connected role may not SELECT."""
+    rows = conn.execute(UNREADABLE_PUBLISHED_TABLES, (list(publications),)).fetchall()
+    return [(row["schema"], row["name"]) for row in rows]
+
+
 def source_identity(conn: Conn) -> dict[str, object]:
     """Which server, history and database the changes come from: ``system_identifier`` (one
     per cluster, shared with its physical standbys), ``timeline`` (a promotion starts a new
