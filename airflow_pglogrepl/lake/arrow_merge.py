@@ -247,7 +247,7 @@ def merge_table(
         if any(c not in state.names for c in columns):
             return "new columns for the state"
         limit = max_rows if keys else max(max_rows, APPEND_ROWS)
-        size = _state_bytes(target) if keys else 0  # an append rewrites nothing
+        size = sum(delta.file_sizes(target)) if keys else 0  # an append rewrites nothing
         if size > MAX_STATE_BYTES:
             too_big = f"a state of {size} bytes (this path rewrites the files it touches)"
             if reduced is None:
@@ -377,13 +377,6 @@ def _wanted(net: pa.Table, state: pa.Schema, columns: Sequence[str]) -> pa.Schem
 
 def _text(metadata: dict[bytes, bytes] | None) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in (metadata or {}).items()}
-
-
-def _state_bytes(target: Any) -> int:
-    import pyarrow as pa
-
-    actions = pa.table(target.get_add_actions(flatten=True))
-    return int(sum(actions.column("size_bytes").to_pylist())) if actions.num_rows else 0
 
 
 def _quote(name: str) -> str:

@@ -40,6 +40,15 @@ def open_table(uri: str) -> Any | None:
         return None
 
 
+def file_sizes(table: Any) -> list[int]:
+    """The sizes in bytes of the live files of an open ``DeltaTable`` (its add actions): what a
+    merge would rewrite, what compaction packs."""
+    import pyarrow as pa
+
+    actions = pa.table(table.get_add_actions(flatten=False))
+    return [int(size) for size in actions.column("size_bytes").to_pylist()]
+
+
 def _version(uri: str) -> int | None:
     """The table's current version (None: no table at ``uri``)."""
     table = open_table(uri)

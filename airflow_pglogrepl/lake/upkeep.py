@@ -257,7 +257,7 @@ def _maintain(name: str, uri: str, app: str, keep: Keep, floor: float, threshold
     table = delta.open_table(uri)
     assert table is not None
     report = TableReport(name, version_before=int(table.version()))
-    sizes = _sizes(table)
+    sizes = delta.file_sizes(table)
     report.files_before = len(sizes)
     report.small_files_before = sum(s < thresholds.small_file_bytes for s in sizes)
     report.dv_files_before = _dv_files(table)
@@ -329,7 +329,7 @@ def _maintain(name: str, uri: str, app: str, keep: Keep, floor: float, threshold
     table = delta.open_table(uri)
     assert table is not None
     report.version_after = int(table.version())
-    report.files_after = len(_sizes(table))
+    report.files_after = len(delta.file_sizes(table))
     return report
 
 
@@ -470,13 +470,6 @@ def _changed(report: TableReport) -> bool:
     checkpointed = not any(skip.startswith("checkpoint") for skip in report.skipped)
     return bool(report.compacted or report.files_removed or report.log_cleaned or checkpointed
                 or report.version_after != report.version_before)  # fmt: skip
-
-
-def _sizes(table: Any) -> list[int]:
-    import pyarrow as pa
-
-    actions = pa.table(table.get_add_actions(flatten=False))
-    return [int(s) for s in actions.column("size_bytes").to_pylist()]
 
 
 def _dv_files(table: Any) -> int:
