@@ -24,9 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.lake.changelog import COMMIT_LSN
 from airflow_pglogrepl.lake.layout import is_local
+from airflow_pglogrepl.lake.mapping import FEATURE
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from airflow_pglogrepl.lake.mapping import MappedSchema
 
 
 def open_table(uri: str) -> Any | None:
@@ -418,6 +421,7 @@ def create_table(
     app: str,
     version: int,
     configuration: Mapping[str, str],
+    mapping: MappedSchema | None = None,
 ) -> None:
     """Create the table at ``uri`` as version 0 holding ``files``, with the app transaction
     ``(app, version)``, put only if no table is there (``LakeCommitConflictError`` otherwise).
@@ -425,7 +429,9 @@ def create_table(
     Why not ``deltalake``'s own creation: with deletion vectors enabled it adds reader features
     no column needs (``variantType``), which readers that do not know them refuse. The protocol
     here is the least that the table needs: ``deletionVectors`` when enabled, ``timestampNtz``
-    when a column holds a timestamp without a time zone."""
+    when a column holds a timestamp without a time zone, ``columnMapping`` with ``mapping``
+    (``lake.mapping``: ``schema``'s fields with ids and physical names; ``files`` then hold the
+    physical names), which delta-rs cannot create a table with."""
     from deltalake import Schema
 
     from airflow_pglogrepl.exceptions import LakeCommitConflictError
@@ -435,19 +441,23 @@ def create_table(
         features.append("deletionVectors")
     if _has_timestamp_ntz(schema):
         features.append("timestampNtz")
+    config = dict(configuration)
+    if mapping is not None:
+        features.append(FEATURE)
+        config.update(mapping.configuration())
     now = int(time.time() * 1000)
     protocol: dict[str, Any] = {"minReaderVersion": 1, "minWriterVersion": 2}
     if features:
         protocol = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features,
                     "writerFeatures": features}  # fmt: skip
+    schema_string = mapping.to_json() if mapping else Schema.from_arrow(schema).to_json()
     actions: list[dict[str, Any]] = [
         {"commitInfo": {"timestamp": now, "operation": "CREATE TABLE",
                         "operationParameters": {}, "engineInfo": "airflow-pglogrepl"}},
         {"protocol": protocol},
         {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
-                      "schemaString": Schema.from_arrow(schema).to_json(),
-                      "partitionColumns": [], "configuration": dict(configuration),
-                      "createdTime": now}},
+                      "schemaString": schema_string, "partitionColumns": [],
+                      "configuration": config, "createdTime": now}},
         {"txn": {"appId": app, "version": version, "lastUpdated": now}},
         *({"add": {"path": f.name, "partitionValues": {}, "size": f.size,
                    "modificationTime": now, "dataChange": True,

@@ -1,0 +1,199 @@
+"""Delta column mapping (``delta.columnMapping.mode = name``) for tables whose names need it.
+
+Under column mapping a table's schema says, for every field, an id and a *physical name*: the
+name its Parquet files use. Readers that support it (Spark with Delta, delta-rs' query engine)
+show the logical names, so a column may be called anything PostgreSQL allows. delta-rs 1.6
+reads and appends to such tables but cannot create one with data, nor change its schema; the
+lake therefore builds the schema itself (``mapped_schema``), writes files under the physical
+names (``to_physical``), and creates the table with its own version-0 commit
+(``delta.create_table(..., mapping=...)``).
+
+Physical names are ``col-<uuid>`` (as Spark makes them), except the changelog's own columns,
+which keep their names: ``_commit_lsn`` must stay ``_commit_lsn`` in the files for the
+statistics the lake records and the window filters that read them. Nested struct fields (a
+changelog's ``_old``) get ids and physical names too. A physical name never changes: a rename
+is a new logical name over the same files.
+
+The protocol of a mapped table is always reader 3 / writer 7 with the ``columnMapping`` feature.
+With the older reader 2 / writer 5 form, ``deltalake``'s pyarrow readers read every column of
+such a table as NULL without an error; with table features they refuse it, which a user sees.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+MODE = "delta.columnMapping.mode"
+MAX_ID = "delta.columnMapping.maxColumnId"
+ID_KEY = "delta.columnMapping.id"
+PHYSICAL_KEY = "delta.columnMapping.physicalName"
+FEATURE = "columnMapping"
+PARQUET_ID = b"PARQUET:field_id"
+
+
+@dataclass(frozen=True)
+class MappedSchema:
+    """A table's Delta schema under column mapping: its JSON (for the log) and the highest id."""
+
+    schema: dict[str, Any]
+    max_id: int
+
+    def to_json(self) -> str:
+        return json.dumps(self.schema, separators=(",", ":"))
+
+    def configuration(self) -> dict[str, str]:
+        """What the table's configuration says of its mapping."""
+        return {MODE: "name", MAX_ID: str(self.max_id)}
+
+
+def mapped_schema(schema: pa.Schema, *, pinned: Iterable[str] = ()) -> MappedSchema:
+    """``schema`` as a Delta schema with every field, nested ones included, given an id (depth
+    first, from 1) and a physical name: its own for a top-level name of ``pinned``, else
+    ``col-<uuid>``.
+
+    delta-rs converts the Arrow types, but refuses names Delta cannot hold without mapping: the
+    conversion runs on placeholder names and the real names are put back by position."""
+    from deltalake import Schema
+
+    placeholder = _renamed_schema(schema, lambda path: f"c{'_'.join(map(str, path))}")
+    converted: dict[str, Any] = json.loads(Schema.from_arrow(placeholder).to_json())
+    keep = set(pinned)
+    counter = [0]
+
+    def visit(kind: Any, arrow: pa.DataType, top: bool) -> None:
+        if isinstance(kind, dict) and kind.get("type") == "struct":
+            for field, arrow_field in zip(kind["fields"], _children(arrow), strict=True):
+                field["name"] = arrow_field.name
+                counter[0] += 1
+                physical = arrow_field.name if top and arrow_field.name in keep else None
+                field["metadata"] = {
+                    **field.get("metadata", {}),
+                    ID_KEY: counter[0],
+                    PHYSICAL_KEY: physical or f"col-{uuid.uuid4()}",
+                }
+                visit(field["type"], arrow_field.type, False)
+        elif isinstance(kind, dict) and kind.get("type") == "array":
+            visit(kind["elementType"], arrow.value_type, False)
+        elif isinstance(kind, dict) and kind.get("type") == "map":
+            visit(kind["keyType"], arrow.key_type, False)
+            visit(kind["valueType"], arrow.item_type, False)
+
+    import pyarrow as pa
+
+    visit(converted, pa.struct(list(schema)), True)
+    return MappedSchema(converted, counter[0])
+
+
+def physical_names(mapped: MappedSchema) -> list[str]:
+    """The physical names of the schema's top-level fields, in order."""
+    return [str(f["metadata"][PHYSICAL_KEY]) for f in mapped.schema["fields"]]
+
+
+def to_physical(table: pa.Table, mapped: MappedSchema) -> pa.Table:
+    """``table`` (columns in the schema's order) with every field renamed, by position, to its
+    physical name and tagged with its id (``PARQUET:field_id``, as Spark writes it): what a
+    mapped table's data files hold. Struct children are rebuilt, not cast: a cast matches
+    struct fields by name and would read the renamed ones as NULL."""
+    import pyarrow as pa
+
+    fields = mapped.schema["fields"]
+    if [f["name"] for f in fields] != table.column_names:
+        raise ValueError(
+            f"columns {table.column_names} are not the mapped schema's "
+            f"{[f['name'] for f in fields]}"
+        )
+    columns = [
+        pa.chunked_array(
+            [_physical_array(chunk, f["type"]) for chunk in column.chunks],
+            type=_physical_type(f["type"], column.type),
+        )
+        for column, f in zip(table.columns, fields, strict=True)
+    ]
+    schema = pa.schema(
+        _physical_field(f, field) for f, field in zip(fields, table.schema, strict=True)
+    )
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _children(kind: pa.DataType) -> list[pa.Field]:
+    return [kind.field(i) for i in range(kind.num_fields)]
+
+
+def _renamed_schema(schema: pa.Schema, name: Any) -> pa.Schema:
+    """``schema`` with every field, nested ones too, named ``name(path)``."""
+    import pyarrow as pa
+
+    def rename_type(kind: pa.DataType, path: tuple[int, ...]) -> pa.DataType:
+        if pa.types.is_struct(kind):
+            return pa.struct([
+                pa.field(name((*path, i)), rename_type(f.type, (*path, i)), f.nullable)
+                for i, f in enumerate(_children(kind))
+            ])  # fmt: skip
+        if pa.types.is_large_list(kind):
+            return pa.large_list(rename_type(kind.value_type, (*path, 0)))
+        if pa.types.is_list(kind):
+            return pa.list_(rename_type(kind.value_type, (*path, 0)))
+        return kind
+
+    return pa.schema(
+        pa.field(name((i,)), rename_type(f.type, (i,)), f.nullable) for i, f in enumerate(schema)
+    )
+
+
+def _physical_field(delta_field: dict[str, Any], field: pa.Field) -> pa.Field:
+    import pyarrow as pa
+
+    meta = delta_field["metadata"]
+    return pa.field(
+        str(meta[PHYSICAL_KEY]),
+        _physical_type(delta_field["type"], field.type),
+        field.nullable,
+        metadata={**(field.metadata or {}), PARQUET_ID: str(meta[ID_KEY]).encode()},
+    )
+
+
+def _physical_type(kind: Any, arrow: pa.DataType) -> pa.DataType:
+    import pyarrow as pa
+
+    if isinstance(kind, dict) and kind.get("type") == "struct":
+        return pa.struct([
+            _physical_field(f, child)
+            for f, child in zip(kind["fields"], _children(arrow), strict=True)
+        ])  # fmt: skip
+    if isinstance(kind, dict) and kind.get("type") == "array":
+        value = _physical_type(kind["elementType"], arrow.value_type)
+        return pa.large_list(value) if pa.types.is_large_list(arrow) else pa.list_(value)
+    return arrow
+
+
+def _physical_array(array: pa.Array, kind: Any) -> pa.Array:
+    import pyarrow as pa
+
+    if array.offset and isinstance(kind, dict):  # a slice: arrays built from its parts with a
+        array = pa.concat_arrays([array])  # null mask must start at their buffers' start
+
+    if isinstance(kind, dict) and kind.get("type") == "struct":
+        fields = kind["fields"]
+        children = [_physical_array(array.field(i), f["type"]) for i, f in enumerate(fields)]
+        names = [_physical_field(f, array.type.field(i)) for i, f in enumerate(fields)]
+        mask = array.is_null() if array.null_count else None
+        return pa.StructArray.from_arrays(children, fields=names, mask=mask)
+    if (
+        isinstance(kind, dict)
+        and kind.get("type") == "array"
+        and array.type.value_type != (_physical_type(kind["elementType"], array.type.value_type))
+    ):
+        values = _physical_array(array.values, kind["elementType"])
+        kind_of = pa.LargeListArray if pa.types.is_large_list(array.type) else pa.ListArray
+        return kind_of.from_arrays(array.offsets, values, mask=array.is_null())
+    return array
