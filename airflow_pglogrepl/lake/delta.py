@@ -267,6 +267,7 @@ def commit_files(
     expected: int | None,
     configuration: Mapping[str, str] | None = None,
     name: str | None = None,
+    mapping: MappedSchema | None = None,
 ) -> None:
     """One Delta commit adding ``files`` with the app transaction ``(app, version)``, made only
     if the table's log holds ``expected`` for ``app`` (None: no table, or none of ``app``) and
@@ -279,6 +280,10 @@ def commit_files(
     delta-rs refuses to commit on top of a concurrent commit carrying the same app id. Creates
     the table (with ``configuration`` as its properties) when ``expected`` is None and none
     exists; a table created meanwhile by another writer makes the creation fail.
+
+    Under column mapping (``lake.mapping``) the files hold physical names: a new table is
+    created with ``mapping`` (by ``create_table``: delta-rs cannot), and an existing mapped
+    table is appended to under its own schema.
     """
     from deltalake import CommitProperties, Schema, Transaction
     from deltalake.transaction import create_table_with_add_actions
@@ -287,8 +292,16 @@ def commit_files(
 
     commit = CommitProperties(app_transactions=[Transaction(app, version)])
     actions = [f.add_action() for f in files]
-    delta_schema = Schema.from_arrow(schema)
     table = open_table(uri)
+    if table is None and mapping is not None:
+        if expected is not None:
+            raise LakeCommitConflictError(uri, app, expected, None, version)
+        create_table(uri, schema, files, app=app, version=version,
+                     configuration=dict(configuration or {}), mapping=mapping)  # fmt: skip
+        return
+    delta_schema = (
+        table.schema() if table is not None and is_mapped(table) else Schema.from_arrow(schema)
+    )
     found = None if table is None else table.transaction_version(app)
     found = None if found is None else int(found)
     if found != expected or (found is not None and version <= found):
@@ -309,6 +322,13 @@ def commit_files(
         raise LakeCommitConflictError(uri, app, expected, now, version) from None
     if is_local(uri):
         make_log_durable(uri, after=before)
+
+
+def is_mapped(table: Any) -> bool:
+    """Whether an open ``DeltaTable`` is under column mapping (its files hold physical names)."""
+    from airflow_pglogrepl.lake.mapping import MODE
+
+    return str((table.metadata().configuration or {}).get(MODE, "none")) != "none"
 
 
 def lost_race(exc: Exception) -> bool:

@@ -91,6 +91,16 @@ def mapped_schema(schema: pa.Schema, *, pinned: Iterable[str] = ()) -> MappedSch
     return MappedSchema(converted, counter[0])
 
 
+def mapped_of(table: Any) -> MappedSchema | None:
+    """The mapping of an open ``DeltaTable`` (None: not under column mapping), read from its
+    Delta schema: its physical names are the files', whatever its logical names became."""
+    config = table.metadata().configuration or {}
+    if config.get(MODE, "none") == "none":
+        return None
+    schema = json.loads(table.schema().to_json())
+    return MappedSchema(schema, int(config.get(MAX_ID, "0")))
+
+
 def physical_names(mapped: MappedSchema) -> list[str]:
     """The physical names of the schema's top-level fields, in order."""
     return [str(f["metadata"][PHYSICAL_KEY]) for f in mapped.schema["fields"]]

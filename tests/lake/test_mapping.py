@@ -91,3 +91,62 @@ def test_spark_reads_every_name(tmp_path: Path, spark: object) -> None:
     got = sorted(frame.select("`sp ace`", "`a=b`", "`x(y)`", "_old.`a=b`").collect(), key=str)
     assert [tuple(r) for r in got] == sorted([(1, 1, 1, 8), (2, 2, 2, None), (None, None, None, 9)],
                                              key=str)  # fmt: skip
+
+
+def _state(ids: list[int], tag: str) -> pa.Table:
+    return pa.table({"id key": pa.array(ids, pa.int64()),
+                     "a=b": pa.array([f"{tag}{i}" for i in ids], pa.string())})  # fmt: skip
+
+
+def test_windows_append_to_a_mapped_table_through_the_commit_path(tmp_path: Path) -> None:
+    """The first commit creates the mapped table, later ones append physical files to it,
+    each a compare-and-set on the app's transaction as for any table."""
+    from airflow_pglogrepl.exceptions import LakeCommitConflictError
+    from airflow_pglogrepl.lake.mapping import mapped_of
+
+    uri = str(tmp_path / "t")
+    first = _state([1, 2], "v")
+    mapped = mapped_schema(first.schema)
+    file = delta.write_file(uri, to_physical(first, mapped), "w1")
+    delta.commit_files(uri, first.schema, [file], app="a", version=1, expected=None,
+                       mapping=mapped)  # fmt: skip
+    table = delta.open_table(uri)
+    assert table is not None and delta.is_mapped(table)
+    again = mapped_of(table)  # the physical names come from the table, not recomputed
+    assert again is not None and again.schema == mapped.schema
+    second = _state([3], "w")
+    file = delta.write_file(uri, to_physical(second, again), "w2")
+    with pytest.raises(LakeCommitConflictError):
+        delta.commit_files(uri, second.schema, [file], app="a", version=2, expected=None)
+    delta.commit_files(uri, second.schema, [file], app="a", version=2, expected=1)
+    assert delta.txn_version(uri, "a") == 2
+    assert sorted(delta.read_table(uri).to_pylist(), key=str) == sorted(
+        [*first.to_pylist(), *second.to_pylist()], key=str
+    )
+
+
+def test_delta_rs_merges_into_a_mapped_table_by_its_names(tmp_path: Path) -> None:
+    """The JVM-free merge of small batches uses delta-rs' MERGE with quoted names."""
+    uri = str(tmp_path / "t")
+    state = _state([1, 2, 3], "v")
+    mapped = mapped_schema(state.schema)
+    delta.create_table(uri, state.schema, [delta.write_file(uri, to_physical(state, mapped), "s")],
+                       app="a", version=1, configuration={}, mapping=mapped)  # fmt: skip
+    table = delta.open_table(uri)
+    assert table is not None
+    changes = pa.table({"id key": pa.array([2, 4], pa.int64()),
+                        "a=b": pa.array(["changed", "new"]),
+                        "gone": pa.array([False, False])})  # fmt: skip
+    (
+        table.merge(
+            changes, predicate='t."id key" = s."id key"', source_alias="s", target_alias="t"
+        )
+        .when_matched_update({'"a=b"': 's."a=b"'})
+        .when_not_matched_insert({'"id key"': 's."id key"', '"a=b"': 's."a=b"'})
+        .execute()
+    )
+    got = sorted(delta.read_table(uri).to_pylist(), key=lambda r: r["id key"])
+    assert got == [{"id key": 1, "a=b": "v1"}, {"id key": 2, "a=b": "changed"},
+                   {"id key": 3, "a=b": "v3"}, {"id key": 4, "a=b": "new"}]  # fmt: skip
+    reopened = delta.open_table(uri)
+    assert reopened is not None and delta.is_mapped(reopened)
