@@ -1,6 +1,6 @@
 """The drain application run as a plain Python process on the worker, for a local Spark master.
 
-spark-submit starts a JVM before the application's first line, about ten seconds on a small
+spark-submit starts a JVM before the application's first line, 3 to 10 seconds on a small
 machine, and the drain's application may never need it: its changelog is written by pyarrow and
 delta-rs, and most small batches merge without a JVM. With a local master (``local``,
 ``local[N]``, ``local[*]``) everything runs on the worker anyway, so the operator runs the
