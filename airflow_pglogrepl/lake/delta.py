@@ -397,32 +397,40 @@ FIRST_COMMIT = f"{0:020d}.json"
 
 def put_first_commit(table_uri: str, data: bytes) -> bool:
     """Write the table's ``_delta_log/00000000000000000000.json`` whole, only if it does not
-    exist; False (nothing written) when it does.
+    exist; False (nothing written) when it does (``put_commit`` of version 0)."""
+    return put_commit(table_uri, 0, data)
+
+
+def put_commit(table_uri: str, version: int, data: bytes) -> bool:
+    """Write the table's log entry of ``version`` whole, only if it does not exist; False
+    (nothing written) when it does: another writer committed that version first.
 
     Locally a complete, fsynced temporary file is hard-linked to its name, which fails if the
     name exists; on an object store the object is written only when absent and becomes visible
     whole when its upload completes (Delta's own single-writer assumption for S3, which the
-    lake's writer lock makes true)."""
+    lake's writer lock makes true). For the commits delta-rs cannot make: a table created with
+    column mapping, a column renamed or added under it."""
     from pyarrow import fs
 
     system, base = filesystem(table_uri)
     directory = f"{base}/_delta_log"
+    entry = f"{version:020d}.json"
     if not is_local(table_uri):
         system.create_dir(directory, recursive=True)
-        if system.get_file_info(f"{directory}/{FIRST_COMMIT}").type != fs.FileType.NotFound:
+        if system.get_file_info(f"{directory}/{entry}").type != fs.FileType.NotFound:
             return False
-        with system.open_output_stream(f"{directory}/{FIRST_COMMIT}") as stream:
+        with system.open_output_stream(f"{directory}/{entry}") as stream:
             stream.write(data)
         return True
     os.makedirs(directory, exist_ok=True)
-    temporary = os.path.join(directory, f".{FIRST_COMMIT}.{uuid.uuid4().hex}.tmp")
+    temporary = os.path.join(directory, f".{entry}.{uuid.uuid4().hex}.tmp")
     try:
         with open(temporary, "wb") as file:
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
         try:
-            os.link(temporary, os.path.join(directory, FIRST_COMMIT))
+            os.link(temporary, os.path.join(directory, entry))
         except FileExistsError:
             return False
     finally:

@@ -207,3 +207,60 @@ def _physical_array(array: pa.Array, kind: Any) -> pa.Array:
         kind_of = pa.LargeListArray if pa.types.is_large_list(array.type) else pa.ListArray
         return kind_of.from_arrays(array.offsets, values, mask=array.is_null())
     return array
+
+
+def rename_columns(uri: str, renames: dict[str, str]) -> int:
+    """Rename columns of the mapped table at ``uri`` (``old -> new`` logical names, top level,
+    and the same names among the children of ``_old``) in one metadata-only commit; returns
+    its version. The files and their physical names do not change: readers see the old values
+    under the new names. delta-rs cannot change a mapped table's schema, so the commit is put
+    as Delta's log entry of the next version, only if no other writer took that version
+    (``LakeCommitConflictError``)."""
+    import time
+
+    from airflow_pglogrepl.exceptions import LakeError
+    from airflow_pglogrepl.lake import delta
+
+    table = delta.open_table(uri)
+    mapped = None if table is None else mapped_of(table)
+    if table is None or mapped is None:
+        raise ValueError(f"{uri} is not a table under column mapping")
+    schema = json.loads(mapped.to_json())
+    top = {f["name"] for f in schema["fields"]}
+    missing = sorted(set(renames) - top)
+    if missing:
+        raise ValueError(f"{uri} has no column {missing}")
+    final = (top - set(renames)) | set(renames.values())
+    if len(final) != len(top):
+        raise ValueError(f"renames {renames} would give two columns of {uri} one name")
+
+    def rename(fields: list[dict[str, Any]]) -> None:
+        for field in fields:
+            field["name"] = renames.get(field["name"], field["name"])
+
+    rename(schema["fields"])
+    for field in schema["fields"]:
+        if field["name"] == "_old" and field["type"].get("type") == "struct":
+            rename(field["type"]["fields"])
+    meta = table.metadata()
+    now = int(time.time() * 1000)
+    actions = [
+        {"commitInfo": {"timestamp": now, "operation": "RENAME COLUMN",
+                        "operationParameters": {"renames": json.dumps(renames)},
+                        "engineInfo": "airflow-pglogrepl"}},
+        {"metaData": {"id": meta.id, "name": meta.name, "description": meta.description,
+                      "format": {"provider": "parquet", "options": {}},
+                      "schemaString": json.dumps(schema, separators=(",", ":")),
+                      "partitionColumns": list(meta.partition_columns),
+                      "configuration": dict(meta.configuration),
+                      "createdTime": meta.created_time}},
+    ]  # fmt: skip
+    version = int(table.version()) + 1
+    text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
+    if not delta.put_commit(uri, version, text.encode()):
+        raise LakeError(
+            f"another writer committed version {version} of {uri} first: the columns "
+            f"{sorted(renames)} were not renamed. Fix: only one writer at a time (the lake's "
+            f"writer lock); run again"
+        )
+    return version

@@ -150,3 +150,51 @@ def test_delta_rs_merges_into_a_mapped_table_by_its_names(tmp_path: Path) -> Non
                    {"id key": 3, "a=b": "v3"}, {"id key": 4, "a=b": "new"}]  # fmt: skip
     reopened = delta.open_table(uri)
     assert reopened is not None and delta.is_mapped(reopened)
+
+
+def test_a_rename_is_a_metadata_commit_that_keeps_every_value(tmp_path: Path) -> None:
+    """A rename on the publisher becomes a rename in the lake: the old values read under the
+    new name (in ``_old`` too), and files written after it land under the same column."""
+    from airflow_pglogrepl.lake.mapping import mapped_of, rename_columns
+
+    uri, rows = _create(tmp_path)
+    version = rename_columns(uri, {"sp ace": "space now", "a=b": "Name__3"})
+    assert version == 1
+    renamed = rows.rename_columns(
+        [
+            "space now" if n == "sp ace" else "Name__3" if n == "a=b" else n
+            for n in rows.column_names
+        ]
+    )
+    back = delta.read_table(uri)
+    assert back.column("space now").to_pylist() == rows.column("sp ace").to_pylist()
+    assert [f.name for f in back.schema.field("_old").type] == ["space now", "Name__3"]
+    table = delta.open_table(uri)
+    assert table is not None
+    mapped = mapped_of(table)
+    assert mapped is not None
+    old = pa.struct([pa.field(n, pa.int64()) for n in ("space now", "Name__3")])
+    later = pa.table(
+        {
+            **{n: renamed.column(n).slice(0, 1) for n in renamed.column_names if n != "_old"},
+            "_old": pa.array([None], old),
+        }
+    ).select(renamed.column_names)
+    file = delta.write_file(uri, to_physical(later.cast(renamed.schema), mapped), "later")
+    delta.commit_files(uri, later.schema, [file], app="a", version=2, expected=1)
+    got = delta.read_table(uri).column("space now").to_pylist()
+    assert sorted(got, key=str) == sorted([1, 2, None, 1], key=str)
+    with pytest.raises(ValueError, match="one name"):
+        rename_columns(uri, {"x(y)": "space now"})
+
+
+@pytest.mark.spark
+def test_spark_reads_a_renamed_column_with_its_old_values(tmp_path: Path, spark: object) -> None:
+    from airflow_pglogrepl.lake.mapping import rename_columns
+
+    uri, rows = _create(tmp_path)
+    rename_columns(uri, {"sp ace": "space now"})
+    frame = spark.read.format("delta").load(uri)  # type: ignore[attr-defined]
+    got = sorted((r[0] for r in frame.select("`space now`").collect()), key=str)
+    assert got == sorted(rows.column("sp ace").to_pylist(), key=str)
+    assert "sp ace" not in frame.columns
