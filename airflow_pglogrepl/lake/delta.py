@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.lake.changelog import COMMIT_LSN
 from airflow_pglogrepl.lake.layout import is_local
-from airflow_pglogrepl.lake.mapping import FEATURE
+from airflow_pglogrepl.lake.mapping import FEATURE, mapped_of, physical_names
+from airflow_pglogrepl.lake.names import REFUSED_WITHOUT_MAPPING
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -90,7 +91,7 @@ def column_types(schema: Any) -> list[tuple[str, str]]:
     return [(f["name"], json.dumps(f["type"], sort_keys=True)) for f in fields]
 
 
-_REFUSED_IN_NAMES = frozenset(" ,;{}()\n\t=")
+_REFUSED_IN_NAMES = REFUSED_WITHOUT_MAPPING
 
 
 def refused_names(schema: pa.Schema) -> list[str]:
@@ -219,6 +220,7 @@ class DataFile:
     size: int
     rows: int
     lsn_range: tuple[int, int] | None  # min and max of the commit LSN column, when it has one
+    columns: tuple[str, ...] | None = None  # the file's top-level column names, when known
 
     def add_action(self) -> Any:
         from deltalake.transaction import AddAction
@@ -254,6 +256,7 @@ def write_file(uri: str, batch: pa.Table, prefix: str) -> DataFile:
         size=int(system.get_file_info(path).size),
         rows=batch.num_rows,
         lsn_range=lsn_range,
+        columns=tuple(batch.column_names),
     )
 
 
@@ -296,11 +299,22 @@ def commit_files(
     if table is None and mapping is not None:
         if expected is not None:
             raise LakeCommitConflictError(uri, app, expected, None, version)
+        _check_physical(uri, mapping, files)
         create_table(uri, schema, files, app=app, version=version,
                      configuration=dict(configuration or {}), mapping=mapping)  # fmt: skip
+        if is_local(uri):
+            make_log_durable(uri)
         return
+    mapped = None if table is None else mapped_of(table)
+    if mapping is not None and mapped is None:
+        raise ValueError(
+            f"{uri} exists without column mapping: files written under physical names would "
+            f"read as NULL there. Nothing was committed"
+        )
+    if mapped is not None:
+        _check_physical(uri, mapped, files)
     delta_schema = (
-        table.schema() if table is not None and is_mapped(table) else Schema.from_arrow(schema)
+        table.schema() if table is not None and mapped is not None else Schema.from_arrow(schema)
     )
     found = None if table is None else table.transaction_version(app)
     found = None if found is None else int(found)
@@ -324,11 +338,17 @@ def commit_files(
         make_log_durable(uri, after=before)
 
 
-def is_mapped(table: Any) -> bool:
-    """Whether an open ``DeltaTable`` is under column mapping (its files hold physical names)."""
-    from airflow_pglogrepl.lake.mapping import MODE
-
-    return str((table.metadata().configuration or {}).get(MODE, "none")) != "none"
+def _check_physical(uri: str, mapped: MappedSchema, files: Sequence[DataFile]) -> None:
+    """Every file holds only the mapped table's physical names: a file written with logical
+    names, or with another mapping, would read as NULL, without an error."""
+    physical = set(physical_names(mapped))
+    for file in files:
+        if file.columns is None or not set(file.columns) <= physical:
+            raise ValueError(
+                f"{file.name} holds columns {list(file.columns or [])} that are not the "
+                f"physical names of {uri}: written without the table's mapping "
+                f"(lake.mapping.to_physical with mapped_of). Nothing was committed"
+            )
 
 
 def lost_race(exc: Exception) -> bool:
@@ -406,9 +426,10 @@ def put_commit(table_uri: str, version: int, data: bytes) -> bool:
     (nothing written) when it does: another writer committed that version first.
 
     Locally a complete, fsynced temporary file is hard-linked to its name, which fails if the
-    name exists; on an object store the object is written only when absent and becomes visible
-    whole when its upload completes (Delta's own single-writer assumption for S3, which the
-    lake's writer lock makes true). For the commits delta-rs cannot make: a table created with
+    name exists. On an object store the entry is looked for, then written: not a conditional
+    put, so two writers could both write it. The lake's writer lock is what makes that
+    impossible (Delta's own single-writer assumption for S3); call it only under that lock.
+    For the commits delta-rs cannot make: a table created with
     column mapping, a column renamed or added under it."""
     from pyarrow import fs
 
@@ -504,7 +525,9 @@ def _has_timestamp_ntz(schema: Any) -> bool:
             return kind.tz is None
         if pa.types.is_struct(kind):
             return any(naive(kind.field(i).type) for i in range(kind.num_fields))
-        if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind):
+        if pa.types.is_map(kind):
+            return naive(kind.key_type) or naive(kind.item_type)
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
             return naive(kind.value_type)
         return False
 

@@ -27,6 +27,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from airflow_pglogrepl.lake.changelog import META_COLUMNS, OLD
+from airflow_pglogrepl.lake.names import same_without_case
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -53,26 +56,24 @@ class MappedSchema:
         return {MODE: "name", MAX_ID: str(self.max_id)}
 
 
-def mapped_schema(schema: pa.Schema, *, pinned: Iterable[str] = ()) -> MappedSchema:
+def mapped_schema(schema: pa.Schema, *, pinned: Iterable[str] = META_COLUMNS) -> MappedSchema:
     """``schema`` as a Delta schema with every field, nested ones included, given an id (depth
-    first, from 1) and a physical name: its own for a top-level name of ``pinned``, else
-    ``col-<uuid>``.
-
-    delta-rs converts the Arrow types, but refuses names Delta cannot hold without mapping: the
-    conversion runs on placeholder names and the real names are put back by position."""
+    first, from 1) and a physical name: its own for a top-level name of ``pinned`` (the
+    changelog's columns, by default: ``_commit_lsn``'s statistics are kept under its name),
+    else ``col-<uuid>``. delta-rs converts the types, keeps each field's metadata (the lake's
+    ``pglogrepl.*`` keys) and refuses two names that differ only by case."""
+    import pyarrow as pa
     from deltalake import Schema
 
-    placeholder = _renamed_schema(schema, lambda path: f"c{'_'.join(map(str, path))}")
-    converted: dict[str, Any] = json.loads(Schema.from_arrow(placeholder).to_json())
+    converted: dict[str, Any] = json.loads(Schema.from_arrow(schema).to_json())
     keep = set(pinned)
     counter = [0]
 
     def visit(kind: Any, arrow: pa.DataType, top: bool) -> None:
         if isinstance(kind, dict) and kind.get("type") == "struct":
             for field, arrow_field in zip(kind["fields"], _children(arrow), strict=True):
-                field["name"] = arrow_field.name
                 counter[0] += 1
-                physical = arrow_field.name if top and arrow_field.name in keep else None
+                physical = field["name"] if top and field["name"] in keep else None
                 field["metadata"] = {
                     **field.get("metadata", {}),
                     ID_KEY: counter[0],
@@ -82,23 +83,24 @@ def mapped_schema(schema: pa.Schema, *, pinned: Iterable[str] = ()) -> MappedSch
         elif isinstance(kind, dict) and kind.get("type") == "array":
             visit(kind["elementType"], arrow.value_type, False)
         elif isinstance(kind, dict) and kind.get("type") == "map":
-            visit(kind["keyType"], arrow.key_type, False)
-            visit(kind["valueType"], arrow.item_type, False)
-
-    import pyarrow as pa
+            raise ValueError(f"map columns are not supported under column mapping: {schema}")
 
     visit(converted, pa.struct(list(schema)), True)
     return MappedSchema(converted, counter[0])
 
 
+def is_mapped(table: Any) -> bool:
+    """Whether an open ``DeltaTable`` is under column mapping (its files hold physical names)."""
+    return str((table.metadata().configuration or {}).get(MODE, "none")) != "none"
+
+
 def mapped_of(table: Any) -> MappedSchema | None:
     """The mapping of an open ``DeltaTable`` (None: not under column mapping), read from its
     Delta schema: its physical names are the files', whatever its logical names became."""
-    config = table.metadata().configuration or {}
-    if config.get(MODE, "none") == "none":
+    if not is_mapped(table):
         return None
     schema = json.loads(table.schema().to_json())
-    return MappedSchema(schema, int(config.get(MAX_ID, "0")))
+    return MappedSchema(schema, int((table.metadata().configuration or {}).get(MAX_ID, "0")))
 
 
 def physical_names(mapped: MappedSchema) -> list[str]:
@@ -139,27 +141,6 @@ def _children(kind: pa.DataType) -> list[pa.Field]:
     return [kind.field(i) for i in range(kind.num_fields)]
 
 
-def _renamed_schema(schema: pa.Schema, name: Any) -> pa.Schema:
-    """``schema`` with every field, nested ones too, named ``name(path)``."""
-    import pyarrow as pa
-
-    def rename_type(kind: pa.DataType, path: tuple[int, ...]) -> pa.DataType:
-        if pa.types.is_struct(kind):
-            return pa.struct([
-                pa.field(name((*path, i)), rename_type(f.type, (*path, i)), f.nullable)
-                for i, f in enumerate(_children(kind))
-            ])  # fmt: skip
-        if pa.types.is_large_list(kind):
-            return pa.large_list(rename_type(kind.value_type, (*path, 0)))
-        if pa.types.is_list(kind):
-            return pa.list_(rename_type(kind.value_type, (*path, 0)))
-        return kind
-
-    return pa.schema(
-        pa.field(name((i,)), rename_type(f.type, (i,)), f.nullable) for i, f in enumerate(schema)
-    )
-
-
 def _physical_field(delta_field: dict[str, Any], field: pa.Field) -> pa.Field:
     import pyarrow as pa
 
@@ -173,16 +154,30 @@ def _physical_field(delta_field: dict[str, Any], field: pa.Field) -> pa.Field:
 
 
 def _physical_type(kind: Any, arrow: pa.DataType) -> pa.DataType:
+    """``arrow`` with its struct fields, at any depth, under their physical names. The fields
+    are matched by position, so their names are checked: a struct whose children come in
+    another order than the table's would otherwise store each value in its neighbour's
+    column."""
     import pyarrow as pa
 
     if isinstance(kind, dict) and kind.get("type") == "struct":
+        children = _children(arrow)
+        given = [c.name for c in children]
+        wanted = [str(f["name"]) for f in kind["fields"]]
+        if given != wanted:
+            raise ValueError(f"struct fields {given} are not the table's {wanted}, in order")
         return pa.struct([
-            _physical_field(f, child)
-            for f, child in zip(kind["fields"], _children(arrow), strict=True)
+            _physical_field(f, child) for f, child in zip(kind["fields"], children, strict=True)
         ])  # fmt: skip
     if isinstance(kind, dict) and kind.get("type") == "array":
-        value = _physical_type(kind["elementType"], arrow.value_type)
+        if not (pa.types.is_list(arrow) or pa.types.is_large_list(arrow)):
+            raise ValueError(
+                f"{arrow} is not supported under column mapping (a list or large list)"
+            )
+        value = arrow.value_field.with_type(_physical_type(kind["elementType"], arrow.value_type))
         return pa.large_list(value) if pa.types.is_large_list(arrow) else pa.list_(value)
+    if isinstance(kind, dict):
+        raise ValueError(f"{arrow} is not supported under column mapping")
     return arrow
 
 
@@ -205,7 +200,8 @@ def _physical_array(array: pa.Array, kind: Any) -> pa.Array:
     ):
         values = _physical_array(array.values, kind["elementType"])
         kind_of = pa.LargeListArray if pa.types.is_large_list(array.type) else pa.ListArray
-        return kind_of.from_arrays(array.offsets, values, mask=array.is_null())
+        physical = _physical_type(kind, array.type)
+        return kind_of.from_arrays(array.offsets, values, type=physical, mask=array.is_null())
     return array
 
 
@@ -215,9 +211,10 @@ def rename_columns(uri: str, renames: dict[str, str]) -> int:
     its version. The files and their physical names do not change: readers see the old values
     under the new names. delta-rs cannot change a mapped table's schema, so the commit is put
     as Delta's log entry of the next version, only if no other writer took that version
-    (``LakeCommitConflictError``)."""
-    import time
+    (``LakeError`` otherwise: nothing was renamed).
 
+    Refused before anything is written: a name the table lacks, and a result Delta could not
+    open, two names of one struct equal without case, or a name of the changelog's own."""
     from airflow_pglogrepl.exceptions import LakeError
     from airflow_pglogrepl.lake import delta
 
@@ -225,23 +222,52 @@ def rename_columns(uri: str, renames: dict[str, str]) -> int:
     mapped = None if table is None else mapped_of(table)
     if table is None or mapped is None:
         raise ValueError(f"{uri} is not a table under column mapping")
-    schema = json.loads(mapped.to_json())
-    top = {f["name"] for f in schema["fields"]}
-    missing = sorted(set(renames) - top)
+    schema = _renamed(json.loads(mapped.to_json()), renames, uri)
+    version = int(table.version()) + 1
+    if not delta.put_commit(uri, version, _metadata_commit(table, schema, renames)):
+        raise LakeError(
+            f"another writer committed version {version} of {uri} first: the columns "
+            f"{sorted(renames)} were not renamed. Fix: only one writer at a time (the lake's "
+            f"writer lock); run again"
+        )
+    return version
+
+
+def _renamed(schema: dict[str, Any], renames: dict[str, str], uri: str) -> dict[str, Any]:
+    """``schema`` (Delta JSON) with ``renames`` applied at the top level and in ``_old``."""
+    top = [str(f["name"]) for f in schema["fields"]]
+    missing = sorted(set(renames) - set(top))
     if missing:
         raise ValueError(f"{uri} has no column {missing}")
-    final = (top - set(renames)) | set(renames.values())
-    if len(final) != len(top):
-        raise ValueError(f"renames {renames} would give two columns of {uri} one name")
-
-    def rename(fields: list[dict[str, Any]]) -> None:
+    if OLD in renames or any(new in META_COLUMNS for new in renames.values()):
+        raise ValueError(f"renames {renames} touch the changelog's own columns of {uri}")
+    for fields in [schema["fields"], *_old_children(schema)]:
         for field in fields:
             field["name"] = renames.get(field["name"], field["name"])
+        names = [str(f["name"]) for f in fields]
+        for i, a in enumerate(names):
+            clash = next((b for b in names[i + 1 :] if same_without_case(a, b)), None)
+            if clash is not None:
+                raise ValueError(
+                    f"renames {renames} would give {uri} the columns {a!r} and {clash!r}, "
+                    f"which Delta takes for one"
+                )
+    return schema
 
-    rename(schema["fields"])
-    for field in schema["fields"]:
-        if field["name"] == "_old" and field["type"].get("type") == "struct":
-            rename(field["type"]["fields"])
+
+def _old_children(schema: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    return [
+        f["type"]["fields"]
+        for f in schema["fields"]
+        if f["name"] == OLD and isinstance(f["type"], dict) and f["type"].get("type") == "struct"
+    ]
+
+
+def _metadata_commit(table: Any, schema: dict[str, Any], renames: dict[str, str]) -> bytes:
+    """The log entry that gives ``table`` the schema ``schema`` and keeps the rest of its
+    metadata (id, configuration, partitioning, creation time)."""
+    import time
+
     meta = table.metadata()
     now = int(time.time() * 1000)
     actions = [
@@ -255,12 +281,4 @@ def rename_columns(uri: str, renames: dict[str, str]) -> int:
                       "configuration": dict(meta.configuration),
                       "createdTime": meta.created_time}},
     ]  # fmt: skip
-    version = int(table.version()) + 1
-    text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
-    if not delta.put_commit(uri, version, text.encode()):
-        raise LakeError(
-            f"another writer committed version {version} of {uri} first: the columns "
-            f"{sorted(renames)} were not renamed. Fix: only one writer at a time (the lake's "
-            f"writer lock); run again"
-        )
-    return version
+    return "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()

@@ -12,7 +12,7 @@ import pytest
 
 from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.changelog import META_COLUMNS
-from airflow_pglogrepl.lake.mapping import PHYSICAL_KEY, mapped_schema, to_physical
+from airflow_pglogrepl.lake.mapping import PHYSICAL_KEY, is_mapped, mapped_schema, to_physical
 
 HOSTILE = ["sp ace", "a=b", "x(y)", "tab\there", "naïve✓", "é" * 31 + "x", "Name", "name__2"]
 
@@ -111,7 +111,7 @@ def test_windows_append_to_a_mapped_table_through_the_commit_path(tmp_path: Path
     delta.commit_files(uri, first.schema, [file], app="a", version=1, expected=None,
                        mapping=mapped)  # fmt: skip
     table = delta.open_table(uri)
-    assert table is not None and delta.is_mapped(table)
+    assert table is not None and is_mapped(table)
     again = mapped_of(table)  # the physical names come from the table, not recomputed
     assert again is not None and again.schema == mapped.schema
     second = _state([3], "w")
@@ -149,7 +149,7 @@ def test_delta_rs_merges_into_a_mapped_table_by_its_names(tmp_path: Path) -> Non
     assert got == [{"id key": 1, "a=b": "v1"}, {"id key": 2, "a=b": "changed"},
                    {"id key": 3, "a=b": "v3"}, {"id key": 4, "a=b": "new"}]  # fmt: skip
     reopened = delta.open_table(uri)
-    assert reopened is not None and delta.is_mapped(reopened)
+    assert reopened is not None and is_mapped(reopened)
 
 
 def test_a_rename_is_a_metadata_commit_that_keeps_every_value(tmp_path: Path) -> None:
@@ -180,11 +180,11 @@ def test_a_rename_is_a_metadata_commit_that_keeps_every_value(tmp_path: Path) ->
             "_old": pa.array([None], old),
         }
     ).select(renamed.column_names)
-    file = delta.write_file(uri, to_physical(later.cast(renamed.schema), mapped), "later")
+    file = delta.write_file(uri, to_physical(later, mapped), "later")
     delta.commit_files(uri, later.schema, [file], app="a", version=2, expected=1)
     got = delta.read_table(uri).column("space now").to_pylist()
     assert sorted(got, key=str) == sorted([1, 2, None, 1], key=str)
-    with pytest.raises(ValueError, match="one name"):
+    with pytest.raises(ValueError, match="which Delta takes for one"):
         rename_columns(uri, {"x(y)": "space now"})
 
 
@@ -198,3 +198,60 @@ def test_spark_reads_a_renamed_column_with_its_old_values(tmp_path: Path, spark:
     got = sorted((r[0] for r in frame.select("`space now`").collect()), key=str)
     assert got == sorted(rows.column("sp ace").to_pylist(), key=str)
     assert "sp ace" not in frame.columns
+
+
+def test_a_rename_delta_could_not_open_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """Before: a rename to a name equal to another without case was committed, and the table
+    could not be opened again (delta-rs: duplicate field name)."""
+    from airflow_pglogrepl.lake.mapping import rename_columns
+
+    uri, _ = _create(tmp_path)
+    for renames in ({"a=b": "NAME"}, {"sp ace": "_commit_lsn"}, {"_old": "old"}):
+        with pytest.raises(ValueError):
+            rename_columns(uri, renames)
+    table = delta.open_table(uri)
+    assert table is not None and table.version() == 0
+
+
+def test_the_mapped_schema_keeps_column_metadata_and_refuses_a_case_pair() -> None:
+    """Before: the schema was converted on placeholder names, which dropped every field's
+    metadata (the lake's keys and types) and let "Name" and "name" through."""
+    rows = pa.schema([pa.field("id", pa.int64(), metadata={"pglogrepl.key": "0"}),
+                      pa.field("Name", pa.string())])  # fmt: skip
+    mapped = mapped_schema(rows)
+    assert mapped.schema["fields"][0]["metadata"]["pglogrepl.key"] == "0"
+    with pytest.raises(Exception, match=r"(?i)duplicate|case"):
+        mapped_schema(rows.append(pa.field("name", pa.string())))
+
+
+def test_files_the_table_could_not_read_are_refused_by_the_commit(tmp_path: Path) -> None:
+    """Before: all three were committed and their rows read as NULL."""
+    first = _state([1], "v")
+    mapped = mapped_schema(first.schema)
+    plain = str(tmp_path / "plain")
+    delta.commit_files(plain, first.schema, [delta.write_file(plain, first, "p")], app="a",
+                       version=1, expected=None)  # fmt: skip
+    with pytest.raises(ValueError, match="without column mapping"):
+        physical = delta.write_file(plain, to_physical(first, mapped), "p")
+        delta.commit_files(plain, first.schema, [physical], app="a", version=2, expected=1,
+                           mapping=mapped)  # fmt: skip
+    uri = str(tmp_path / "t")
+    delta.commit_files(uri, first.schema, [delta.write_file(uri, to_physical(first, mapped), "w")],
+                       app="a", version=1, expected=None, mapping=mapped)  # fmt: skip
+    other = mapped_schema(first.schema)  # another mapping: other physical names
+    for file in (delta.write_file(uri, to_physical(first, other), "o"),
+                 delta.write_file(uri, first, "logical")):  # fmt: skip
+        with pytest.raises(ValueError, match="not the physical names"):
+            delta.commit_files(uri, first.schema, [file], app="a", version=2, expected=1)
+    assert delta.read_table(uri).to_pylist() == first.to_pylist()
+
+
+def test_struct_children_in_another_order_are_refused_not_swapped() -> None:
+    """Before: ``_old{y, x}`` against a table's ``_old{x, y}`` stored each value in the other's
+    column."""
+    table_order = pa.table({"_old": pa.array([{"x": 1, "y": 2}])})
+    batch = pa.table({"_old": pa.array([{"y": 200, "x": 100}])})
+    with pytest.raises(ValueError, match="in order"):
+        to_physical(batch, mapped_schema(table_order.schema))
