@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_pglogrepl.lake.changelog import COMMIT_LSN
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lake.mapping import FEATURE, mapped_of, physical_names
-from airflow_pglogrepl.lake.names import REFUSED_WITHOUT_MAPPING
+from airflow_pglogrepl.lake.names import needs_mapping
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -91,12 +91,9 @@ def column_types(schema: Any) -> list[tuple[str, str]]:
     return [(f["name"], json.dumps(f["type"], sort_keys=True)) for f in fields]
 
 
-_REFUSED_IN_NAMES = REFUSED_WITHOUT_MAPPING
-
-
 def refused_names(schema: pa.Schema) -> list[str]:
     """Column names Delta Lake (Spark's writer) refuses unless column mapping is on."""
-    return [f.name for f in schema if _REFUSED_IN_NAMES.intersection(f.name)]
+    return [f.name for f in schema if needs_mapping(f.name)]
 
 
 def unsupported_columns(schema: pa.Schema) -> dict[str, str]:

@@ -21,7 +21,7 @@ import shutil
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,16 +75,24 @@ class CapturingSparkSubmitHook(SparkSubmitHook):
             for line in itr:
                 text = str(line).strip()
                 self.captured.append(text)
-                if summary_line([text], *SUMMARY_KEYS) is not None:
-                    continue  # the summary is read, not logged
-                if self.quiet is not None and not self.quiet.keep(text):
-                    if (ivy := self.quiet.ivy_summary()) and not self.quiet.summarized:
-                        self.quiet.summarized = True
-                        self.log.info("%s", ivy)
-                    continue
-                yield line
+                if shown(text, self.quiet, self.log.info):
+                    yield line
 
         super()._process_spark_submit_log(tee())
+
+
+def shown(text: str, quiet: QuietSubmitOutput | None, say: Callable[..., None]) -> bool:
+    """Whether an output line of an application reaches the task log: its JSON summary is read,
+    not logged, and at a quiet level what ``quiet`` holds back is not shown (Ivy's report
+    becomes the one line ``say`` gets)."""
+    if summary_line([text], *SUMMARY_KEYS) is not None:
+        return False
+    if quiet is not None and not quiet.keep(text):
+        if (ivy := quiet.ivy_summary()) and not quiet.summarized:
+            quiet.summarized = True
+            say("%s", ivy)
+        return False
+    return True
 
 
 # the keys one of the applications' JSON summary lines has (drain, snapshot, failure)
@@ -164,16 +172,23 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
         try:
             super().execute(context)
         except Exception:
-            failure = self._summary("error")
-            if failure is None:
+            reported = self._reported_error()
+            if reported is None:
                 raise
             # The provider's exception repeats the command and the output's tail, which the
             # log above already has: the application's own error is the one to read.
-            raise SparkApplicationError(
-                str(failure["error"]),
-                str(failure.get("message", "")),
-                retryable=bool(failure.get("retryable", True)),
-            ) from None
+            raise reported from None
+
+    def _reported_error(self) -> SparkApplicationError | None:
+        """The error the application reported in its summary line, retryable as it said."""
+        failure = self._summary("error")
+        if failure is None:
+            return None
+        return SparkApplicationError(
+            str(failure["error"]),
+            str(failure.get("message", "")),
+            retryable=bool(failure.get("retryable", True)),
+        )
 
     def _runs_in_worker(self) -> bool:
         """A local master, an application that can, and no spark-submit binary asked for."""
@@ -199,12 +214,8 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
         quiet = QuietSubmitOutput() if is_quiet(spark_log_level(self.spark_log_level)) else None
 
         def show(line: str) -> None:
-            text = line.strip()
-            if summary_line([text], *SUMMARY_KEYS) is not None:
-                return  # the summary is read, not logged
-            if quiet is not None and not quiet.keep(text):
-                return
-            self.log.info("%s", line)
+            if shown(line.strip(), quiet, self.log.info):
+                self.log.info("%s", line)
 
         self.log.info(
             "Running %s on the worker without spark-submit (master %s): Spark starts only if "
@@ -216,13 +227,9 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
         status = run.run(show)
         if status == 0:
             return
-        failure = self._summary("error")
-        if failure is not None:
-            raise SparkApplicationError(
-                str(failure["error"]),
-                str(failure.get("message", "")),
-                retryable=bool(failure.get("retryable", True)),
-            )
+        reported = self._reported_error()
+        if reported is not None:
+            raise reported
         raise SparkApplicationError(
             f"exit status {status}",
             f"{self.IN_WORKER_MODULE} ended without reporting an error (killed, or out of "
