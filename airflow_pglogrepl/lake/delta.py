@@ -116,11 +116,33 @@ def unsupported_columns(schema: pa.Schema) -> dict[str, str]:
 
 
 def arrow_schema(uri: str) -> pa.Schema | None:
-    """The schema (with column metadata) of the Delta table at ``uri``; None: no table."""
+    """The schema (with column metadata) of the Delta table at ``uri``; None: no table.
+
+    Without column mapping's keys (ids, physical names): they are the table's, not the
+    columns' (``lake.mapping.mapped_of`` reads them), and a schema compared or evolved must
+    not carry them."""
     import pyarrow as pa
 
     table = open_table(uri)
-    return None if table is None else pa.schema(table.schema().to_arrow())
+    return None if table is None else unmapped(pa.schema(table.schema().to_arrow()))
+
+
+def unmapped(schema: pa.Schema) -> pa.Schema:
+    """``schema`` without column mapping's keys in any field's metadata, nested ones too."""
+    import pyarrow as pa
+
+    def strip(field: pa.Field) -> pa.Field:
+        kind = field.type
+        if pa.types.is_struct(kind):
+            kind = pa.struct([strip(kind.field(i)) for i in range(kind.num_fields)])
+        elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            value = strip(kind.value_field)
+            kind = pa.large_list(value) if pa.types.is_large_list(kind) else pa.list_(value)
+        meta = {k: v for k, v in (field.metadata or {}).items()
+                if not k.startswith(b"delta.columnMapping.")}  # fmt: skip
+        return pa.field(field.name, kind, field.nullable, metadata=meta or None)
+
+    return pa.schema([strip(f) for f in schema], metadata=schema.metadata)
 
 
 def evolve_schema(uri: str, schema: pa.Schema) -> None:

@@ -49,10 +49,9 @@ from airflow_pglogrepl.exceptions import (
     IncompatibleSchemaChangeError,
     LakeOfAnotherSlotError,
     SinkFromAnotherSourceError,
-    UnsupportedColumnNameError,
     UnsupportedColumnTypeError,
 )
-from airflow_pglogrepl.lake import delta, evolve
+from airflow_pglogrepl.lake import delta, evolve, mapping, names
 from airflow_pglogrepl.lake.changelog import COMMIT_LSN
 from airflow_pglogrepl.lake.layout import LAKE_APP, LakePaths, app_id, table_dir
 from airflow_pglogrepl.lsn import LSN
@@ -62,6 +61,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_pglogrepl.hooks.records import ColumnOrigins
+    from airflow_pglogrepl.lake.mapping import MappedSchema
 
 # What the source's catalog says of columns the lake sees for the first time (PgSource's
 # ``column_origins``): how rows from before an ``ADD COLUMN`` read it, and ``relnatts``.
@@ -462,6 +462,9 @@ class _Pending:
     schema: pa.Schema
     files: list[delta.DataFile] = field(default_factory=list)
     rows: int = 0
+    # The table's column mapping as its files are written (None: none, files hold the lake
+    # names); a table that exists without one turns it on at the commit (``commit_schema``).
+    mapped: MappedSchema | None = None
 
 
 class Window:
@@ -476,12 +479,18 @@ class Window:
     def write(self, table: TableRef, batch: pa.Table) -> int:
         """Write one batch of ``table``'s changelog rows; returns how many were new.
 
-        Rows of transactions the lake already holds (a window drained again after a crash
-        between two tables' commits, or changes a re-snapshot of the table includes) are dropped
-        here, so a replay never duplicates a change. The batch's columns are checked against
-        what the lake knows of the table before anything is written (``lake.evolve``).
+        The batch's columns get their lake names first (``lake.names``: any PostgreSQL name is
+        kept, under column mapping when Delta needs it, and a name Delta would take for
+        another's gets a suffix). Rows of transactions the lake already holds (a window
+        drained again after a crash between two tables' commits, or changes a re-snapshot of
+        the table includes) are dropped here, so a replay never duplicates a change. The
+        batch's columns are checked against what the lake knows of the table before anything
+        is written (``lake.evolve``).
         """
         name = table_dir(table)
+        pending = self._pending.get(name)
+        known = pending.schema if pending is not None else self.lake.known_schema(table)
+        batch, lake_names = names.to_lake(batch, known)
         held = self.lake.covered(name)
         if held is not None and held > self.start:
             import pyarrow.compute as pc
@@ -489,28 +498,56 @@ class Window:
             batch = batch.filter(pc.greater_equal(batch.column(COMMIT_LSN), int(held)))
         if batch.num_rows == 0:
             return 0
-        pending = self._pending.get(name)
-        known = pending.schema if pending is not None else self.lake.known_schema(table)
         evolution = evolve.evolve(str(table), known, batch.schema, first=evolve.first_row(batch))
         schema = evolution.schema
         if evolution.needs_origins and self.lake.origins is not None:
-            origins = self.lake.origins(table, evolution.asked)
+            origins = _origins_by_lake_name(self.lake.origins, table, evolution.asked, lake_names)
             schema = evolve.with_origins(str(table), known, evolution, origins)
             if evolution.added:
                 log.info("%s: new columns %s", table, evolve.describe(schema))
         refused = delta.unsupported_columns(schema)
         if refused:
             raise UnsupportedColumnTypeError(str(table), refused)
-        names = delta.refused_names(schema)
-        if names:
-            raise UnsupportedColumnNameError(str(table), names)
+        renamed = {s: n for s, n in lake_names.items() if s != n and n in evolution.added}
+        if renamed or (known is None and any(s != n for s, n in lake_names.items())):
+            log.warning("%s: columns stored under other names, as Delta cannot hold them "
+                        "beside the table's others: %s", table,
+                        {s: n for s, n in lake_names.items() if s != n})  # fmt: skip
+        mapped = self._mapping(name, pending, known, schema)
         if pending is None:
             pending = self._pending[name] = _Pending(schema)
-        pending.schema = schema
+        pending.schema, pending.mapped = schema, mapped
         batch = evolve.conform(batch, schema)
-        pending.files.append(delta.write_file(self.lake.paths.changes(name), batch, self._prefix))
+        uri = self.lake.paths.changes(name)
+        stored = batch if mapped is None else mapping.to_physical(batch, mapped)
+        pending.files.append(delta.write_file(uri, stored, self._prefix))
         pending.rows += batch.num_rows
         return int(batch.num_rows)
+
+    def _mapping(self, name: str, pending: _Pending | None, before: pa.Schema | None,
+                 schema: pa.Schema) -> MappedSchema | None:  # fmt: skip
+        """The column mapping ``changes/<name>`` is written under with ``schema`` (the
+        table's schema was ``before``). A table that exists without one turns it on at the
+        commit: an upgrade in place.
+
+        A table gets a mapping when one of its names needs it, and keeps it. Files written
+        before it (by earlier windows, or earlier in this one) hold the lake names of their
+        columns, which become those columns' physical names; new columns get new ones."""
+        if pending is not None and pending.mapped is not None:
+            return mapping.mapped_schema(schema, previous=pending.mapped)
+        if pending is not None and not mapping.needed(schema):
+            return None  # (a table this window found unmapped stays so until it must not)
+        table = delta.open_table(self.lake.paths.changes(name))
+        current = None if table is None else mapping.mapped_of(table)
+        if current is not None:
+            return mapping.mapped_schema(schema, previous=current)
+        if not mapping.needed(schema):
+            return None
+        if pending is None and table is None:
+            return mapping.mapped_schema(schema)  # a new table
+        assert before is not None, "a table with files has a schema"
+        named = mapping.mapped_schema(before, as_named=True)
+        return mapping.mapped_schema(schema, previous=named)
 
     def commit(self, end: LSN, *, transactions: int, changes: int) -> dict[str, int]:
         """Make the window part of the lake (see the module docstring for the order)."""
@@ -524,7 +561,11 @@ class Window:
             uri = lake.paths.changes(name)
             current = delta.arrow_schema(uri)
             lake.check_writer()
-            if current is not None and not _covers(current, pending.schema):
+            if pending.mapped is not None and current is not None:
+                # new columns, or mapping turned on: a metadata-only version first (delta-rs
+                # cannot change a mapped table's schema)
+                mapping.commit_schema(uri, pending.mapped)  # (durable: ``delta.put_commit``)
+            elif current is not None and not _covers(current, pending.schema):
                 delta.evolve_schema(uri, pending.schema)  # new columns: their own version first
             delta.commit_files(
                 uri,
@@ -535,12 +576,25 @@ class Window:
                 expected=None if held is None else int(held),  # what the rows were filtered by
                 configuration=CHANGES_CONFIG,
                 name=name,
+                mapping=pending.mapped if current is None else None,
             )
             lake._committed_changes(name, end)
         counts = {name: p.rows for name, p in self._pending.items()}
         lake.record(kind="window", start=self.start, end=end, transactions=transactions,
                     changes=changes, tables=counts)  # fmt: skip
         return counts
+
+
+def _origins_by_lake_name(origins: Origins, table: TableRef, asked: Sequence[str],
+                          lake_names: dict[str, str]) -> ColumnOrigins:  # fmt: skip
+    """What the catalog says of the columns ``asked`` (lake names), asked by their source
+    names and keyed by their lake names."""
+    import dataclasses
+
+    source_of = {lake: source for source, lake in lake_names.items()}
+    found = origins(table, [source_of.get(n, n) for n in asked])
+    by_lake = {lake_names.get(s, s): origin for s, origin in found.columns.items()}
+    return dataclasses.replace(found, columns=by_lake)
 
 
 CLAIM = "claim"  # the kind of a windows row that records whose lake it is (``Lake.claim``)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.lake.changelog import META_COLUMNS, OLD
-from airflow_pglogrepl.lake.names import same_without_case
+from airflow_pglogrepl.lake.names import needs_mapping, same_without_case
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -56,37 +56,68 @@ class MappedSchema:
         return {MODE: "name", MAX_ID: str(self.max_id)}
 
 
-def mapped_schema(schema: pa.Schema, *, pinned: Iterable[str] = META_COLUMNS) -> MappedSchema:
+def mapped_schema(
+    schema: pa.Schema,
+    *,
+    pinned: Iterable[str] = META_COLUMNS,
+    previous: MappedSchema | None = None,
+    as_named: bool = False,
+) -> MappedSchema:
     """``schema`` as a Delta schema with every field, nested ones included, given an id (depth
-    first, from 1) and a physical name: its own for a top-level name of ``pinned`` (the
-    changelog's columns, by default: ``_commit_lsn``'s statistics are kept under its name),
-    else ``col-<uuid>``. delta-rs converts the types, keeps each field's metadata (the lake's
-    ``pglogrepl.*`` keys) and refuses two names that differ only by case."""
+    first) and a physical name: its own for a top-level name of ``pinned`` (the changelog's
+    columns, by default: ``_commit_lsn``'s statistics are kept under its name), else
+    ``col-<uuid>``. delta-rs converts the types, keeps each field's metadata (the lake's
+    ``pglogrepl.*`` keys) and refuses two names that differ only by case.
+
+    ``previous`` is the table's mapping so far: a field it has (by name, at the same place)
+    keeps its id and physical name, and new ones get ids above its highest. ``as_named`` gives
+    every new field its own name as physical name: what a table that had no mapping gets, its
+    files holding those names already."""
     import pyarrow as pa
     from deltalake import Schema
 
     converted: dict[str, Any] = json.loads(Schema.from_arrow(schema).to_json())
     keep = set(pinned)
-    counter = [0]
+    counter = [0 if previous is None else previous.max_id]
 
-    def visit(kind: Any, arrow: pa.DataType, top: bool) -> None:
+    def visit(kind: Any, arrow: pa.DataType, before: Any, top: bool) -> None:
         if isinstance(kind, dict) and kind.get("type") == "struct":
+            had = {}
+            if isinstance(before, dict) and before.get("type") == "struct":
+                had = {f["name"]: f for f in before["fields"]}
             for field, arrow_field in zip(kind["fields"], _children(arrow), strict=True):
-                counter[0] += 1
-                physical = field["name"] if top and field["name"] in keep else None
-                field["metadata"] = {
-                    **field.get("metadata", {}),
-                    ID_KEY: counter[0],
-                    PHYSICAL_KEY: physical or f"col-{uuid.uuid4()}",
-                }
-                visit(field["type"], arrow_field.type, False)
+                old = had.get(field["name"])
+                metadata = {k: v for k, v in field.get("metadata", {}).items()
+                            if not k.startswith("delta.columnMapping.")}  # fmt: skip
+                if old is not None:
+                    ids = {ID_KEY: old["metadata"][ID_KEY],
+                           PHYSICAL_KEY: old["metadata"][PHYSICAL_KEY]}  # fmt: skip
+                else:
+                    counter[0] += 1
+                    own = as_named or (top and field["name"] in keep)
+                    physical = field["name"] if own else f"col-{uuid.uuid4()}"
+                    ids = {ID_KEY: counter[0], PHYSICAL_KEY: physical}
+                field["metadata"] = {**metadata, **ids}
+                visit(field["type"], arrow_field.type, None if old is None else old["type"], False)
         elif isinstance(kind, dict) and kind.get("type") == "array":
-            visit(kind["elementType"], arrow.value_type, False)
+            element = before.get("elementType") if isinstance(before, dict) else None
+            visit(kind["elementType"], arrow.value_type, element, False)
         elif isinstance(kind, dict) and kind.get("type") == "map":
             raise ValueError(f"map columns are not supported under column mapping: {schema}")
 
-    visit(converted, pa.struct(list(schema)), True)
+    visit(converted, pa.struct(list(schema)), None if previous is None else previous.schema, True)
     return MappedSchema(converted, counter[0])
+
+
+def needed(schema: pa.Schema) -> bool:
+    """Whether a lake schema has a name (a column's, or a field's of ``_old``) that Delta
+    stores only under column mapping."""
+    import pyarrow as pa
+
+    names = [f.name for f in schema]
+    if OLD in schema.names and pa.types.is_struct(schema.field(OLD).type):
+        names += [c.name for c in schema.field(OLD).type]
+    return any(needs_mapping(n) for n in names)
 
 
 def is_mapped(table: Any) -> bool:
@@ -209,13 +240,10 @@ def rename_columns(uri: str, renames: dict[str, str]) -> int:
     """Rename columns of the mapped table at ``uri`` (``old -> new`` logical names, top level,
     and the same names among the children of ``_old``) in one metadata-only commit; returns
     its version. The files and their physical names do not change: readers see the old values
-    under the new names. delta-rs cannot change a mapped table's schema, so the commit is put
-    as Delta's log entry of the next version, only if no other writer took that version
-    (``LakeError`` otherwise: nothing was renamed).
+    under the new names.
 
     Refused before anything is written: a name the table lacks, and a result Delta could not
     open, two names of one struct equal without case, or a name of the changelog's own."""
-    from airflow_pglogrepl.exceptions import LakeError
     from airflow_pglogrepl.lake import delta
 
     table = delta.open_table(uri)
@@ -223,12 +251,82 @@ def rename_columns(uri: str, renames: dict[str, str]) -> int:
     if table is None or mapped is None:
         raise ValueError(f"{uri} is not a table under column mapping")
     schema = _renamed(json.loads(mapped.to_json()), renames, uri)
+    return _put_metadata(uri, table, MappedSchema(schema, mapped.max_id), "RENAME COLUMN",
+                         {"renames": json.dumps(renames)})  # fmt: skip
+
+
+def commit_schema(uri: str, mapped: MappedSchema) -> int | None:
+    """Give the table at ``uri`` the schema ``mapped`` in one metadata-only commit (its
+    columns added, their metadata), turning column mapping on if the table has none yet (an
+    upgrade in place: ``mapped`` then names each existing column by its own name, the files'
+    name); returns the version, None when the table already has that schema.
+
+    delta-rs cannot change a mapped table's schema, nor turn mapping on, so the commit is put
+    as Delta's log entry of the next version, only if no other writer took that version
+    (``LakeError`` otherwise: nothing was changed). The protocol of an upgraded table keeps
+    its features and gains ``columnMapping`` (reader 3 / writer 7: see the module docstring)."""
+    from airflow_pglogrepl.lake import delta
+
+    table = delta.open_table(uri)
+    if table is None:
+        raise ValueError(f"{uri} is not a table")
+    current = mapped_of(table)
+    if current is not None and current.schema == mapped.schema:
+        return None
+    protocol = None if current is not None else _with_mapping(table.protocol())
+    operation = "ADD COLUMNS" if current is not None else "UPGRADE TO COLUMN MAPPING"
+    return _put_metadata(uri, table, mapped, operation, {}, protocol=protocol)
+
+
+def _with_mapping(protocol: Any) -> dict[str, Any]:
+    """A table's protocol with the ``columnMapping`` feature: reader 3 / writer 7, the
+    features a legacy version implies spelled out (Delta's protocol table)."""
+    implied_writer = {2: ["appendOnly", "invariants"], 3: ["checkConstraints"],
+                      4: ["changeDataFeed", "generatedColumns"], 5: [FEATURE],
+                      6: ["identityColumns"]}  # fmt: skip
+    writer = list(protocol.writer_features or [])
+    if protocol.min_writer_version < 7:
+        writer = [f for v in range(2, protocol.min_writer_version + 1)
+                  for f in implied_writer[v]]  # fmt: skip
+    reader = list(protocol.reader_features or []) if protocol.min_reader_version >= 3 else []
+    return {
+        "minReaderVersion": 3,
+        "minWriterVersion": 7,
+        "readerFeatures": [*reader, *([FEATURE] if FEATURE not in reader else [])],
+        "writerFeatures": [*writer, *([FEATURE] if FEATURE not in writer else [])],
+    }
+
+
+def _put_metadata(uri: str, table: Any, mapped: MappedSchema, operation: str,
+                  parameters: dict[str, str], *, protocol: dict[str, Any] | None = None
+                  ) -> int:  # fmt: skip
+    """Put ``table``'s next log entry: ``mapped`` as its schema, the rest of its metadata (id,
+    configuration, partitioning, creation time) kept, and ``protocol`` when given."""
+    import time
+
+    from airflow_pglogrepl.exceptions import LakeError
+    from airflow_pglogrepl.lake import delta
+
+    meta = table.metadata()
+    now = int(time.time() * 1000)
+    actions: list[dict[str, Any]] = [
+        {"commitInfo": {"timestamp": now, "operation": operation,
+                        "operationParameters": parameters, "engineInfo": "airflow-pglogrepl"}},
+        *([{"protocol": protocol}] if protocol is not None else []),
+        {"metaData": {"id": meta.id, "name": meta.name, "description": meta.description,
+                      "format": {"provider": "parquet", "options": {}},
+                      "schemaString": mapped.to_json(),
+                      "partitionColumns": list(meta.partition_columns),
+                      "configuration": {**dict(meta.configuration), **mapped.configuration()},
+                      "createdTime": meta.created_time}},
+    ]  # fmt: skip
+    data = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
     version = int(table.version()) + 1
-    if not delta.put_commit(uri, version, _metadata_commit(table, schema, renames)):
+    if not delta.put_commit(uri, version, data):
         raise LakeError(
-            f"another writer committed version {version} of {uri} first: the columns "
-            f"{sorted(renames)} were not renamed. Fix: only one writer at a time (the lake's "
-            f"writer lock); run again"
+            f"another writer committed version {version} of {uri} first: its schema was not "
+            f"changed ({operation}). Fix: only one writer at a time (the lake's writer lock); "
+            f"run again"
         )
     return version
 
@@ -261,24 +359,3 @@ def _old_children(schema: dict[str, Any]) -> list[list[dict[str, Any]]]:
         for f in schema["fields"]
         if f["name"] == OLD and isinstance(f["type"], dict) and f["type"].get("type") == "struct"
     ]
-
-
-def _metadata_commit(table: Any, schema: dict[str, Any], renames: dict[str, str]) -> bytes:
-    """The log entry that gives ``table`` the schema ``schema`` and keeps the rest of its
-    metadata (id, configuration, partitioning, creation time)."""
-    import time
-
-    meta = table.metadata()
-    now = int(time.time() * 1000)
-    actions = [
-        {"commitInfo": {"timestamp": now, "operation": "RENAME COLUMN",
-                        "operationParameters": {"renames": json.dumps(renames)},
-                        "engineInfo": "airflow-pglogrepl"}},
-        {"metaData": {"id": meta.id, "name": meta.name, "description": meta.description,
-                      "format": {"provider": "parquet", "options": {}},
-                      "schemaString": json.dumps(schema, separators=(",", ":")),
-                      "partitionColumns": list(meta.partition_columns),
-                      "configuration": dict(meta.configuration),
-                      "createdTime": meta.created_time}},
-    ]  # fmt: skip
-    return "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()

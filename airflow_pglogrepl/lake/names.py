@@ -7,10 +7,10 @@ column mapping, but compares names without case, so no Delta schema holds both `
 collide with it. Each source column therefore gets a *lake name*: its own name when that is
 free, else ``<name>__<k>`` with the smallest ``k >= 2`` that is free, case-insensitively.
 
-A lake name is assigned the first time the lake sees the column (by ``attnum``, in attnum
-order, so a table's columns are named the same way whatever order a batch lists them in) and
-recorded with the column; it is never computed again. A later column can therefore never take
-an earlier one's name, and a drop and re-add of a column under an old name gets a fresh one.
+A lake name is assigned the first time the lake sees the column (in the source's column
+order, attnum order, as pgoutput and the catalog list columns) and recorded with the column
+(``SOURCE_META`` when it differs); it is never computed again, so a later column can never
+take an earlier one's name.
 
 Which lake names need Delta's column mapping at all: those with a character Delta refuses in
 a plain schema (``needs_mapping``). A table whose names need none keeps a plain schema, which
@@ -20,19 +20,18 @@ every Delta reader reads.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from airflow_pglogrepl.lake.changelog import META_COLUMNS, OLD, OP, UNCHANGED
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 # Characters Delta Lake (Spark's writer, delta-rs) refuses in a column name without column
 # mapping.
 REFUSED_WITHOUT_MAPPING = frozenset(" ,;{}()\n\t=")
-
-
-@dataclass(frozen=True)
-class SourceColumn:
-    """A column as the source knows it: its ``attnum`` (stable across renames) and name."""
-
-    attnum: int
-    name: str
+# On a table column whose lake name is not its source name: the source name.
+SOURCE_META = "pglogrepl.source_name"
 
 
 def needs_mapping(name: str) -> bool:
@@ -41,33 +40,113 @@ def needs_mapping(name: str) -> bool:
 
 
 def assign(
-    columns: Sequence[SourceColumn],
-    recorded: Mapping[int, str],
+    sources: Sequence[str],
+    recorded: Mapping[str, str],
     *,
     reserved: Iterable[str] = (),
-) -> dict[int, str]:
-    """``attnum -> lake name`` for ``columns``: a recorded name is kept as it is; a new column
-    (in attnum order) gets its own name unless a recorded, reserved or earlier assigned name
-    equals it without case, in which case ``<name>__<k>`` for the smallest free ``k >= 2``.
+) -> dict[str, str]:
+    """``source name -> lake name`` for ``sources`` (a table's columns in the source's order,
+    which is attnum order in pgoutput's Relation messages and in the catalog): a recorded name
+    is kept as it is; a new column gets its own name unless a recorded, reserved or earlier
+    assigned name equals it without case, in which case ``<name>__<k>`` for the smallest free
+    ``k >= 2``.
 
-    ``recorded`` holds the lake names of the columns the lake already has (dropped ones
-    included: their names stay taken, so a value never changes meaning under one name);
-    ``reserved`` the names of the lake's own columns (the changelog's ``_op``, ``_seq`` ...).
+    ``recorded`` maps the source names of the columns the lake already has to their lake names
+    (dropped ones included: their names stay taken, so a value never changes meaning under one
+    name); ``reserved`` holds the names of the lake's own columns (``_op``, ``_seq`` ...).
     """
+    if len(set(sources)) != len(sources):
+        raise ValueError(f"a column name is given twice: {list(sources)!r}")
     taken: set[str] = set()
     for name in (*recorded.values(), *reserved):
         taken |= _keys(name)
-    assigned: dict[int, str] = {}
-    for column in sorted(columns, key=lambda c: c.attnum):
-        if column.attnum in recorded:
-            assigned[column.attnum] = recorded[column.attnum]
+    assigned: dict[str, str] = {}
+    for source in sources:
+        if source in recorded:
+            assigned[source] = recorded[source]
             continue
-        if column.attnum in assigned:
-            raise ValueError(f"attnum {column.attnum} is given twice: {columns!r}")
-        name = _free(column.name, taken)
+        name = _free(source, taken)
         taken |= _keys(name)
-        assigned[column.attnum] = name
+        assigned[source] = name
     return assigned
+
+
+def recorded(schema: pa.Schema | None) -> dict[str, str]:
+    """``source name -> lake name`` of the table columns a lake schema holds: a column's lake
+    name, unless its metadata records another source name (``SOURCE_META``)."""
+    if schema is None:
+        return {}
+    found = {}
+    for field in schema:
+        if field.name in META_COLUMNS:
+            continue
+        source = (field.metadata or {}).get(SOURCE_META.encode())
+        found[field.name if source is None else source.decode()] = field.name
+    return found
+
+
+def to_lake(batch: pa.Table, known: pa.Schema | None) -> tuple[pa.Table, dict[str, str]]:
+    """A changelog batch (the source's columns, then the changelog's own: ``META_COLUMNS``)
+    under its lake names, given what the lake knows of the table (``known``: None for a table
+    new to it), and ``source name -> lake name`` of its table columns.
+
+    Renamed everywhere a name appears: the column, its field among ``_old``'s, and its entries
+    in ``_unchanged`` (a value readers match against the column's name). A renamed column
+    records its source name in its metadata, so the next batch finds it (``recorded``).
+    Columns are matched by position, not name: a source column may be called ``_op``."""
+    import pyarrow as pa
+
+    positions = set(_table_positions(batch.column_names))
+    sources = [batch.column_names[i] for i in sorted(positions)]
+    names = assign(sources, recorded(known), reserved=META_COLUMNS)
+    renamed = {s: names[s] for s in sources if names[s] != s}
+    if not renamed:
+        return batch, names
+    columns, fields = list(batch.columns), list(batch.schema)
+    for i, f in enumerate(batch.schema):
+        if i in positions and f.name in renamed:
+            meta = {**(f.metadata or {}), SOURCE_META.encode(): f.name.encode()}
+            fields[i] = f.with_name(renamed[f.name]).with_metadata(meta)
+        elif i in positions:
+            continue
+        elif f.name == UNCHANGED:
+            columns[i] = _renamed_entries(columns[i], renamed)
+        elif f.name == OLD:
+            old_type = pa.struct([c.with_name(renamed.get(c.name, c.name)) for c in f.type])
+            columns[i] = pa.chunked_array([c.view(old_type) for c in columns[i].chunks], old_type)
+            fields[i] = f.with_type(old_type)
+    schema = pa.schema(fields, metadata=batch.schema.metadata)
+    return pa.Table.from_arrays(columns, schema=schema), names
+
+
+def _table_positions(columns: Sequence[str]) -> list[int]:
+    """Which of a changelog batch's columns are the table's. The changelog's own columns end
+    a batch, in their order, so a table column named ``_op`` before them is the table's;
+    a batch not ending so (built by hand) is taken by name."""
+    width, after = len(columns), len(META_COLUMNS)
+    while width and columns[width - 1] in META_COLUMNS:
+        at = META_COLUMNS.index(columns[width - 1])
+        if at >= after:
+            break
+        width, after = width - 1, at
+    if width < len(columns) and OP in columns[width:]:
+        return list(range(width))
+    return [i for i, name in enumerate(columns) if name not in META_COLUMNS]
+
+
+def _renamed_entries(column: pa.ChunkedArray, renamed: Mapping[str, str]) -> pa.ChunkedArray:
+    """``_unchanged`` lists with each source name of ``renamed`` replaced by its lake name."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    chunks = []
+    for chunk in column.chunks:
+        values = chunk.values
+        for source, lake in renamed.items():
+            values = pc.if_else(pc.equal(values, source), lake, values)
+        mask = chunk.is_null() if chunk.null_count else None
+        chunks.append(pa.ListArray.from_arrays(chunk.offsets, values, type=chunk.type, mask=mask))
+    return pa.chunked_array(chunks, column.type)
 
 
 def same_without_case(a: str, b: str) -> bool:
