@@ -675,22 +675,6 @@ class UnsupportedColumnTypeError(LakeError):
         )
 
 
-class UnsupportedColumnNameError(LakeError):
-    """Column names Delta Lake refuses without column mapping (a space, ``,;{}()=``, a tab or
-    a newline), which the lake does not enable yet."""
-
-    def __init__(self, table: str, names: list[str]) -> None:
-        self.table = table
-        self.names = names
-        super().__init__(
-            f"table {table} has columns whose names Delta Lake refuses (it allows none of "
-            f"' ,;{{}}()=', a tab or a newline in a column name): {names!r}. Nothing was "
-            f"committed and the slot did not move. Fix: rename the columns on the publisher "
-            f"(ALTER TABLE {table} RENAME COLUMN ...) and re-snapshot the table, or leave them "
-            f"out of the publication (a column list, PostgreSQL 15+)"
-        )
-
-
 class UnstorableValueError(LakeError):
     """A value of a supported type that its lake type cannot hold (a timestamp after 294247)."""
 

@@ -58,6 +58,14 @@ from airflow_pglogrepl.lake.changelog import (
 )
 from airflow_pglogrepl.lake.evolve import added_at, base_fields, fill_value
 from airflow_pglogrepl.lake.layout import is_local
+from airflow_pglogrepl.lake.mapping import (
+    MODE,
+    PROTOCOL_KEYS,
+    is_mapped,
+    mapped_of,
+    mapped_schema,
+    to_physical,
+)
 from airflow_pglogrepl.lsn import LSN
 
 if TYPE_CHECKING:
@@ -224,7 +232,7 @@ def merge_table(
     changes = delta.open_table(lake.paths.changes(name))
     if changes is None:
         return "no changelog"
-    schema = pa.schema(changes.schema().to_arrow())
+    schema = delta.unmapped(pa.schema(changes.schema().to_arrow()))
     fields = [(f.name, _text(f.metadata)) for f in schema]
     keys = described_key(fields)
     if described_identity(fields) == "f":
@@ -243,7 +251,7 @@ def merge_table(
         state = pa.schema([schema.field(c) for c in columns])
         limit = max(max_rows, APPEND_ROWS)
     else:
-        state = pa.schema(target.schema().to_arrow())
+        state = delta.unmapped(pa.schema(target.schema().to_arrow()))
         if any(c not in state.names for c in columns):
             return "new columns for the state"
         limit = max_rows if keys else max(max_rows, APPEND_ROWS)
@@ -252,14 +260,11 @@ def merge_table(
             too_big = f"a state of {size} bytes (this path rewrites the files it touches)"
             if reduced is None:
                 return too_big
-    in_range = pc.field(COMMIT_LSN) < int(end)
-    if have is not None:
-        in_range &= pc.field(COMMIT_LSN) >= int(have)
-    try:  # a changelog has no deletion vectors (delta-rs writes it): a dataset reads it exactly
-        dataset = changes.to_pyarrow_dataset()
-        count = dataset.count_rows(filter=in_range)  # before reading: the batch may be huge
+    try:
+        in_range = _InRange(changes, schema, None if have is None else int(have), int(end))
+        count = in_range.count()  # before reading: the batch may be huge
     except Exception as exc:  # delta-rs raises its own classes for what it cannot read so
-        return f"changelog not readable as a dataset ({type(exc).__name__})"
+        return f"changelog not readable here ({type(exc).__name__}: {exc})"
     if count == 0 and target is not None:  # nothing in range (a commit of no rows): record it
         lake.check_writer()
         delta.commit_files(lake.paths.state(name), state, [], app=lake.app, version=int(end),
@@ -269,7 +274,7 @@ def merge_table(
         return f"{count} changes"
     # only what the reduction reads (not the transaction id, commit time ...)
     needed = [*columns, OP, COMMIT_LSN, SEQ, UNCHANGED, OLD]
-    batch = dataset.to_table(filter=in_range, columns=[c for c in needed if c in schema.names])
+    batch = in_range.read([c for c in needed if c in schema.names])
     if not keys:
         return _append(lake, name, end, target, batch, columns, state)
     values = [c for c in columns if c not in keys]
@@ -322,6 +327,47 @@ def merge_table(
     return None
 
 
+class _InRange:
+    """A changelog's rows with ``have <= _commit_lsn < end``. A changelog has no deletion
+    vectors (the lake writes it), so a pyarrow dataset reads it exactly and fastest; one under
+    column mapping holds physical names in its files, which only delta-rs' own engine reads
+    (files are skipped by their ``_commit_lsn`` statistics either way)."""
+
+    def __init__(self, changes: Any, schema: pa.Schema, have: int | None, end: int) -> None:
+        import pyarrow.compute as pc
+
+        self.changes, self.schema = changes, schema
+        self.mapped = is_mapped(changes)
+        self.predicate = f"{_quote(COMMIT_LSN)} < {end}" + (
+            "" if have is None else f" AND {_quote(COMMIT_LSN)} >= {have}"
+        )  # integers only
+        expression = pc.field(COMMIT_LSN) < end
+        if have is not None:
+            expression &= pc.field(COMMIT_LSN) >= have
+        self.expression = expression
+        self.dataset = None if self.mapped else changes.to_pyarrow_dataset()
+
+    def count(self) -> int:
+        if self.dataset is not None:
+            return int(self.dataset.count_rows(filter=self.expression))
+        import pyarrow as pa
+
+        reader = self.changes.scan(columns=[COMMIT_LSN], predicate=self.predicate)
+        return sum(batch.num_rows for batch in pa.RecordBatchReader.from_stream(reader))
+
+    def read(self, columns: Sequence[str]) -> pa.Table:
+        import pyarrow as pa
+
+        if self.dataset is not None:
+            return self.dataset.to_table(filter=self.expression, columns=list(columns))
+        reader = pa.RecordBatchReader.from_stream(
+            self.changes.scan(columns=list(columns), predicate=self.predicate)
+        )
+        rows = reader.read_all()
+        # in the table's own types (DataFusion gives strings as views)
+        return rows.cast(pa.schema([self.schema.field(c) for c in columns]))
+
+
 def _append(lake: Lake, name: str, end: LSN, target: Any | None, batch: pa.Table,
             columns: Sequence[str], state: pa.Schema) -> str | None:  # fmt: skip
     """A table without a replica identity takes only inserts and truncates (PostgreSQL refuses
@@ -343,7 +389,9 @@ def _append(lake: Lake, name: str, end: LSN, target: Any | None, batch: pa.Table
         _create(lake, name, rows, end)
     else:
         have = target.transaction_version(lake.app)
-        written = delta.write_file(uri, rows, prefix=f"{int(end):016X}")
+        mapped = mapped_of(target)
+        stored = rows if mapped is None else to_physical(rows, mapped)
+        written = delta.write_file(uri, stored, prefix=f"{int(end):016X}")
         lake.check_writer()
         delta.commit_files(uri, state, [written], app=lake.app, version=int(end),
                            expected=None if have is None else int(have))  # fmt: skip
@@ -361,11 +409,14 @@ def _create(lake: Lake, name: str, rows: pa.Table, end: LSN) -> None:
     ``delta.create_table``, whose protocol needs no more than that."""
     uri = lake.paths.state(name)
     config = lake.state_config(name)
-    files = [delta.write_file(uri, rows.slice(at, FILE_ROWS), prefix=f"{int(end):016X}")
-             for at in range(0, rows.num_rows, FILE_ROWS)]  # fmt: skip
+    mapped = mapped_schema(rows.schema) if MODE in config else None
+    config = {k: v for k, v in config.items() if k not in PROTOCOL_KEYS}
+    stored = rows if mapped is None else to_physical(rows, mapped)
+    files = [delta.write_file(uri, stored.slice(at, FILE_ROWS), prefix=f"{int(end):016X}")
+             for at in range(0, stored.num_rows, FILE_ROWS)]  # fmt: skip
     lake.check_writer()
     delta.create_table(uri, rows.schema, files, app=lake.app, version=int(end),
-                       configuration=config)  # fmt: skip
+                       configuration=config, mapping=mapped)  # fmt: skip
 
 
 def _wanted(net: pa.Table, state: pa.Schema, columns: Sequence[str]) -> pa.Schema:

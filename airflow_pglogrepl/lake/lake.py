@@ -195,17 +195,27 @@ class Lake:
             return "kept"
         self._versions.pop(table_dir(table), None)
         self._covered.pop(table_dir(table), None)
+        schema = names.to_lake(schema.empty_table(), current)[0].schema
+        found = delta.open_table(uri)
+        mapped = None if found is None else mapping.mapped_of(found)
         try:
             evolution = evolve.evolve(str(table), current, schema, first=f"{int(at)}:0")
         except IncompatibleSchemaChangeError as why:
             log.warning("changelog of %s restarts at %s: %s", table, at, why)
             self.check_writer()
-            delta.reset_table(uri, schema, app=self.app, version=int(at))
+            if mapped is not None or mapping.needed(schema):
+                mapping.reset_table(uri, schema, app=self.app, version=int(at))
+            else:
+                delta.reset_table(uri, schema, app=self.app, version=int(at))
             return "restarted"
         if not evolution.added:
             return "kept"
         self.check_writer()
-        delta.evolve_schema(uri, evolution.schema)
+        if mapped is not None or mapping.needed(evolution.schema):
+            previous = mapped or mapping.mapped_schema(current, as_named=True)
+            mapping.commit_schema(uri, mapping.mapped_schema(evolution.schema, previous=previous))
+        else:
+            delta.evolve_schema(uri, evolution.schema)
         return "evolved"
 
     def state_version(self, table: TableRef | str) -> LSN | None:
@@ -239,21 +249,50 @@ class Lake:
 
     # -- how state tables are made -------------------------------------------------------------
 
-    def state_config(self, table: TableRef | str) -> dict[str, str]:
+    def state_config(self, table: TableRef | str, *, mapped: bool | None = None) -> dict[str, str]:
         """The Delta configuration to create ``state/<table>`` with, or to overwrite it with.
 
         A table that exists keeps its own deletion-vector setting: Spark's MERGE writes vectors
         or rewrites files by the table's property, so the setting of each table decides, and
         the lake's option only says how new tables are made. Without vectors, the table is
         created without the ``deletionVectors`` reader feature too, so readers that lack it
-        (``DeltaTable.to_pandas()``) read it."""
+        (``DeltaTable.to_pandas()``) read it.
+
+        A new state is under column mapping (``lake.mapping``) when ``mapped`` says so, or
+        (None) when the table's changelog is: it holds the same names."""
         current = delta.open_table(self.paths.state(table))
         if current is not None:
             setting = current.metadata().configuration.get(DV_PROPERTY, "false")
             vectors = setting.strip().lower() == "true"
         else:
             vectors = self.state_vectors()
-        return {**delta.STATE_CONFIG, DV_PROPERTY: "true" if vectors else "false"}
+        config = {**delta.STATE_CONFIG, DV_PROPERTY: "true" if vectors else "false"}
+        if current is None and mapped is None:
+            changes = delta.open_table(self.paths.changes(table))
+            mapped = changes is not None and mapping.is_mapped(changes)
+        if current is None and mapped:
+            config.update(mapping.TABLE_CONFIG)
+        return config
+
+    def map_state(self, table: TableRef | str, *, needed: bool = False) -> bool:
+        """Turn column mapping on for ``state/<table>`` in place when its changelog has it (or
+        ``needed``: a re-snapshot brings a name that needs it) and the state does not (a column
+        Delta stores only so came after the state was made): one metadata-only commit, the
+        state's files keep their names as physical names. True when it did; before a merge or
+        a re-snapshot adds such a column."""
+        state = delta.open_table(self.paths.state(table))
+        if state is None or mapping.is_mapped(state):
+            return False
+        if not needed:
+            changes = delta.open_table(self.paths.changes(table))
+            if changes is None or not mapping.is_mapped(changes):
+                return False
+        schema = delta.arrow_schema(self.paths.state(table))
+        assert schema is not None
+        self.check_writer()
+        mapping.commit_schema(self.paths.state(table), mapping.mapped_schema(schema, as_named=True))
+        log.info("state of %s is under column mapping from now on (as its changelog)", table)
+        return True
 
     def state_vectors(self) -> bool:
         """Whether state tables this run creates get deletion vectors: the run's own

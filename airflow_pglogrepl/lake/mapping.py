@@ -39,6 +39,11 @@ ID_KEY = "delta.columnMapping.id"
 PHYSICAL_KEY = "delta.columnMapping.physicalName"
 FEATURE = "columnMapping"
 PARQUET_ID = b"PARQUET:field_id"
+# What a table is created with to be under column mapping, by Spark's writer too: reader 3 /
+# writer 7 asked for, or Spark makes the older reader 2 / writer 5 form when no other feature
+# needs table features (and deltalake's pyarrow readers then read NULLs: the module docstring).
+PROTOCOL_KEYS = {"delta.minReaderVersion": "3", "delta.minWriterVersion": "7"}
+TABLE_CONFIG = {MODE: "name", **PROTOCOL_KEYS}
 
 
 @dataclass(frozen=True)
@@ -278,6 +283,37 @@ def commit_schema(uri: str, mapped: MappedSchema) -> int | None:
     return _put_metadata(uri, table, mapped, operation, {}, protocol=protocol)
 
 
+def reset_table(uri: str, schema: pa.Schema, *, app: str, version: int) -> int:
+    """Replace the table at ``uri`` by an empty one of ``schema`` under column mapping (fresh
+    ids and physical names), as one version carrying ``(app, version)``: every live file
+    removed, the new schema, the app transaction (what ``delta.reset_table`` does for a table
+    without mapping, which delta-rs cannot do for one with it). Earlier versions stay readable
+    until VACUUM. Refused (``LakeCommitConflictError``) when the table already holds ``app``
+    at ``version`` or beyond. Only for tables without deletion vectors (changelogs): a remove
+    written here names no vector."""
+    import time
+
+    import pyarrow as pa
+
+    from airflow_pglogrepl.exceptions import LakeCommitConflictError
+    from airflow_pglogrepl.lake import delta
+
+    table = delta.open_table(uri)
+    if table is None:
+        raise ValueError(f"{uri} is not a table")
+    found = table.transaction_version(app)
+    if found is not None and int(found) >= version:
+        raise LakeCommitConflictError(uri, app, int(found), int(found), version)
+    now = int(time.time() * 1000)
+    paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+    removes = [{"remove": {"path": p, "deletionTimestamp": now, "dataChange": True}}
+               for p in paths]  # fmt: skip
+    txn = {"txn": {"appId": app, "version": version, "lastUpdated": now}}
+    protocol = None if is_mapped(table) else _with_mapping(table.protocol())
+    return _put_metadata(uri, table, mapped_schema(schema), "REPLACE TABLE", {},
+                         protocol=protocol, extra=[*removes, txn])  # fmt: skip
+
+
 def _with_mapping(protocol: Any) -> dict[str, Any]:
     """A table's protocol with the ``columnMapping`` feature: reader 3 / writer 7, the
     features a legacy version implies spelled out (Delta's protocol table)."""
@@ -298,10 +334,11 @@ def _with_mapping(protocol: Any) -> dict[str, Any]:
 
 
 def _put_metadata(uri: str, table: Any, mapped: MappedSchema, operation: str,
-                  parameters: dict[str, str], *, protocol: dict[str, Any] | None = None
-                  ) -> int:  # fmt: skip
+                  parameters: dict[str, str], *, protocol: dict[str, Any] | None = None,
+                  extra: list[dict[str, Any]] | None = None) -> int:  # fmt: skip
     """Put ``table``'s next log entry: ``mapped`` as its schema, the rest of its metadata (id,
-    configuration, partitioning, creation time) kept, and ``protocol`` when given."""
+    configuration, partitioning, creation time) kept, ``protocol`` when given, and ``extra``
+    actions."""
     import time
 
     from airflow_pglogrepl.exceptions import LakeError
@@ -319,6 +356,7 @@ def _put_metadata(uri: str, table: Any, mapped: MappedSchema, operation: str,
                       "partitionColumns": list(meta.partition_columns),
                       "configuration": {**dict(meta.configuration), **mapped.configuration()},
                       "createdTime": meta.created_time}},
+        *(extra or []),
     ]  # fmt: skip
     data = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
     version = int(table.version()) + 1

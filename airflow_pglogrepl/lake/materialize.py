@@ -105,6 +105,8 @@ def materialize(
     names = pending_tables(lake) if tables is None else tables
     if not names:
         return {}
+    for name in names:  # (a column Delta stores only under column mapping came since)
+        lake.map_state(name)
     reduced: dict[str, arrow_merge.Reduced] = {}
     merged, rest = arrow_merge.merge_small(lake, names, max_rows=small_rows, reduced=reduced)
     if not rest:

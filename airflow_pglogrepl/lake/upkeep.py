@@ -52,6 +52,7 @@ from typing import Any
 from airflow_pglogrepl.exceptions import LakeError, UnsafeRetentionError, WriterLockLostError
 from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.layout import LakePaths, app_id, is_local
+from airflow_pglogrepl.lake.mapping import is_mapped
 from airflow_pglogrepl.lake.txnlog import HistoryExpiredError, TxnLog, filesystem
 from airflow_pglogrepl.lsn import LSN
 
@@ -263,7 +264,12 @@ def _maintain(name: str, uri: str, app: str, keep: Keep, floor: float, threshold
     report.dv_files_before = _dv_files(table)
     # -- compaction
     reasons = _compaction_reasons(name, report, thresholds)
-    if reasons:
+    if reasons and is_mapped(table):
+        report.skipped.append(
+            f"compaction: {uri} is under column mapping, which delta-rs cannot compact yet "
+            f"({', '.join(reasons)}); compact it with Spark: OPTIMIZE delta.`{uri}`"
+        )
+    elif reasons:
         before = int(table.version())
         lake.check_writer()
         metrics = table.optimize.compact(

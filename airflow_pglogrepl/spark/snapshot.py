@@ -38,7 +38,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -51,12 +51,11 @@ from airflow_pglogrepl.exceptions import (
     SinkNotSnapshottedError,
     SlotError,
     UnstorableValueError,
-    UnsupportedColumnNameError,
 )
 from airflow_pglogrepl.faults import fault, pause
-from airflow_pglogrepl.lake import staging
+from airflow_pglogrepl.lake import mapping, names, staging
 from airflow_pglogrepl.lake.batch import ChangelogBatch
-from airflow_pglogrepl.lake.delta import refused_names
+from airflow_pglogrepl.lake.changelog import META_COLUMNS
 from airflow_pglogrepl.lake.evolve import numbered
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.types import UnconvertibleTextError, arrow_from_text_array, arrow_schema
@@ -262,17 +261,25 @@ class CopyTask:
             self.copied_bytes.add(total)
 
 
-def mark_keys(frame: Any, key: Sequence[str]) -> Any:
-    """``frame`` with its key columns marked as the changelog marks them (``pglogrepl.key``)."""
+def mark_keys(frame: Any, key: Sequence[str], *, sources: Mapping[str, str] | None = None) -> Any:
+    """``frame`` with its key columns marked as the changelog marks them (``pglogrepl.key``),
+    and the columns of ``sources`` (lake name -> source name) with their source name
+    (``lake.names.SOURCE_META``)."""
     from airflow_pglogrepl.lake.changelog import KEY_META
     from airflow_pglogrepl.lake.reduce import column
 
     position = {name: index for index, name in enumerate(key)}
+    sources = sources or {}
+
+    def described(c: str) -> dict[str, str]:
+        return {
+            **({KEY_META: str(position[c])} if c in position else {}),
+            **({names.SOURCE_META: sources[c]} if c in sources else {}),
+        }
+
     return frame.select(
         *(
-            column(c).alias(c, metadata={KEY_META: str(position[c])})
-            if c in position
-            else column(c)
+            column(c).alias(c, metadata=described(c)) if described(c) else column(c)
             for c in frame.columns
         )
     )
@@ -592,9 +599,6 @@ class SnapshotCopy:
                     f"least (Parquet stores no rows without columns). Nothing was copied. Fix: "
                     f"publish a column of it, or drop it from {self.publications}"
                 )
-            names = refused_names(_plain_schema(table_info(table)))
-            if names:
-                raise UnsupportedColumnNameError(str(table.table), names)
         result.plan_s = time.monotonic() - began
         return tables
 
@@ -632,6 +636,7 @@ class SnapshotCopy:
             return [f.result() for f in futures]
 
     def _copy_table(self, table: SnapshotTable, max_tasks: int) -> TableCopy:
+        import pyarrow as pa
         from pyspark.sql.pandas.types import from_arrow_schema
 
         began = time.monotonic()
@@ -639,14 +644,28 @@ class SnapshotCopy:
         context = self.spark.sparkContext
         copied = context.accumulator(0)
         task = self.copy_task(table, copied)
-        spark_schema = from_arrow_schema(_plain_schema(table_info(table)))
+        plain = _plain_schema(table_info(table))
+        spark_schema = from_arrow_schema(plain)
+        # each column under its lake name (``lake.names``): what a re-snapshotted table's lake
+        # recorded, else its own unless Delta would take it for another's
+        known = self.lake.known_schema(table.table) if self.tables is not None else None
+        lake_names = names.assign(plain.names, names.recorded(known), reserved=META_COLUMNS)
+        mapped = mapping.needed(pa.schema([f.with_name(lake_names[f.name]) for f in plain]))
+        renamed = {s: n for s, n in lake_names.items() if s != n}
+        if renamed and known is None:
+            log.warning("%s: columns stored under other names, as Delta cannot hold them beside "
+                        "the table's others: %s", table.table, renamed)  # fmt: skip
         context.setJobDescription(f"pglogrepl snapshot {table.table} ({len(ranges)} ranges)")
         bounds = context.parallelize([(r.start, r.stop) for r in ranges], len(ranges))
         frame = self.spark.createDataFrame(bounds, "start long, stop long")
         target = self._target(table)
         if self.tables is None:
             staging.remove(target)  # a copy of this point a failed run left, if any
-        rows_out = mark_keys(frame.mapInArrow(task, spark_schema), table_info(table).key_names)
+        copied_rows = frame.mapInArrow(task, spark_schema).toDF(*lake_names.values())
+        rows_out = mark_keys(copied_rows, [lake_names[k] for k in table_info(table).key_names],
+                             sources={n: s for s, n in lake_names.items() if s != n})  # fmt: skip
+        if self.tables is not None and mapped:
+            self.lake.map_state(table.table, needed=True)
         # One overwrite version with the app transaction at the consistent point: readers see
         # the table before or after it; deletion vectors make the merges that follow cheap
         # (unless the lake is without them: ``Lake.state_config``; a re-snapshotted table keeps
@@ -661,7 +680,7 @@ class SnapshotCopy:
             rows_out.write.format("delta")
             .mode("overwrite")
             .option("overwriteSchema", "true")
-            .options(**self.lake.state_config(table.table))  # no log cleanup but the upkeep's
+            .options(**self.lake.state_config(table.table, mapped=mapped))  # (no log cleanup)
             .option("txnAppId", self.lake.app)
             .option("txnVersion", str(int(self.point.consistent_point)))
             .save(target)
