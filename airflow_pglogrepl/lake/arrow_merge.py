@@ -66,6 +66,7 @@ from airflow_pglogrepl.lake.mapping import (
     mapped_schema,
     to_physical,
 )
+from airflow_pglogrepl.lake.names import former_names, with_current_names
 from airflow_pglogrepl.lsn import LSN
 
 if TYPE_CHECKING:
@@ -275,6 +276,8 @@ def merge_table(
     # only what the reduction reads (not the transaction id, commit time ...)
     needed = [*columns, OP, COMMIT_LSN, SEQ, UNCHANGED, OLD]
     batch = in_range.read([c for c in needed if c in schema.names])
+    # rows from before a rename name the column as it was then
+    batch = with_current_names(batch, former_names(schema))
     if not keys:
         return _append(lake, name, end, target, batch, columns, state)
     values = [c for c in columns if c not in keys]

@@ -137,7 +137,8 @@ class ChangelogBatch:
             pa.array(self._run_xid, pa.int64()).take(runs),
             pa.array(self._run_ts, pa.timestamp("us", tz="UTC")).take(runs),
             pa.array(self._unchanged, pa.list_(pa.string())),
-            self._old_array(schema.field(cl.OLD).type),
+            self._old_array(schema.field(len(schema) - 1).type),  # (by place: a column of the
+            # table may be called _old too)
         ]
         return pa.Table.from_arrays(arrays, schema=schema)
 

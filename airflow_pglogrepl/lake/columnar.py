@@ -345,7 +345,7 @@ class _Rows:
         stamp = np.array([t.commit_ts_us for t in txns], dtype=np.int64)[txn_index]
         unchanged = _unchanged(count, new_rows, new_cols, names, kinds)
         old = _old_struct(count, has_old, old_index, kinds == _U, old_cols, buf, self.table,
-                          schema.field(cl.OLD).type)  # fmt: skip
+                          _old_type(schema))  # fmt: skip
         arrays = [
             *columns,
             pa.array(op.view("S1").astype(str), pa.string()),
@@ -524,6 +524,14 @@ def _old_struct(
     return pa.StructArray.from_arrays(fields, fields=list(old_type), mask=pa.array(~with_old))
 
 
+def _old_type(schema: pa.Schema) -> pa.DataType:
+    """The type of a changelog batch's ``_old``, its last column: taken by place, as a column
+    of the table may be called ``_old`` too."""
+    field = schema.field(len(schema) - 1)
+    assert field.name == cl.OLD, schema
+    return field.type
+
+
 def _truncate_rows(table: TableInfo, txn: _Txn, seq: int) -> pa.Table:
     import pyarrow as pa
 
@@ -537,7 +545,7 @@ def _truncate_rows(table: TableInfo, txn: _Txn, seq: int) -> pa.Table:
         pa.array([txn.xid], pa.int64()),
         pa.array([txn.commit_ts_us], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
         pa.nulls(1, pa.list_(pa.string())),
-        pa.nulls(1, schema.field(cl.OLD).type),
+        pa.nulls(1, _old_type(schema)),
     ]
     return pa.Table.from_arrays(arrays, schema=schema)
 

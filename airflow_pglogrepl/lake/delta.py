@@ -241,17 +241,21 @@ class DataFile:
     lsn_range: tuple[int, int] | None  # min and max of the commit LSN column, when it has one
     columns: tuple[str, ...] | None = None  # the file's top-level column names, when known
 
-    def add_action(self) -> Any:
-        from deltalake.transaction import AddAction
-
-        # Statistics for the commit LSN only: what the merge's range filter skips files by.
+    def stats(self) -> str:
+        """The file's statistics, for the commit LSN only: what the merge's range filter skips
+        files by (its physical name is its own, under column mapping too)."""
         stats: dict[str, Any] = {"numRecords": self.rows}
         if self.lsn_range is not None:
             low, high = self.lsn_range
             stats.update(
                 minValues={COMMIT_LSN: low}, maxValues={COMMIT_LSN: high}, nullCount={COMMIT_LSN: 0}
             )
-        return AddAction(self.name, self.size, {}, int(time.time() * 1000), True, json.dumps(stats))
+        return json.dumps(stats)
+
+    def add_action(self) -> Any:
+        from deltalake.transaction import AddAction
+
+        return AddAction(self.name, self.size, {}, int(time.time() * 1000), True, self.stats())
 
 
 def write_file(uri: str, batch: pa.Table, prefix: str) -> DataFile:
@@ -529,7 +533,7 @@ def create_table(
         {"txn": {"appId": app, "version": version, "lastUpdated": now}},
         *({"add": {"path": f.name, "partitionValues": {}, "size": f.size,
                    "modificationTime": now, "dataChange": True,
-                   "stats": json.dumps({"numRecords": f.rows})}} for f in files),
+                   "stats": f.stats()}} for f in files),
     ]  # fmt: skip
     text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
     if not put_first_commit(uri, text.encode()):

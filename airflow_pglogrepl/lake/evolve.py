@@ -42,6 +42,7 @@ from airflow_pglogrepl.lake.changelog import (
     described_identity,
     described_key,
 )
+from airflow_pglogrepl.lake.names import FORMER_META, SOURCE_META
 from airflow_pglogrepl.lake.types import TYPE_META, arrow_value, column_type
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ FILL_META = "pglogrepl.fill"  # what rows from before that change hold, as Postg
 # A column's attribute number in the source table. PostgreSQL never reuses one, so a column new
 # to the lake with the number of a column it knows is that column under a new name: a rename.
 ATTNUM_META = "pglogrepl.attnum"
+SOURCE_KEY = SOURCE_META.encode()
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,9 @@ class Evolution:
     vanished: tuple[str, ...] = ()  # columns the lake has that the batch does not
 
     creating: bool = False  # the changelog table does not exist yet
+    # The key as the lake knew it and as the batch has it, when they differ only by names the
+    # lake lost and names new to it: renamed key columns, if ``with_origins`` says so.
+    key_change: tuple[tuple[str, ...], tuple[str, ...]] | None = None
 
     @property
     def needs_origins(self) -> bool:
@@ -106,10 +111,18 @@ def evolve(table: str, known: pa.Schema | None, batch: pa.Schema, *, first: str)
                 table, f"column {field.name!r} changed type from {before.type} to {field.type}"
             )
     had_key, has_key = described_key(_pairs(known)), described_key(_pairs(batch))
+    key_change = None
     if had_key != has_key:
-        raise IncompatibleSchemaChangeError(
-            table, f"its replica identity key changed from {had_key} to {has_key}"
+        gone = {k for k in had_key if k not in {f.name for f in sent}}
+        new = {k for k in has_key if k not in seen}
+        maybe_renamed = len(had_key) == len(has_key) and all(
+            a == b or (a in gone and b in new) for a, b in zip(had_key, has_key, strict=True)
         )
+        if not maybe_renamed:
+            raise IncompatibleSchemaChangeError(
+                table, f"its replica identity key changed from {had_key} to {has_key}"
+            )
+        key_change = (tuple(had_key), tuple(has_key))
     if OP in known.names and described_identity(_pairs(known)) != described_identity(_pairs(batch)):
         raise IncompatibleSchemaChangeError(
             table,
@@ -124,7 +137,7 @@ def evolve(table: str, known: pa.Schema | None, batch: pa.Schema, *, first: str)
     meta = [_merged_meta(f, known, fields) for f in batch if f.name in META_COLUMNS]
     vanished = tuple(name for name in seen if name not in by_name)
     return Evolution(pa.schema(fields + meta), tuple(f.name for f in added), vanished,
-                     creating=OP not in known.names)  # fmt: skip
+                     creating=OP not in known.names, key_change=key_change)  # fmt: skip
 
 
 def _merged_meta(field: pa.Field, known: pa.Schema, fields: list[pa.Field]) -> pa.Field:
@@ -141,9 +154,12 @@ def with_origins(
     table: str, known: pa.Schema | None, evolution: Evolution, origins: ColumnOrigins
 ) -> pa.Schema:
     """The evolved schema with what the catalog says of ``evolution.asked``: attribute numbers
-    (``pglogrepl.attnum``) and each added column's fill (``pglogrepl.fill``).
+    (``pglogrepl.attnum``) and each added column's fill (``pglogrepl.fill``), and renames
+    applied: an added column with the attribute number of a column the lake knows is that
+    column under a new name (``renames`` of the result tells which).
 
-    :raises IncompatibleSchemaChangeError: an added column is a renamed one (or may be).
+    :raises IncompatibleSchemaChangeError: a rename the lake cannot tell from a drop and an add
+        (a column it knows without a number), or a renamed column whose lake type changed.
     :raises ColumnBackfillError: a column's existing rows hold values neither the catalog nor
         the changes reveal (a volatile default made PostgreSQL rewrite the table).
     """
@@ -158,14 +174,14 @@ def with_origins(
             f"columns {unknown} are gone and {list(evolution.added)} are new: a RENAME COLUMN, "
             f"or a DROP and an ADD, which the lake cannot tell apart here",
         )
+    renames: dict[str, str] = {}
     fields = []
     for field in evolution.schema:
         origin = origins.columns.get(field.name)
         if origin is not None and origin.attnum is not None:
             if field.name in evolution.added and origin.attnum in numbered:
-                raise IncompatibleSchemaChangeError(
-                    table, f"column {numbered[origin.attnum]!r} was renamed to {field.name!r}"
-                )
+                renames[numbered[origin.attnum]] = field.name
+                continue
             field = _with(field, ATTNUM_META, str(origin.attnum))
         elif field.name in unknown:  # gone before the lake asked: no number will ever match it
             field = _with(field, ATTNUM_META, "0")
@@ -175,6 +191,62 @@ def with_origins(
             elif origin.has_default:
                 raise ColumnBackfillError(table, field.name)
         fields.append(field)
+    schema = pa.schema(fields)
+    if renames:
+        schema = _renamed(table, schema, renames, evolution.schema)
+    check_key(table, evolution, renames)
+    return schema
+
+
+def check_key(table: str, evolution: Evolution, renames: Mapping[str, str]) -> None:
+    """Refuse a changed key that ``renames`` does not explain.
+
+    :raises IncompatibleSchemaChangeError: the key is other columns than it was.
+    """
+    if evolution.key_change is None:
+        return
+    had, has = evolution.key_change
+    if tuple(renames.get(k, k) for k in had) != has:
+        raise IncompatibleSchemaChangeError(
+            table, f"its replica identity key changed from {list(had)} to {list(has)}"
+        )
+
+
+def _renamed(table: str, schema: pa.Schema, renames: Mapping[str, str],
+             sent: pa.Schema) -> pa.Schema:  # fmt: skip
+    """``schema`` with each renamed column under its new name, where it was, with what the
+    lake recorded of it (attnum, fill, key) and its former names (``FORMER_META``); among
+    ``_old``'s fields too. The new name's own field (the batch's) is taken for its type and
+    source name only."""
+    import json
+
+    import pyarrow as pa
+
+    def renamed(field: pa.Field) -> pa.Field:
+        new = sent.field(renames[field.name])
+        if not _same_type(field.type, new.type):
+            raise IncompatibleSchemaChangeError(
+                table, f"column {field.name!r} was renamed to {new.name!r} and changed type "
+                f"from {field.type} to {new.type}",
+            )  # fmt: skip
+        meta = {k: v for k, v in (field.metadata or {}).items() if k != SOURCE_KEY}
+        source = (new.metadata or {}).get(SOURCE_KEY)
+        if source is not None:
+            meta[SOURCE_KEY] = source
+        formers = [*json.loads(_meta(field, FORMER_META) or "[]"), field.name]
+        meta[FORMER_META.encode()] = json.dumps(formers).encode()
+        return pa.field(new.name, field.type, field.nullable, metadata=meta)
+
+    fields = []
+    for field in schema:
+        if field.name in renames:
+            fields.append(renamed(field))
+        elif field.name == OLD and pa.types.is_struct(field.type):
+            children = [c.with_name(renames.get(c.name, c.name)) for c in field.type
+                        if c.name not in renames.values()]  # fmt: skip
+            fields.append(field.with_type(pa.struct(children)))
+        else:
+            fields.append(field)
     return pa.schema(fields)
 
 
@@ -299,10 +371,12 @@ __all__ = [
     "ADDED_META",
     "ATTNUM_META",
     "FILL_META",
+    "FORMER_META",
     "TYPE_META",
     "Evolution",
     "added_at",
     "base_fields",
+    "check_key",
     "conform",
     "describe",
     "evolve",

@@ -274,25 +274,33 @@ class Lake:
             config.update(mapping.TABLE_CONFIG)
         return config
 
-    def map_state(self, table: TableRef | str, *, needed: bool = False) -> bool:
-        """Turn column mapping on for ``state/<table>`` in place when its changelog has it (or
-        ``needed``: a re-snapshot brings a name that needs it) and the state does not (a column
-        Delta stores only so came after the state was made): one metadata-only commit, the
-        state's files keep their names as physical names. True when it did; before a merge or
-        a re-snapshot adds such a column."""
-        state = delta.open_table(self.paths.state(table))
-        if state is None or mapping.is_mapped(state):
-            return False
-        if not needed:
-            changes = delta.open_table(self.paths.changes(table))
-            if changes is None or not mapping.is_mapped(changes):
-                return False
-        schema = delta.arrow_schema(self.paths.state(table))
-        assert schema is not None
-        self.check_writer()
-        mapping.commit_schema(self.paths.state(table), mapping.mapped_schema(schema, as_named=True))
-        log.info("state of %s is under column mapping from now on (as its changelog)", table)
-        return True
+    def align_state(self, table: TableRef | str, *, needed: bool = False) -> None:
+        """Make ``state/<table>`` take its changelog's names before a merge (or a re-snapshot)
+        writes into it: columns renamed at the source are renamed (metadata only: the state
+        keeps their values), and column mapping is turned on in place when the changelog has
+        it, a rename needs it, or ``needed`` (a re-snapshot brings a name that needs it). The
+        state's files keep their names as physical names."""
+        uri = self.paths.state(table)
+        state = delta.open_table(uri)
+        if state is None:
+            return
+        have = {f.name for f in delta.unmapped(_arrow(state))}
+        changes = delta.open_table(self.paths.changes(table))
+        renames: dict[str, str] = {}
+        if changes is not None:
+            for former, now in names.former_names(delta.unmapped(_arrow(changes))).items():
+                if former in have and now not in have:
+                    renames[former] = now
+        wanted = needed or bool(renames) or (changes is not None and mapping.is_mapped(changes))
+        if wanted and not mapping.is_mapped(state):
+            self.check_writer()
+            schema = delta.unmapped(_arrow(state))
+            mapping.commit_schema(uri, mapping.mapped_schema(schema, as_named=True))
+            log.info("state of %s is under column mapping from now on", table)
+        if renames:
+            self.check_writer()
+            mapping.rename_columns(uri, renames)
+            log.info("state of %s: columns renamed %s, their values kept", table, renames)
 
     def state_vectors(self) -> bool:
         """Whether state tables this run creates get deletion vectors: the run's own
@@ -542,8 +550,14 @@ class Window:
         if evolution.needs_origins and self.lake.origins is not None:
             origins = _origins_by_lake_name(self.lake.origins, table, evolution.asked, lake_names)
             schema = evolve.with_origins(str(table), known, evolution, origins)
-            if evolution.added:
+            if evolution.added and evolve.describe(schema):
                 log.info("%s: new columns %s", table, evolve.describe(schema))
+        else:
+            evolve.check_key(str(table), evolution, {})
+        renames = names.renamed_since(known, schema)
+        if renames:
+            log.warning("%s: columns renamed at the source, renamed in the lake (their history "
+                        "and values kept): %s", table, renames)  # fmt: skip
         refused = delta.unsupported_columns(schema)
         if refused:
             raise UnsupportedColumnTypeError(str(table), refused)
@@ -552,7 +566,7 @@ class Window:
             log.warning("%s: columns stored under other names, as Delta cannot hold them "
                         "beside the table's others: %s", table,
                         {s: n for s, n in lake_names.items() if s != n})  # fmt: skip
-        mapped = self._mapping(name, pending, known, schema)
+        mapped = self._mapping(name, pending, known, schema, renames)
         if pending is None:
             pending = self._pending[name] = _Pending(schema)
         pending.schema, pending.mapped = schema, mapped
@@ -564,29 +578,34 @@ class Window:
         return int(batch.num_rows)
 
     def _mapping(self, name: str, pending: _Pending | None, before: pa.Schema | None,
-                 schema: pa.Schema) -> MappedSchema | None:  # fmt: skip
+                 schema: pa.Schema, renames: dict[str, str]) -> MappedSchema | None:  # fmt: skip
         """The column mapping ``changes/<name>`` is written under with ``schema`` (the
-        table's schema was ``before``). A table that exists without one turns it on at the
-        commit: an upgrade in place.
+        table's schema was ``before``; ``renames`` happened since). A table that exists without
+        one turns it on at the commit: an upgrade in place.
 
-        A table gets a mapping when one of its names needs it, and keeps it. Files written
-        before it (by earlier windows, or earlier in this one) hold the lake names of their
-        columns, which become those columns' physical names; new columns get new ones."""
+        A table gets a mapping when one of its names needs it, or a column is renamed (a
+        metadata-only change under mapping), and keeps it. Files written before it (by earlier
+        windows, or earlier in this one) hold the lake names of their columns, which become
+        those columns' physical names; new columns get new ones."""
+        wanted = mapping.needed(schema) or bool(renames)
         if pending is not None and pending.mapped is not None:
-            return mapping.mapped_schema(schema, previous=pending.mapped)
-        if pending is not None and not mapping.needed(schema):
+            previous: MappedSchema | None = pending.mapped
+        elif pending is not None and not wanted:
             return None  # (a table this window found unmapped stays so until it must not)
-        table = delta.open_table(self.lake.paths.changes(name))
-        current = None if table is None else mapping.mapped_of(table)
-        if current is not None:
-            return mapping.mapped_schema(schema, previous=current)
-        if not mapping.needed(schema):
-            return None
-        if pending is None and table is None:
-            return mapping.mapped_schema(schema)  # a new table
-        assert before is not None, "a table with files has a schema"
-        named = mapping.mapped_schema(before, as_named=True)
-        return mapping.mapped_schema(schema, previous=named)
+        else:
+            table = delta.open_table(self.lake.paths.changes(name))
+            previous = None if table is None else mapping.mapped_of(table)
+            if previous is None and not wanted:
+                return None
+            if previous is None and pending is None and table is None:
+                return mapping.mapped_schema(schema)  # a new table
+            if previous is None:
+                assert before is not None, "a table with files has a schema"
+                previous = mapping.mapped_schema(before, as_named=True)
+        assert previous is not None
+        if renames:
+            previous = mapping.renamed(previous, renames)
+        return mapping.mapped_schema(schema, previous=previous)
 
     def commit(self, end: LSN, *, transactions: int, changes: int) -> dict[str, int]:
         """Make the window part of the lake (see the module docstring for the order)."""
@@ -670,6 +689,12 @@ def _identity(rows: list[dict[str, Any]], slot: str) -> dict[str, Any] | None:
         "created_at": str(first["committed_at"]),
         "began_with": first["kind"],
     }
+
+
+def _arrow(table: Any) -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(table.schema().to_arrow())
 
 
 def _writer() -> str:

@@ -310,7 +310,12 @@ def reset_table(uri: str, schema: pa.Schema, *, app: str, version: int) -> int:
                for p in paths]  # fmt: skip
     txn = {"txn": {"appId": app, "version": version, "lastUpdated": now}}
     protocol = None if is_mapped(table) else _with_mapping(table.protocol())
-    return _put_metadata(uri, table, mapped_schema(schema), "REPLACE TABLE", {},
+    old = mapped_of(table)  # ids never given again: above every one the table had
+    fresh = mapped_schema(
+        schema,
+        previous=MappedSchema({"type": "struct", "fields": []}, 0 if old is None else old.max_id),
+    )
+    return _put_metadata(uri, table, fresh, "REPLACE TABLE", {},
                          protocol=protocol, extra=[*removes, txn])  # fmt: skip
 
 
@@ -367,6 +372,13 @@ def _put_metadata(uri: str, table: Any, mapped: MappedSchema, operation: str,
             f"run again"
         )
     return version
+
+
+def renamed(mapped: MappedSchema, renames: dict[str, str]) -> MappedSchema:
+    """``mapped`` with ``renames`` (``old -> new`` logical names) applied at the top level and
+    in ``_old``: the same ids and physical names, so the same files, under the new names."""
+    schema = _renamed(json.loads(mapped.to_json()), renames, "the table")
+    return MappedSchema(schema, mapped.max_id)
 
 
 def _renamed(schema: dict[str, Any], renames: dict[str, str], uri: str) -> dict[str, Any]:

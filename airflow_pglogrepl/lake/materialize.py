@@ -40,10 +40,12 @@ from airflow_pglogrepl.lake.changelog import (
     META_COLUMNS,
     OLD,
     SEQ,
+    UNCHANGED,
     described_identity,
     described_key,
 )
 from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.names import former_names
 from airflow_pglogrepl.lake.reduce import (
     DELETE_ROW,
     FILL,
@@ -105,8 +107,8 @@ def materialize(
     names = pending_tables(lake) if tables is None else tables
     if not names:
         return {}
-    for name in names:  # (a column Delta stores only under column mapping came since)
-        lake.map_state(name)
+    for name in names:  # renamed columns, or mapping turned on, since the last merge
+        lake.align_state(name)
     reduced: dict[str, arrow_merge.Reduced] = {}
     merged, rest = arrow_merge.merge_small(lake, names, max_rows=small_rows, reduced=reduced)
     if not rest:
@@ -189,7 +191,7 @@ def materialize_table(spark: Any, lake: Lake, name: str, end: LSN) -> LSN | None
     described = delta.arrow_schema(lake.paths.changes(name))
     assert described is not None, f"changes/{name} is a Delta table (Spark just read it)"
     fills = added_columns(described)
-    changes = with_fills(changes, fills)
+    changes = with_current_names(with_fills(changes, fills), former_names(described))
     config = lake.state_config(name)
     if not _create_if_missing(session, state_path, changes.select(*map(column, columns)).schema,
                               config):  # fmt: skip
@@ -324,6 +326,23 @@ def with_fills(changes: DataFrame, fills: list[Added]) -> DataFrame:
         )
         changes = changes.withColumn(OLD, sf.when(old.isNull(), old).otherwise(filled_old))
     return changes
+
+
+def with_current_names(changes: DataFrame, formers: dict[str, str]) -> DataFrame:
+    """Changelog rows with each entry of ``_unchanged`` under its column's name now: rows
+    written before a column was renamed name it as it was then (``lake.names.FORMER_META``)."""
+    from pyspark.sql import functions as sf
+
+    if not formers:
+        return changes
+
+    def current(entry: Column) -> Column:
+        result = entry
+        for former, now in formers.items():
+            result = sf.when(entry == sf.lit(former), sf.lit(now)).otherwise(result)
+        return result
+
+    return changes.withColumn(UNCHANGED, sf.transform(sf.col(UNCHANGED), current))
 
 
 def evolve_state(

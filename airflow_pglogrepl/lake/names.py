@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 REFUSED_WITHOUT_MAPPING = frozenset(" ,;{}()\n\t=")
 # On a table column whose lake name is not its source name: the source name.
 SOURCE_META = "pglogrepl.source_name"
+# On a column renamed at the source: the lake names it had before (JSON list, oldest first).
+# They stay taken, so such a name in a changelog row written before the rename (an entry of
+# ``_unchanged``) always means this column.
+FORMER_META = "pglogrepl.former_names"
 
 
 def needs_mapping(name: str) -> bool:
@@ -85,6 +89,35 @@ def recorded(schema: pa.Schema | None) -> dict[str, str]:
     return found
 
 
+def lake_names(sources: Sequence[str], known: pa.Schema | None) -> dict[str, str]:
+    """``source name -> lake name`` of a table's columns (``sources``, in the source's order),
+    given what the lake knows of the table (``known``: None for a table new to it): its
+    recorded names, and its own columns' and former names taken."""
+    return assign(sources, recorded(known), reserved=(*META_COLUMNS, *former_names(known)))
+
+
+def renamed_since(before: pa.Schema | None, after: pa.Schema) -> dict[str, str]:
+    """``old lake name -> new lake name`` of the columns renamed between two lake schemas."""
+    had = {f.name for f in before or () if f.name not in META_COLUMNS}
+    found = {}
+    for former, now in former_names(after).items():
+        if former in had and now not in had:
+            found[former] = now
+    return found
+
+
+def former_names(schema: pa.Schema | None) -> dict[str, str]:
+    """``former lake name -> lake name now`` of every renamed column of a lake schema."""
+    import json
+
+    found: dict[str, str] = {}
+    for field in schema or ():
+        text = (field.metadata or {}).get(FORMER_META.encode())
+        if field.name not in META_COLUMNS and text is not None:
+            found.update(dict.fromkeys(json.loads(text), field.name))
+    return found
+
+
 def to_lake(batch: pa.Table, known: pa.Schema | None) -> tuple[pa.Table, dict[str, str]]:
     """A changelog batch (the source's columns, then the changelog's own: ``META_COLUMNS``)
     under its lake names, given what the lake knows of the table (``known``: None for a table
@@ -98,7 +131,7 @@ def to_lake(batch: pa.Table, known: pa.Schema | None) -> tuple[pa.Table, dict[st
 
     positions = set(_table_positions(batch.column_names))
     sources = [batch.column_names[i] for i in sorted(positions)]
-    names = assign(sources, recorded(known), reserved=META_COLUMNS)
+    names = lake_names(sources, known)
     renamed = {s: names[s] for s in sources if names[s] != s}
     if not renamed:
         return batch, names
@@ -134,16 +167,30 @@ def _table_positions(columns: Sequence[str]) -> list[int]:
     return [i for i, name in enumerate(columns) if name not in META_COLUMNS]
 
 
+def with_current_names(batch: pa.Table, formers: Mapping[str, str]) -> pa.Table:
+    """A changelog batch with each entry of ``_unchanged`` under its column's name now
+    (``formers``: ``former_names`` of the table's schema)."""
+    if not formers or UNCHANGED not in batch.column_names:
+        return batch
+    at = batch.column_names.index(UNCHANGED)
+    return batch.set_column(at, batch.field(at), _renamed_entries(batch.column(at), formers))
+
+
 def _renamed_entries(column: pa.ChunkedArray, renamed: Mapping[str, str]) -> pa.ChunkedArray:
-    """``_unchanged`` lists with each source name of ``renamed`` replaced by its lake name."""
+    """``_unchanged`` lists with each name of ``renamed`` replaced by its new name, in one
+    pass: a name is looked up once and never renamed again by a later entry of ``renamed``
+    (``name`` -> ``name__2`` while a real ``name__2`` -> ``name__2__2``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    sources = pa.array(list(renamed), pa.string())
+    targets = pa.array(list(renamed.values()), pa.string())
     chunks = []
     for chunk in column.chunks:
+        if chunk.offset:  # a slice: a list array built from its offsets and a null mask must
+            chunk = pa.concat_arrays([chunk])  # start at its buffers' start
         values = chunk.values
-        for source, lake in renamed.items():
-            values = pc.if_else(pc.equal(values, source), lake, values)
+        values = pc.coalesce(pc.take(targets, pc.index_in(values, value_set=sources)), values)
         mask = chunk.is_null() if chunk.null_count else None
         chunks.append(pa.ListArray.from_arrays(chunk.offsets, values, type=chunk.type, mask=mask))
     return pa.chunked_array(chunks, column.type)

@@ -55,8 +55,7 @@ from airflow_pglogrepl.exceptions import (
 from airflow_pglogrepl.faults import fault, pause
 from airflow_pglogrepl.lake import mapping, names, staging
 from airflow_pglogrepl.lake.batch import ChangelogBatch
-from airflow_pglogrepl.lake.changelog import META_COLUMNS
-from airflow_pglogrepl.lake.evolve import numbered
+from airflow_pglogrepl.lake.evolve import ATTNUM_META, numbered
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.types import UnconvertibleTextError, arrow_from_text_array, arrow_schema
 from airflow_pglogrepl.lsn import LSN
@@ -261,20 +260,23 @@ class CopyTask:
             self.copied_bytes.add(total)
 
 
-def mark_keys(frame: Any, key: Sequence[str], *, sources: Mapping[str, str] | None = None) -> Any:
+def mark_keys(frame: Any, key: Sequence[str], *, sources: Mapping[str, str] | None = None,
+              attnums: Mapping[str, int] | None = None) -> Any:  # fmt: skip
     """``frame`` with its key columns marked as the changelog marks them (``pglogrepl.key``),
-    and the columns of ``sources`` (lake name -> source name) with their source name
-    (``lake.names.SOURCE_META``)."""
+    the columns of ``sources`` (lake name -> source name) with their source name
+    (``lake.names.SOURCE_META``), and each column of ``attnums`` with its attribute number
+    (``pglogrepl.attnum``: how the drain tells a later rename from a drop and an add)."""
     from airflow_pglogrepl.lake.changelog import KEY_META
     from airflow_pglogrepl.lake.reduce import column
 
     position = {name: index for index, name in enumerate(key)}
-    sources = sources or {}
+    sources, attnums = sources or {}, attnums or {}
 
     def described(c: str) -> dict[str, str]:
         return {
             **({KEY_META: str(position[c])} if c in position else {}),
             **({names.SOURCE_META: sources[c]} if c in sources else {}),
+            **({ATTNUM_META: str(attnums[c])} if c in attnums else {}),
         }
 
     return frame.select(
@@ -649,7 +651,7 @@ class SnapshotCopy:
         # each column under its lake name (``lake.names``): what a re-snapshotted table's lake
         # recorded, else its own unless Delta would take it for another's
         known = self.lake.known_schema(table.table) if self.tables is not None else None
-        lake_names = names.assign(plain.names, names.recorded(known), reserved=META_COLUMNS)
+        lake_names = names.lake_names(plain.names, known)
         mapped = mapping.needed(pa.schema([f.with_name(lake_names[f.name]) for f in plain]))
         renamed = {s: n for s, n in lake_names.items() if s != n}
         if renamed and known is None:
@@ -663,9 +665,11 @@ class SnapshotCopy:
             staging.remove(target)  # a copy of this point a failed run left, if any
         copied_rows = frame.mapInArrow(task, spark_schema).toDF(*lake_names.values())
         rows_out = mark_keys(copied_rows, [lake_names[k] for k in table_info(table).key_names],
-                             sources={n: s for s, n in lake_names.items() if s != n})  # fmt: skip
+                             sources={n: s for s, n in lake_names.items() if s != n},
+                             attnums={lake_names[c.name]: c.attnum for c in table.columns
+                                      if c.name in lake_names})  # fmt: skip
         if self.tables is not None and mapped:
-            self.lake.map_state(table.table, needed=True)
+            self.lake.align_state(table.table, needed=True)
         # One overwrite version with the app transaction at the consistent point: readers see
         # the table before or after it; deletion vectors make the merges that follow cheap
         # (unless the lake is without them: ``Lake.state_config``; a re-snapshotted table keeps

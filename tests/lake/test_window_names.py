@@ -30,10 +30,11 @@ LAKE_NAMES = [*NAMES[:6], "name__2", "naïve名", LONG, "_op__2"]
 
 def changes(names: list[str], rows: list[dict[str, Any]], *, unchanged: list[str] | None = None,
             old: dict[str, Any] | None = None) -> pa.Table:  # fmt: skip
-    """A changelog batch as the decoder makes one: the table's columns (``id`` the key), then
-    the changelog's own, positionally (a table column may be called ``_op``)."""
-    base = [pa.field(n, pa.int64() if n == "id" else pa.string()) for n in names]
-    base = cl.mark_keys(base, ["id"])
+    """A changelog batch as the decoder makes one: the table's columns (the first, an integer,
+    is the key), then the changelog's own, positionally (a table column may be called
+    ``_op``)."""
+    base = [pa.field(n, pa.int64() if i == 0 else pa.string()) for i, n in enumerate(names)]
+    base = cl.mark_keys(base, [names[0]])
     schema = pa.schema([*base, *cl.meta_fields(base)])
     n = len(rows)
     columns: list[pa.Array] = [pa.array([r.get(c) for r in rows], f.type)
@@ -165,13 +166,113 @@ def test_a_new_table_that_gains_such_a_name_inside_its_first_window(tmp_path: Pa
 
 
 def test_names_are_translated_by_position_and_recorded() -> None:
-    batch = changes(["Name", "name"], [{"Name": "A", "name": "a", "lsn": 1}], unchanged=["name"])
+    batch = changes(["id", "Name", "name"], [{"id": 1, "Name": "A", "name": "a", "lsn": 1}],
+                    unchanged=["name"])  # fmt: skip
     lake_batch, names = to_lake(batch, None)
-    assert names == {"Name": "Name", "name": "name__2"}
-    assert lake_batch.column_names[:2] == ["Name", "name__2"]
+    assert names == {"id": "id", "Name": "Name", "name": "name__2"}
+    assert lake_batch.column_names[:3] == ["id", "Name", "name__2"]
     assert lake_batch.column(cl.UNCHANGED).to_pylist() == [["name__2"]]
     again, _ = to_lake(batch, lake_batch.schema)  # what the lake now records
     assert again.schema.equals(lake_batch.schema, check_metadata=True)
     # a recorded name stays taken by its column: a source column later named like it differs
-    clash = changes(["Name", "name", "name__2"], [{"lsn": 1}])
+    clash = changes(["id", "Name", "name", "name__2"], [{"lsn": 1}])
     assert to_lake(clash, lake_batch.schema)[1]["name__2"] == "name__2__2"
+
+
+def _catalog(attnums: dict[str, int]) -> Any:
+    """A catalog stub: each column's attribute number, no defaults."""
+    from airflow_pglogrepl.hooks.records import ColumnOrigin, ColumnOrigins
+
+    def origins(table: TableRef, names: Any) -> ColumnOrigins:
+        columns = {n: ColumnOrigin(n, True, None, False, attnums.get(n)) for n in names}
+        return ColumnOrigins(natts=max(attnums.values()), columns=columns)
+
+    return origins
+
+
+def test_a_rename_inside_a_window_keeps_the_files_and_takes_the_key_along(
+    tmp_path: Path,
+) -> None:
+    """The key and a column renamed between two batches of one window: one changelog column
+    each, the earlier files read under the new names, ``_old``'s fields renamed too; a column
+    added later under a former name is another column."""
+    catalog = {"id": 1, "v": 2, "ident": 1, "val ue": 2}
+    lake = Lake(str(tmp_path / "lake"), "s", origins=_catalog(catalog))
+    window = lake.open_window(LSN(0x100))
+    window.write(T, changes(["id", "v"], [{"id": 1, "v": "a", "lsn": 0x110}]))
+    window.commit(LSN(0x200), transactions=1, changes=1)
+    uri = lake.paths.changes(T)
+    assert not is_mapped(open_table(uri))  # type: ignore[arg-type]
+
+    window = lake.open_window(LSN(0x200))
+    window.write(T, changes(["id", "v"], [{"id": 2, "v": "b", "lsn": 0x210}]))
+    after = changes(["ident", "val ue"], [{"ident": 3, "val ue": "c", "lsn": 0x220}],
+                    old={"ident": 2, "val ue": "b"})  # fmt: skip
+    window.write(T, after)
+    window.commit(LSN(0x300), transactions=2, changes=2)
+    table = open_table(uri)
+    assert table is not None and is_mapped(table)
+    rows = sorted(read_table(uri).to_pylist(), key=lambda r: r["ident"])
+    assert [(r["ident"], r["val ue"]) for r in rows] == [(1, "a"), (2, "b"), (3, "c")]
+    assert rows[2][cl.OLD] == {"ident": 2, "val ue": "b"}
+    fields = {f["name"]: f for f in json.loads(table.schema().to_json())["fields"]}
+    assert fields["ident"]["metadata"]["pglogrepl.key"] == "0"
+    assert fields["val ue"]["metadata"][PHYSICAL_KEY] == "v"  # the files' name, kept
+    assert json.loads(fields["val ue"]["metadata"]["pglogrepl.former_names"]) == ["v"]
+
+    lake.origins = _catalog({**catalog, "v": 3})
+    window = lake.open_window(LSN(0x300))
+    window.write(T, changes(["ident", "val ue", "v"], [{"ident": 4, "v": "new", "lsn": 0x310}]))
+    window.commit(LSN(0x400), transactions=1, changes=1)
+    got = {r["ident"]: r["v__2"] for r in read_table(uri).to_pylist()}
+    assert got == {1: None, 2: None, 3: None, 4: "new"}
+
+
+def test_unchanged_entries_are_renamed_once_whatever_names_the_suffixes_take() -> None:
+    """``name`` is stored as ``name__2`` and the real ``name__2`` as ``name__2__2``: an
+    unchanged ``name`` is ``name__2``, never renamed on to ``name__2__2`` (the wrong column
+    would keep its value and the right one read NULL)."""
+    batch = changes(["id", "Name", "name", "name__2", "_op", "_op__2"], [{"id": 1, "lsn": 1}],
+                    unchanged=["name", "name__2", "_op"])  # fmt: skip
+    lake_batch, names = to_lake(batch, None)
+    assert names["name__2"] == "name__2__2" and names["_op__2"] == "_op__2__2"
+    assert lake_batch.column(cl.UNCHANGED).to_pylist() == [["name__2", "name__2__2", "_op__2"]]
+
+
+def test_a_sliced_batch_with_null_unchanged_lists_is_renamed() -> None:
+    """The drain hands a window the rest of a peek's batch (a slice), whose ``_unchanged``
+    lists may be null: renaming them must not depend on the slice's offset."""
+    rows = [{"id": i, "name": str(i), "lsn": i} for i in range(4)]
+    batch = changes(["id", "Name", "name"], rows, unchanged=["name"])
+    index = batch.column_names.index(cl.UNCHANGED)
+    nulls = pa.array([["name"], None, ["name"], None], pa.list_(pa.string()))
+    batch = batch.set_column(index, batch.field(index), nulls).slice(1)
+    lake_batch, _ = to_lake(batch, None)
+    assert lake_batch.column(cl.UNCHANGED).to_pylist() == [None, ["name__2"], None]
+
+
+@pytest.mark.parametrize("name", ["_op", "_old", "_unchanged", "_commit_lsn"])
+def test_the_decoders_take_a_source_column_named_like_the_changelogs_own(name: str) -> None:
+    from airflow_pglogrepl.lake.batch import ChangelogBatch
+    from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
+    from airflow_pglogrepl.pgoutput.values import OID
+
+    info = TableInfo("public", "t", [ColumnInfo("id", OID.INT8, -1, True, OID.INT8),
+                                     ColumnInfo(name, OID.TEXT, -1, False, OID.TEXT)])  # fmt: skip
+    empty = ChangelogBatch(info).to_arrow()
+    assert empty.column_names == ["id", name, *cl.META_COLUMNS]
+    assert to_lake(empty, None)[1][name] == f"{name}__2"
+
+
+def test_the_first_commit_of_a_mapped_table_carries_the_commit_lsn_statistics(
+    tmp_path: Path,
+) -> None:
+    """What the merge's range filter skips files by, as on every later commit."""
+    lake = Lake(str(tmp_path / "lake"), "s")
+    window = lake.open_window(LSN(0x100))
+    window.write(T, changes(["id", "sp ace"], [{"id": 1, "lsn": 0x110}, {"id": 2, "lsn": 0x120}]))
+    window.commit(LSN(0x200), transactions=1, changes=1)
+    table = open_table(lake.paths.changes(T))
+    assert table is not None
+    (stats,) = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    assert (stats[f"min.{cl.COMMIT_LSN}"], stats[f"max.{cl.COMMIT_LSN}"]) == (0x110, 0x120)
