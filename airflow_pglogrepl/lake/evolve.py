@@ -263,6 +263,11 @@ def _with(field: pa.Field, key: str, value: str) -> pa.Field:
     return field.with_metadata({**(field.metadata or {}), key.encode(): value.encode()})
 
 
+def attnum(field: pa.Field) -> int | None:
+    """A lake column's attribute number in its source table (None: not recorded)."""
+    return _attnum(field)
+
+
 def _attnum(field: pa.Field) -> int | None:
     text = _meta(field, ATTNUM_META)
     return None if text is None else int(text)

@@ -132,6 +132,7 @@ class Lake:
         self._versions: dict[str, LSN | None] = {}
         self._covered: dict[str, LSN | None] = {}
         self._position: object = _UNREAD
+        self._orders_checked: set[tuple[str, tuple[str, ...]]] = set()  # (``Window``)
 
     def check_writer(self) -> None:
         """Prove this run may still write (``WriterLockLostError`` if not)."""
@@ -538,6 +539,7 @@ class Window:
         pending = self._pending.get(name)
         known = pending.schema if pending is not None else self.lake.known_schema(table)
         batch, lake_names = names.to_lake(batch, known)
+        self._check_order(table, known, lake_names)
         held = self.lake.covered(name)
         if held is not None and held > self.start:
             import pyarrow.compute as pc
@@ -576,6 +578,41 @@ class Window:
         pending.files.append(delta.write_file(uri, stored, self._prefix))
         pending.rows += batch.num_rows
         return int(batch.num_rows)
+
+    def _check_order(self, table: TableRef, known: pa.Schema | None,
+                     lake_names: dict[str, str]) -> None:  # fmt: skip
+        """Refuse names that moved between columns (``RENAME COLUMN`` in a cycle: ``b`` to
+        ``c`` and ``c`` to ``b``), which pgoutput shows as the same names in another order and
+        which would store each column's values under the other's name.
+
+        Columns come in attnum order and the lake keeps a table's columns in the order it saw
+        them, so known names out of that order mean a cycle of renames, or a column dropped and
+        added again under its name (the lake's same column then); the catalog's attribute
+        numbers tell which, asked once per column list and run."""
+        if known is None or self.lake.origins is None:
+            return
+        place = {f.name: i for i, f in enumerate(known)}
+        order = [place[n] for n in lake_names.values() if n in place]
+        if order == sorted(order):
+            return
+        seen = (str(table), tuple(lake_names))
+        if seen in self.lake._orders_checked:
+            return
+        found = self.lake.origins(table, list(lake_names))
+        now = {s: o.attnum for s, o in found.columns.items() if o.attnum is not None}
+        moved = []
+        for source, lake_name in lake_names.items():
+            if lake_name not in place:
+                continue
+            recorded = evolve.attnum(known.field(lake_name))
+            if recorded and now.get(source) not in (None, recorded) and recorded in now.values():
+                moved.append(lake_name)
+        if moved:
+            raise IncompatibleSchemaChangeError(
+                str(table),
+                f"columns {sorted(moved)} took each other's names (RENAME COLUMN in a cycle)",
+            )
+        self.lake._orders_checked.add(seen)
 
     def _mapping(self, name: str, pending: _Pending | None, before: pa.Schema | None,
                  schema: pa.Schema, renames: dict[str, str]) -> MappedSchema | None:  # fmt: skip

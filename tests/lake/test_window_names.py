@@ -276,3 +276,27 @@ def test_the_first_commit_of_a_mapped_table_carries_the_commit_lsn_statistics(
     assert table is not None
     (stats,) = pa.table(table.get_add_actions(flatten=True)).to_pylist()
     assert (stats[f"min.{cl.COMMIT_LSN}"], stats[f"max.{cl.COMMIT_LSN}"]) == (0x110, 0x120)
+
+
+def test_names_that_moved_between_columns_are_refused_and_a_column_added_again_is_not(
+    tmp_path: Path,
+) -> None:
+    """``b`` and ``c`` swapped by renames look like the same names in another order; a column
+    dropped and added again under its name looks the same way, and is the lake's same
+    column. The catalog's attribute numbers tell them apart."""
+    from airflow_pglogrepl.exceptions import IncompatibleSchemaChangeError
+
+    lake = Lake(str(tmp_path / "lake"), "s", origins=_catalog({"id": 1, "b": 2, "c": 3}))
+    window = lake.open_window(LSN(0x100))
+    window.write(T, changes(["id", "b", "c"], [{"id": 1, "b": "b1", "c": "c1", "lsn": 0x110}]))
+    window.commit(LSN(0x200), transactions=1, changes=1)
+    swapped = changes(["id", "c", "b"], [{"id": 2, "c": "was b", "b": "was c", "lsn": 0x210}])
+    lake.origins = _catalog({"id": 1, "c": 2, "b": 3})
+    with pytest.raises(IncompatibleSchemaChangeError, match=r"\['b', 'c'\] took each other"):
+        lake.open_window(LSN(0x200)).write(T, swapped)
+    lake.origins = _catalog({"id": 1, "c": 3, "b": 4})  # b dropped, then added again
+    window = lake.open_window(LSN(0x200))
+    window.write(T, swapped)
+    window.commit(LSN(0x300), transactions=1, changes=1)
+    got = {r["id"]: (r["b"], r["c"]) for r in read_table(lake.paths.changes(T)).to_pylist()}
+    assert got == {1: ("b1", "c1"), 2: ("was c", "was b")}
