@@ -12,7 +12,9 @@ window, and replaced files fill the storage. So, for one lake root, per table:
    how to purge those with Spark (``REORG TABLE ... APPLY (PURGE)``). Measured on Spark-written
    deletion-vector tables (delta-spark 4.4.0, deltalake 1.6.6): Spark and delta-rs read the same
    rows before and after, and the app transactions carry over, so a compaction commit (which
-   carries none) belongs to the transaction before it, as ``lake.txnlog`` reads it;
+   carries none) belongs to the transaction before it, as ``lake.txnlog`` reads it. A table
+   under column mapping, which delta-rs cannot compact, is packed by
+   ``lake.mapped_compaction`` (its files without deletion vectors);
 2. **VACUUM** in delta-rs's "lite" mode (only files the log removed), with a retention computed
    per table so that every version from the kept position on stays readable (``Keep``), and
    that version's own files protected by name (``keep_versions``). Never the "full" mode: it
@@ -50,7 +52,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_pglogrepl.exceptions import LakeError, UnsafeRetentionError, WriterLockLostError
-from airflow_pglogrepl.lake import delta
+from airflow_pglogrepl.lake import delta, mapped_compaction
 from airflow_pglogrepl.lake.layout import LakePaths, app_id, is_local
 from airflow_pglogrepl.lake.mapping import is_mapped
 from airflow_pglogrepl.lake.txnlog import HistoryExpiredError, TxnLog, filesystem
@@ -264,10 +266,23 @@ def _maintain(name: str, uri: str, app: str, keep: Keep, floor: float, threshold
     report.dv_files_before = _dv_files(table)
     # -- compaction
     reasons = _compaction_reasons(name, report, thresholds)
-    if reasons and is_mapped(table):
-        report.skipped.append(
-            f"compaction: {uri} is under column mapping, which delta-rs cannot compact yet "
-            f"({', '.join(reasons)}); compact it with Spark: OPTIMIZE delta.`{uri}`"
+    if reasons and is_mapped(table):  # delta-rs refuses: packed here (lake.mapped_compaction)
+        before = int(table.version())
+        target = thresholds.target_file_bytes or int(
+            _property(table, "delta.targetFileSize") or 100 * 1024 * 1024
+        )
+        packed = mapped_compaction.compact(
+            uri, table, small_bytes=thresholds.small_file_bytes, target_bytes=target,
+            check_writer=lake.check_writer, commit_properties=_marked("compact"),
+            post_commithook_properties=_no_hooks(),
+        )  # fmt: skip
+        _durable(uri, before)
+        table = delta.open_table(uri)
+        assert table is not None
+        report.compacted = int(table.version()) > before
+        report.notes.append(
+            f"compacted ({', '.join(reasons)}; column mapping: small files without deletion "
+            f"vectors): {packed.removed} files into {packed.added}"
         )
     elif reasons:
         before = int(table.version())

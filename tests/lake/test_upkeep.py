@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from airflow_pglogrepl.exceptions import UnsafeRetentionError, WriterLockLostError
@@ -31,6 +32,7 @@ from airflow_pglogrepl.lake.upkeep import (
     upkeep_level,
 )
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.tables import TableRef
 from tests.support.upkeep import APP, SLOT, Built, age, files, ids, log_names, versions
 
 A, B = "public.a", "public.b"
@@ -325,3 +327,98 @@ def test_one_tables_failure_leaves_the_others_maintained(
     uri = built.paths.changes(B)  # maintained after the failure: checkpointed (it had none)
     assert f"{versions(uri):020d}.checkpoint.parquet" in log_names(uri)
     assert not any("checkpoint" in n for n in log_names(built.paths.changes(A)))
+
+
+def _changes(names: list[str], rows: list[dict[str, Any]]) -> Any:
+    """A full changelog batch (the table's columns, then the changelog's own)."""
+    import pyarrow as pa
+
+    from airflow_pglogrepl.lake import changelog as cl
+
+    base = cl.mark_keys([pa.field(n, pa.int64() if i == 0 else pa.string())
+                         for i, n in enumerate(names)], [names[0]])  # fmt: skip
+    schema = pa.schema([*base, *cl.meta_fields(base)])
+    width, n = len(names), len(rows)
+    columns = [pa.array([r.get(c) for r in rows], f.type) for c, f in zip(names, base, strict=True)]
+    columns += [pa.array(["I"] * n), pa.array([r["lsn"] for r in rows], pa.int64()),
+                pa.array(range(n), pa.int64()), pa.array([1] * n, pa.int64()),
+                pa.array([None] * n, pa.timestamp("us", tz="UTC")),
+                pa.array([[]] * n, pa.list_(pa.string())),
+                pa.nulls(n, schema.field(width + 6).type)]  # fmt: skip
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def test_a_changelog_under_column_mapping_is_compacted_row_for_row(tmp_path: Path) -> None:
+    """delta-rs cannot compact a mapped table: the upkeep packs it itself, files from before
+    the table was turned to column mapping (their own names) and after (physical names) alike,
+    keeping every row, the app transaction and the commit LSN statistics."""
+    from airflow_pglogrepl.lake.mapping import is_mapped
+
+    lake = Lake(str(tmp_path / "lake"), SLOT)
+    ref = TableRef("public", "m")
+    for i in range(8):
+        names = ["id", "v"] if i < 4 else ["id", "v", "sp ace"]  # mapped in place at the fifth
+        row = {"id": i, "v": f"v{i}", "sp ace": f"s{i}", "lsn": 100 * i + 50}
+        window = lake.open_window(LSN(100 * i))
+        window.write(ref, _changes(names, [row]))
+        window.commit(LSN(100 * i + 100), transactions=1, changes=1)
+    uri = lake.paths.changes(ref)
+    table = delta.open_table(uri)
+    assert table is not None and is_mapped(table) and files(uri) == 8
+    before = sorted(delta.read_table(uri).to_pylist(), key=lambda r: r["id"])
+
+    report = upkeep(lake.root, SLOT, keep=Keep(lsn=LSN(100), **BY_LSN), thresholds=EAGER)
+
+    done = {t.table: t for t in report.tables}[f"changes/{ref}"]
+    assert done.compacted and files(uri) == 1, done
+    assert sorted(delta.read_table(uri).to_pylist(), key=lambda r: r["id"]) == before
+    assert [r["sp ace"] for r in before] == [None] * 4 + ["s4", "s5", "s6", "s7"]
+    assert delta.txn_version(uri, APP) == 800
+    table = delta.open_table(uri)
+    assert table is not None
+    stats = pa.table(table.get_add_actions(flatten=True)).to_pylist()[0]
+    assert (stats["min._commit_lsn"], stats["max._commit_lsn"]) == (50, 750)
+    again = upkeep(lake.root, SLOT, keep=Keep(lsn=LSN(100), **BY_LSN), thresholds=EAGER)
+    assert not {t.table: t for t in again.tables}[f"changes/{ref}"].compacted
+
+
+def test_a_mapped_state_keeps_its_files_with_deletion_vectors_out_of_a_compaction(
+    tmp_path: Path, spark: Any
+) -> None:
+    """A file with a deletion vector cannot be removed by delta-rs (its remove would name no
+    vector, and the file would stay live beside its packed copy): only the others are packed,
+    and Spark and delta-rs read the same rows before and after."""
+    from delta.tables import DeltaTable
+
+    built = Built(tmp_path / "lake")
+    built.window(10, {A: [1]})
+    state = built.paths.state(A)
+    session = spark.newSession()
+    for part in range(6):  # one file each
+        frame = session.range(part * 100, part * 100 + 100).selectExpr(
+            "id", "concat('v', cast(id as string)) AS `sp ace`"
+        )
+        writer = frame.coalesce(1).write.format("delta").mode("append")
+        if part == 0:
+            writer = writer.options(**{"delta.enableDeletionVectors": "true",
+                                       "delta.columnMapping.mode": "name",
+                                       "delta.minReaderVersion": "3",
+                                       "delta.minWriterVersion": "7"})  # fmt: skip
+        writer.option("txnAppId", APP).option("txnVersion", str(part + 1)).save(state)
+    DeltaTable.forPath(session, state).delete("id < 200 AND id % 3 = 0")  # two files' rows
+
+    def rows() -> list[tuple[int, str]]:
+        found = delta.read_table(state)
+        return sorted(zip(found.column("id").to_pylist(), found.column("sp ace").to_pylist(),
+                          strict=True))  # fmt: skip
+
+    spark_before = sorted((r[0], r[1]) for r in session.read.format("delta").load(state).collect())
+    before = rows()
+    assert before == spark_before and len(before) == 600 - 67
+    report = upkeep(built.root, SLOT, keep=Keep(lsn=LSN(10), **BY_LSN), thresholds=EAGER)
+    done = {t.table: t for t in report.tables}[f"state/{A}"]
+    assert done.compacted and files(state) == 3, done  # 4 packed into 1, 2 left with vectors
+    assert rows() == before
+    assert sorted((r[0], r[1]) for r in session.read.format("delta").load(state).collect()) == (
+        before
+    )
