@@ -632,6 +632,7 @@ class SchemaChangedError(LakeError):
 
     def __init__(self, table: str, what: str) -> None:
         self.table = table
+        self.what = what  # the table's own problem, without the drain's (a quarantine's record)
         super().__init__(
             f"table {table}: {what}. Nothing of this window was committed and the slot did not "
             f"move. Fix: re-snapshot the table (InitialSnapshotOperator(tables=[{table!r}], ...) "
@@ -668,6 +669,7 @@ class UnsupportedColumnTypeError(LakeError):
         self.table = table
         self.columns = columns
         shown = ", ".join(f"{name} ({kind})" for name, kind in columns.items())
+        self.what = f"columns Delta Lake cannot store as typed: {shown}"
         super().__init__(
             f"table {table} has columns Delta Lake cannot store as typed: {shown}. Nothing of "
             f"this window was committed and the slot did not move. Every PostgreSQL type should "
@@ -681,12 +683,36 @@ class UnstorableValueError(LakeError):
     def __init__(self, table: str, column: str, value: object, reason: str) -> None:
         self.table = table
         self.column = column
+        self.what = (
+            f"column {column!r}: the value {value!r} cannot be stored in the lake ({reason})"
+        )
         super().__init__(
             f"table {table}, column {column!r}: the value {value!r} cannot be stored in the "
             f"lake ({reason}). Nothing of it was committed and the slot did not move. "
             f"Fix: correct the row on the publisher, then re-snapshot the table "
             f"(InitialSnapshotOperator(tables=[{table!r}], ...)) and run the drain again: it "
             f"skips the table's changes the snapshot already holds, this one included"
+        )
+
+
+class QuarantinedTablesError(LakeError):
+    """Tables whose changes the lake could not store went to its quarantine
+    (``lake.quarantine``); every other table was committed and the slot moved on."""
+
+    def __init__(self, lake: str, tables: dict[str, dict[str, str]]) -> None:
+        self.lake = lake
+        self.tables = tables
+        shown = "; ".join(
+            f"{table}: {held['error']}: {held['what']} (since {held['since']})"
+            for table, held in sorted(tables.items())
+        )
+        names = sorted(tables)
+        super().__init__(
+            f"{len(tables)} table(s) of lake {lake} are in quarantine, their changes kept in "
+            f"{lake}/_pglogrepl/quarantine while every other table goes on: {shown}. Fix: "
+            f"correct the cause (a value on the publisher, or the column), then re-snapshot "
+            f"(InitialSnapshotOperator(tables={names!r}, ...) or snapshot_app --tables): the "
+            f"snapshot holds every quarantined change, and the drain goes on with the table"
         )
 
 

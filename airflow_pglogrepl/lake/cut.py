@@ -46,6 +46,7 @@ log cleanup and ``VACUUM`` left the versions (``lake.replay`` builds its calls o
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -59,6 +60,8 @@ from airflow_pglogrepl.tables import TableRef
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
+
+log = logging.getLogger("airflow_pglogrepl.lake")
 
 Kind = Literal["state", "changes"]
 _END = (1 << 64) - 1
@@ -83,6 +86,24 @@ class Cut:
         """The URI of one of the cut's tables."""
         paths = LakePaths(self.root)
         return paths.state(table) if self.kind == "state" else paths.changes(table)
+
+
+def _before_quarantine(root: str, slot: str, names: Sequence[str], upto: int) -> int:
+    """``upto``, or before the first quarantined change of a table of ``names`` in the lake's
+    quarantine (``lake.quarantine``): that table's changelog and state stop there, and would
+    look current at any later position."""
+    from airflow_pglogrepl.lake.lake import Lake
+    from airflow_pglogrepl.lake.quarantine import held
+
+    stuck = {name: cause for name, cause in held(Lake(root, slot)).items() if name in names}
+    if not stuck:
+        return upto
+    since = min(int(LSN(cause.since)) for cause in stuck.values())
+    if since < upto:
+        log.warning("cut of %s taken at or before %s: %s in the lake's quarantine since then "
+                    "(leave them out of tables= for a later cut of the others)", root,
+                    LSN(since), sorted(stuck))  # fmt: skip
+    return min(upto, since)
 
 
 def consistent_cut(
@@ -114,6 +135,7 @@ def consistent_cut(
     # listed (a window's tables commit before its windows row), and states seen are a prefix.
     windows = _Positions(paths, slot)
     names = _names(paths, kind) if tables is None else [_dir(t) for t in tables]
+    upto = _before_quarantine(root, slot, names, upto)
     lake_position = windows.at_or_below(upto)
     if lake_position is None:
         return Cut(paths.root, kind, slot, None, dict.fromkeys(names))

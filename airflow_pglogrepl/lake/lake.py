@@ -523,6 +523,13 @@ class Window:
         self.start = start
         self._pending: dict[str, _Pending] = {}
         self._prefix = f"{int(start):016X}"
+        self._quarantined: list[pa.Table] = []  # rows for ``_pglogrepl/quarantine``
+
+    def quarantine(self, rows: pa.Table) -> None:
+        """Keep ``rows`` (``lake.quarantine.rows``: a held table's changes) in the lake's
+        quarantine with this window: committed before its commit point, as a table is."""
+        if rows.num_rows:
+            self._quarantined.append(rows)
 
     def write(self, table: TableRef, batch: pa.Table) -> int:
         """Write one batch of ``table``'s changelog rows; returns how many were new.
@@ -578,6 +585,9 @@ class Window:
         pending.files.append(delta.write_file(uri, stored, self._prefix))
         pending.rows += batch.num_rows
         return int(batch.num_rows)
+
+    def _commit_quarantine(self, end: LSN) -> None:
+        _quarantine_commit(self.lake, self._quarantined, self._prefix, end)
 
     def _check_order(self, table: TableRef, known: pa.Schema | None,
                      lake_names: dict[str, str]) -> None:  # fmt: skip
@@ -674,10 +684,36 @@ class Window:
                 mapping=pending.mapped if current is None else None,
             )
             lake._committed_changes(name, end)
+        if self._quarantined:
+            self._commit_quarantine(end)
         counts = {name: p.rows for name, p in self._pending.items()}
         lake.record(kind="window", start=self.start, end=end, transactions=transactions,
                     changes=changes, tables=counts)  # fmt: skip
         return counts
+
+
+def _quarantine_commit(lake: Lake, rows: list[pa.Table], prefix: str, end: LSN) -> None:
+    """Commit ``rows`` to ``_pglogrepl/quarantine`` with the app transaction ``end``, unless a
+    run that crashed after committing them did already (a replay adds nothing twice)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from airflow_pglogrepl.lake.quarantine import quarantine_schema
+
+    uri = lake.paths.quarantine()
+    held = delta.txn_version(uri, lake.app)
+    if held is not None and held >= int(end):
+        return
+    table = pa.concat_tables(rows)
+    if held is not None:  # what a run that crashed after its commit holds there already
+        table = table.filter(pc.greater_equal(table.column("commit_lsn"), held))
+    if table.num_rows == 0:
+        return
+    written = delta.write_file(uri, table, prefix)
+    lake.check_writer()
+    delta.commit_files(uri, quarantine_schema(), [written], app=lake.app, version=int(end),
+                       expected=held, name="pglogrepl quarantine",
+                       configuration=delta.KEEP_LOGS)  # fmt: skip
 
 
 def _origins_by_lake_name(origins: Origins, table: TableRef, asked: Sequence[str],

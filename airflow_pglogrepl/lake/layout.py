@@ -5,6 +5,7 @@ Layout under the lake root (a local path, ``file:`` URI or any URI Delta can wri
     changes/<schema>.<table>/   Delta table: the append-only changelog of one source table
     state/<schema>.<table>/     Delta table: the table's current rows
     _pglogrepl/windows/         Delta table: one row per committed window (the lake's position)
+    _pglogrepl/quarantine/      Delta table: changes of tables the lake could not store
 
 Every table is a plain Delta table, so Spark, Trino, DuckDB or the ``deltalake`` package read
 any of them at a committed version; nothing else under the root is state.
@@ -103,6 +104,9 @@ class LakePaths:
 
     def windows(self) -> str:
         return self._join("_pglogrepl", "windows")
+
+    def quarantine(self) -> str:
+        return self._join("_pglogrepl", "quarantine")
 
     @property
     def local(self) -> bool:

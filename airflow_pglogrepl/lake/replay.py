@@ -263,6 +263,16 @@ def _plan_changes(
         raise ReplayRangeError(shown, asked, f"the lake begins at {beginning} (its first "
                                "window or initial snapshot): nothing older was drained", whole,
                                f"start at {beginning} or later")  # fmt: skip
+    stuck = _quarantined_since(root, lake)
+    if stuck is not None and high > stuck:
+        raise ReplayRangeError(
+            shown, asked,
+            f"its changes from {stuck} on are in the lake's quarantine (_pglogrepl/quarantine: "
+            f"they could not be stored), not in its changelog",
+            f"its changes in [{beginning}, {stuck})",
+            f"end at {stuck} at most; re-snapshot the table to bring it back (its quarantined "
+            f"changes are then in its state)",
+        )  # fmt: skip
     # The newest version, not the one at the position: a run that crashed between a table's
     # commit and its windows row, replayed with smaller windows, left rows below the position
     # in a commit above it (the replay skipped them: the table held them). Rows are chosen by
@@ -298,6 +308,15 @@ def _plan_changes(
                      empty_schema=lake.empty_schema("changes"))  # fmt: skip
     return _Plan(lake.name, lake.paths.changes(lake.name), found.version, asked, int(low),
                  int(high))  # fmt: skip
+
+
+def _quarantined_since(root: str, lake: _History) -> LSN | None:
+    """Where the table's quarantine begins, when it is in the lake's quarantine."""
+    from airflow_pglogrepl.lake.lake import Lake
+    from airflow_pglogrepl.lake.quarantine import held
+
+    cause = held(Lake(root, lake.slot)).get(lake.name)
+    return None if cause is None else LSN(cause.since)
 
 
 def _plan_state(root: str, table: str | TableRef, position: Lsn, slot: str | None) -> _Plan:

@@ -113,6 +113,7 @@ def _judge(
 ) -> Idle | None:
     from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.lake.materialize import pending_tables
+    from airflow_pglogrepl.lake.quarantine import held
     from airflow_pglogrepl.names import publication_names_option
 
     confirmed = slot.confirmed_flush_lsn
@@ -128,6 +129,10 @@ def _judge(
     if position != confirmed:
         log.info("lake at %s, slot %s at %s: the application reconciles them (Spark submitted)",
                  position, name, confirmed)  # fmt: skip
+        return None
+    quarantined = held(lake)
+    if quarantined:  # the run reports them (and fails, unless told to warn)
+        log.info("tables in the lake's quarantine (%s): Spark submitted", ", ".join(quarantined))
         return None
     if materialize:
         pending = pending_tables(lake)

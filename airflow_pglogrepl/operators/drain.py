@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["DRAIN_APP", "DSN_ENV", "PACKAGE_DIR", "SlotDrainOperator", "sink_asset"]
 
 DRAIN_APP = str(PACKAGE_DIR / "spark" / "drain_app.py")
+ON_QUARANTINE = ("fail", "warn")
 
 # Kept importable from here under its former name (the DAG tests find Spark's home with it).
 
@@ -80,6 +81,12 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         as the lake records it, on for a new lake. A value given is recorded in the lake, so
         every later run, snapshot and merge creates tables the same way; existing state tables
         keep their own setting (docs/drain.md, "Reading the lake").
+    :param on_quarantine: what the task does when tables are in the lake's quarantine
+        (``lake.quarantine``: a table whose changes the lake could not store goes there,
+        every other table is drained and merged, the slot moves on): ``"fail"`` (the task
+        fails naming each table, its error and the fix, every run until the tables are
+        re-snapshotted) or ``"warn"`` (it logs that and succeeds; the summary's
+        ``quarantined`` names them).
     :param database: the slot's database, when not the connection's.
     :param conn_id: the Spark connection; it must exist (the provider would otherwise silently
         submit to YARN).
@@ -115,8 +122,11 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         skip_when_idle: bool = True,
         idle_wal_bytes: int = 16 * 1024 * 1024,
         state_deletion_vectors: bool | None = None,
+        on_quarantine: str = "fail",
         **kwargs: Any,
     ) -> None:
+        if on_quarantine not in ON_QUARANTINE:
+            raise ValueError(f"on_quarantine must be one of {ON_QUARANTINE}, not {on_quarantine!r}")
         kwargs.setdefault("name", "pglogrepl-drain")
         kwargs.setdefault("outlets", [sink_asset(sink)] if "{{" not in sink else [])
         super().__init__(application=DRAIN_APP, conn_id=conn_id, **kwargs)
@@ -133,6 +143,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         self.skip_when_idle = skip_when_idle
         self.idle_wal_bytes = idle_wal_bytes
         self.state_deletion_vectors = state_deletion_vectors
+        self.on_quarantine = on_quarantine
 
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         from airflow_pglogrepl.conninfo import make_dsn
@@ -221,4 +232,5 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         if not self.materialize:
             args.append("--no-materialize")
         args += ["--small-merge-rows", str(int(str(self.small_merge_rows)))]
+        args += ["--on-quarantine", self.on_quarantine]
         return args + state_vectors_args(self.state_deletion_vectors)

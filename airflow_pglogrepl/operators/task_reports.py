@@ -45,6 +45,15 @@ def drain_paragraph(result: Mapping[str, Any], *, sink: str) -> str:
             f"Merged {len(merged)} tables into state/ in "
             f"{float(result.get('materialize_s') or 0):.1f} s ({how})."
         )
+    quarantined: Mapping[str, Mapping[str, Any]] = result.get("quarantined") or {}
+    if quarantined:
+        shown = "; ".join(f"{name} ({held.get('error')}: {held.get('what')}; "
+                          f"{_count(held.get('changes'))} changes this run)"
+                          for name, held in sorted(quarantined.items()))  # fmt: skip
+        lines.append(
+            f"In quarantine, their changes kept in {sink}/_pglogrepl/quarantine: {shown}. "
+            f"Correct the cause, then re-snapshot them (InitialSnapshotOperator(tables=...))."
+        )
     left = result.get("lag_bytes_left")
     if left:
         lines.append(f"{_bytes(left)} of WAL were past this run's end: the next run drains them.")

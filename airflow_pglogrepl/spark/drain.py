@@ -46,6 +46,9 @@ from airflow_pglogrepl.lake.columnar import (
     TablePiece,
 )
 from airflow_pglogrepl.lake.lake import Lake, Window
+from airflow_pglogrepl.lake.layout import table_dir
+from airflow_pglogrepl.lake.quarantine import TABLE_ERRORS, Cause, cause_of, held
+from airflow_pglogrepl.lake.quarantine import rows as quarantine_rows
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import publication_names_option
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
@@ -105,6 +108,7 @@ class WindowStats:
     seconds: float = 0.0
     tables: dict[str, int] = field(default_factory=dict)
     decoder: str = "reference"  # or "columnar": which path decoded the window
+    quarantined: dict[str, int] = field(default_factory=dict)  # held tables' changes
 
 
 @dataclass
@@ -118,6 +122,8 @@ class DrainResult:
     run_end: LSN
     startup_s: float
     lag_bytes_left: int
+    # tables in the lake's quarantine after the run (``lake.quarantine``): table -> its cause
+    quarantined: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         changes = sum(w.changes for w in self.windows)
@@ -144,6 +150,10 @@ class DrainResult:
             "tables": _sum_tables(self.windows),
             "columnar_windows": sum(w.decoder == "columnar" for w in self.windows),
             "peak_rss_mb": peak_rss_mb(),
+            "quarantined": {
+                table: {**cause, "changes": sum(w.quarantined.get(table, 0) for w in self.windows)}
+                for table, cause in self.quarantined.items()
+            },
         }
 
 
@@ -200,10 +210,15 @@ class Drain:
         batch_rows: int = 200_000,
         columnar: bool = True,
         accept_source_change: bool = False,
+        quarantine: bool = True,
     ) -> None:
         if max_window_bytes <= 0:
             raise ValueError("max_window_bytes must be positive")
         self.columnar = columnar
+        # A table whose changes cannot be stored goes to the lake's quarantine, the others on
+        # (``lake.quarantine``); False: the run fails on it, nothing of the window committed.
+        self.quarantine = quarantine
+        self.held: dict[str, Cause] = {}  # tables in quarantine (lake directory names)
         self.accept_source_change = accept_source_change
         self.run_end = LSN(0)  # the flushed WAL position a run drains to (set by ``run``)
         self.source = source
@@ -229,12 +244,16 @@ class Drain:
         assert before is not None, "a logical slot always has confirmed_flush_lsn"
         self._claim()
         start = self._reconcile(before, self.lake.position())
+        self.held = held(self.lake)
+        if self.held:
+            log.warning("tables in quarantine (their changes go there, not to changes/): %s",
+                        {t: c.to_dict() for t, c in self.held.items()})  # fmt: skip
         run_end = self.run_end = self.source.flush_lsn()
         startup = time.monotonic() - started
         windows: list[WindowStats] = []
         next_commit = False
         while start < run_end and (self.max_windows is None or len(windows) < self.max_windows):
-            if self.columnar and not next_commit:
+            if self.columnar and not next_commit and not self.held:
                 room = PEEK_WINDOWS
                 if self.max_windows is not None:
                     room = min(room, self.max_windows - len(windows))
@@ -243,7 +262,8 @@ class Drain:
                 try:
                     self._columnar_span(start, min(run_end, start + self.max_window_bytes * room),
                                         done)  # fmt: skip
-                except (ColumnarUnsupportedError, ArrowPeekError) as exc:
+                except (ColumnarUnsupportedError, ArrowPeekError, *TABLE_ERRORS) as exc:
+                    # (a table's error: the per-message path names its table, and holds it)
                     declined = True
                     log.info("window from %s: decoded per message (%s)",
                              done[-1].end if done else start, exc)  # fmt: skip
@@ -258,7 +278,7 @@ class Drain:
                 ):
                     break
             end = run_end if next_commit else min(run_end, start + self.max_window_bytes)
-            stats = self._reference_window(start, end, next_commit=next_commit)
+            stats = self._held_window(start, end, next_commit=next_commit)
             windows.append(stats)
             _log_window(stats, run_end)
             # A window without a single commit means the next commit is further away: a big
@@ -279,7 +299,24 @@ class Drain:
             run_end=run_end,
             startup_s=startup,
             lag_bytes_left=max(0, self.source.flush_lsn() - (after or run_end)),
+            quarantined={table: cause.to_dict() for table, cause in self.held.items()},
         )
+
+    def _held_window(self, start: LSN, end: LSN, *, next_commit: bool) -> WindowStats:
+        """A window on the per-message path; a table whose changes cannot be stored is put in
+        the quarantine (``self.held``) and the window drained again without it, nothing of
+        the failed attempt committed."""
+        while True:
+            try:
+                return self._reference_window(start, end, next_commit=next_commit)
+            except TABLE_ERRORS as exc:
+                ref = getattr(exc, "ref", None)
+                if not self.quarantine or ref is None or table_dir(ref) in self.held:
+                    raise
+                self.held[table_dir(ref)] = cause_of(exc, str(start))
+                log.warning("%s goes to the lake's quarantine from %s, every other table goes "
+                            "on: %s: %s", ref, start, type(exc).__name__,
+                            getattr(exc, "what", exc))  # fmt: skip
 
     def _require_publications(self) -> None:
         missing = self.source.missing_publications(self.publications)
@@ -417,6 +454,7 @@ class Drain:
         )
         last_commit: TransactionCommit | None = None
         floors: dict[int, int] = {}
+        quarantined: dict[str, list[Change]] = {}
         for event in _events(stream, rows):
             if event.__class__ is Change:
                 change: Change = event
@@ -426,24 +464,36 @@ class Drain:
                     # skipped before its values are even converted, so a value the lake
                     # could not store no longer stops the drain once the row is corrected.
                     continue
+                stats.changes += 1
+                if self.held:
+                    name = table_dir(TableRef(change.table.schema, change.table.table))
+                    if name in self.held:  # as sent, not converted
+                        quarantined.setdefault(name, []).append(change)
+                        continue
                 batch = batches.get(id(change.table))
                 if batch is None:
                     batch = batches[id(change.table)] = ChangelogBatch(change.table)
-                batch.add(change, change.seq)
-                stats.changes += 1
+                with _naming(batch.ref):
+                    batch.add(change, change.seq)
                 if len(batch) >= self.batch_rows:
-                    self._write(window, batch.ref, batch.to_arrow(), stats)
+                    with _naming(batch.ref):
+                        self._write(window, batch.ref, batch.to_arrow(), stats)
                     batches[id(change.table)] = ChangelogBatch(change.table)
             elif event.__class__ is TransactionCommit:
                 stats.transactions += 1
                 last_commit = event
         for batch in batches.values():
             if len(batch):
-                self._write(window, batch.ref, batch.to_arrow(), stats)
+                with _naming(batch.ref):
+                    self._write(window, batch.ref, batch.to_arrow(), stats)
         if last_commit is not None:
             if next_commit and last_commit.end_lsn < end:
                 end = last_commit.end_lsn  # the window ends just past the one commit it holds
             end = stats.end = window_end(end, [int(last_commit.commit_lsn or 0)])
+        for name, changes in quarantined.items():
+            window.quarantine(quarantine_rows(name, changes, self.held[name], str(start),
+                                              str(stats.end)))  # fmt: skip
+            stats.quarantined[name] = len(changes)
         return self._commit(window, stats, began)
 
     def _commit(self, window: Window, stats: WindowStats, began: float) -> WindowStats:
@@ -486,6 +536,17 @@ class Drain:
             _store(window, ref, rows)
         else:
             behind.submit(_store, window, ref, rows)
+
+
+@contextlib.contextmanager
+def _naming(ref: TableRef) -> Iterator[None]:
+    """A table's error raised inside carries the table it is of (``ref``): what the lake's
+    quarantine holds it by."""
+    try:
+        yield
+    except TABLE_ERRORS as exc:
+        exc.ref = ref  # type: ignore[union-attr]
+        raise
 
 
 def _log_window(stats: WindowStats, run_end: LSN) -> None:

@@ -10,6 +10,7 @@ what the run did; a failure exits non-zero with the reason on stderr.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -53,6 +54,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--accept-source-change", action="store_true", help="the lake's source changed on "
         "purpose (pg_upgrade gives a new system identifier; a promotion a new timeline): drain "
         "on, and record the new source",
+    )  # fmt: skip
+    parser.add_argument(
+        "--on-quarantine", choices=("fail", "warn"), default="fail", help="tables in the "
+        "lake's quarantine (their changes could not be stored; every other table went on): "
+        "exit failed naming them (fail), or only say so (warn)",
     )  # fmt: skip
     app.add_state_vectors_argument(parser)
     return parser.parse_args(argv)
@@ -108,6 +114,15 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                 result["materialize_s"] = round(time.monotonic() - began, 3)
                 result["peak_rss_mb"] = peak_rss_mb()  # a merge without a JVM holds its batch
         result.update(spark.summary())
+        if result.get("quarantined"):
+            from airflow_pglogrepl.exceptions import QuarantinedTablesError
+
+            error = QuarantinedTablesError(args.sink, result["quarantined"])
+            if args.on_quarantine == "fail":
+                raise error
+            logging.getLogger("airflow_pglogrepl.drain").warning(
+                "%s: %s", type(error).__name__, error
+            )
         return result
     finally:
         spark.stop()

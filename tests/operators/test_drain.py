@@ -304,3 +304,29 @@ def test_a_killed_task_ends_the_application_on_the_worker(drains: Drains, tmp_pa
     assert failed and "exit status" in str(failed[0]), failed
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_a_table_in_quarantine_fails_every_run_until_re_snapshotted_or_warns(
+    drains: Drains, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run that quarantines a table fails naming it (no retry can help), and so does every
+    later run, idle or not, until the table is re-snapshotted; ``on_quarantine="warn"`` ends
+    the task well, its closing paragraph naming the table."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_pglogrepl.boundary import raised_error
+    from airflow_pglogrepl.exceptions import SparkApplicationError
+
+    drains.src.sql("ALTER TABLE t ADD COLUMN at timestamp")
+    drains.src.sql("INSERT INTO t VALUES (50, 'bad', '294250-01-01')")
+    for _ in range(2):  # the second run has nothing new to drain: not idle all the same
+        with pytest.raises(AirflowFailException) as failure:  # no retry can help
+            drains.run(spark_binary=None)
+        error = raised_error(failure.value)
+        assert isinstance(error, SparkApplicationError)
+        assert error.error == "QuarantinedTablesError" and not error.retryable
+        assert "public.t: UnstorableValueError" in str(error)
+    assert drains.confirmed() == str(Lake(drains.sink, drains.src.slot).position())
+    result, _ = drains.run(spark_binary=None, on_quarantine="warn")
+    assert set(result["quarantined"]) == {"public.t"}
+    assert "changes kept in" in capsys.readouterr().out

@@ -36,6 +36,18 @@ def test_a_drain_that_stopped_short_says_what_is_left_and_that_spark_started() -
     assert "3.0 MiB of WAL were past this run's end: the next run drains them." in text
 
 
+def test_a_drain_with_tables_in_quarantine_names_them_and_the_fix() -> None:
+    held = {"public.t3": {"error": "UnstorableValueError", "what": "column 'at': too late",
+                          "since": "0/1A10200", "changes": 2}}  # fmt: skip
+    text = drain_paragraph({**DRAINED, "quarantined": held}, sink="/data/lake")
+    assert (
+        "In quarantine, their changes kept in /data/lake/_pglogrepl/quarantine: public.t3 " in text
+    )
+    assert "(UnstorableValueError: column 'at': too late; 2 changes this run)" in text
+    assert "re-snapshot them" in text
+    assert "quarantine" not in drain_paragraph(DRAINED, sink="/data/lake")
+
+
 def test_an_idle_drain_says_nothing_was_started() -> None:
     idle = {**DRAINED, "idle": True, "windows": 0, "changes": 0, "lag_bytes_left": 56}
     text = drain_paragraph(idle, sink="/data/lake")

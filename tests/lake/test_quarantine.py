@@ -1,0 +1,103 @@
+"""The lake's quarantine through the window API (no JVM, no server): its rows commit with the
+window, a window drained again after a crash adds none twice whatever its bounds, and a table
+is held until a re-snapshot covers its quarantined changes."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from airflow_pglogrepl.lake import delta
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.quarantine import Cause, held, quarantine_schema
+from airflow_pglogrepl.lsn import LSN
+
+pytestmark = pytest.mark.unit
+
+
+def kept(*lsns: int, table: str = "public.t") -> pa.Table:
+    """Quarantine rows of ``table``, one per commit LSN (as ``quarantine.rows`` makes them)."""
+    return pa.Table.from_pylist(
+        [{"table": table, "commit_lsn": lsn, "seq": 0, "xid": 1, "op": "I", "new": "{}",
+          "old": None, "error": "UnstorableValueError", "message": "column 'at': too late",
+          "window_start": "0/0", "window_end": "0/0",
+          "quarantined_at": dt.datetime.now(dt.UTC)} for lsn in lsns],
+        schema=quarantine_schema(),
+    )  # fmt: skip
+
+
+def test_a_crash_after_the_quarantine_commit_adds_nothing_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = str(tmp_path / "lake")
+    first = Lake(root, "s")
+    window = first.open_window(LSN(0x100))
+    window.quarantine(kept(0x110, 0x150, 0x180))
+
+    def crash(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("killed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Lake, "record", crash)
+        with pytest.raises(RuntimeError, match="killed"):
+            window.commit(LSN(0x200), transactions=3, changes=3)
+    # the re-run drains the same changes again in smaller windows, then more
+    rerun = Lake(root, "s")
+    for start, end, lsns in ((0x100, 0x160, (0x110, 0x150)), (0x160, 0x300, (0x180, 0x250))):
+        again = rerun.open_window(LSN(start))
+        again.quarantine(kept(*lsns))
+        again.commit(LSN(end), transactions=len(lsns), changes=len(lsns))
+    rows = delta.read_table(rerun.paths.quarantine()).column("commit_lsn").to_pylist()
+    assert sorted(rows) == [0x110, 0x150, 0x180, 0x250]
+    assert rerun.position() == LSN(0x300)
+
+
+def test_a_table_is_held_until_its_state_covers_what_it_quarantined(tmp_path: Path) -> None:
+    lake = Lake(str(tmp_path / "lake"), "s")
+    window = lake.open_window(LSN(0x100))
+    window.quarantine(kept(0x110, 0x150))
+    window.commit(LSN(0x200), transactions=2, changes=2)
+    assert held(lake) == {"public.t": Cause("UnstorableValueError", "column 'at': too late", "0/0")}
+    # a re-snapshot at 0x300: the state says it holds every change before it
+    state = pa.table({"id": pa.array([1], pa.int64())})
+    uri = lake.paths.state("public.t")
+    written = delta.write_file(uri, state, "snap")
+    delta.commit_files(uri, state.schema, [written], app=lake.app, version=0x300, expected=None)
+    assert held(Lake(lake.root, "s")) == {}
+
+
+def test_a_cut_holding_a_quarantined_table_is_taken_before_its_quarantine(tmp_path: Path) -> None:
+    """The table's changelog and state stop where its quarantine begins, and would look current
+    at any later position: a cut that holds it is taken before, one without it is not."""
+    from airflow_pglogrepl.lake.cut import consistent_cut
+    from airflow_pglogrepl.tables import TableRef
+
+    def batch(lsn: int) -> pa.Table:
+        return pa.table({"id": pa.array([lsn], pa.int64()), "_op": pa.array(["I"]),
+                         "_commit_lsn": pa.array([lsn], pa.int64()),
+                         "_seq": pa.array([0], pa.int64())})  # fmt: skip
+
+    lake = Lake(str(tmp_path / "lake"), "s")
+    window = lake.open_window(LSN(0x100))
+    window.write(TableRef("public", "t"), batch(0x110))
+    window.write(TableRef("public", "u"), batch(0x120))
+    window.commit(LSN(0x200), transactions=2, changes=2)
+    later = lake.open_window(LSN(0x200))
+    quarantined = kept(0x210)
+    quarantined = quarantined.set_column(9, "window_start", pa.array(["0/200"]))
+    later.quarantine(quarantined)
+    later.write(TableRef("public", "u"), batch(0x220))
+    later.commit(LSN(0x300), transactions=2, changes=2)
+    cut = consistent_cut(lake.root, kind="changes", slot="s")
+    assert cut.position == LSN(0x200)
+    assert consistent_cut(lake.root, ["public.u"], kind="changes", slot="s").position == LSN(0x300)
+    from airflow_pglogrepl.exceptions import ReplayRangeError
+    from airflow_pglogrepl.lake.replay import changes_between
+
+    assert changes_between(lake.root, "public.t", LSN(0x100), LSN(0x200)).num_rows == 1
+    with pytest.raises(ReplayRangeError, match=r"from 0/200 on are in the lake's quarantine"):
+        changes_between(lake.root, "public.t", LSN(0x100), LSN(0x300))
