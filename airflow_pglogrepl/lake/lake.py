@@ -133,6 +133,8 @@ class Lake:
         self._covered: dict[str, LSN | None] = {}
         self._position: object = _UNREAD
         self._orders_checked: set[tuple[str, tuple[str, ...]]] = set()  # (``Window``)
+        # table -> {source name: lake name} of columns this run stored under another name
+        self.stored_as: dict[str, dict[str, str]] = {}
 
     def check_writer(self) -> None:
         """Prove this run may still write (``WriterLockLostError`` if not)."""
@@ -570,11 +572,12 @@ class Window:
         refused = delta.unsupported_columns(schema)
         if refused:
             raise UnsupportedColumnTypeError(str(table), refused)
-        renamed = {s: n for s, n in lake_names.items() if s != n and n in evolution.added}
-        if renamed or (known is None and any(s != n for s, n in lake_names.items())):
+        other = {s: n for s, n in lake_names.items()
+                 if s != n and (known is None or n in evolution.added)}  # fmt: skip
+        if other and other.items() - self.lake.stored_as.get(str(table), {}).items():
             log.warning("%s: columns stored under other names, as Delta cannot hold them "
-                        "beside the table's others: %s", table,
-                        {s: n for s, n in lake_names.items() if s != n})  # fmt: skip
+                        "beside the table's others: %s", table, other)  # fmt: skip
+            self.lake.stored_as.setdefault(str(table), {}).update(other)
         mapped = self._mapping(name, pending, known, schema, renames)
         if pending is None:
             pending = self._pending[name] = _Pending(schema)

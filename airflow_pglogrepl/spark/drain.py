@@ -124,6 +124,9 @@ class DrainResult:
     lag_bytes_left: int
     # tables in the lake's quarantine after the run (``lake.quarantine``): table -> its cause
     quarantined: dict[str, dict[str, str]] = field(default_factory=dict)
+    # table -> {source name: lake name}: columns first stored this run under another name
+    # (``lake.names``: Delta would take them for another column's)
+    stored_as: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         changes = sum(w.changes for w in self.windows)
@@ -150,6 +153,7 @@ class DrainResult:
             "tables": _sum_tables(self.windows),
             "columnar_windows": sum(w.decoder == "columnar" for w in self.windows),
             "peak_rss_mb": peak_rss_mb(),
+            "columns_stored_as": self.stored_as,
             "quarantined": {
                 table: {**cause, "changes": sum(w.quarantined.get(table, 0) for w in self.windows)}
                 for table, cause in self.quarantined.items()
@@ -300,6 +304,7 @@ class Drain:
             startup_s=startup,
             lag_bytes_left=max(0, self.source.flush_lsn() - (after or run_end)),
             quarantined={table: cause.to_dict() for table, cause in self.held.items()},
+            stored_as=dict(self.lake.stored_as),
         )
 
     def _held_window(self, start: LSN, end: LSN, *, next_commit: bool) -> WindowStats:

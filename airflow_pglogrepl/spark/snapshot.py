@@ -314,6 +314,8 @@ class TableCopy:
     tasks: int = 0
     blocks: int = 0
     seconds: float = 0.0
+    # {source name: lake name}: columns stored under another name (``lake.names``)
+    stored_as: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -359,6 +361,7 @@ class SnapshotResult:
                 }
                 for t in self.tables
             },
+            "columns_stored_as": {t.table: t.stored_as for t in self.tables if t.stored_as},
             "ddl_canceled": list(self.ddl_canceled),
         }
 
@@ -701,6 +704,7 @@ class SnapshotCopy:
             tasks=len(ranges),
             blocks=table.blocks,
             seconds=time.monotonic() - began,
+            stored_as=renamed,
         )
         log.info(
             "copied %s: %d rows in %d ranges of %d blocks, %.2fs",

@@ -78,6 +78,7 @@ def test_every_name_is_kept_and_one_taken_without_case_gets_a_suffix(tmp_path: P
     assert fields["name__2"]["metadata"][SOURCE_META] == "name"
     assert fields["_op__2"]["metadata"][SOURCE_META] == "_op"
     assert SOURCE_META not in fields["Name"]["metadata"]
+    assert lake.stored_as == {"public.t": {"name": "name__2", "_op": "_op__2"}}  # (the summary)
     assert fields[cl.COMMIT_LSN]["metadata"][PHYSICAL_KEY] == cl.COMMIT_LSN  # its stats' name
     # never read as NULLs without a word by the reader that cannot map
     with pytest.raises(Exception, match=r"(?i)columnMapping"):

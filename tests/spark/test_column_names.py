@@ -103,11 +103,14 @@ def test_every_name_through_snapshot_drain_and_both_merges(
     sink = str(tmp_path / "lake")
     hook = DsnReplicationHook(src.dsn)
     with hook.create_slot_with_snapshot(src.slot) as exported:
-        SnapshotCopy(
+        done = SnapshotCopy(
             spark=spark, lake=Lake(sink, src.slot), reader_params=hook.connection_params(),
             point=SnapshotPoint(exported.slot, exported.consistent_point, exported.snapshot_name),
             publications=[src.publication],
         ).run()  # fmt: skip
+    assert done.to_dict()["columns_stored_as"] == {
+        "public.hostile": {"name": "name__2", "_op": "_op__2"}
+    }
     state = DeltaTable(str(Path(sink, "state", "public.hostile")))
     assert is_mapped(state) and not is_mapped(DeltaTable(str(Path(sink, "state", "public.plain"))))
     assert [f.name for f in state.schema().fields] == list(COLUMNS.values())
