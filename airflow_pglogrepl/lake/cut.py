@@ -95,7 +95,8 @@ def _before_quarantine(root: str, slot: str, names: Sequence[str], upto: int) ->
     from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.lake.quarantine import held
 
-    stuck = {name: cause for name, cause in held(Lake(root, slot)).items() if name in names}
+    stuck = {str(ref): cause for ref, cause in held(Lake(root, slot)).items()
+             if table_dir(ref) in names}  # fmt: skip
     if not stuck:
         return upto
     since = min(int(LSN(cause.since)) for cause in stuck.values())

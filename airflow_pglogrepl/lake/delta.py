@@ -531,13 +531,22 @@ def create_table(
                       "schemaString": schema_string, "partitionColumns": [],
                       "configuration": config, "createdTime": now}},
         {"txn": {"appId": app, "version": version, "lastUpdated": now}},
-        *({"add": {"path": f.name, "partitionValues": {}, "size": f.size,
-                   "modificationTime": now, "dataChange": True,
-                   "stats": f.stats()}} for f in files),
+        *add_entries(files, now),
     ]  # fmt: skip
     text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
     if not put_first_commit(uri, text.encode()):
         raise LakeCommitConflictError(uri, app, None, txn_version(uri, app), version)
+
+
+def add_entries(files: Sequence[DataFile], now: int) -> list[dict[str, Any]]:
+    """The log's ``add`` actions of ``files`` (for a commit written by the lake itself)."""
+    return [{"add": {"path": f.name, "partitionValues": {}, "size": f.size,
+                     "modificationTime": now, "dataChange": True, "stats": f.stats()}}
+            for f in files]  # fmt: skip
+
+
+def check_physical(uri: str, mapped: MappedSchema, files: Sequence[DataFile]) -> None:
+    _check_physical(uri, mapped, files)
 
 
 def _has_timestamp_ntz(schema: Any) -> bool:

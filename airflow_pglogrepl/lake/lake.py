@@ -203,6 +203,7 @@ class Lake:
         mapped = None if found is None else mapping.mapped_of(found)
         try:
             evolution = evolve.evolve(str(table), current, schema, first=f"{int(at)}:0")
+            evolve.check_key(str(table), evolution, {})  # (a renamed key: restarted)
         except IncompatibleSchemaChangeError as why:
             log.warning("changelog of %s restarts at %s: %s", table, at, why)
             self.check_writer()
@@ -667,21 +668,28 @@ class Window:
             if held is not None and held >= end:
                 continue  # committed by the run that crashed; its rows were filtered out anyway
             uri = lake.paths.changes(name)
-            current = delta.arrow_schema(uri)
+            expected = None if held is None else int(held)  # what the rows were filtered by
+            table = delta.open_table(uri)
+            current = None if table is None else delta.unmapped(_arrow(table))
             lake.check_writer()
-            if pending.mapped is not None and current is not None:
-                # new columns, or mapping turned on: a metadata-only version first (delta-rs
-                # cannot change a mapped table's schema)
-                mapping.commit_schema(uri, pending.mapped)  # (durable: ``delta.put_commit``)
-            elif current is not None and not _covers(current, pending.schema):
-                delta.evolve_schema(uri, pending.schema)  # new columns: their own version first
+            now = None if table is None else mapping.mapped_of(table)
+            if pending.mapped is not None and table is not None and now != pending.mapped:
+                # columns added or renamed, or mapping turned on, in one commit with the files
+                # (delta-rs cannot change a mapped table's schema; durable: delta.put_commit)
+                mapping.commit_with_schema(uri, pending.mapped, pending.files, app=lake.app,
+                                           version=int(end), expected=expected)  # fmt: skip
+                lake._committed_changes(name, end)
+                continue
+            plain = current is not None and pending.mapped is None
+            if plain and not _covers(current, pending.schema):
+                delta.evolve_schema(uri, pending.schema)  # new columns: a version first
             delta.commit_files(
                 uri,
                 pending.schema,
                 pending.files,
                 app=lake.app,
                 version=int(end),
-                expected=None if held is None else int(held),  # what the rows were filtered by
+                expected=expected,
                 configuration=CHANGES_CONFIG,
                 name=name,
                 mapping=pending.mapped if current is None else None,

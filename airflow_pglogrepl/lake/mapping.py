@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,8 @@ from airflow_pglogrepl.lake.names import needs_mapping, same_without_case
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from airflow_pglogrepl.lake.delta import DataFile
 
 MODE = "delta.columnMapping.mode"
 MAX_ID = "delta.columnMapping.maxColumnId"
@@ -317,6 +319,36 @@ def reset_table(uri: str, schema: pa.Schema, *, app: str, version: int) -> int:
     )
     return _put_metadata(uri, table, fresh, "REPLACE TABLE", {},
                          protocol=protocol, extra=[*removes, txn])  # fmt: skip
+
+
+def commit_with_schema(uri: str, mapped: MappedSchema, files: Sequence[DataFile], *, app: str,
+                       version: int, expected: int | None) -> None:  # fmt: skip
+    """One commit giving the table at ``uri`` the schema ``mapped`` (columns added or renamed,
+    column mapping turned on) and adding ``files`` with the app transaction ``(app,
+    version)``, only if the table's log holds ``expected`` for ``app``
+    (``LakeCommitConflictError`` otherwise, as ``delta.commit_files``).
+
+    One commit, not a schema version then the files': a rename committed without the rows
+    written before it would leave a run that died in between to meet those rows' old name as a
+    column of its own."""
+    import time
+
+    from airflow_pglogrepl.exceptions import LakeCommitConflictError
+    from airflow_pglogrepl.lake import delta
+
+    table = delta.open_table(uri)
+    if table is None:
+        raise ValueError(f"{uri} is not a table")
+    found = table.transaction_version(app)
+    found = None if found is None else int(found)
+    if found != expected or (found is not None and version <= found):
+        raise LakeCommitConflictError(uri, app, expected, found, version)
+    delta.check_physical(uri, mapped, files)
+    protocol = None if mapped_of(table) is not None else _with_mapping(table.protocol())
+    now = int(time.time() * 1000)
+    txn = {"txn": {"appId": app, "version": version, "lastUpdated": now}}
+    _put_metadata(uri, table, mapped, "WRITE", {"mode": "Append"}, protocol=protocol,
+                  extra=[txn, *delta.add_entries(files, now)])  # fmt: skip
 
 
 def _with_mapping(protocol: Any) -> dict[str, Any]:

@@ -75,7 +75,18 @@ def pending_tables(lake: Lake) -> list[str]:
     end = lake.position()
     if end is None:
         return []
-    return [name for name in lake.changes_tables() if _behind(lake, name, end)]
+    stuck = _held_tables(lake)
+    return [name for name in lake.changes_tables()
+            if name not in stuck and _behind(lake, name, end)]  # fmt: skip
+
+
+def _held_tables(lake: Lake) -> set[str]:
+    """The directory names of the tables in the lake's quarantine: never merged while held (a
+    merge would make the state claim the changes the quarantine holds)."""
+    from airflow_pglogrepl.lake.layout import table_dir
+    from airflow_pglogrepl.lake.quarantine import held
+
+    return {table_dir(ref) for ref in held(lake)}
 
 
 def _behind(lake: Lake, name: str, end: LSN) -> bool:
@@ -105,6 +116,9 @@ def materialize(
     if end is None:
         return {}
     names = pending_tables(lake) if tables is None else tables
+    if tables is not None and names:
+        stuck = _held_tables(lake)
+        names = [name for name in names if name not in stuck]
     if not names:
         return {}
     for name in names:  # renamed columns, or mapping turned on, since the last merge

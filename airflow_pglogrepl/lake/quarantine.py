@@ -11,9 +11,11 @@ moves the slot on. The quarantine commit is part of the window, before its commi
 the same app transaction: a window drained again adds nothing twice.
 
 From then on the table is *held*: every later change of it goes to the quarantine too, so its
-changelog has no gap, until a re-snapshot of the table covers them (its state then holds every
-change before the snapshot's point, and every quarantined change is before it: the slot never
-waits for them). The quarantine's rows stay as the record of what happened.
+changelog has no gap, and no merge touches its state (which would then claim to hold changes it
+does not), until a re-snapshot of the table releases it: the snapshot's state holds every change
+before its point, every quarantined change among them (the slot never waits for them), and it
+commits a *release* row (``op`` ``R`` at that point) once its state is committed. Only a
+release ends a hold. The quarantine's rows stay as the record of what happened.
 """
 
 from __future__ import annotations
@@ -29,15 +31,18 @@ from airflow_pglogrepl.exceptions import (
     UnstorableValueError,
     UnsupportedColumnTypeError,
 )
+from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_pglogrepl.lake.lake import Lake
+    from airflow_pglogrepl.lsn import LSN
     from airflow_pglogrepl.pgoutput.changes import Change
 
 # The errors that are one table's: its changes go to the quarantine, the others go on.
 TABLE_ERRORS = (SchemaChangedError, UnstorableValueError, UnsupportedColumnTypeError)
+RELEASE = "R"  # the op of a release row: the table's changes before its commit_lsn are covered
 
 
 def quarantine_schema() -> pa.Schema:
@@ -45,11 +50,11 @@ def quarantine_schema() -> pa.Schema:
 
     return pa.schema(
         [
-            pa.field("table", pa.string()),  # schema.table, as the lake names its directories
+            pa.field("table", pa.string()),  # str(TableRef): quoted where PostgreSQL needs it
             pa.field("commit_lsn", pa.int64()),
             pa.field("seq", pa.int64()),
             pa.field("xid", pa.int64()),
-            pa.field("op", pa.string()),  # I, U, D, T
+            pa.field("op", pa.string()),  # I, U, D, T; R: a release (``release``)
             pa.field("new", pa.string()),  # JSON: column -> text as sent (null: NULL)
             pa.field("old", pa.string()),  # JSON, the old key or row when sent
             pa.field("error", pa.string()),  # the error's class
@@ -77,15 +82,8 @@ def cause_of(exc: Exception, since: str) -> Cause:
     return Cause(type(exc).__name__, str(getattr(exc, "what", exc)), since)
 
 
-def table_of(exc: Exception) -> str | None:
-    """The table (``schema.table``) a table error names; None: not one table's error."""
-    if not isinstance(exc, TABLE_ERRORS):
-        return None
-    table = getattr(exc, "table", None)
-    return None if table is None else str(table)
-
-
-def rows(table: str, changes: Sequence[Change], cause: Cause, start: str, end: str) -> pa.Table:
+def rows(table: TableRef, changes: Sequence[Change], cause: Cause, start: str,
+         end: str) -> pa.Table:  # fmt: skip
     """The quarantine rows of ``changes`` (one table's, of the window ``[start, end)``)."""
     import pyarrow as pa
 
@@ -93,7 +91,7 @@ def rows(table: str, changes: Sequence[Change], cause: Cause, start: str, end: s
     return pa.Table.from_pylist(
         [
             {
-                "table": table,
+                "table": str(table),
                 "commit_lsn": int(c.commit_lsn or 0),
                 "seq": c.seq,
                 "xid": c.xid,
@@ -112,27 +110,59 @@ def rows(table: str, changes: Sequence[Change], cause: Cause, start: str, end: s
     )
 
 
-def held(lake: Lake) -> dict[str, Cause]:
-    """The tables of ``lake`` in quarantine: with quarantined changes its state or changelog
-    does not cover yet (no re-snapshot since), by the first such change's cause."""
+def held(lake: Lake) -> dict[TableRef, Cause]:
+    """The tables of ``lake`` in quarantine: with quarantined changes no release covers (no
+    re-snapshot since), by the first such change's cause."""
     from airflow_pglogrepl.lake import delta
 
     uri = lake.paths.quarantine()
     if delta.open_table(uri) is None:
         return {}
-    found = delta.read_table(uri).select(["table", "commit_lsn", "error", "message",
+    found = delta.read_table(uri).select(["table", "commit_lsn", "op", "error", "message",
                                           "window_start"]).to_pylist()  # fmt: skip
+    released: dict[str, int] = {}
+    for row in found:
+        if row["op"] == RELEASE:
+            table = str(row["table"])
+            released[table] = max(released.get(table, 0), int(row["commit_lsn"]))
     causes: dict[str, tuple[int, Cause]] = {}
     for row in found:
-        table = str(row["table"])
-        covered = lake.covered(table)
-        if covered is not None and int(row["commit_lsn"]) < int(covered):
-            continue  # a re-snapshot holds it
+        table, lsn = str(row["table"]), int(row["commit_lsn"])
+        if row["op"] == RELEASE or lsn < released.get(table, 0):
+            continue
         first = causes.get(table)
-        if first is None or int(row["commit_lsn"]) < first[0]:
+        if first is None or lsn < first[0]:
             cause = Cause(str(row["error"]), str(row["message"]), str(row["window_start"]))
-            causes[table] = (int(row["commit_lsn"]), cause)
-    return {table: cause for table, (_, cause) in sorted(causes.items())}
+            causes[table] = (lsn, cause)
+    return {TableRef.parse(table): cause for table, (_, cause) in sorted(causes.items())}
+
+
+def release(lake: Lake, table: TableRef, at: LSN) -> bool:
+    """End the hold of ``table``: a release row at ``at``, below which its changes are covered
+    (a re-snapshot's point, once its state is committed; or, for a table that can no longer be
+    snapshotted, such as one dropped from the publication, the lake's position, knowing that
+    its state then misses what the quarantine holds). True when it was held. Committed under
+    an app transaction of its own, so the windows' quarantine commits are not affected."""
+    import pyarrow as pa
+
+    from airflow_pglogrepl.lake import delta
+
+    if table not in held(lake):
+        return False
+    row: dict[str, Any] = dict.fromkeys(quarantine_schema().names)
+    row.update(table=str(table), commit_lsn=int(at), seq=0, xid=0, op=RELEASE, error="",
+               message=f"released at {at}", window_start=str(at), window_end=str(at),
+               quarantined_at=dt.datetime.now(dt.UTC))  # fmt: skip
+    rows = pa.Table.from_pylist([row], schema=quarantine_schema())
+    uri = lake.paths.quarantine()
+    app = f"{lake.app}#release"
+    found = delta.txn_version(uri, app)
+    written = delta.write_file(uri, rows, prefix="release")
+    lake.check_writer()
+    delta.commit_files(uri, quarantine_schema(), [written], app=app,
+                       version=max(int(at), (found or 0) + 1), expected=found,
+                       configuration=delta.KEEP_LOGS)  # fmt: skip
+    return True
 
 
 def _tuple_text(names: Sequence[str], raw: Sequence[Any] | None) -> str | None:

@@ -315,8 +315,10 @@ def _quarantined_since(root: str, lake: _History) -> LSN | None:
     from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.lake.quarantine import held
 
-    cause = held(Lake(root, lake.slot)).get(lake.name)
-    return None if cause is None else LSN(cause.since)
+    for ref, cause in held(Lake(root, lake.slot)).items():
+        if table_dir(ref) == lake.name:
+            return LSN(cause.since)
+    return None
 
 
 def _plan_state(root: str, table: str | TableRef, position: Lsn, slot: str | None) -> _Plan:

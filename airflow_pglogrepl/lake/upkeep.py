@@ -61,6 +61,7 @@ from airflow_pglogrepl.lsn import LSN
 log = logging.getLogger("airflow_pglogrepl.lake")
 
 WINDOWS = "_pglogrepl/windows"
+QUARANTINE = "_pglogrepl/quarantine"  # (lake.quarantine): a file a window while a table is held
 # Writers stamp removals with their own clocks and storage stamps log files with its: an hour
 # more than the computed age absorbs any skew between them.
 MARGIN_HOURS = 1.0
@@ -203,8 +204,9 @@ def upkeep(
     paths = LakePaths(root)
     targets = [(f"changes/{n}", paths.changes(n)) for n in lake.changes_tables()]
     targets += [(f"state/{n}", paths.state(n)) for n in lake.state_tables()]
-    if delta.open_table(paths.windows()) is not None:
-        targets.append((WINDOWS, paths.windows()))
+    for name, uri in ((WINDOWS, paths.windows()), (QUARANTINE, paths.quarantine())):
+        if delta.open_table(uri) is not None:
+            targets.append((name, uri))
     floors = {name: _floor(name, uri, keep) for name, uri in targets}  # refusals first
     report = UpkeepReport(
         paths.root, slot, {"lsn": None if keep.lsn is None else str(keep.lsn),
@@ -355,8 +357,8 @@ def _maintain(name: str, uri: str, app: str, keep: Keep, floor: float, threshold
 
 
 def _compaction_reasons(name: str, report: TableReport, thresholds: Thresholds) -> list[str]:
-    if name == WINDOWS:
-        return [f"{report.files_before} one-row files"] if report.files_before >= 2 else []
+    if name in (WINDOWS, QUARANTINE):
+        return [f"{report.files_before} small files"] if report.files_before >= 2 else []
     reasons = []
     if report.files_before > thresholds.max_files:
         reasons.append(f"{report.files_before} files > {thresholds.max_files}")

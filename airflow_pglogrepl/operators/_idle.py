@@ -132,7 +132,8 @@ def _judge(
         return None
     quarantined = held(lake)
     if quarantined:  # the run reports them (and fails, unless told to warn)
-        log.info("tables in the lake's quarantine (%s): Spark submitted", ", ".join(quarantined))
+        log.info("tables in the lake's quarantine (%s): Spark submitted",
+                 ", ".join(map(str, quarantined)))  # fmt: skip
         return None
     if materialize:
         pending = pending_tables(lake)

@@ -46,7 +46,6 @@ from airflow_pglogrepl.lake.columnar import (
     TablePiece,
 )
 from airflow_pglogrepl.lake.lake import Lake, Window
-from airflow_pglogrepl.lake.layout import table_dir
 from airflow_pglogrepl.lake.quarantine import TABLE_ERRORS, Cause, cause_of, held
 from airflow_pglogrepl.lake.quarantine import rows as quarantine_rows
 from airflow_pglogrepl.lsn import LSN
@@ -222,7 +221,7 @@ class Drain:
         # A table whose changes cannot be stored goes to the lake's quarantine, the others on
         # (``lake.quarantine``); False: the run fails on it, nothing of the window committed.
         self.quarantine = quarantine
-        self.held: dict[str, Cause] = {}  # tables in quarantine (lake directory names)
+        self.held: dict[TableRef, Cause] = {}  # tables in quarantine
         self.accept_source_change = accept_source_change
         self.run_end = LSN(0)  # the flushed WAL position a run drains to (set by ``run``)
         self.source = source
@@ -251,7 +250,7 @@ class Drain:
         self.held = held(self.lake)
         if self.held:
             log.warning("tables in quarantine (their changes go there, not to changes/): %s",
-                        {t: c.to_dict() for t, c in self.held.items()})  # fmt: skip
+                        {str(t): c.to_dict() for t, c in self.held.items()})  # fmt: skip
         run_end = self.run_end = self.source.flush_lsn()
         startup = time.monotonic() - started
         windows: list[WindowStats] = []
@@ -303,7 +302,7 @@ class Drain:
             run_end=run_end,
             startup_s=startup,
             lag_bytes_left=max(0, self.source.flush_lsn() - (after or run_end)),
-            quarantined={table: cause.to_dict() for table, cause in self.held.items()},
+            quarantined={str(table): cause.to_dict() for table, cause in self.held.items()},
             stored_as=dict(self.lake.stored_as),
         )
 
@@ -316,9 +315,9 @@ class Drain:
                 return self._reference_window(start, end, next_commit=next_commit)
             except TABLE_ERRORS as exc:
                 ref = getattr(exc, "ref", None)
-                if not self.quarantine or ref is None or table_dir(ref) in self.held:
+                if not self.quarantine or ref is None or ref in self.held:
                     raise
-                self.held[table_dir(ref)] = cause_of(exc, str(start))
+                self.held[ref] = cause_of(exc, str(start))
                 log.warning("%s goes to the lake's quarantine from %s, every other table goes "
                             "on: %s: %s", ref, start, type(exc).__name__,
                             getattr(exc, "what", exc))  # fmt: skip
@@ -459,7 +458,7 @@ class Drain:
         )
         last_commit: TransactionCommit | None = None
         floors: dict[int, int] = {}
-        quarantined: dict[str, list[Change]] = {}
+        quarantined: dict[TableRef, list[Change]] = {}
         for event in _events(stream, rows):
             if event.__class__ is Change:
                 change: Change = event
@@ -471,9 +470,9 @@ class Drain:
                     continue
                 stats.changes += 1
                 if self.held:
-                    name = table_dir(TableRef(change.table.schema, change.table.table))
-                    if name in self.held:  # as sent, not converted
-                        quarantined.setdefault(name, []).append(change)
+                    ref = TableRef(change.table.schema, change.table.table)
+                    if ref in self.held:  # as sent, not converted
+                        quarantined.setdefault(ref, []).append(change)
                         continue
                 batch = batches.get(id(change.table))
                 if batch is None:
@@ -495,10 +494,10 @@ class Drain:
             if next_commit and last_commit.end_lsn < end:
                 end = last_commit.end_lsn  # the window ends just past the one commit it holds
             end = stats.end = window_end(end, [int(last_commit.commit_lsn or 0)])
-        for name, changes in quarantined.items():
-            window.quarantine(quarantine_rows(name, changes, self.held[name], str(start),
+        for ref, changes in quarantined.items():
+            window.quarantine(quarantine_rows(ref, changes, self.held[ref], str(start),
                                               str(stats.end)))  # fmt: skip
-            stats.quarantined[name] = len(changes)
+            stats.quarantined[str(ref)] = len(changes)
         return self._commit(window, stats, began)
 
     def _commit(self, window: Window, stats: WindowStats, began: float) -> WindowStats:

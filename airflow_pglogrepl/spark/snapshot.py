@@ -57,6 +57,7 @@ from airflow_pglogrepl.lake import mapping, names, staging
 from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.evolve import ATTNUM_META, numbered
 from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.quarantine import release
 from airflow_pglogrepl.lake.types import UnconvertibleTextError, arrow_from_text_array, arrow_schema
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
@@ -694,6 +695,11 @@ class SnapshotCopy:
         )
         if self.tables is not None:
             self._restart_changes(table)
+            # its state now holds every change before the point: a hold in the lake's
+            # quarantine ends (every quarantined change is before it)
+            if release(self.lake, table.table, self.point.consistent_point):
+                log.info("%s released from the lake's quarantine at %s", table.table,
+                         self.point.consistent_point)  # fmt: skip
         # Counted from the version just written, staged or not (file statistics): exact even if
         # a task was retried.
         rows = int(self.spark.read.format("delta").load(target).count())

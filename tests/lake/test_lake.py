@@ -543,3 +543,22 @@ def test_a_merge_killed_at_any_step_is_finished_by_the_next_run(
     assert_equal_to_source(source, sink)
     for ref in behind:  # (a state with nothing new keeps its version: merges move it only)
         assert lake.state_version(ref) == position
+
+
+def test_a_re_snapshot_after_a_key_column_was_renamed_restarts_the_changelog(
+    lake: Lake,
+) -> None:
+    """A key the changelog no longer matches (its column renamed while the table was held, say)
+    cannot be evolved into: the re-snapshot restarts the changelog with the new key."""
+    from airflow_pglogrepl.lake.changelog import mark_keys
+
+    first = lake.open_window(LSN(0x100))
+    keyed = batch((1, 0x110, 1))
+    keyed = keyed.cast(pa.schema(mark_keys(keyed.schema, ["id"])))
+    first.write(A, keyed)
+    first.commit(LSN(0x200), transactions=1, changes=1)
+    renamed = batch((9, 0x900, 1)).rename_columns(["ident", "_op", "_commit_lsn", "_seq"])
+    renamed = renamed.cast(pa.schema(mark_keys(renamed.schema, ["ident"])))
+    assert lake.restart_changes(A, renamed.schema, LSN(0x500)) == "restarted"
+    names = _columns(lake, A)
+    assert "id" not in names and names["ident"].metadata[b"pglogrepl.key"] == b"0"

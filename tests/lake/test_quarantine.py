@@ -56,18 +56,53 @@ def test_a_crash_after_the_quarantine_commit_adds_nothing_twice(
     assert rerun.position() == LSN(0x300)
 
 
-def test_a_table_is_held_until_its_state_covers_what_it_quarantined(tmp_path: Path) -> None:
+def test_a_table_is_held_until_a_release_and_never_merged_meanwhile(tmp_path: Path) -> None:
+    """A merge never takes a held table's state past its quarantine (the state would claim the
+    quarantined changes and the table would no longer look held: they were lost); a re-snapshot
+    ends the hold with a release row at its point."""
+    from airflow_pglogrepl.lake.materialize import materialize, pending_tables
+    from airflow_pglogrepl.lake.quarantine import release
+    from airflow_pglogrepl.tables import TableRef
+
+    t = TableRef("public", "t")
     lake = Lake(str(tmp_path / "lake"), "s")
     window = lake.open_window(LSN(0x100))
-    window.quarantine(kept(0x110, 0x150))
-    window.commit(LSN(0x200), transactions=2, changes=2)
-    assert held(lake) == {"public.t": Cause("UnstorableValueError", "column 'at': too late", "0/0")}
-    # a re-snapshot at 0x300: the state says it holds every change before it
-    state = pa.table({"id": pa.array([1], pa.int64())})
-    uri = lake.paths.state("public.t")
-    written = delta.write_file(uri, state, "snap")
-    delta.commit_files(uri, state.schema, [written], app=lake.app, version=0x300, expected=None)
+    window.write(t, pa.table({"id": pa.array([1], pa.int64()), "_op": pa.array(["I"]),
+                              "_commit_lsn": pa.array([0x110], pa.int64()),
+                              "_seq": pa.array([0], pa.int64())}))  # fmt: skip
+    window.commit(LSN(0x200), transactions=1, changes=1)
+    later = lake.open_window(LSN(0x200))  # the same run: t's next change cannot be stored
+    later.quarantine(kept(0x210))
+    later.commit(LSN(0x300), transactions=1, changes=1)
+    cause = Cause("UnstorableValueError", "column 'at': too late", "0/0")
+    assert held(lake) == {t: cause}
+
+    def no_spark() -> None:
+        raise AssertionError("Spark was asked for")
+
+    assert pending_tables(lake) == [] and materialize(no_spark, lake) == {}
+    assert materialize(no_spark, lake, tables=["public.t"]) == {}
+    assert lake.state_version(t) is None and held(Lake(lake.root, "s")) == {t: cause}
+    assert release(lake, t, LSN(0x500)) and not release(lake, t, LSN(0x600))
     assert held(Lake(lake.root, "s")) == {}
+    # held again by a later change: a release covers only what is below its point
+    again = lake.open_window(LSN(0x300))
+    again.quarantine(kept(0x650))
+    again.commit(LSN(0x700), transactions=1, changes=1)
+    assert set(held(Lake(lake.root, "s"))) == {t}
+    # a table is named as PostgreSQL needs it to be named again (a snapshot's tables=)
+    odd = TableRef("Sales", "my.Table")
+    again = lake.open_window(LSN(0x700))
+    again.quarantine(kept(0x750, table=str(odd)))
+    again.commit(LSN(0x800), transactions=1, changes=1)
+    assert set(held(Lake(lake.root, "s"))) == {t, odd} and str(odd) == '"Sales"."my.Table"'
+    # the upkeep keeps the quarantine's one file per window in check
+    from airflow_pglogrepl.lake.upkeep import QUARANTINE, Keep, Thresholds, upkeep
+
+    report = upkeep(lake.root, "s", keep=Keep(hours=None, min_retention_hours=0.0),
+                    thresholds=Thresholds())  # fmt: skip
+    assert {t.table: t for t in report.tables}[QUARANTINE].compacted
+    assert set(held(Lake(lake.root, "s"))) == {t, odd}
 
 
 def test_a_cut_holding_a_quarantined_table_is_taken_before_its_quarantine(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ that gains such a name is turned to column mapping in place, its earlier rows ke
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -301,3 +302,41 @@ def test_names_that_moved_between_columns_are_refused_and_a_column_added_again_i
     window.commit(LSN(0x300), transactions=1, changes=1)
     got = {r["id"]: (r["b"], r["c"]) for r in read_table(lake.paths.changes(T)).to_pylist()}
     assert got == {1: ("b1", "c1"), 2: ("was c", "was b")}
+
+
+def test_a_rename_commits_with_the_rows_written_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A window holding rows from before and after ``RENAME a TO b``: the rename and the rows
+    are one commit. Had the rename been a version of its own, a run that died before the rows'
+    commit would leave its re-run to meet the old rows' ``a`` as a former name, stored as a new
+    column ``a__2`` (the state's ``b`` NULL for them)."""
+    from airflow_pglogrepl.lake import delta as delta_module
+
+    lake = Lake(str(tmp_path / "lake"), "s", origins=_catalog({"id": 1, "a": 2}))
+    window = lake.open_window(LSN(0x100))
+    window.write(T, changes(["id", "a"], [{"id": 1, "a": "x1", "lsn": 0x110}]))
+    window.commit(LSN(0x200), transactions=1, changes=1)
+
+    def renaming_window(lake: Lake) -> Any:
+        window = lake.open_window(LSN(0x200))
+        window.write(T, changes(["id", "a"], [{"id": 2, "a": "x2", "lsn": 0x210}]))  # before
+        window.write(T, changes(["id", "b"], [{"id": 3, "b": "x3", "lsn": 0x220}]))  # after
+        return window
+
+    def crash(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("killed before the rows' commit")
+
+    renamed = _catalog({"id": 1, "b": 2})
+    window = renaming_window(Lake(lake.root, "s", origins=renamed))
+    with monkeypatch.context() as patched:
+        patched.setattr(delta_module, "commit_files", crash)
+        with contextlib.suppress(RuntimeError):
+            window.commit(LSN(0x300), transactions=2, changes=2)
+    rerun = Lake(lake.root, "s", origins=renamed)
+    if rerun.position() != LSN(0x300):  # the run died: the next one drains the window again
+        renaming_window(rerun).commit(LSN(0x300), transactions=2, changes=2)
+    rows = read_table(lake.paths.changes(T))
+    assert [n for n in rows.column_names if n not in cl.META_COLUMNS] == ["id", "b"]
+    assert sorted(zip(rows.column("id").to_pylist(), rows.column("b").to_pylist(),
+                      strict=True)) == [(1, "x1"), (2, "x2"), (3, "x3")]  # fmt: skip
