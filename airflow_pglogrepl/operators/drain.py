@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Context
 
+from airflow_pglogrepl import metrics
 from airflow_pglogrepl.hooks.for_connection import replication_hook
 from airflow_pglogrepl.operators._spark import (
     DSN_ENV,
@@ -169,6 +170,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
                             materialize=self.materialize,
                             max_wal_bytes=int(str(self.idle_wal_bytes)))  # fmt: skip
             if idle is not None:
+                metrics.slot(slot)
                 return self._idle(context, idle, started)
         self._prepare_submit(make_dsn(hook.connection_params()))
         self.application_args = self._app_args()
@@ -190,6 +192,8 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         }
         self._publish(context, str(after.confirmed_flush_lsn), summary.get("changes", 0),
                       idle=False)  # fmt: skip
+        metrics.slot(after)
+        metrics.drain(str(self.slot_name), result)
         self.log.info("%s", drain_paragraph(result, sink=str(self.sink)))
         return result
 
@@ -205,6 +209,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
                                started=started)  # fmt: skip
         result = {**summary, "sink": self.sink, "idle": True}
         self._publish(context, confirmed, 0, idle=True)
+        metrics.drain(str(self.slot_name), result)
         self.log.info("%s", drain_paragraph(result, sink=str(self.sink)))
         return result
 

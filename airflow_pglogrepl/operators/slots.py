@@ -8,6 +8,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_pglogrepl import metrics
 from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.hooks.for_connection import replication_hook
 
@@ -149,6 +150,7 @@ class SlotHealthCheckOperator(TaskBoundary, BaseOperator):
 
         hook = replication_hook(self.postgres_conn_id, self.database)
         slot = hook.get_slot(self.slot_name)
+        metrics.slot(slot)
         facts = hook.server_facts()
         now = dt.datetime.now(dt.UTC)
         inactive_since = slot.inactive_since or self._first_seen_inactive(context, slot.active, now)

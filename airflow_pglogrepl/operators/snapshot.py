@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Context
 
+from airflow_pglogrepl import metrics
 from airflow_pglogrepl.hooks.for_connection import replication_hook
 from airflow_pglogrepl.operators._spark import (
     PACKAGE_DIR,
@@ -155,6 +156,8 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
                     "consistent_point": result["consistent_point"],
                     "rows": result.get("rows", 0),
                 }
+        if result.get("committed"):
+            metrics.snapshot(str(self.slot_name), result)
         self.log.info("%s", snapshot_paragraph(result, sink=str(self.sink)))
         return result
 

@@ -11,11 +11,13 @@ page someone for it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_pglogrepl import metrics
 from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.hooks.for_connection import replication_hook
 
@@ -119,6 +121,7 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
             checkpoint_every=int(self.checkpoint_every),
         )
         hook = replication_hook(self.postgres_conn_id, self.database)
+        began = time.monotonic()
         try:
             with hook.writer_lock(str(self.slot_name), role="upkeep") as lock:
                 report = upkeep(str(self.sink), str(self.slot_name), keep=keep,
@@ -127,6 +130,7 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
             self.log.info("Lake upkeep skipped, the next run maintains the lake: %s", busy)
             raise AirflowSkipException(f"lake upkeep skipped: {busy}") from None
         result = report.to_dict()
+        metrics.upkeep(str(self.slot_name), result, time.monotonic() - began)
         self.log.info(
             "Lake %s maintained: %s tables looked at, %s compacted, %s files (%s bytes) "
             "vacuumed; a table that needed nothing is logged at DEBUG",

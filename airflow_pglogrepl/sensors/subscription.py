@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_pglogrepl import metrics
 from airflow_pglogrepl.sensors._base import VerdictSensor
 from airflow_pglogrepl.sensors.probes import ReadyProbe, WorkerlessClock
 from airflow_pglogrepl.sensors.verdicts import Verdict
@@ -59,6 +60,9 @@ class SubscriptionReadySensor(VerdictSensor):
     def verdict(self) -> Verdict:
         probe = self._probe()
         status = probe.fetch()
+        if status.exists:
+            metrics.subscription(str(self.subscription), tables_not_ready=len(status.not_ready),
+                                 apply_errors=status.apply_error_count)  # fmt: skip
         return probe.verdict(status, self._workerless.observe(status))
 
     def trigger(self) -> Any:

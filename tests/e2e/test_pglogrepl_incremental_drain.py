@@ -66,6 +66,52 @@ def drain_source(publisher: PgCluster) -> str:
     return "drain_dag_source"
 
 
+class StatsdListener:
+    """A StatsD server on loopback: every datagram Airflow's ``Stats`` sends while it runs,
+    read in a thread of its own (a UDP buffer left unread drops what overflows it)."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.settimeout(0.2)
+        self.port = int(self.socket.getsockname()[1])
+        self.lines: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.socket.recv(65536)
+            except TimeoutError:
+                continue
+            self.lines += data.decode(errors="replace").splitlines()
+
+    def env(self) -> dict[str, str]:
+        return {"AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST":
+                "127.0.0.1", "AIRFLOW__METRICS__STATSD_PORT": str(self.port),
+                "AIRFLOW__METRICS__STATSD_PREFIX": "airflow"}  # fmt: skip
+
+    def values(self, name: str) -> list[tuple[float, str]]:
+        """``(value, kind)`` of each datagram of metric ``name`` received so far."""
+        found = []
+        for line in list(self.lines):
+            metric, _, rest = line.partition(":")
+            if metric == name:
+                value, _, kind = rest.partition("|")
+                found.append((float(value), kind.split("|")[0]))
+        return found
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.socket.close()
+
+
 def test_drain_dag_end_to_end_with_spark_submit(
     airflow_home: Path, publisher: PgCluster, drain_source: str, tmp_path: Path
 ) -> None:
@@ -76,10 +122,12 @@ def test_drain_dag_end_to_end_with_spark_submit(
     publisher.execute("UPDATE orders SET note = NULL WHERE id % 3 = 0", dbname=db)
     publisher.execute("DELETE FROM orders WHERE id % 5 = 0", dbname=db)
     sink = tmp_path / "lake"
+    statsd = StatsdListener()
     env = {
         "PGLOGREPL_SINK": str(sink),
         "PGLOGREPL_SPARK_CONN_ID": "spark_local",
         "AIRFLOW_CONN_SPARK_LOCAL": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+        **statsd.env(),  # the provider's metrics, through Airflow's own Stats
     }
     conf = {
         "postgres_conn_id": drain_source,
@@ -149,6 +197,15 @@ def test_drain_dag_end_to_end_with_spark_submit(
         spark_lines = [line for line in console.splitlines() if "SparkSubmitHook]" in line]
         assert len(spark_lines) <= 40, "\n".join(spark_lines)
     assert "Drain of slot lake_dag into" in second.stdout + second.stderr  # the closing paragraph
+    # metrics (docs/reference/metrics.md), as a StatsD server received them
+    statsd.close()
+    name = "airflow.pglogrepl.lake_dag."
+    assert statsd.values(name + "snapshot.rows") == [(snapshot["rows"], "c")]
+    assert statsd.values(name + "drain.idle") == [(1.0, "g"), (0.0, "g")]
+    assert statsd.values(name + "drain.changes") == [(float(expected), "c")]
+    assert statsd.values(name + "wal_status")[-1] == (0.0, "g")  # reserved
+    assert statsd.values(name + "retained_bytes") and statsd.values(name + "lag_bytes")
+    assert [kind for _, kind in statsd.values(name + "upkeep")] == ["ms", "ms"]
     # the DSN's password never reached the task log or XCom
     password = publisher.params(db)["password"]
     for run in (first, second):
