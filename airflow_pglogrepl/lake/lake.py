@@ -549,7 +549,7 @@ class Window:
         pending = self._pending.get(name)
         known = pending.schema if pending is not None else self.lake.known_schema(table)
         batch, lake_names = names.to_lake(batch, known)
-        self._check_order(table, known, lake_names)
+        readded = self._check_order(table, known, lake_names)
         held = self.lake.covered(name)
         if held is not None and held > self.start:
             import pyarrow.compute as pc
@@ -566,6 +566,8 @@ class Window:
                 log.info("%s: new columns %s", table, evolve.describe(schema))
         else:
             evolve.check_key(str(table), evolution, {})
+        if readded:  # their new numbers, so a later cycle of renames is seen
+            schema = evolve.numbered(schema, readded)
         renames = names.renamed_since(known, schema)
         if renames:
             log.warning("%s: columns renamed at the source, renamed in the lake (their history "
@@ -594,39 +596,52 @@ class Window:
         _quarantine_commit(self.lake, self._quarantined, self._prefix, end)
 
     def _check_order(self, table: TableRef, known: pa.Schema | None,
-                     lake_names: dict[str, str]) -> None:  # fmt: skip
+                     lake_names: dict[str, str]) -> dict[str, int]:  # fmt: skip
         """Refuse names that moved between columns (``RENAME COLUMN`` in a cycle: ``b`` to
         ``c`` and ``c`` to ``b``), which pgoutput shows as the same names in another order and
-        which would store each column's values under the other's name.
+        which would store each column's values under the other's name; returns the new
+        attribute numbers of columns dropped and added again under their names (the lake's
+        same columns), to record.
 
-        Columns come in attnum order and the lake keeps a table's columns in the order it saw
-        them, so known names out of that order mean a cycle of renames, or a column dropped and
-        added again under its name (the lake's same column then); the catalog's attribute
-        numbers tell which, asked once per column list and run."""
+        Columns come in attnum order, so known names out of the order of the numbers the lake
+        recorded for them (or, without numbers, of the lake's columns) mean a cycle of renames,
+        or a column dropped and added again; the catalog tells which, asked once per column
+        list and run."""
         if known is None or self.lake.origins is None:
-            return
+            return {}
         place = {f.name: i for i, f in enumerate(known)}
-        order = [place[n] for n in lake_names.values() if n in place]
+        numbers: dict[str, int] = {}
+        for f in known:
+            number = evolve.attnum(f)
+            if number:
+                numbers[f.name] = number
+        order = [numbers[n] for n in lake_names.values() if n in numbers]
+        if not numbers:  # a lake from before attribute numbers: the order it saw them in
+            order = [place[n] for n in lake_names.values() if n in place]
         if order == sorted(order):
-            return
+            return {}
         seen = (str(table), tuple(lake_names))
         if seen in self.lake._orders_checked:
-            return
+            return {}
         found = self.lake.origins(table, list(lake_names))
         now = {s: o.attnum for s, o in found.columns.items() if o.attnum is not None}
-        moved = []
+        moved, readded = [], {}
         for source, lake_name in lake_names.items():
-            if lake_name not in place:
+            recorded = numbers.get(lake_name)
+            current = now.get(source)
+            if lake_name not in place or not recorded or current in (None, recorded):
                 continue
-            recorded = evolve.attnum(known.field(lake_name))
-            if recorded and now.get(source) not in (None, recorded) and recorded in now.values():
+            if recorded in now.values():
                 moved.append(lake_name)
+            else:  # its old number is gone: dropped, and added again under its name
+                readded[lake_name] = int(current)
         if moved:
             raise IncompatibleSchemaChangeError(
                 str(table),
                 f"columns {sorted(moved)} took each other's names (RENAME COLUMN in a cycle)",
             )
         self.lake._orders_checked.add(seen)
+        return readded
 
     def _mapping(self, name: str, pending: _Pending | None, before: pa.Schema | None,
                  schema: pa.Schema, renames: dict[str, str]) -> MappedSchema | None:  # fmt: skip

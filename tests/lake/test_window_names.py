@@ -340,3 +340,26 @@ def test_a_rename_commits_with_the_rows_written_before_it(
     assert [n for n in rows.column_names if n not in cl.META_COLUMNS] == ["id", "b"]
     assert sorted(zip(rows.column("id").to_pylist(), rows.column("b").to_pylist(),
                       strict=True)) == [(1, "x1"), (2, "x2"), (3, "x3")]  # fmt: skip
+
+
+def test_a_cycle_of_renames_after_a_column_was_added_again_is_refused(tmp_path: Path) -> None:
+    """``b`` dropped and added again takes a new attribute number, which the lake records; a
+    later cycle of renames that puts the names back in the lake's column order is still seen
+    (by the recorded numbers) and refused, not stored under the wrong names."""
+    from airflow_pglogrepl.exceptions import IncompatibleSchemaChangeError
+
+    lake = Lake(str(tmp_path / "lake"), "s", origins=_catalog({"id": 1, "b": 2, "c": 3}))
+    window = lake.open_window(LSN(0x100))
+    window.write(T, changes(["id", "b", "c"], [{"id": 1, "b": "B1", "c": "C1", "lsn": 0x110}]))
+    window.commit(LSN(0x200), transactions=1, changes=1)
+    lake = Lake(lake.root, "s", origins=_catalog({"id": 1, "c": 3, "b": 4}))  # b added again
+    window = lake.open_window(LSN(0x200))
+    window.write(T, changes(["id", "c", "b"], [{"id": 2, "c": "C2", "b": "B2", "lsn": 0x210}]))
+    window.commit(LSN(0x300), transactions=1, changes=1)
+    cycled = Lake(lake.root, "s", origins=_catalog({"id": 1, "b": 3, "c": 4}))  # b <-> c
+    with pytest.raises(IncompatibleSchemaChangeError, match=r"took each other's names"):
+        cycled.open_window(LSN(0x300)).write(
+            T, changes(["id", "b", "c"], [{"id": 3, "b": "C3", "c": "B3", "lsn": 0x310}])
+        )
+    got = {r["id"]: (r["b"], r["c"]) for r in read_table(lake.paths.changes(T)).to_pylist()}
+    assert got == {1: ("B1", "C1"), 2: ("B2", "C2")}
