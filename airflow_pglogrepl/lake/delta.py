@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from airflow_pglogrepl.lake.changelog import COMMIT_LSN
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lake.mapping import FEATURE, mapped_of, physical_names
-from airflow_pglogrepl.lake.names import needs_mapping
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -89,11 +88,6 @@ def column_types(schema: Any) -> list[tuple[str, str]]:
     delta_schema = schema if isinstance(schema, Schema) else Schema.from_arrow(schema)
     fields = json.loads(delta_schema.to_json())["fields"]
     return [(f["name"], json.dumps(f["type"], sort_keys=True)) for f in fields]
-
-
-def refused_names(schema: pa.Schema) -> list[str]:
-    """Column names Delta Lake (Spark's writer) refuses unless column mapping is on."""
-    return [f.name for f in schema if needs_mapping(f.name)]
 
 
 def unsupported_columns(schema: pa.Schema) -> dict[str, str]:
@@ -322,7 +316,7 @@ def commit_files(
     if table is None and mapping is not None:
         if expected is not None:
             raise LakeCommitConflictError(uri, app, expected, None, version)
-        _check_physical(uri, mapping, files)
+        check_physical(uri, mapping, files)
         create_table(uri, schema, files, app=app, version=version,
                      configuration=dict(configuration or {}), mapping=mapping)  # fmt: skip
         if is_local(uri):
@@ -335,7 +329,7 @@ def commit_files(
             f"read as NULL there. Nothing was committed"
         )
     if mapped is not None:
-        _check_physical(uri, mapped, files)
+        check_physical(uri, mapped, files)
     delta_schema = (
         table.schema() if table is not None and mapped is not None else Schema.from_arrow(schema)
     )
@@ -361,7 +355,7 @@ def commit_files(
         make_log_durable(uri, after=before)
 
 
-def _check_physical(uri: str, mapped: MappedSchema, files: Sequence[DataFile]) -> None:
+def check_physical(uri: str, mapped: MappedSchema, files: Sequence[DataFile]) -> None:
     """Every file holds only the mapped table's physical names: a file written with logical
     names, or with another mapping, would read as NULL, without an error."""
     physical = set(physical_names(mapped))
@@ -543,10 +537,6 @@ def add_entries(files: Sequence[DataFile], now: int) -> list[dict[str, Any]]:
     return [{"add": {"path": f.name, "partitionValues": {}, "size": f.size,
                      "modificationTime": now, "dataChange": True, "stats": f.stats()}}
             for f in files]  # fmt: skip
-
-
-def check_physical(uri: str, mapped: MappedSchema, files: Sequence[DataFile]) -> None:
-    _check_physical(uri, mapped, files)
 
 
 def _has_timestamp_ntz(schema: Any) -> bool:

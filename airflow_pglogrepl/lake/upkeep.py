@@ -278,14 +278,9 @@ def _maintain(name: str, uri: str, app: str, keep: Keep, floor: float, threshold
             check_writer=lake.check_writer, commit_properties=_marked("compact"),
             post_commithook_properties=_no_hooks(),
         )  # fmt: skip
-        _durable(uri, before)
-        table = delta.open_table(uri)
-        assert table is not None
-        report.compacted = int(table.version()) > before
-        report.notes.append(
-            f"compacted ({', '.join(reasons)}; column mapping: small files without deletion "
-            f"vectors): {packed.removed} files into {packed.added}"
-        )
+        table = _compacted(uri, before, report, f"compacted ({', '.join(reasons)}; column "
+                           f"mapping: small files without deletion vectors): {packed.removed} "
+                           f"files into {packed.added}")  # fmt: skip
     elif reasons:
         before = int(table.version())
         lake.check_writer()
@@ -294,14 +289,9 @@ def _maintain(name: str, uri: str, app: str, keep: Keep, floor: float, threshold
             post_commithook_properties=_no_hooks(),
             commit_properties=_marked("compact"),
         )
-        _durable(uri, before)
-        table = delta.open_table(uri)
-        assert table is not None
-        report.compacted = int(table.version()) > before
-        report.notes.append(
-            f"compacted ({', '.join(reasons)}): {metrics.get('numFilesRemoved', 0)} files "
-            f"into {metrics.get('numFilesAdded', 0)}"
-        )
+        table = _compacted(uri, before, report, f"compacted ({', '.join(reasons)}): "
+                           f"{metrics.get('numFilesRemoved', 0)} files into "
+                           f"{metrics.get('numFilesAdded', 0)}")  # fmt: skip
     else:
         report.skipped.append("compaction: below every threshold")
     report.dv_files_after = _dv_files(table) if report.dv_files_before else 0
@@ -354,6 +344,17 @@ def _maintain(name: str, uri: str, app: str, keep: Keep, floor: float, threshold
     report.version_after = int(table.version())
     report.files_after = len(delta.file_sizes(table))
     return report
+
+
+def _compacted(uri: str, before: int, report: TableReport, note: str) -> Any:
+    """After a compaction commit: its log made durable, the table opened again at its new
+    version, and the report saying what was done."""
+    _durable(uri, before)
+    table = delta.open_table(uri)
+    assert table is not None
+    report.compacted = int(table.version()) > before
+    report.notes.append(note)
+    return table
 
 
 def _compaction_reasons(name: str, report: TableReport, thresholds: Thresholds) -> list[str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -15,6 +14,7 @@ from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.quarantine import Cause, held, quarantine_schema
 from airflow_pglogrepl.lsn import LSN
+from tests.support.crash import commit_dying_before_the_point
 
 pytestmark = pytest.mark.unit
 
@@ -37,14 +37,7 @@ def test_a_crash_after_the_quarantine_commit_adds_nothing_twice(
     first = Lake(root, "s")
     window = first.open_window(LSN(0x100))
     window.quarantine(kept(0x110, 0x150, 0x180))
-
-    def crash(*args: Any, **kwargs: Any) -> None:
-        raise RuntimeError("killed")
-
-    with monkeypatch.context() as patched:
-        patched.setattr(Lake, "record", crash)
-        with pytest.raises(RuntimeError, match="killed"):
-            window.commit(LSN(0x200), transactions=3, changes=3)
+    commit_dying_before_the_point(monkeypatch, window, LSN(0x200), changes=3)
     # the re-run drains the same changes again in smaller windows, then more
     rerun = Lake(root, "s")
     for start, end, lsns in ((0x100, 0x160, (0x110, 0x150)), (0x160, 0x300, (0x180, 0x250))):

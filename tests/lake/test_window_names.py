@@ -20,6 +20,7 @@ from airflow_pglogrepl.lake.mapping import PHYSICAL_KEY, is_mapped
 from airflow_pglogrepl.lake.names import SOURCE_META, to_lake
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
+from tests.support.crash import commit_dying_before_the_point
 
 pytestmark = pytest.mark.unit
 
@@ -107,14 +108,7 @@ def test_a_window_drained_again_adds_nothing_to_a_mapped_table(
     first = Lake(root, "s")
     window = first.open_window(LSN(0x100))
     window.write(T, changes(["id", "sp ace"], [{"id": 1, "sp ace": "a", "lsn": 0x110}]))
-
-    def crash(*args: Any, **kwargs: Any) -> None:
-        raise RuntimeError("killed")
-
-    with monkeypatch.context() as patched:
-        patched.setattr(Lake, "record", crash)
-        with pytest.raises(RuntimeError, match="killed"):
-            window.commit(LSN(0x200), transactions=1, changes=1)
+    commit_dying_before_the_point(monkeypatch, window, LSN(0x200), changes=1)
     rerun = Lake(root, "s")
     assert rerun.position() is None
     again = rerun.open_window(LSN(0x100))
