@@ -464,18 +464,15 @@ def _updates_of_missing_rows(
         pa.types.is_integer(asked.schema[0].type) or pa.types.is_string(asked.schema[0].type)
     ):
         return None
-    from deltalake import QueryBuilder
-
     key = keys[0]
     wanted = asked.column(0).to_pylist()
     literals = ", ".join(
         str(int(v)) if isinstance(v, int) else "'" + str(v).replace("'", "''") + "'" for v in wanted
     )
-    # DataFusion SQL over the state (no PostgreSQL): the name is quoted, each value is an
-    # integer or a text literal with its quotes doubled
-    query = f"SELECT {_quote(key)} AS k FROM t WHERE {_quote(key)} IN ({literals})"  # noqa: S608
-    found = QueryBuilder().register("t", target).execute(query)
-    present = set(pa.table(found).column("k").to_pylist())
+    # a DataFusion predicate over the state (no PostgreSQL): the name is quoted, each value is
+    # an integer or a text literal with its quotes doubled
+    found = target.scan(columns=[key], predicate=f"{_quote(key)} IN ({literals})")
+    present = set(pa.table(found).column(0).to_pylist())
     return [v for v in wanted if v not in present]
 
 

@@ -53,7 +53,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from airflow_pglogrepl.exceptions import LakeError
 from airflow_pglogrepl.lake.layout import LakePaths, app_id, table_dir
-from airflow_pglogrepl.lake.txnlog import HistoryExpiredError, TxnLog, TxnVersion, filesystem
+from airflow_pglogrepl.lake.storage import filesystem
+from airflow_pglogrepl.lake.txnlog import HistoryExpiredError, TxnLog, TxnVersion
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
 

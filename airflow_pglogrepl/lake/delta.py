@@ -8,7 +8,8 @@ memory bounded (a batch is written and dropped) while the window stays atomic fo
 
 Local lakes are made durable before a commit returns: delta-rs does not fsync, and the slot may
 be advanced as soon as the commit is known, so the data files, the log entry and their
-directories are fsynced here (a power cut must not take back what the slot forgot).
+directories are fsynced here (a power cut must not take back what the slot forgot). On an
+object store a PUT that returned is durable (``lake.storage``): nothing is added there.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_pglogrepl.lake.changelog import COMMIT_LSN
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lake.mapping import FEATURE, mapped_of, physical_names
+from airflow_pglogrepl.lake.storage import delta_options, filesystem
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -38,7 +40,7 @@ def open_table(uri: str) -> Any | None:
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        return DeltaTable(uri)
+        return DeltaTable(uri, storage_options=delta_options(uri))
     except TableNotFoundError:
         return None
 
@@ -70,15 +72,26 @@ def txn_version(uri: str, app: str) -> int | None:
 def read_table(uri: str, version: int | None = None) -> pa.Table:
     """A Delta table's rows at its current (or a given) version, as a pyarrow Table, no JVM.
 
-    Read through ``deltalake``'s query engine (DataFusion), which applies deletion vectors; its
+    Read through ``deltalake``'s scan (DataFusion), which applies deletion vectors; its
     ``to_pyarrow_table`` refuses tables that have them, as every state table does unless the
-    lake was created without them (``Lake.state_config``).
+    lake was created without them (``Lake.state_config``). Not through ``QueryBuilder``, whose
+    reads of an object store's files fail in deltalake 1.6 ("error sending request").
     """
-    import pyarrow as pa
-    from deltalake import DeltaTable, QueryBuilder
+    return scan(uri, version=version)
 
-    table = DeltaTable(uri, version=version)
-    return pa.table(QueryBuilder().register("t", table).execute("SELECT * FROM t"))
+
+def scan(uri: str, *, version: int | None = None, columns: list[str] | None = None,
+         where: str | None = None) -> pa.Table:  # fmt: skip
+    """The rows of the table at ``uri`` (at ``version``) matching the DataFusion predicate
+    ``where``, in the table's own column types (DataFusion gives strings as views, which few
+    readers take)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    table = DeltaTable(uri, version=version, storage_options=delta_options(uri))
+    rows = pa.table(table.scan(columns=columns, predicate=where))
+    schema = pa.schema(table.schema().to_arrow())
+    return rows.cast(pa.schema([schema.field(n) for n in rows.column_names]))
 
 
 def column_types(schema: Any) -> list[tuple[str, str]]:
@@ -154,7 +167,8 @@ def evolve_schema(uri: str, schema: pa.Schema) -> None:
     before = _version(uri)
     added = schema if current is None else _additions(current, schema)
     if current is None or not current.equals(added):
-        write_deltalake(uri, added.empty_table(), mode="append", schema_mode="merge")
+        write_deltalake(uri, added.empty_table(), mode="append", schema_mode="merge",
+                        storage_options=delta_options(uri))  # fmt: skip
     table = open_table(uri)
     assert table is not None
     now = pa.schema(table.schema().to_arrow())
@@ -207,7 +221,7 @@ def reset_table(uri: str, schema: pa.Schema, *, app: str, version: int) -> None:
     if found is not None and int(found) >= version:  # it would forget changes past ``version``
         raise LakeCommitConflictError(uri, app, int(found), int(found), version)
     write_deltalake(uri, schema.empty_table(), mode="overwrite", schema_mode="overwrite",
-                    commit_properties=commit)  # fmt: skip
+                    commit_properties=commit, storage_options=delta_options(uri))  # fmt: skip
     if is_local(uri):
         make_log_durable(uri, after=before)
 
@@ -342,6 +356,7 @@ def commit_files(
         if table is None:
             create_table_with_add_actions(uri, delta_schema, actions, mode="error", name=name,
                                           configuration=dict(configuration or {}),
+                                          storage_options=delta_options(uri),
                                           commit_properties=commit)  # fmt: skip
         else:
             table.create_write_transaction(actions, mode="append", schema=delta_schema,
@@ -414,20 +429,6 @@ KEEP_LOGS = {"delta.enableExpiredLogCleanup": "false"}
 # rewriting files. A lake created with ``state_deletion_vectors=False`` turns them off for its new
 # state tables (``Lake.state_config``), for readers that cannot apply them.
 STATE_CONFIG = {**KEEP_LOGS, "delta.enableDeletionVectors": "true"}
-
-_HADOOP_SCHEMES = {"s3a": "s3", "s3n": "s3"}  # what Spark's URIs call what pyarrow calls s3
-
-
-def filesystem(uri: str) -> tuple[Any, str]:
-    """pyarrow's filesystem of a lake URI and the path in it (Spark's ``s3a://`` is ``s3``)."""
-    from pyarrow import fs
-
-    if is_local(uri):
-        return fs.LocalFileSystem(), os.path.abspath(uri)
-    scheme, _, rest = uri.partition("://")
-    found, path = fs.FileSystem.from_uri(f"{_HADOOP_SCHEMES.get(scheme, scheme)}://{rest}")
-    return found, path
-
 
 FIRST_COMMIT = f"{0:020d}.json"
 

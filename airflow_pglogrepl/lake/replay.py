@@ -382,16 +382,11 @@ def _order(columns: list[str]) -> list[str]:
 def _read(uri: str, version: int, name: str, asked: str, where: str | None) -> pa.Table:
     """The table at ``version`` through DataFusion (deletion vectors applied; the filter skips
     files by their commit LSN statistics), in the table's schema. Only integers are put in the
-    SQL: the table is registered under a fixed name, whatever its own."""
-    import pyarrow as pa
-    from deltalake import DeltaTable, QueryBuilder
+    predicate."""
+    from airflow_pglogrepl.lake.delta import scan
 
-    query = "SELECT * FROM t" + ("" if where is None else f" WHERE {where}")  # noqa: S608
     try:
-        found = DeltaTable(uri, version=version)
-        rows = pa.table(QueryBuilder().register("t", found).execute(query))
-        # in the table's own types (DataFusion gives strings as views, which few readers take)
-        return rows.cast(pa.schema(found.schema().to_arrow()))
+        return scan(uri, version=version, where=where)
     except Exception as exc:  # delta-rs raises its own classes for a file VACUUM removed
         if not _missing_file(exc):
             raise

@@ -15,13 +15,11 @@ Storage is reached through pyarrow's filesystems, so remote lakes work as local 
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from airflow_pglogrepl.exceptions import LakeError
-from airflow_pglogrepl.lake.layout import is_local, local_path
+from airflow_pglogrepl.lake.storage import delta_options, filesystem
 
 _COMMIT = re.compile(r"(\d{20})\.json")
 # classic, multi-part (``.checkpoint.0000000001.0000000002.parquet``), V2 (``.checkpoint.<uuid>``)
@@ -152,18 +150,7 @@ class TxnLog:
             return None
         from deltalake import DeltaTable
 
-        version = DeltaTable(self.uri, version=self._base).transaction_version(self.app)
+        version = DeltaTable(
+            self.uri, version=self._base, storage_options=delta_options(self.uri)
+        ).transaction_version(self.app)
         return None if version is None else int(version)
-
-
-def filesystem(uri: str) -> tuple[Any, str]:
-    """A pyarrow filesystem and the path in it of a table or folder URI."""
-    from pyarrow import fs
-
-    if is_local(uri):
-        return fs.LocalFileSystem(), os.path.abspath(local_path(uri))
-    scheme, _, rest = uri.partition("://")
-    if scheme in ("s3a", "s3n"):  # Hadoop's names for S3, which Spark users write
-        uri = f"s3://{rest}"
-    found, path = fs.FileSystem.from_uri(uri)
-    return found, path

@@ -55,7 +55,8 @@ from airflow_pglogrepl.exceptions import LakeError, UnsafeRetentionError, Writer
 from airflow_pglogrepl.lake import delta, mapped_compaction
 from airflow_pglogrepl.lake.layout import LakePaths, app_id, is_local
 from airflow_pglogrepl.lake.mapping import is_mapped
-from airflow_pglogrepl.lake.txnlog import HistoryExpiredError, TxnLog, filesystem
+from airflow_pglogrepl.lake.storage import filesystem
+from airflow_pglogrepl.lake.txnlog import HistoryExpiredError, TxnLog
 from airflow_pglogrepl.lsn import LSN
 
 log = logging.getLogger("airflow_pglogrepl.lake")
