@@ -30,6 +30,7 @@ from airflow_pglogrepl.testing.pgcluster import (
 )
 from tests.support.airflow import airflow_environment, set_airflow_connection
 from tests.support.paths import TESTS
+from tests.support.s3 import S3Server, configure_spark
 
 if TYPE_CHECKING:  # imported in the fixture: the hook imports Airflow, configured below first
     from tests.support.sources import Source
@@ -60,8 +61,9 @@ NEEDS_BY_FIXTURE = {
              "pg_bindir_of", "publisher_conn_id", "subscriber_conn_id"},
     "spark": {"spark"},
     "airflow": {"airflow_home"},
+    "s3": {"s3_server"},
 }  # fmt: skip
-NEEDS = ("live", "spark", "airflow", "docker")
+NEEDS = ("live", "spark", "airflow", "docker", "s3")
 
 
 def _direct_parameters(item: pytest.Item) -> set[str]:
@@ -84,6 +86,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     that starts what it needs itself carries. A test that needs none of them is ``unit``:
     ``make test-unit`` runs those alone, without a server or a JVM."""
     for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("lake_uri") == "s3":
+            item.add_marker(pytest.mark.s3)
         fixtures = set(getattr(item, "fixturenames", ())) - _direct_parameters(item)
         for need, names in NEEDS_BY_FIXTURE.items():
             if fixtures & names:
@@ -224,9 +229,43 @@ def airflow_home() -> Path:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
-    """One local Spark session for the whole test session (a JVM is expensive to start)."""
-    from airflow_pglogrepl.spark.session import local_session
+    """One local Spark session for the whole test session (a JVM is expensive to start), with
+    Hadoop's S3A among its jars for the lakes on the S3 server (``lake_uri``)."""
+    from airflow_pglogrepl.spark.session import delta_jars, local_session
 
-    session = local_session("pglogrepl-tests")
+    s3a = delta_jars(object_store=True)
+    session = local_session("pglogrepl-tests", **({"spark.jars": ",".join(s3a)} if s3a else {}))
     yield session
     session.stop()
+
+
+# -- object storage ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3 API server on loopback for the session (moto's standalone server)."""
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["local", "s3"])
+def lake_uri(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A lake root on a local path, then in a bucket of its own on the S3 server (that
+    variant is marked ``s3``: the version matrix runs it once, not on every major). The store
+    is the process's while the test runs, as an operator makes it its application's; a test
+    that uses the shared Spark session gets S3A pointed at it."""
+    from airflow_pglogrepl.lake import storage
+
+    if request.param == "local":
+        yield str(tmp_path / "lake")
+        return
+    server: S3Server = request.getfixturevalue("s3_server")
+    if "spark" in request.fixturenames:
+        configure_spark(request.getfixturevalue("spark"), server.store)
+    bucket = server.new_bucket()
+    with storage.using(server.store):
+        yield f"s3://{bucket}/lake"
+    # the lake is in the bucket, not in a local folder named after the URI
+    assert server.keys(bucket, "lake/"), f"nothing was written to s3://{bucket}/lake"

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.lake import delta
+from airflow_pglogrepl.lake import delta, storage
 from airflow_pglogrepl.lake.mapping import mapped_of, to_physical
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def compact(
         return Packed(0, 0, len(with_vectors))
     logical = delta.unmapped(pa.schema(table.schema().to_arrow()))
     physical = to_physical(logical.empty_table(), mapped).schema
-    system, base = delta.filesystem(uri)
+    system, base = storage.filesystem(uri)
     now = int(time.time() * 1000)
     actions: list[Any] = []
     for group in bins:

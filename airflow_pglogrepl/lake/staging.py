@@ -48,7 +48,7 @@ import shutil
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.exceptions import LakeError
-from airflow_pglogrepl.lake import delta
+from airflow_pglogrepl.lake import delta, storage
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lsn import LSN
 
@@ -108,8 +108,8 @@ def leftovers(parent: str, app: str) -> list[str]:
 def publish(table_uri: str, staged: str) -> int:
     """Make the copy staged at ``staged`` the table at ``table_uri`` (see the module docstring);
     returns how many files it holds. Raises ``LakeError`` if a table is already there."""
-    filesystem, staged_base = delta.filesystem(staged)
-    _, base = delta.filesystem(table_uri)
+    filesystem, staged_base = storage.filesystem(staged)
+    _, base = storage.filesystem(table_uri)
     actions = _first_commit(filesystem, staged_base)
     prefix = staged_base.rsplit("/", 1)[-1] + "/"
     files = []
@@ -137,7 +137,7 @@ def remove(uri: str) -> None:
         if os.path.isdir(uri):
             shutil.rmtree(uri)
         return
-    filesystem, path = delta.filesystem(uri)
+    filesystem, path = storage.filesystem(uri)
     with contextlib.suppress(FileNotFoundError):
         filesystem.delete_dir(path)
 
@@ -171,6 +171,6 @@ def _directories(uri: str) -> Iterator[str]:
     """Names of the sub-directories of ``uri`` (none if it does not exist), sorted."""
     from pyarrow import fs
 
-    filesystem, base = delta.filesystem(uri)
+    filesystem, base = storage.filesystem(uri)
     infos = filesystem.get_file_info(fs.FileSelector(base, allow_not_found=True))
     yield from sorted(i.base_name for i in infos if i.type == fs.FileType.Directory)

@@ -147,12 +147,14 @@ def current() -> ObjectStore | None:
     return _store
 
 
-def use_from_environment() -> ObjectStore | None:
-    """The store an operator handed this application (``STORE_ENV``), made current."""
+def use_for_lake(uri: str) -> None:
+    """Make current the store of the lake at ``uri`` that an operator handed this application
+    (``STORE_ENV``); for a lake on an object store without one, the engines' defaults."""
     text = os.environ.get(STORE_ENV)
-    store = ObjectStore.from_json(text) if text else None
-    use(store)
-    return store
+    if text:
+        use(ObjectStore.from_json(text))
+    else:
+        use(ObjectStore() if is_object_store(uri) else None)
 
 
 @contextlib.contextmanager

@@ -88,11 +88,6 @@ def _idle_run(
     materialize: bool,
     max_wal_bytes: int,
 ) -> Idle | None:
-    from airflow_pglogrepl.lake.layout import is_local
-
-    if not is_local(sink):
-        log.info("lake %s is not local: the application reads it (Spark submitted)", sink)
-        return None
     # Judged under the lake's writer lock, as a drain would hold it: no other run commits to the
     # lake or moves the slot between the reads below, and the peek never holds the slot while
     # another run's drain peeks it (that run would fail: slot active). Another holder:

@@ -36,6 +36,7 @@ from airflow_pglogrepl.exceptions import SparkApplicationError
 from airflow_pglogrepl.spark.submit_output import QuietSubmitOutput
 
 if TYPE_CHECKING:
+    from airflow_pglogrepl.lake.storage import ObjectStore
     from airflow_pglogrepl.operators._in_worker import WorkerRun
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -43,7 +44,11 @@ DSN_ENV = SOURCE_DSN_ENV
 
 
 def sink_asset(sink: str) -> Asset:
-    """The Asset a sink is known by: its URI (``file://`` + absolute path for local paths)."""
+    """The Asset a sink is known by: its URI (``file://`` + absolute path for local paths). A
+    URI with credentials in it is refused (it would be in every Asset event)."""
+    from airflow_pglogrepl.hooks.object_store import check_sink
+
+    check_sink(sink)
     uri = sink if "://" in sink else f"file://{os.path.abspath(sink)}"
     return Asset(uri=uri)
 
@@ -108,16 +113,22 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
 
     :param spark_log_level: the level of Spark's own (log4j) logging in the task log: ``WARN``
         by default; ``INFO`` or ``DEBUG`` for a run that needs Spark's account of itself.
+    :param lake_conn_id: the Airflow connection (type ``aws``) of the object store the lake is
+        on (``hooks.object_store``); None: a local lake, or the store's defaults (``AWS_*``
+        variables, the instance's role).
     """
 
     # The application's module when it can run without spark-submit on a local master
     # (``operators._in_worker``): the drain, which starts Spark only when a merge needs it.
     IN_WORKER_MODULE: str | None = None
 
-    def __init__(self, *, spark_log_level: str = "WARN", **kwargs: Any) -> None:
+    def __init__(self, *, spark_log_level: str = "WARN", lake_conn_id: str | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
         from airflow_pglogrepl.spark.log4j import spark_log_level as log4j_level
 
         super().__init__(**kwargs)
+        self.lake_conn_id = lake_conn_id
+        self._store: ObjectStore | None = None
         if "{{" not in str(spark_log_level):  # a typo fails the DAG's parse, not each try
             log4j_level(spark_log_level)
         self.spark_log_level = spark_log_level
@@ -129,11 +140,26 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
     def _check_spark_connection(self) -> None:
         self._master = check_spark_connection(self._conn_id)
 
+    def _use_lake_store(self, sink: str) -> None:
+        """The lake's object store (``lake_conn_id``) for this process (the worker reads the
+        lake before it submits) and for the application. Before anything else reads the lake:
+        a sink with credentials in it is refused here."""
+        from airflow_pglogrepl.hooks.object_store import lake_store
+        from airflow_pglogrepl.lake import storage
+
+        self._store = lake_store(self.lake_conn_id, sink)
+        storage.use(self._store)
+
     def _prepare_submit(self, dsn: str) -> None:
-        """The DSN into the spark-submit environment only (masked), and the Spark to run."""
+        """The DSN and the lake's store into the spark-submit environment only (masked), and the
+        Spark to run."""
+        from airflow_pglogrepl.lake.storage import STORE_ENV
+
         mask(dsn)
+        store = {} if self._store is None else {STORE_ENV: self._store.to_json()}
         self.env_vars = {
             **(self.env_vars or {}),
+            **store,
             DSN_ENV: dsn,
             SUBMITTED_ENV: "1",
             "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
@@ -141,7 +167,8 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
         }
         if self._spark_binary is None:
             self._spark_binary = spark_submit_binary()
-        self.conf = with_delta(self.conf or {}, user_jars=bool(self.jars or self.packages))
+        self.conf = with_delta(self.conf or {}, user_jars=bool(self.jars or self.packages),
+                               object_store=self._store is not None)  # fmt: skip
 
     @contextmanager
     def _shipping_package(self) -> Iterator[None]:
@@ -264,15 +291,17 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
         return hook
 
 
-def with_delta(conf: dict[str, Any], *, user_jars: bool = False) -> dict[str, Any]:
-    """``conf`` plus what Delta Lake needs, without overriding anything the user set.
+def with_delta(conf: dict[str, Any], *, user_jars: bool = False,
+               object_store: bool = False) -> dict[str, Any]:  # fmt: skip
+    """``conf`` plus what Delta Lake (and S3A, for a lake on an object store) needs, without
+    overriding anything the user set.
 
     The user's ``jars``/``packages`` (or ``spark.jars*`` in ``conf``) are taken to bring Delta
     themselves; otherwise ``PGLOGREPL_DELTA_JARS`` or Delta's Maven coordinates are added.
     """
     from airflow_pglogrepl.spark.session import delta_conf
 
-    ours = delta_conf()
+    ours = delta_conf(object_store=object_store)
     if user_jars or any(k in conf for k in ("spark.jars", "spark.jars.packages")):
         ours = {k: v for k, v in ours.items() if not k.startswith("spark.jars")}
     return {**ours, **conf}

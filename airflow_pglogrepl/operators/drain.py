@@ -54,7 +54,8 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     :param postgres_conn_id: the publisher's Airflow connection (database of the slot).
     :param slot_name: the logical slot to drain (plugin ``pgoutput``).
     :param publications: publications whose tables are drained.
-    :param sink: lake root (path or URI Spark can write).
+    :param sink: lake root: a path, or ``s3://bucket/prefix`` on S3 or an S3-compatible store
+        (``lake_conn_id``; docs/object-storage.md).
     :param max_window_bytes: WAL bytes per window.
     :param max_windows: stop after this many windows (default: up to the WAL at start).
     :param materialize: merge committed changes into ``state/``.
@@ -69,10 +70,9 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     :param skip_when_idle: before submitting, decide on the worker whether the run has anything
         to do, and when it has not, start no spark-submit: the task logs why and returns the
         summary of a run that drained and merged nothing (``idle`` True, ``spark_start_s``
-        None). Idle means: the lake is local (a path or ``file:`` URI; a remote lake is always
-        submitted), its position is the slot's ``confirmed_flush_lsn``, no change waits for its
-        merge, and the slot holds no published change, and at most ``idle_wal_bytes`` of WAL
-        from its ``restart_lsn`` (``operators._idle``). False: always submit.
+        None). Idle means: the lake's position is the slot's ``confirmed_flush_lsn``, no change
+        waits for its merge, the slot holds no published change, and at most ``idle_wal_bytes``
+        of WAL from its ``restart_lsn`` (``operators._idle``). False: always submit.
     :param idle_wal_bytes: WAL the slot may hold (from its ``restart_lsn``) when a run is
         idle. Traffic outside the publications moves the WAL but not an idle slot; once more
         than this has accumulated, the run is submitted and the slot advances past it.
@@ -102,6 +102,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         *SparkSubmitOperator.template_fields,
         "postgres_conn_id", "slot_name", "publications", "sink", "database",
         "max_window_bytes", "max_windows", "small_merge_rows", "idle_wal_bytes", "spark_log_level",
+        "lake_conn_id",
     )  # fmt: skip
     ui_color = "#fdebd0"
     IN_WORKER_MODULE = "airflow_pglogrepl.spark.drain_app"
@@ -162,6 +163,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         )  # fmt: skip
         hook.require_slot_privileges()
         self._check_spark_connection()
+        self._use_lake_store(str(self.sink))
         if self.skip_when_idle and not self.accept_source_change:
             from airflow_pglogrepl.operators._idle import idle_run
 

@@ -86,7 +86,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields,
         "postgres_conn_id", "slot_name", "publications", "sink", "tables", "database",
-        "tasks_per_table", "rows_per_task", "spark_log_level",
+        "tasks_per_table", "rows_per_task", "spark_log_level", "lake_conn_id",
     )  # fmt: skip
     ui_color = "#d6eaf8"
 
@@ -141,6 +141,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         )  # fmt: skip
         hook.require_slot_privileges(reads=[str(p) for p in self.publications])
         self._check_spark_connection()
+        self._use_lake_store(str(self.sink))
         self._prepare_submit(make_dsn(hook.connection_params()))
         with self._shipping_package():
             if self._table_list():

@@ -45,7 +45,9 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
     :param postgres_conn_id: the publisher's Airflow connection (database of the slot): where
         the writer lock is held.
     :param slot_name: the slot whose lake it is.
-    :param sink: the lake root (path or URI delta-rs reaches).
+    :param sink: the lake root: a path, or ``s3://bucket/prefix`` (docs/object-storage.md).
+    :param lake_conn_id: the Airflow connection (type ``aws``) of the lake's object store; None:
+        a local lake, or the store's defaults (``AWS_*`` variables, the instance's role).
     :param keep_lsn: keep every version from the one that holds this LSN (None: not asked).
     :param keep_hours: keep every version of the last this many hours (None: not asked).
     :param min_retention_hours: never vacuum a file removed less than this many hours ago
@@ -63,7 +65,7 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
 
     template_fields: Sequence[str] = (
         "postgres_conn_id", "slot_name", "sink", "keep_lsn", "keep_hours",
-        "min_retention_hours", "max_files", "max_small_files", "database",
+        "min_retention_hours", "max_files", "max_small_files", "database", "lake_conn_id",
     )  # fmt: skip
     ui_color = "#e8f6f3"
 
@@ -83,9 +85,11 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
         target_file_bytes: int | None = None,
         checkpoint_every: int = 10,
         database: str | None = None,
+        lake_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.lake_conn_id = lake_conn_id
         self.postgres_conn_id = postgres_conn_id
         self.slot_name = slot_name
         self.sink = sink
@@ -120,10 +124,14 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
             target_file_bytes=self.target_file_bytes,
             checkpoint_every=int(self.checkpoint_every),
         )
+        from airflow_pglogrepl.hooks.object_store import lake_store
+        from airflow_pglogrepl.lake import storage
+
+        store = lake_store(self.lake_conn_id, str(self.sink))
         hook = replication_hook(self.postgres_conn_id, self.database)
         began = time.monotonic()
         try:
-            with hook.writer_lock(str(self.slot_name), role="upkeep") as lock:
+            with storage.using(store), hook.writer_lock(str(self.slot_name), role="upkeep") as lock:
                 report = upkeep(str(self.sink), str(self.slot_name), keep=keep,
                                 thresholds=thresholds, writer_check=lock.check)  # fmt: skip
         except LakeWriterBusyError as busy:

@@ -6,6 +6,12 @@ Maven Central with Maven into ``.cache/jars``, for machines where Spark's own Iv
 cannot reach a registry. Without it, ``spark.jars.packages`` names ``DELTA_PACKAGES`` and Spark
 resolves them itself, as ``--packages`` would. The SQL extension and catalog are set only where
 the user's configuration does not set them.
+
+A lake on an object store also needs Hadoop's S3A (``S3_PACKAGES``: hadoop-aws of the Hadoop
+that pyspark bundles, and the AWS SDK it was built with), from ``s3/`` beside Delta's jars when
+``make jars`` fetched them there, and only then: the SDK's jar is large, and a local lake's
+session has no use for it. Where the store is and who the lake is to it are set by the
+application (``lake.storage.spark_settings``), never on spark-submit's command line.
 """
 
 from __future__ import annotations
@@ -17,6 +23,13 @@ from typing import Any
 
 # delta-spark 4.4.0 is built for Spark 4.2 and Scala 2.13 (pyspark 4.2.0 is pinned to match).
 DELTA_PACKAGES = ("io.delta:delta-spark_4.2_2.13:4.4.0", "io.delta:delta-storage:4.4.0")
+# pyspark 4.2.0 bundles Hadoop 3.5.0's client: S3A must be that version, and hadoop-aws 3.5.0
+# was built against the AWS SDK bundle 2.35.4 (and the analytics accelerator it depends on).
+S3_PACKAGES = (
+    "org.apache.hadoop:hadoop-aws:3.5.0",
+    "software.amazon.awssdk:bundle:2.35.4",
+    "software.amazon.s3.analyticsaccelerator:analyticsaccelerator-s3:1.3.1",
+)
 JARS_ENV = "PGLOGREPL_DELTA_JARS"
 # The master and Spark configuration of an application the operator runs without spark-submit
 # (a local master: ``operators._in_worker``), as JSON. In the environment, as the DSN is, since a
@@ -29,8 +42,9 @@ DELTA_SQL_CONF = {
 }
 
 
-def delta_jars() -> list[str]:
-    """The jar paths ``PGLOGREPL_DELTA_JARS`` names (empty when it is unset)."""
+def delta_jars(*, object_store: bool = False) -> list[str]:
+    """The jar paths ``PGLOGREPL_DELTA_JARS`` names (empty when it is unset), and for a lake on
+    an object store the ones in its ``s3/`` folder."""
     value = os.environ.get(JARS_ENV, "").strip()
     if not value:
         return []
@@ -38,6 +52,14 @@ def delta_jars() -> list[str]:
         jars = sorted(str(p) for p in Path(value).glob("*.jar"))
         if not jars:
             raise FileNotFoundError(f"${JARS_ENV}={value} holds no jar; run `make jars`")
+        if object_store:
+            s3 = sorted(str(p) for p in Path(value, "s3").glob("*.jar"))
+            if not s3:
+                raise FileNotFoundError(
+                    f"${JARS_ENV}={value} has no s3/ folder of jars, which a lake on an object "
+                    f"store needs (Hadoop's S3A); run `make jars`"
+                )
+            jars += s3
         return jars
     jars = [part.strip() for part in value.split(",") if part.strip()]
     missing = [j for j in jars if not os.path.isfile(j)]
@@ -46,12 +68,12 @@ def delta_jars() -> list[str]:
     return jars
 
 
-def delta_conf() -> dict[str, str]:
-    """Spark configuration that makes Delta Lake available: jars (or packages), SQL extension."""
-    jars = delta_jars()
-    where = {"spark.jars": ",".join(jars)} if jars else {
-        "spark.jars.packages": ",".join(DELTA_PACKAGES)
-    }  # fmt: skip
+def delta_conf(*, object_store: bool = False) -> dict[str, str]:
+    """Spark configuration that makes Delta Lake available: jars (or packages), SQL extension;
+    and S3A for a lake on an object store."""
+    jars = delta_jars(object_store=object_store)
+    packages = DELTA_PACKAGES + (S3_PACKAGES if object_store else ())
+    where = {"spark.jars": ",".join(jars)} if jars else {"spark.jars.packages": ",".join(packages)}
     return {**where, **DELTA_SQL_CONF}
 
 
@@ -73,15 +95,19 @@ SINK_CONF = {
 
 
 def local_session(app_name: str, cores: int = 2, **conf: str) -> Any:
-    """A ``local[cores]`` SparkSession with ``SINK_CONF`` (pyspark imported here, not at load)."""
+    """A ``local[cores]`` SparkSession with ``SINK_CONF`` (pyspark imported here, not at load),
+    and S3A when the process's lake is on an object store (``lake.storage``)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    from airflow_pglogrepl.lake import storage
+
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
     settings = {
-        **delta_conf(),
+        **delta_conf(object_store=storage.current() is not None),
         **SINK_CONF,
+        **storage.spark_settings(),
         "spark.driver.memory": "1g",
         "spark.sql.shuffle.partitions": str(cores * 2),
         **conf,
@@ -108,8 +134,11 @@ def session_with(app_name: str, master: str, conf: dict[str, str]) -> Any:
 
 
 def configure(builder: Any) -> Any:
-    """Apply ``SINK_CONF`` to a builder (spark-submit runs: master and Delta's jars come from the
-    command line, which the operators fill with ``delta_conf``)."""
-    for key, value in SINK_CONF.items():
+    """Apply ``SINK_CONF`` and the lake's store (``lake.storage``) to a builder (spark-submit
+    runs: master and Delta's jars come from the command line, which the operators fill with
+    ``delta_conf``)."""
+    from airflow_pglogrepl.lake import storage
+
+    for key, value in {**SINK_CONF, **storage.spark_settings()}.items():
         builder = builder.config(key, value)
     return builder

@@ -113,8 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     from airflow_pglogrepl.hooks.pg.source import PgSource
+    from airflow_pglogrepl.lake import storage
     from airflow_pglogrepl.lake.lake import Lake
 
+    storage.use_for_lake(args.sink)
     hook = PgSource(dsn)
     lazy = app.LazySpark("pglogrepl-snapshot")
     spark = lazy.get

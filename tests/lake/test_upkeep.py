@@ -41,8 +41,8 @@ BY_LSN = dict(hours=None, min_retention_hours=0.0)
 EAGER = Thresholds(max_files=4, max_small_files=3, max_dv_files=1)
 
 
-def test_compaction_packs_small_files_and_keeps_every_row_and_position(tmp_path: Path) -> None:
-    built = Built(tmp_path / "lake")
+def test_compaction_packs_small_files_and_keeps_every_row_and_position(lake_uri: str) -> None:
+    built = Built(lake_uri)
     for end in range(10, 130, 10):
         built.window(end, {A: [end, end + 1], B: [end]})
     built.state(A, 120, list(range(50)))
@@ -79,8 +79,8 @@ def test_compaction_packs_small_files_and_keeps_every_row_and_position(tmp_path:
     assert not any(t.compacted for t in again.tables)
 
 
-def test_vacuum_keeps_every_version_from_the_kept_position(tmp_path: Path) -> None:
-    built = Built(tmp_path / "lake")
+def test_vacuum_keeps_every_version_from_the_kept_position(lake_uri: str) -> None:
+    built = Built(lake_uri)
     state = built.paths.state(A)
     for end in (10, 20, 30, 40, 50):
         built.window(end, {A: [end]})
@@ -225,9 +225,9 @@ def test_a_state_with_sparks_deletion_vectors_is_compacted_row_for_row(
     assert rs_rows() == spark_rows() == expected[1:]
 
 
-def test_a_log_is_checkpointed_once_then_every_checkpoint_every_versions(tmp_path: Path) -> None:
+def test_a_log_is_checkpointed_once_then_every_checkpoint_every_versions(lake_uri: str) -> None:
     """A checkpoint every run was a file per table per run (about 9 a run in the soak)."""
-    built = Built(tmp_path / "lake")
+    built = Built(lake_uri)
     for end in range(10, 40, 10):
         built.window(end, {A: [end]})
     uri = built.paths.changes(A)
@@ -348,13 +348,13 @@ def _changes(names: list[str], rows: list[dict[str, Any]]) -> Any:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def test_a_changelog_under_column_mapping_is_compacted_row_for_row(tmp_path: Path) -> None:
+def test_a_changelog_under_column_mapping_is_compacted_row_for_row(lake_uri: str) -> None:
     """delta-rs cannot compact a mapped table: the upkeep packs it itself, files from before
     the table was turned to column mapping (their own names) and after (physical names) alike,
     keeping every row, the app transaction and the commit LSN statistics."""
     from airflow_pglogrepl.lake.mapping import is_mapped
 
-    lake = Lake(str(tmp_path / "lake"), SLOT)
+    lake = Lake(lake_uri, SLOT)
     ref = TableRef("public", "m")
     for i in range(8):
         names = ["id", "v"] if i < 4 else ["id", "v", "sp ace"]  # mapped in place at the fifth

@@ -86,16 +86,33 @@ def source_rows(cluster: PgCluster, db: str, table: str) -> list[tuple[Any, ...]
     return [tuple(normalize(v) for v in row) for row in rows]
 
 
-def read_delta(path: Path) -> Any:
+def read_delta(path: Path | str) -> Any:
     """The table's current version through ``deltalake`` (no JVM), as a reader would see it."""
     from airflow_pglogrepl.lake.delta import read_table
 
     return read_table(str(path))
 
 
+def _table(sink: str, kind: str, ref: TableRef) -> str | None:
+    """The URI of a lake's table (on a path or in a bucket), None when it has none."""
+    from airflow_pglogrepl.lake.delta import open_table
+
+    uri = f"{sink}/{kind}/{table_dir(ref)}"
+    return None if open_table(uri) is None else uri
+
+
+def app_env() -> dict[str, str]:
+    """An application's environment as an operator makes it: the lake's store, when the
+    process has one (``lake_uri`` on the S3 server)."""
+    from airflow_pglogrepl.lake import storage
+
+    store = storage.current()
+    return {} if store is None else {storage.STORE_ENV: store.to_json()}
+
+
 def lake_rows(sink: str, ref: TableRef, kind: str = "state") -> list[tuple[Any, ...]]:
-    path = Path(sink) / kind / table_dir(ref)
-    if not path.exists():
+    path = _table(sink, kind, ref)
+    if path is None:
         return []
     table = read_delta(path)
     names = [n for n in table.column_names if not n.startswith("_")]
@@ -104,8 +121,8 @@ def lake_rows(sink: str, ref: TableRef, kind: str = "state") -> list[tuple[Any, 
 
 
 def changelog(sink: str, ref: TableRef) -> list[dict[str, Any]]:
-    path = Path(sink) / "changes" / table_dir(ref)
-    if not path.exists():
+    path = _table(sink, "changes", ref)
+    if path is None:
         return []
     rows: list[dict[str, Any]] = read_delta(path).to_pylist()
     return rows
@@ -162,7 +179,7 @@ def drain_only(
 
 def drain_app(src: Source, sink: str, *args: str, fault: str | None = None) -> Any:
     """The application as a real process (its own JVM), as spark-submit would run it."""
-    env = {**os.environ, "PGLOGREPL_SOURCE_DSN": src.dsn}
+    env = {**os.environ, "PGLOGREPL_SOURCE_DSN": src.dsn, **app_env()}
     env.pop("PGLOGREPL_FAULT", None)
     if fault:
         env["PGLOGREPL_FAULT"] = fault
@@ -183,8 +200,7 @@ def source_table(source: Source, table: str) -> list[tuple[Any, ...]]:
 
 def lake_table(sink: str, table: str) -> list[tuple[Any, ...]]:
     """``state/`` of a table as a multiset of normalized rows (NULL keys allowed)."""
-    path = Path(sink) / "state" / table_dir(TableRef("public", table))
-    data = read_delta(path)
+    data = read_delta(f"{sink}/state/{table_dir(TableRef('public', table))}")
     rows = [tuple(normalize(row[n]) for n in data.column_names) for row in data.to_pylist()]
     return sorted(rows, key=repr)
 

@@ -11,10 +11,11 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 
-from airflow_pglogrepl.lake import delta
+from airflow_pglogrepl.lake import delta, storage
 from airflow_pglogrepl.lake.lake import Lake
-from airflow_pglogrepl.lake.layout import LakePaths, app_id
+from airflow_pglogrepl.lake.layout import LakePaths, app_id, is_local
 from airflow_pglogrepl.lsn import LSN
+from tests.support.s3 import backdate
 
 SLOT = "slot_u"
 APP = app_id(SLOT)
@@ -24,7 +25,7 @@ class Built:
     """A lake of ``slot`` written the way the drain writes it: changes, then the windows row,
     then state."""
 
-    def __init__(self, root: Path, slot: str = SLOT) -> None:
+    def __init__(self, root: Path | str, slot: str = SLOT) -> None:
         self.root = str(root)
         self.paths = LakePaths(self.root)
         self.app = app_id(slot)
@@ -46,8 +47,10 @@ class Built:
         """The whole state at ``at`` as one version (an overwrite: the old files are removed)."""
         rows = pa.table({"id": pa.array(sorted(ids), pa.int64())})
         commit = CommitProperties(app_transactions=[Transaction(self.app, at)])
-        write_deltalake(self.paths.state(table), rows, mode="overwrite",
-                        configuration=config or None, commit_properties=commit)  # fmt: skip
+        uri = self.paths.state(table)
+        write_deltalake(uri, rows, mode="overwrite", configuration=config or None,
+                        commit_properties=commit,
+                        storage_options=storage.delta_options(uri))  # fmt: skip
 
 
 def versions(uri: str) -> int:
@@ -67,20 +70,32 @@ def ids(uri: str, version: int | None = None) -> list[int]:
 
 
 def log_names(uri: str) -> list[str]:
-    return sorted(os.listdir(os.path.join(uri, "_delta_log")))
+    from pyarrow import fs
+
+    system, base = storage.filesystem(uri)
+    found = system.get_file_info(fs.FileSelector(f"{base}/_delta_log"))
+    return sorted(info.base_name for info in found)
 
 
 def age(uri: str, hours: dict[int, float]) -> None:
-    """Move versions of a table back in time: ``hours[v]`` for version ``v``."""
+    """Move versions of a table back in time: ``hours[v]`` for version ``v`` (the times its log
+    entry records; a local entry's modification time too, which an object's cannot be)."""
+    system, base = storage.filesystem(uri)
     now = time.time()
     for version, back in hours.items():
-        path = os.path.join(uri, "_delta_log", f"{version:020d}.json")
+        path = f"{base}/_delta_log/{version:020d}.json"
         shift = int(back * 3600 * 1000)
-        actions = [json.loads(line) for line in Path(path).read_text().splitlines() if line]
+        with system.open_input_stream(path) as stream:
+            text = stream.read().decode()
+        actions = [json.loads(line) for line in text.splitlines() if line]
         for action in actions:
             for kind, key in (("commitInfo", "timestamp"), ("remove", "deletionTimestamp"),
                               ("add", "modificationTime")):  # fmt: skip
                 if kind in action and action[kind].get(key) is not None:
                     action[kind][key] -= shift
-        Path(path).write_text("".join(json.dumps(a) + "\n" for a in actions))
-        os.utime(path, (now - back * 3600, now - back * 3600))
+        with system.open_output_stream(path) as stream:
+            stream.write("".join(json.dumps(a) + "\n" for a in actions).encode())
+        if is_local(uri):
+            os.utime(path, (now - back * 3600, now - back * 3600))
+        else:
+            backdate(f"{uri}/_delta_log/{version:020d}.json", now - back * 3600)
