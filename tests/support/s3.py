@@ -51,8 +51,9 @@ class S3Server:
         return name
 
     def keys(self, bucket: str, prefix: str = "") -> list[str]:
-        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket,
-                                                                         Prefix=prefix)
+        pages = (
+            self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        )
         return [item["Key"] for page in pages for item in page.get("Contents", [])]
 
     def env(self) -> dict[str, str]:
