@@ -277,7 +277,7 @@ def test_an_unchanged_toast_value_of_a_row_nowhere_fails_and_merges_nothing(
 
 @pytest.mark.spark
 def test_small_batches_merge_without_a_jvm_into_states_spark_made_and_back(
-    spark: Any, source: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    spark: Any, source: Any, lake_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     import logging
 
@@ -294,7 +294,7 @@ def test_small_batches_merge_without_a_jvm_into_states_spark_made_and_back(
     source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE typed")
     for key in range(200):
         source.sql(insert_sql("typed"), random_row(rng, key, big=key % 4 == 0))
-    sink = str(tmp_path / "lake")
+    sink = lake_uri
     ref = TableRef("public", "typed")
     drain_in_process(spark, source, sink, window=1 << 20, small_rows=0)  # a first state by Spark
     assert_state_equals_source(source, sink, ref)
@@ -321,7 +321,7 @@ def test_small_batches_merge_without_a_jvm_into_states_spark_made_and_back(
 
 @pytest.mark.spark
 def test_a_first_state_written_here_takes_spark_merges_and_small_ones_after(
-    spark: Any, source: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    spark: Any, source: Any, lake_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Every type the typed table holds, in a first state written without a JVM; then a key
     change Spark merges into it (deletion vectors in a table delta-rs created); then a small
@@ -343,7 +343,7 @@ def test_a_first_state_written_here_takes_spark_merges_and_small_ones_after(
         source.sql(insert_sql("typed"), random_row(rng, key, big=key % 5 == 0))
     source.sql("UPDATE typed SET i = i + 1 WHERE id % 3 = 0")
     source.sql("DELETE FROM typed WHERE id % 11 = 0")
-    sink = str(tmp_path / "lake")
+    sink = lake_uri
     ref = TableRef("public", "typed")
     caplog.set_level(logging.INFO, logger="airflow_pglogrepl.lake")
     drain_in_process(spark, source, sink, window=1 << 20)

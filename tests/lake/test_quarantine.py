@@ -31,9 +31,9 @@ def kept(*lsns: int, table: str = "public.t") -> pa.Table:
 
 
 def test_a_crash_after_the_quarantine_commit_adds_nothing_twice(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    lake_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    root = str(tmp_path / "lake")
+    root = lake_uri
     first = Lake(root, "s")
     window = first.open_window(LSN(0x100))
     window.quarantine(kept(0x110, 0x150, 0x180))

@@ -100,11 +100,11 @@ def test_every_name_is_kept_and_one_taken_without_case_gets_a_suffix(tmp_path: P
 
 
 def test_a_window_drained_again_adds_nothing_to_a_mapped_table(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    lake_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first run dies after the table's commit, before the commit point; the re-run drains
     the same changes again, and more, and the table holds each once."""
-    root = str(tmp_path / "lake")
+    root = lake_uri
     first = Lake(root, "s")
     window = first.open_window(LSN(0x100))
     window.write(T, changes(["id", "sp ace"], [{"id": 1, "sp ace": "a", "lsn": 0x110}]))
@@ -124,8 +124,8 @@ def test_a_window_drained_again_adds_nothing_to_a_mapped_table(
     assert sorted(read_table(rerun.paths.changes(T)).column("sp ace").to_pylist()) == ["a", "b"]
 
 
-def test_a_plain_table_that_gains_a_name_delta_refuses_is_mapped_in_place(tmp_path: Path) -> None:
-    lake = Lake(str(tmp_path / "lake"), "s")
+def test_a_plain_table_that_gains_a_name_delta_refuses_is_mapped_in_place(lake_uri: str) -> None:
+    lake = Lake(lake_uri, "s")
     window = lake.open_window(LSN(0x100))
     window.write(T, changes(["id", "v"], [{"id": 1, "v": "a", "lsn": 0x110}]))
     window.commit(LSN(0x200), transactions=1, changes=1)

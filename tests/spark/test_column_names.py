@@ -12,7 +12,6 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
 
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.lake.lake import Lake
@@ -68,7 +67,7 @@ def state_by_reader(spark: Any, sink: str) -> dict[str, list[tuple[Any, ...]]]:
     """The state of ``hostile`` under its lake names, as each reader reads it."""
     import polars as pl
 
-    path = str(Path(sink, "state", "public.hostile"))
+    path = f"{sink}/state/public.hostile"
     wanted = list(COLUMNS.values())
 
     def rows(table: pa.Table) -> list[tuple[Any, ...]]:
@@ -77,14 +76,14 @@ def state_by_reader(spark: Any, sink: str) -> dict[str, list[tuple[Any, ...]]]:
     frame = spark.read.format("delta").load(path)
     spark_rows = sorted(tuple(normalize(r[c]) for c in wanted) for r in frame.collect())
     # polars cannot open a column-mapped table itself: read through delta-rs (docs/drain.md)
-    polars = pl.from_arrow(pa.RecordBatchReader.from_stream(DeltaTable(path).scan()))
+    polars = pl.from_arrow(pa.RecordBatchReader.from_stream(opened(path).scan()))
     assert isinstance(polars, pl.DataFrame)
-    return {"spark": spark_rows, "deltalake": rows(read_delta(Path(path))),
+    return {"spark": spark_rows, "deltalake": rows(read_delta(path)),
             "polars": rows(polars.to_arrow())}  # fmt: skip
 
 
 def test_every_name_through_snapshot_drain_and_both_merges(
-    spark: Any, src: Source, tmp_path: Path
+    spark: Any, src: Source, lake_uri: str
 ) -> None:
     columns = ", ".join(f"{quoted(c)} {'int PRIMARY KEY' if c == 'id' else 'text'}"
                         for c in COLUMNS)  # fmt: skip
@@ -100,7 +99,7 @@ def test_every_name_through_snapshot_drain_and_both_merges(
         src.sql(f"INSERT INTO plain SELECT g, 'v' || g FROM generate_series({first}, {last}) g")
 
     insert(1, 50)
-    sink = str(tmp_path / "lake")
+    sink = lake_uri
     hook = DsnReplicationHook(src.dsn)
     with hook.create_slot_with_snapshot(src.slot) as exported:
         done = SnapshotCopy(
@@ -111,8 +110,8 @@ def test_every_name_through_snapshot_drain_and_both_merges(
     assert done.to_dict()["columns_stored_as"] == {
         "public.hostile": {"name": "name__2", "_op": "_op__2"}
     }
-    state = DeltaTable(str(Path(sink, "state", "public.hostile")))
-    assert is_mapped(state) and not is_mapped(DeltaTable(str(Path(sink, "state", "public.plain"))))
+    state = opened(f"{sink}/state/public.hostile")
+    assert is_mapped(state) and not is_mapped(opened(f"{sink}/state/public.plain"))
     assert [f.name for f in state.schema().fields] == list(COLUMNS.values())
 
     def changes(first: int) -> None:
@@ -131,9 +130,9 @@ def test_every_name_through_snapshot_drain_and_both_merges(
     drain_in_process(spark, src, sink, window=1 << 30, small_rows=0)  # merged by Spark
     for reader, rows in state_by_reader(spark, sink).items():
         assert rows == source_rows(src), reader
-    plain = read_delta(Path(sink, "state", "public.plain")).to_pylist()
+    plain = read_delta(f"{sink}/state/public.plain").to_pylist()
     assert sorted((r["id"], r["v"]) for r in plain) == sorted(source_table(src, "plain"))
-    changelog = DeltaTable(str(Path(sink, "changes", "public.hostile")))
+    changelog = opened(f"{sink}/changes/public.hostile")
     assert is_mapped(changelog)
     assert {"name__2", "_op__2"} <= {f.name for f in changelog.schema().fields}
 
@@ -149,7 +148,7 @@ def test_a_plain_table_that_gains_such_a_name_is_mapped_in_place(
     sink = str(tmp_path / "lake")
     drain_in_process(spark, source, sink, window=1 << 30)
     ref = TableRef("public", "grows")
-    assert not is_mapped(DeltaTable(str(Path(sink, "state", "public.grows"))))
+    assert not is_mapped(opened(f"{sink}/state/public.grows"))
     source.sql('ALTER TABLE grows ADD COLUMN "first name" text')
     source.sql("INSERT INTO grows VALUES (21, 'v21', 'f21')")
     source.sql("UPDATE grows SET \"first name\" = 'f' || id WHERE id <= 5")
@@ -157,18 +156,18 @@ def test_a_plain_table_that_gains_such_a_name_is_mapped_in_place(
     source.sql("UPDATE grows SET \"first name\" = 'g' || id WHERE id > 15")
     drain_in_process(spark, source, sink, window=1 << 30)
     for kind in ("changes", "state"):
-        assert is_mapped(DeltaTable(str(Path(sink, kind, "public.grows")))), kind
+        assert is_mapped(opened(f"{sink}/{kind}/public.grows")), kind
     got = sorted((r["id"], r["v"], r["first name"]) for r in
-                 read_delta(Path(sink, "state", "public.grows")).to_pylist())  # fmt: skip
+                 read_delta(f"{sink}/state/public.grows").to_pylist())  # fmt: skip
     assert got == sorted(source.sql('SELECT id, v, "first name" FROM grows'))
     # the history from before the column: still there, under the same names
-    history = read_delta(Path(sink, "changes", "public.grows")).to_pylist()
+    history = read_delta(f"{sink}/changes/public.grows").to_pylist()
     assert sum(r["_commit_lsn"] is not None and r["first name"] is None for r in history) >= 20
     assert Lake(sink, source.slot).changes_version(ref) is not None
 
 
 def test_a_rename_at_the_source_is_a_rename_in_the_lake(
-    spark: Any, source: Source, tmp_path: Path
+    spark: Any, source: Source, lake_uri: str
 ) -> None:
     """Renames between windows and inside one, of a TOASTed column (whose unchanged values
     rows from before the rename name as it was) and of the key: the history stays in
@@ -179,13 +178,13 @@ def test_a_rename_at_the_source_is_a_rename_in_the_lake(
     source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE r")
     source.sql("INSERT INTO r SELECT g, 'b' || g, (SELECT string_agg(md5(g::text || x::text), "
                "'') FROM generate_series(1, 200) x) FROM generate_series(1, 8) g")  # fmt: skip
-    sink = str(tmp_path / "lake")
+    sink = lake_uri
     drain_in_process(spark, source, sink, window=1 << 30)
 
     def state_equals_source(columns: str) -> None:
         names = [c.strip().strip('"') for c in columns.split(", ")]
         got = sorted(tuple(r[n] for n in names) for r in
-                     read_delta(Path(sink, "state", "public.r")).to_pylist())  # fmt: skip
+                     read_delta(f"{sink}/state/public.r").to_pylist())  # fmt: skip
         assert got == sorted(source.sql(f"SELECT {columns} FROM r")), columns
 
     # between windows (a window per transaction), merged without a JVM
@@ -203,15 +202,24 @@ def test_a_rename_at_the_source_is_a_rename_in_the_lake(
     source.sql("DELETE FROM r WHERE ident = 5")
     drain_in_process(spark, source, sink, window=1 << 30, small_rows=0)
     state_equals_source('ident, c, "hu ge"')
-    history = read_delta(Path(sink, "changes", "public.r"))
+    history = read_delta(f"{sink}/changes/public.r")
     assert {"id", "b", "big", "huge"}.isdisjoint(history.column_names)
     assert sorted(r["c"] for r in history.to_pylist() if r["ident"] == 1) == ["b1", "u1"]
-    spark_state = spark.read.format("delta").load(str(Path(sink, "state", "public.r")))
+    spark_state = spark.read.format("delta").load(f"{sink}/state/public.r")
     assert sorted(spark_state.columns) == ["c", "hu ge", "ident"]
     # a column added under a former name is another column
     source.sql("ALTER TABLE r ADD COLUMN big text")
     source.sql("UPDATE r SET big = 'new' WHERE ident = 6")
     drain_in_process(spark, source, sink, window=1 << 30)
     got = {r["ident"]: (r["big__2"], len(r["hu ge"])) for r in
-           read_delta(Path(sink, "state", "public.r")).to_pylist()}  # fmt: skip
+           read_delta(f"{sink}/state/public.r").to_pylist()}  # fmt: skip
     assert got[6] == ("new", 6400) and got[7] == (None, 6400)
+
+
+def opened(uri: str) -> Any:
+    """The ``deltalake.DeltaTable`` at ``uri``, on a path or in a bucket."""
+    from airflow_pglogrepl.lake.delta import open_table
+
+    table = open_table(uri)
+    assert table is not None, uri
+    return table

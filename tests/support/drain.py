@@ -224,7 +224,7 @@ def source_state(src: Source, table: str) -> list[tuple[Any, ...]]:
 
 
 def lake_state(sink: str, ref: TableRef, names: list[str]) -> list[tuple[Any, ...]]:
-    table = read_delta(Path(sink, "state", f"{ref.schema}.{ref.name}")).to_pylist()
+    table = read_delta(f"{sink}/state/{table_dir(ref)}").to_pylist()
     return sorted((tuple(normalize(r[n]) for n in names) for r in table), key=lambda r: r[0])
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.tables import TableRef
+from tests.support.drain import app_env
 from tests.support.sources import Source
 
 
@@ -31,7 +32,7 @@ def re_snapshot(spark: Any, src: Source, sink: str, tables: list[TableRef]) -> N
 def snapshot_app(src: Source, sink: str, *args: str, fault: str | None = None) -> Any:
     """The standalone application as a real process (its own JVM and exporting session), so
     ``fault`` can kill it as SIGKILL would: nothing of it runs after that point."""
-    env = {**os.environ, "PGLOGREPL_SOURCE_DSN": src.dsn}
+    env = {**os.environ, "PGLOGREPL_SOURCE_DSN": src.dsn, **app_env()}
     env.pop("PGLOGREPL_FAULT", None)
     if fault:
         env["PGLOGREPL_FAULT"] = fault
