@@ -10,7 +10,9 @@ drain continues from the slot.
 Everything comes from params (defaults below) and Airflow connections: the publisher
 (``postgres_conn_id``), and Spark (``PGLOGREPL_SPARK_CONN_ID``, default ``spark_local``; it must
 exist, e.g. ``AIRFLOW_CONN_SPARK_LOCAL='{"conn_type": "spark", "host": "local[*]"}'``). The
-lake root is ``PGLOGREPL_SINK`` and the schedule ``PGLOGREPL_DRAIN_SCHEDULE``. One run at a time, no
+lake root is ``PGLOGREPL_SINK`` (a path, or ``s3://bucket/prefix`` with the store's ``aws``
+connection named in ``PGLOGREPL_LAKE_CONN_ID``: docs/object-storage.md) and the schedule
+``PGLOGREPL_DRAIN_SCHEDULE``. One run at a time, no
 catch-up: each run drains what the slot holds when it starts, in windows of
 ``max_window_bytes``.
 
@@ -35,6 +37,7 @@ from airflow_pglogrepl.operators.snapshot import InitialSnapshotOperator
 from airflow_pglogrepl.operators.upkeep import LakeUpkeepOperator
 
 SINK = os.environ.get("PGLOGREPL_SINK", "/tmp/pglogrepl-lake")
+LAKE_CONN_ID = os.environ.get("PGLOGREPL_LAKE_CONN_ID") or None
 
 with DAG(
     dag_id="pglogrepl_incremental_drain",
@@ -70,6 +73,7 @@ with DAG(
         slot_name="{{ params.slot }}",
         publications="{{ params.publications }}",
         sink=SINK,
+        lake_conn_id=LAKE_CONN_ID,
         tasks_per_table="{{ params.snapshot_tasks_per_table }}",
         rows_per_task="{{ params.snapshot_rows_per_task }}",
         bootstrap=True,
@@ -89,6 +93,7 @@ with DAG(
         slot_name="{{ params.slot }}",
         publications="{{ params.publications }}",
         sink=SINK,
+        lake_conn_id=LAKE_CONN_ID,
         max_window_bytes="{{ params.max_window_bytes }}",
         max_windows="{{ params.max_windows }}",
         small_merge_rows="{{ params.small_merge_rows }}",
@@ -114,6 +119,7 @@ with DAG(
         postgres_conn_id="{{ params.postgres_conn_id }}",
         slot_name="{{ params.slot }}",
         sink=SINK,
+        lake_conn_id=LAKE_CONN_ID,
         keep_lsn="{{ params.upkeep_keep_lsn }}",
         keep_hours="{{ params.upkeep_keep_hours }}",
         min_retention_hours="{{ params.upkeep_min_retention_hours }}",

@@ -308,3 +308,61 @@ def test_drain_on_a_standalone_cluster_ships_the_package(
     from airflow_pglogrepl.tables import TableRef
 
     assert lake_rows(str(sink), TableRef("public", "items")) == source_rows(publisher, db, "items")
+
+
+def test_drain_dag_keeps_its_lake_on_s3_and_its_secret_out_of_sight(
+    airflow_home: Path, publisher: PgCluster, s3_server: Any
+) -> None:
+    """The same DAG with its lake in a bucket of the S3 server, the store named by an ``aws``
+    connection: the snapshot (spark-submit), the drain and the upkeep all work on the bucket,
+    the lake reads back through deltalake and Spark, and the store's secret is in no log and
+    no XCom."""
+    from airflow_pglogrepl.lake import storage
+    from airflow_pglogrepl.lake.lake import Lake
+    from airflow_pglogrepl.lsn import LSN
+    from airflow_pglogrepl.tables import TableRef
+
+    db = "drain_dag_s3"
+    publisher.create_database(db)
+    publisher.execute("CREATE TABLE orders (id int PRIMARY KEY, note text)", dbname=db)
+    publisher.execute("CREATE PUBLICATION lake_s3_pub FOR TABLE orders", dbname=db)
+    publisher.execute(
+        "INSERT INTO orders SELECT g, 'n' || g FROM generate_series(1, 500) g", dbname=db
+    )
+    set_airflow_connection("drain_s3_source", publisher.airflow_uri(db))
+    sink = f"s3://{s3_server.new_bucket()}/lakes/orders"
+    env = {
+        "PGLOGREPL_SINK": sink,
+        "PGLOGREPL_LAKE_CONN_ID": "lake_store",
+        "AIRFLOW_CONN_LAKE_STORE": json.dumps(s3_server.connection()),
+        "PGLOGREPL_SPARK_CONN_ID": "spark_local",
+        "AIRFLOW_CONN_SPARK_LOCAL": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+    }
+    conf = {"postgres_conn_id": "drain_s3_source", "slot": "lake_s3",
+            "publications": ["lake_s3_pub"], "upkeep_max_files": 2,
+            "upkeep_max_small_files": 2}  # fmt: skip
+    first = dags_test(conf, env)
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    snapshot = latest_xcom("initial_snapshot")
+    assert snapshot["committed"] is True, snapshot
+    publisher.execute("UPDATE orders SET note = 'upd' WHERE id % 7 = 0", dbname=db)
+    publisher.execute("DELETE FROM orders WHERE id % 11 = 0", dbname=db)
+    second = dags_test(conf, env)
+    assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
+    result = latest_xcom("drain")
+    assert result["changes"] == 71 + 45 and result["idle"] is False, result
+    upkeep = latest_xcom("upkeep")
+    bucket, _, prefix = sink.removeprefix("s3://").partition("/")
+    keys = s3_server.keys(bucket, prefix)
+    assert f"{prefix}/state/public.orders/_delta_log/00000000000000000000.json" in keys
+    assert any(k.startswith(f"{prefix}/changes/public.orders/") for k in keys)
+    orders = TableRef("public", "orders")
+    with storage.using(s3_server.store):
+        assert lake_rows(sink, orders) == source_rows(publisher, db, "orders")
+        assert Lake(sink, "lake_s3").position() == LSN(result["confirmed_flush_lsn_after"])
+    # the store's secret: masked wherever Airflow writes, never in argv (the submit command is
+    # in the log), XCom or the Asset event
+    secret = s3_server.store.secret_access_key
+    for run in (first, second):
+        assert secret not in run.stdout + run.stderr
+    assert secret not in json.dumps(result) + json.dumps(snapshot) + json.dumps(upkeep)
