@@ -13,32 +13,68 @@ log as soon as they are read.
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Any
-from urllib.parse import urlparse
 
-from airflow_pglogrepl.lake.layout import is_local
-from airflow_pglogrepl.lake.storage import ObjectStore, is_object_store
+from airflow_pglogrepl.lake.storage import S3_SCHEMES, ObjectStore, is_object_store
 
 
 class LakeLocationError(ValueError):
     """A lake URI (``sink``) that cannot be used as given; nothing was started."""
 
 
+# What an object-store lake URI may hold: delta-rs decodes a URL's %-escapes where pyarrow keeps
+# them, and cuts a query or a fragment off where pyarrow keeps it in the key, so anything else
+# would put one lake's commits and files under different keys.
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_KEY = re.compile(r"[A-Za-z0-9._/-]*")
+_REFUSED_FIELDS = ("role_arn", "profile_name", "assume_role_method", "aws_iam_role")
+
+
 def check_sink(sink: str) -> None:
-    """Refuse a lake URI that carries credentials or that no engine here can reach."""
-    parsed = urlparse(sink)
-    if not is_local(sink) and not is_object_store(sink):
+    """Refuse a lake URI that carries credentials, or that the engines would not all read as
+    the same keys of the same bucket. Errors never repeat the URI: it may hold a secret."""
+    scheme, sep, rest = sink.partition("://")
+    if not sep:
+        if sink != sink.strip() or "\n" in sink:
+            raise LakeLocationError("the lake path has leading or trailing blanks or a newline")
+        return  # a local path
+    if scheme == "file":
+        if "?" in rest or "#" in rest:
+            raise LakeLocationError(
+                "the lake's file: URI has a query or a fragment, which no engine reads as part "
+                "of the path. Fix: give the plain path"
+            )
+        return
+    if scheme.lower() in S3_SCHEMES and scheme not in S3_SCHEMES:
+        raise LakeLocationError(f"the lake URI's scheme must be written s3:// (or s3a://), in "
+                                f"lower case, not {scheme}://")  # fmt: skip
+    if scheme not in S3_SCHEMES:
+        shown = scheme if re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme) else "another scheme"
         raise LakeLocationError(
-            f"the lake URI is on {parsed.scheme}://, which the lake does not reach: "
-            f"a local path or file: URI, or s3:// (s3a://) on S3 or an S3-compatible store. "
+            f"the lake URI is on {shown}://, which the lake does not reach: a local path or "
+            f"file: URI, or s3:// (s3a://) on S3 or an S3-compatible store. "
             f"docs/object-storage.md says which settings carry over to ABFS and GCS"
         )
-    if parsed.username or parsed.password:
+    bucket, _, key = rest.partition("/")
+    if "@" in bucket or ":" in bucket:
         raise LakeLocationError(
-            f"the lake URI for bucket {parsed.hostname!r} holds credentials: they would be "
-            f"shown in XCom, Asset events and the task log. Fix: put them in an Airflow "
-            f"connection of type aws and name it as lake_conn_id; the sink is then "
-            f"{parsed.scheme}://{parsed.hostname}{parsed.path}"
+            "the lake URI holds credentials before its bucket: they would be shown in XCom, "
+            "Asset events and the task log. Fix: put them in an Airflow connection of type aws, "
+            "name it as lake_conn_id, and give the sink as s3://bucket/prefix"
+        )
+    if not _BUCKET.fullmatch(bucket):
+        raise LakeLocationError(
+            "the lake URI's bucket is not a bucket name (3 to 63 lower-case letters, digits, "
+            "dots and hyphens). Fix: give the sink as s3://bucket/prefix"
+        )
+    if not _KEY.fullmatch(key):
+        raise LakeLocationError(
+            f"the lake URI's prefix in bucket {bucket!r} holds characters other than letters, "
+            f"digits, '.', '_', '-' and '/' (a space, '%', '?', '#' or ';' is read differently "
+            f"by delta-rs and by pyarrow, and a query may carry a secret). Fix: name the "
+            f"prefix with those characters only"
         )
 
 
@@ -52,8 +88,8 @@ def lake_store(conn_id: str | None, sink: str) -> ObjectStore | None:
                 f"Fix: give the lake's s3:// URI as sink, or leave lake_conn_id out"
             )
         return None
-    if not conn_id:
-        return ObjectStore()
+    if not conn_id:  # the engines' own credentials, but one endpoint and region for them all
+        return store_of(None, None, None, {})
     from airflow.sdk import BaseHook
 
     conn = BaseHook.get_connection(conn_id)
@@ -64,14 +100,32 @@ def lake_store(conn_id: str | None, sink: str) -> ObjectStore | None:
 
 def store_of(login: str | None, password: str | None, host: str | None,
              extra: dict[str, Any]) -> ObjectStore:  # fmt: skip
-    """The store an ``aws`` connection's fields describe."""
+    """The store an ``aws`` connection's fields describe. An endpoint or region the connection
+    leaves out is the worker's ``AWS_ENDPOINT_URL``/``AWS_REGION``, given to every engine
+    explicitly: otherwise delta-rs would follow those variables and pyarrow and Spark not, and
+    one lake's commits and files would go to different stores."""
+    refused = [f for f in _REFUSED_FIELDS if extra.get(f)]
+    if refused:
+        raise LakeLocationError(
+            f"the lake's connection sets {', '.join(refused)}, which the lake does not use: "
+            f"it would reach the store as someone else than the connection says. Fix: give "
+            f"the keys in the connection, or no connection and the worker's own role"
+        )
     service = extra.get("service_config", {}).get("s3", {})
     endpoint = extra.get("endpoint_url") or service.get("endpoint_url") or host or None
+    endpoint = (
+        endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    )
     if endpoint and "://" not in endpoint:
         endpoint = f"https://{endpoint}"
+    region = (
+        extra.get("region_name")
+        or os.environ.get("AWS_REGION")
+        or os.environ.get("AWS_DEFAULT_REGION")
+    )
     return ObjectStore(
-        endpoint_url=endpoint,
-        region=extra.get("region_name") or None,
+        endpoint_url=endpoint or None,
+        region=region or None,
         access_key_id=login or extra.get("aws_access_key_id") or None,
         secret_access_key=password or extra.get("aws_secret_access_key") or None,
         session_token=extra.get("aws_session_token") or None,

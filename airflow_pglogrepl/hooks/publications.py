@@ -62,6 +62,32 @@ class PublicationsMixin(PgSessionHook):
             ).fetchall()
         return [TableRef(row["schemaname"], row["tablename"]) for row in rows]
 
+    def published_columns(
+        self, names: Sequence[str], *, conn: Conn | None = None
+    ) -> dict[TableRef, list[tuple[str, str, int, int]]]:
+        """The tables the publications ``names`` publish, each with its published columns in
+        order: ``(name, PostgreSQL type, type oid, type modifier)`` (what lineage reports)."""
+        with self._use(conn) as c:
+            rows = c.execute(
+                "SELECT DISTINCT pt.schemaname, pt.tablename, a.attnum, a.attname::text AS name,"
+                " format_type(a.atttypid, a.atttypmod) AS type, a.atttypid::int AS oid,"
+                " a.atttypmod AS typmod"
+                " FROM pg_publication_tables pt"
+                " JOIN pg_namespace n ON n.nspname = pt.schemaname"
+                " JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename"
+                " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0"
+                "  AND NOT a.attisdropped AND a.attname = ANY(pt.attnames)"
+                " WHERE pt.pubname = ANY(%s)"
+                " ORDER BY pt.schemaname, pt.tablename, a.attnum",
+                (list(names),),
+            ).fetchall()
+        found: dict[TableRef, list[tuple[str, str, int, int]]] = {}
+        for row in rows:
+            found.setdefault(TableRef(row["schemaname"], row["tablename"]), []).append(
+                (row["name"], row["type"], row["oid"], row["typmod"])
+            )
+        return found
+
     def source_identity(self) -> dict[str, object]:
         """The server's system identifier, timeline and the database (see
         ``hooks.pg.server.source_identity``)."""

@@ -85,6 +85,8 @@ MAX_STATE_BYTES = 256 << 20
 # (the benchmark's 1,250,000 changes of a 4-column table peak at about ... MB here).
 APPEND_ROWS = 2_000_000
 FILE_ROWS = 1_000_000  # rows of one file of a first state
+# keys per IN list when the rows of unchanged values are looked up (``_updates_of_missing_rows``)
+IN_LIST_KEYS = 1_000
 
 _P = "__pglr_"
 DELETE_COLUMN, _FILL = f"{_P}delete", f"{_P}fill_target"
@@ -466,13 +468,18 @@ def _updates_of_missing_rows(
         return None
     key = keys[0]
     wanted = asked.column(0).to_pylist()
-    literals = ", ".join(
-        str(int(v)) if isinstance(v, int) else "'" + str(v).replace("'", "''") + "'" for v in wanted
-    )
+    present: set[Any] = set()
     # a DataFusion predicate over the state (no PostgreSQL): the name is quoted, each value is
-    # an integer or a text literal with its quotes doubled
-    found = target.scan(columns=[key], predicate=f"{_quote(key)} IN ({literals})")
-    present = set(pa.table(found).column(0).to_pylist())
+    # an integer or a text literal with its quotes doubled. In lists of IN_LIST_KEYS: DataFusion
+    # parses a longer list recursively, and at about 21,000 keys it overflows the stack and the
+    # process dies by SIGSEGV, with no error to report
+    for first in range(0, len(wanted), IN_LIST_KEYS):
+        literals = ", ".join(
+            str(int(v)) if isinstance(v, int) else "'" + str(v).replace("'", "''") + "'"
+            for v in wanted[first : first + IN_LIST_KEYS]
+        )
+        found = target.scan(columns=[key], predicate=f"{_quote(key)} IN ({literals})")
+        present.update(pa.table(found).column(0).to_pylist())
     return [v for v in wanted if v not in present]
 
 

@@ -27,6 +27,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -43,6 +44,9 @@ S3_SCHEMES = ("s3", "s3a", "s3n")
 _S3A = "org.apache.hadoop.fs.s3a.S3AFileSystem"
 _PROFILE_PROVIDER = "org.apache.hadoop.fs.s3a.auth.ProfileAWSCredentialsProvider"
 _PROFILE = "pglogrepl-lake"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_ENDPOINT = re.compile(r"(?i)https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/-]*)?")
+_REGION = re.compile(r"[a-z0-9-]{2,40}")
 
 
 @dataclass(frozen=True)
@@ -59,9 +63,29 @@ class ObjectStore:
     secret_access_key: str | None = field(default=None, repr=False)
     session_token: str | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        """Refuse what an engine would read as more than one value: a control character (a
+        newline in a key would add lines to Spark's profile file, which the AWS SDK would act
+        on), an endpoint that is not an http(s) URL, a region that is not a region's name. The
+        error names the field, never its value."""
+        for name in ("endpoint_url", "region", "access_key_id", "secret_access_key",
+                     "session_token"):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and (not value or _CONTROL.search(value)):
+                raise ValueError(f"the lake store's {name} is empty or holds a control "
+                                 f"character (a newline, a tab): refused")  # fmt: skip
+        if self.endpoint_url is not None and not _ENDPOINT.fullmatch(self.endpoint_url):
+            raise ValueError(
+                "the lake store's endpoint_url is not an http:// or https:// URL of a host "
+                "(and an optional port and path): refused"
+            )
+        if self.region is not None and not _REGION.fullmatch(self.region):
+            raise ValueError("the lake store's region is not a region name (such as "
+                             "eu-west-1): refused")  # fmt: skip
+
     @property
     def plain_http(self) -> bool:
-        return bool(self.endpoint_url and self.endpoint_url.startswith("http://"))
+        return bool(self.endpoint_url and self.endpoint_url.lower().startswith("http://"))
 
     def secrets(self) -> list[str]:
         """The values a log must never show (for Airflow's secrets masker)."""
@@ -172,6 +196,15 @@ def is_object_store(uri: str) -> bool:
     return uri.partition("://")[0] in S3_SCHEMES
 
 
+def canonical(uri: str) -> str:
+    """One spelling of a lake URI for whatever names it (``s3a://`` and ``s3n://`` are
+    ``s3://``; no trailing slash): one lake, one Asset."""
+    scheme, sep, rest = uri.partition("://")
+    if sep and scheme in S3_SCHEMES:
+        return f"s3://{rest.rstrip('/')}"
+    return uri.rstrip("/")
+
+
 def delta_options(uri: str) -> dict[str, str] | None:
     """delta-rs' ``storage_options`` for a table at ``uri``: None for a local table, or where
     no store was given (the environment's then)."""
@@ -203,8 +236,23 @@ def spark_settings() -> dict[str, str]:
     if _store.access_key_id:
         directory = tempfile.mkdtemp(prefix="pglogrepl-s3-")
         atexit.register(shutil.rmtree, directory, True)
+        _exit_on_sigterm()
         profile_file = os.path.join(directory, "credentials")
         fd = os.open(profile_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(_store.profile())
     return {f"spark.hadoop.{k}": v for k, v in _store.hadoop_settings(profile_file).items()}
+
+
+def _exit_on_sigterm() -> None:
+    """A SIGTERM (the operator's ``on_kill``, a worker shutting down) ends the process through
+    ``SystemExit``, so the ``atexit`` removal of the profile file runs: by default the process
+    would die at once and leave the keys on disk. Only where nothing else handles it."""
+    import signal
+    import sys
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

@@ -47,9 +47,10 @@ def sink_asset(sink: str) -> Asset:
     """The Asset a sink is known by: its URI (``file://`` + absolute path for local paths). A
     URI with credentials in it is refused (it would be in every Asset event)."""
     from airflow_pglogrepl.hooks.object_store import check_sink
+    from airflow_pglogrepl.lake.storage import canonical
 
     check_sink(sink)
-    uri = sink if "://" in sink else f"file://{os.path.abspath(sink)}"
+    uri = canonical(sink) if "://" in sink else f"file://{os.path.abspath(sink)}"
     return Asset(uri=uri)
 
 
@@ -146,9 +147,22 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
         a sink with credentials in it is refused here."""
         from airflow_pglogrepl.hooks.object_store import lake_store
         from airflow_pglogrepl.lake import storage
+        from airflow_pglogrepl.operators._in_worker import local_master
 
-        self._store = lake_store(self.lake_conn_id, sink)
-        storage.use(self._store)
+        store = lake_store(self.lake_conn_id, sink)
+        if store is not None and store.access_key_id and not local_master(self._master):
+            from airflow_pglogrepl.hooks.object_store import LakeLocationError
+
+            raise LakeLocationError(
+                f"the lake's connection {self.lake_conn_id!r} gives keys, which reach Spark's "
+                f"driver only (a private file on its machine): executors of master "
+                f"{self._master} on other machines could not read or write the lake. Nothing "
+                f"was started. Fix: give the executors the store's role (an instance profile, "
+                f"IRSA, workload identity) and leave the keys out of the connection, or run on "
+                f"a local master (docs/object-storage.md)"
+            )
+        self._store = store
+        storage.use(store)
 
     def _prepare_submit(self, dsn: str) -> None:
         """The DSN and the lake's store into the spark-submit environment only (masked), and the

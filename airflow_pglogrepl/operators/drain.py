@@ -199,6 +199,15 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         self.log.info("%s", drain_paragraph(result, sink=str(self.sink)))
         return result
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (``airflow_pglogrepl.lineage``): the published tables in, the lake's
+        ``changes/`` and ``state/`` tables out."""
+        from airflow_pglogrepl.lineage import lake_lineage
+
+        hook = replication_hook(self.postgres_conn_id, self.database)
+        kinds = ("changes", "state") if self.materialize else ("changes",)
+        return lake_lineage(hook, self.publications, str(self.sink), kinds=kinds)
+
     def _idle(self, context: Context, idle: Idle, started: float) -> dict[str, Any]:
         """An idle run's result, as a submitted run would have returned it."""
         from airflow_pglogrepl.operators._idle import idle_summary

@@ -308,6 +308,14 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
             tables = json.loads(tables) if tables.startswith("[") else [tables]
         return [str(t) for t in tables]
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (``airflow_pglogrepl.lineage``): the published tables in, the lake's
+        ``state/`` tables out."""
+        from airflow_pglogrepl.lineage import lake_lineage
+
+        return lake_lineage(self._source_hook(), self.publications, str(self.sink),
+                            kinds=("state",))  # fmt: skip
+
     def _source_hook(self) -> PgLogicalReplicationHook:
         """The publisher (the hook carries the snapshot statements)."""
         return replication_hook(self.postgres_conn_id, self.database)

@@ -189,6 +189,17 @@ class CreateSubscriptionOperator(TaskBoundary, BaseOperator):
             publisher.create_logical_slot(slot, plugin="pgoutput")
             self.log.info("Same instance: created slot %s before the subscription", slot)
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (``airflow_pglogrepl.lineage``): the publisher's published tables in,
+        the subscriber's tables of the same names out."""
+        from airflow_pglogrepl.lineage import subscription_lineage
+
+        return subscription_lineage(
+            replication_hook(self.publisher_conn_id, self.publisher_database),
+            replication_hook(self.subscriber_conn_id, self.subscriber_database),
+            [str(p) for p in self.publications],
+        )
+
 
 class AlterSubscriptionOperator(TaskBoundary, BaseOperator):
     """Enable, disable or refresh a subscription.

@@ -65,6 +65,12 @@ def delta_jars(*, object_store: bool = False) -> list[str]:
     missing = [j for j in jars if not os.path.isfile(j)]
     if missing:
         raise FileNotFoundError(f"${JARS_ENV} names jars that do not exist: {missing}")
+    if object_store and not any(Path(j).name.startswith("hadoop-aws-") for j in jars):
+        raise FileNotFoundError(
+            f"${JARS_ENV} lists jars without hadoop-aws, which a lake on an object store needs "
+            f"(Hadoop's S3A, with the AWS SDK bundle). Fix: add them to the list "
+            f"({', '.join(S3_PACKAGES)}), or name the folder `make jars` fills"
+        )
     return jars
 
 

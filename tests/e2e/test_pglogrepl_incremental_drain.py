@@ -35,6 +35,27 @@ def dags_test(conf: dict[str, Any], env: dict[str, str]) -> subprocess.Completed
     )
 
 
+def lineage_env(events: Path) -> dict[str, str]:
+    """OpenLineage's file transport: every event of the run, one JSON per line, in ``events``."""
+    transport = {"type": "file", "log_file_path": str(events), "append": True}
+    return {"AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(transport),
+            "AIRFLOW__OPENLINEAGE__NAMESPACE": "pglogrepl-tests"}  # fmt: skip
+
+
+def completed(events: Path, task_id: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """``(inputs, outputs)`` as ``(namespace, name)`` of the last COMPLETE event of a task."""
+    found = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+    done = [e for e in found if e["eventType"] == "COMPLETE"
+            and e["job"]["name"].endswith(f".{task_id}")]  # fmt: skip
+    assert done, f"no COMPLETE event of {task_id}: {[e['job']['name'] for e in found]}"
+    last = done[-1]
+    for dataset in last["outputs"]:  # every output carries its schema and its column lineage
+        assert dataset["facets"]["schema"]["fields"], dataset
+        assert dataset["facets"]["columnLineage"]["fields"]["id"]["inputFields"], dataset
+    return ([(d["namespace"], d["name"]) for d in last["inputs"]],
+            [(d["namespace"], d["name"]) for d in last["outputs"]])  # fmt: skip
+
+
 def latest_xcom(task_id: str, key: str = "return_value") -> Any:
     """The newest XCom a task of the DAG pushed (``airflow dags test`` picks its own run id)."""
     from airflow.models.xcom import XComModel
@@ -311,7 +332,7 @@ def test_drain_on_a_standalone_cluster_ships_the_package(
 
 
 def test_drain_dag_keeps_its_lake_on_s3_and_its_secret_out_of_sight(
-    airflow_home: Path, publisher: PgCluster, s3_server: Any
+    airflow_home: Path, publisher: PgCluster, s3_server: Any, tmp_path: Path
 ) -> None:
     """The same DAG with its lake in a bucket of the S3 server, the store named by an ``aws``
     connection: the snapshot (spark-submit), the drain and the upkeep all work on the bucket,
@@ -331,7 +352,9 @@ def test_drain_dag_keeps_its_lake_on_s3_and_its_secret_out_of_sight(
     )
     set_airflow_connection("drain_s3_source", publisher.airflow_uri(db))
     sink = f"s3://{s3_server.new_bucket()}/lakes/orders"
+    events = tmp_path / "lineage.jsonl"
     env = {
+        **lineage_env(events),
         "PGLOGREPL_SINK": sink,
         "PGLOGREPL_LAKE_CONN_ID": "lake_store",
         "AIRFLOW_CONN_LAKE_STORE": json.dumps(s3_server.connection()),
@@ -366,3 +389,13 @@ def test_drain_dag_keeps_its_lake_on_s3_and_its_secret_out_of_sight(
     for run in (first, second):
         assert secret not in run.stdout + run.stderr
     assert secret not in json.dumps(result) + json.dumps(snapshot) + json.dumps(upkeep)
+    # lineage: the published table in, the lake's tables out, in the bucket's namespace
+    source = (f"postgres://{publisher.host}:{publisher.port}", f"{db}.public.orders")
+    table = f"{prefix}/%s/public.orders"
+    assert completed(events, "initial_snapshot") == (
+        [source], [(f"s3://{bucket}", table % "state")]
+    )  # fmt: skip
+    inputs, outputs = completed(events, "drain")
+    assert inputs == [source]
+    assert outputs == [(f"s3://{bucket}", table % k) for k in ("changes", "state")]
+    assert secret not in events.read_text()

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -66,24 +69,140 @@ def test_every_s3_spelling_is_one_bucket_and_path_for_pyarrow() -> None:
 @pytest.mark.parametrize(
     ("sink", "named"),
     [
-        ("s3://AKID:secret@bucket/lake", "holds credentials"),
+        ("s3://AKID:SEKRET@bucket/lake", "holds credentials"),
         ("s3a://AKID@bucket/lake", "holds credentials"),
         ("gs://bucket/lake", "does not reach"),
-        ("gs://key:secret@bucket/lake", "does not reach"),
+        ("gs://key:SEKRET@bucket/lake", "does not reach"),
         ("abfss://c@acct.dfs.core.windows.net/lake", "does not reach"),
+        # what delta-rs and pyarrow would read as different keys, or a SEKRET in a query
+        ("s3://bucket/x?aws_SEKRET_access_key=SEKRET", "other than letters"),
+        ("s3://bucket/lake#SEKRET", "other than letters"),
+        ("s3://bucket/x;SEKRET", "other than letters"),
+        ("s3://bucket/my lake", "other than letters"),
+        ("s3://bucket/my%20lake", "other than letters"),
+        ("S3://bucket/lake", "in lower case"),
+        ("s3://Bucket_Name/lake", "not a bucket name"),
+        ("s3://AKID:SEKRET@[bucket/lake", "holds credentials"),
+        ("file:///tmp/lake?SEKRET=SEKRET", "query or a fragment"),
     ],
 )
 def test_a_sink_with_credentials_or_an_unreachable_scheme_is_refused(sink: str, named: str) -> None:
     with pytest.raises(LakeLocationError, match=named) as caught:
         check_sink(sink)
-    assert "secret" not in str(caught.value)
+    assert "SEKRET" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("secret_access_key", "x\ncredential_process = sh -c 'id > /tmp/pwned'"),
+        ("access_key_id", "AKID\r"),
+        ("session_token", "t\x00"),
+        ("region", "eu-west-1\n"),
+        ("region", "eu west"),
+        ("endpoint_url", "http://minio:9000\n"),
+        ("endpoint_url", "ftp://minio:9000"),
+        ("endpoint_url", "http://min io:9000"),
+    ],
+)
+def test_a_store_value_an_engine_would_read_as_more_is_refused(field: str, value: str) -> None:
+    """A newline in a key became lines of Spark's profile file, which the AWS SDK acts on (a
+    ``credential_process`` ran as the worker's user); an endpoint with a blank crashed
+    delta-rs' runtime. The error names the field, never the value."""
+    with pytest.raises(ValueError, match=field) as caught:
+        ObjectStore(**{field: value})
+    assert value.strip() not in str(caught.value)
+
+
+def test_an_endpoint_in_upper_case_is_still_plain_http() -> None:
+    assert ObjectStore(endpoint_url="HTTP://127.0.0.1:9").delta_options()["AWS_ALLOW_HTTP"]
+
+
+def test_every_spelling_of_one_lake_is_one_asset() -> None:
+    from airflow_pglogrepl.operators._spark import sink_asset
+
+    uris = {sink_asset(s).uri for s in ("s3://b1b/lake", "s3a://b1b/lake/", "s3n://b1b/lake")}
+    assert uris == {"s3://b1b/lake"}
+
+
+def test_the_workers_endpoint_and_region_reach_every_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection without an endpoint: delta-rs followed the worker's AWS_ENDPOINT_URL, and
+    pyarrow and Spark did not; one lake's commits and files went to two stores."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    store = store_of("AKID", "pw", None, {})
+    assert (store.endpoint_url, store.region) == ("http://127.0.0.1:9", "eu-west-1")
+    assert lake_store(None, "s3://b1b/lake") == ObjectStore(
+        endpoint_url="http://127.0.0.1:9", region="eu-west-1"
+    )
+    with storage.using(store):
+        assert storage.spark_settings()["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9"
+
+
+def test_a_connection_asking_for_another_identity_is_refused() -> None:
+    with pytest.raises(LakeLocationError, match="role_arn"):
+        store_of(None, None, None, {"role_arn": "arn:aws:iam::1:role/x"})
+
+
+def test_keys_for_executors_on_other_machines_are_refused_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The profile file is on the driver's machine only: executors elsewhere failed at their
+    first write, after the changelog's windows were committed."""
+    from airflow_pglogrepl.operators.drain import SlotDrainOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE_KEYS", '{"conn_type": "aws", "login": "AKID", '
+                       '"password": "pw", "extra": {"region_name": "eu-west-1"}}')  # fmt: skip
+    operator = SlotDrainOperator(task_id="d", postgres_conn_id="p", slot_name="s",
+                                 publications=["p"], sink="s3://b1b/lake",
+                                 lake_conn_id="lake_keys")  # fmt: skip
+    operator._master = "spark://10.0.0.1:7077"
+    with pytest.raises(LakeLocationError, match="reach Spark's driver only"):
+        operator._use_lake_store("s3://b1b/lake")
+    operator._master = "local[2]"
+    operator._use_lake_store("s3://b1b/lake")
+    assert operator._store is not None and operator._store.access_key_id == "AKID"
+    storage.use(None)
+
+
+def test_a_jar_list_without_s3a_is_refused_for_an_object_store(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from airflow_pglogrepl.spark.session import delta_jars
+
+    jar = tmp_path / "delta-spark_4.2_2.13-4.4.0.jar"
+    jar.write_bytes(b"")
+    monkeypatch.setenv("PGLOGREPL_DELTA_JARS", str(jar))
+    assert delta_jars() == [str(jar)]
+    with pytest.raises(FileNotFoundError, match="without hadoop-aws"):
+        delta_jars(object_store=True)
+
+
+def test_the_profile_file_is_removed_when_the_process_is_terminated(tmp_path: Path) -> None:
+    """``on_kill`` sends SIGTERM: the process died at once and left the keys on disk."""
+    code = (
+        "import sys, time\n"
+        "from airflow_pglogrepl.lake import storage\n"
+        "storage.use(storage.ObjectStore(access_key_id='A', secret_access_key='S'))\n"
+        "print(storage.spark_settings()['spark.hadoop.fs.s3a.auth.profile.file'], flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    profile = child.stdout.readline().strip()
+    assert os.path.exists(profile)
+    child.terminate()
+    assert child.wait(timeout=60) == 143
+    assert not os.path.exists(os.path.dirname(profile))
 
 
 def test_a_store_named_for_a_local_lake_is_refused() -> None:
     with pytest.raises(LakeLocationError, match="is a local path"):
         lake_store("lake_store", "/tmp/lake")
     assert lake_store(None, "/tmp/lake") is None
-    assert lake_store(None, "s3://b/lake") == ObjectStore()  # the engines' own defaults
+    assert lake_store(None, "s3://b1b/lake") == ObjectStore()  # the engines' own defaults
 
 
 def test_an_aws_connection_describes_the_store() -> None:
