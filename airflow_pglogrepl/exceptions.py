@@ -439,6 +439,19 @@ class LakeError(PgLogReplError):
     """The lake cannot be written as asked; the message names the table or path and the fix."""
 
 
+class LakeLocationError(LakeError, ValueError):
+    """A lake URI (``sink``) or its store's connection that cannot be used as given: nothing
+    was started. The message never repeats the URI or a connection's value (either may hold a
+    secret); it names the part that is wrong and the fix."""
+
+
+class LakeStoreUnreachableError(LakeError):
+    """The lake's object store did not answer, or refused the lake's credentials, when the
+    task looked before starting anything: a network fault may pass, so the task is retried."""
+
+    retryable = True
+
+
 class ReplayRangeError(LakeError):
     """A replay (``lake.replay``) asked for a table's changes or state where the lake cannot
     give them exactly: past its position, before its beginning, over the changes a re-snapshot

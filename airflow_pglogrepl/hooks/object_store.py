@@ -17,11 +17,10 @@ import os
 import re
 from typing import Any
 
+from airflow_pglogrepl.exceptions import LakeLocationError, LakeStoreUnreachableError
 from airflow_pglogrepl.lake.storage import S3_SCHEMES, ObjectStore, is_object_store
 
-
-class LakeLocationError(ValueError):
-    """A lake URI (``sink``) that cannot be used as given; nothing was started."""
+__all__ = ["LakeLocationError", "check_bucket", "check_sink", "lake_store", "store_of"]
 
 
 # What an object-store lake URI may hold: delta-rs decodes a URL's %-escapes where pyarrow keeps
@@ -137,3 +136,26 @@ def _mask(store: ObjectStore) -> None:
 
     for secret in store.secrets():
         mask(secret)
+
+
+def check_bucket(store: ObjectStore, sink: str) -> None:
+    """Look at the lake's bucket once before anything starts: a bucket that does not exist,
+    credentials the store refuses, an endpoint that does not answer are named here, with the
+    fix, rather than in a delta-rs error from the middle of a run."""
+    from pyarrow import fs
+
+    bucket = sink.partition("://")[2].partition("/")[0]
+    where = store.endpoint_url or "AWS S3" + (f" ({store.region})" if store.region else "")
+    try:
+        found = store.arrow_filesystem().get_file_info(bucket)
+    except OSError as exc:
+        raise LakeStoreUnreachableError(
+            f"the lake's bucket {bucket!r} at {where} could not be looked at: {exc}. Nothing "
+            f"was started. Fix: check that the endpoint answers from this worker and that the "
+            f"lake's connection holds keys the store accepts"
+        ) from None
+    if found.type == fs.FileType.NotFound:
+        raise LakeLocationError(
+            f"the lake's bucket {bucket!r} does not exist at {where}. Nothing was started. "
+            f"Fix: create the bucket, or correct the sink (the lake does not create buckets)"
+        )

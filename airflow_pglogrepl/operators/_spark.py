@@ -145,13 +145,13 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
         """The lake's object store (``lake_conn_id``) for this process (the worker reads the
         lake before it submits) and for the application. Before anything else reads the lake:
         a sink with credentials in it is refused here."""
-        from airflow_pglogrepl.hooks.object_store import lake_store
+        from airflow_pglogrepl.hooks.object_store import check_bucket, lake_store
         from airflow_pglogrepl.lake import storage
         from airflow_pglogrepl.operators._in_worker import local_master
 
         store = lake_store(self.lake_conn_id, sink)
         if store is not None and store.access_key_id and not local_master(self._master):
-            from airflow_pglogrepl.hooks.object_store import LakeLocationError
+            from airflow_pglogrepl.exceptions import LakeLocationError
 
             raise LakeLocationError(
                 f"the lake's connection {self.lake_conn_id!r} gives keys, which reach Spark's "
@@ -161,6 +161,8 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
                 f"IRSA, workload identity) and leave the keys out of the connection, or run on "
                 f"a local master (docs/object-storage.md)"
             )
+        if store is not None:
+            check_bucket(store, sink)
         self._store = store
         storage.use(store)
 

@@ -124,10 +124,12 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
             target_file_bytes=self.target_file_bytes,
             checkpoint_every=int(self.checkpoint_every),
         )
-        from airflow_pglogrepl.hooks.object_store import lake_store
+        from airflow_pglogrepl.hooks.object_store import check_bucket, lake_store
         from airflow_pglogrepl.lake import storage
 
         store = lake_store(self.lake_conn_id, str(self.sink))
+        if store is not None:
+            check_bucket(store, str(self.sink))
         hook = replication_hook(self.postgres_conn_id, self.database)
         began = time.monotonic()
         try:

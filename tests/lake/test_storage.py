@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 from airflow_pglogrepl.hooks.object_store import LakeLocationError, check_sink, lake_store, store_of
 from airflow_pglogrepl.lake import storage
 from airflow_pglogrepl.lake.storage import ObjectStore
+from tests.support.s3 import S3Server
 
 STORE = ObjectStore(endpoint_url="http://127.0.0.1:9", region="eu-west-1",
                     access_key_id="AKIDEXAMPLE", secret_access_key="s3cr3t/+=",
@@ -147,24 +149,44 @@ def test_a_connection_asking_for_another_identity_is_refused() -> None:
 
 
 def test_keys_for_executors_on_other_machines_are_refused_before_anything_starts(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, s3_server: S3Server
 ) -> None:
     """The profile file is on the driver's machine only: executors elsewhere failed at their
     first write, after the changelog's windows were committed."""
     from airflow_pglogrepl.operators.drain import SlotDrainOperator
 
-    monkeypatch.setenv("AIRFLOW_CONN_LAKE_KEYS", '{"conn_type": "aws", "login": "AKID", '
-                       '"password": "pw", "extra": {"region_name": "eu-west-1"}}')  # fmt: skip
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE_KEYS", json.dumps(s3_server.connection()))
+    sink = f"s3://{s3_server.new_bucket()}/lake"
     operator = SlotDrainOperator(task_id="d", postgres_conn_id="p", slot_name="s",
-                                 publications=["p"], sink="s3://b1b/lake",
+                                 publications=["p"], sink=sink,
                                  lake_conn_id="lake_keys")  # fmt: skip
     operator._master = "spark://10.0.0.1:7077"
     with pytest.raises(LakeLocationError, match="reach Spark's driver only"):
-        operator._use_lake_store("s3://b1b/lake")
+        operator._use_lake_store(sink)
     operator._master = "local[2]"
-    operator._use_lake_store("s3://b1b/lake")
-    assert operator._store is not None and operator._store.access_key_id == "AKID"
-    storage.use(None)
+    try:
+        operator._use_lake_store(sink)
+        assert operator._store == s3_server.store == storage.current()
+    finally:
+        storage.use(None)
+
+
+def test_a_missing_bucket_or_a_silent_store_is_named_before_anything_starts(
+    s3_server: S3Server,
+) -> None:
+    """Both came as delta-rs' own text from the middle of a run, in terminal colours."""
+    from airflow_pglogrepl.exceptions import LakeStoreUnreachableError
+    from airflow_pglogrepl.hooks.object_store import check_bucket
+    from airflow_pglogrepl.testing.pgcluster import free_port
+
+    with pytest.raises(LakeLocationError, match="'nowhere-1' does not exist at http://127"):
+        check_bucket(s3_server.store, "s3://nowhere-1/lake")
+    silent = ObjectStore(endpoint_url=f"http://127.0.0.1:{free_port()}", region="us-east-1",
+                         access_key_id="A", secret_access_key="SEKRET")  # fmt: skip
+    with pytest.raises(LakeStoreUnreachableError, match="could not be looked at") as caught:
+        check_bucket(silent, "s3://b1b/lake")
+    assert caught.value.retryable and "SEKRET" not in str(caught.value)
+    check_bucket(s3_server.store, f"s3://{s3_server.new_bucket()}/lake")
 
 
 def test_a_jar_list_without_s3a_is_refused_for_an_object_store(
