@@ -10,8 +10,8 @@ def test_a_lake_table_is_named_by_its_bucket_and_key_or_its_absolute_path() -> N
         "s3://b1b",
         "lakes/o/state/public.t",
     )
-    assert lake_location("s3://b1b/lakes/o/changes/public.t/") == ("s3://b1b",
-                                                                   "lakes/o/changes/public.t")  # fmt: skip
+    changes = "lakes/o/changes/public.t"
+    assert lake_location(f"s3://b1b/{changes}/") == ("s3://b1b", changes)
     assert lake_location("/data/lake/state/public.t") == ("file", "/data/lake/state/public.t")
     assert lake_location("file:///data/lake/state/x.t") == ("file", "/data/lake/state/x.t")
 
