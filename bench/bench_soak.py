@@ -14,12 +14,18 @@ and the time to read the accounts state through ``deltalake``. At the end the lo
 more run drains the rest, and the lake is compared with the source: every state equal to its
 table, row for row (history as a multiset), every change in the changelog exactly once.
 
+``--series FILE`` writes one JSON line per run (its start in seconds from the first, the slot's
+lag before and after it, changes, each step's seconds): ``python -m bench.plot_soak FILE`` draws
+the lag and throughput over the soak from it. ``--s3`` keeps the lake in a bucket of an S3 API
+server on loopback (moto's standalone server, as the tests use).
+
 Not a test: ``python -m bench.bench_soak``; the result goes to docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import tempfile
@@ -65,13 +71,52 @@ def setup(cluster: PgCluster, scale: int) -> None:
                      " FROM generate_series(1, %s) a", (100_000 * scale,))  # fmt: skip
 
 
+def slot_lag(cluster: PgCluster) -> int:
+    """Bytes of WAL from the slot's confirmed position to the server's current one."""
+    rows = cluster.execute(
+        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint"
+        " FROM pg_replication_slots WHERE slot_name = %s", (SLOT,),
+    )  # fmt: skip
+    return int(rows[0][0])
+
+
+def s3_lake() -> tuple[str, Any]:
+    """A bucket of an S3 API server on loopback, made the process's store; the lake's URI and
+    the server (to stop)."""
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from airflow_pglogrepl.lake import storage
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    store = storage.ObjectStore(endpoint_url=f"http://{host}:{port}", region="us-east-1",
+                                access_key_id="bench", secret_access_key="bench-s3")  # fmt: skip
+    boto3.client("s3", endpoint_url=store.endpoint_url, region_name="us-east-1",
+                 aws_access_key_id="bench", aws_secret_access_key="bench-s3",
+                 ).create_bucket(Bucket="bench-soak")  # fmt: skip
+    storage.use(store)
+    return "s3://bench-soak/lake", server
+
+
 def live_files(uri: str) -> int:
     table = open_table(uri)
     return 0 if table is None else len(table.file_uris())
 
 
 def disk_files(root: str) -> int:
-    return sum(1 for path in Path(root).rglob("*") if path.is_file())
+    """Files (or objects) under the lake's root."""
+    from pyarrow import fs
+
+    from airflow_pglogrepl.lake.storage import filesystem
+
+    system, base = filesystem(root)
+    found = system.get_file_info(fs.FileSelector(base, recursive=True))
+    return sum(1 for info in found if info.type == fs.FileType.File)
 
 
 def one_run(dsn: str, sink: str, window: int, with_upkeep: bool) -> dict[str, float]:
@@ -115,12 +160,16 @@ def main() -> None:
     parser.add_argument("--window-mb", type=int, default=16)
     parser.add_argument("--upkeep-every", type=int, default=1)
     parser.add_argument("--every", type=int, default=20, help="print every this many runs")
+    parser.add_argument("--series", type=Path, help="one JSON line per run, for plot_soak")
+    parser.add_argument("--s3", action="store_true", help="the lake on an S3 server on loopback")
     args = parser.parse_args()
     window = args.window_mb << 20
     with local_cluster("bench-soak", LOGICAL_SETTINGS) as cluster, \
             tempfile.TemporaryDirectory(prefix="bench-soak-") as root:  # fmt: skip
         setup(cluster, args.scale)
-        sink = f"{root}/lake"
+        sink, server = s3_lake() if args.s3 else (f"{root}/lake", None)
+        series = args.series.open("w") if args.series else None
+        started = time.monotonic()
         env = {**os.environ, "PGPASSWORD": cluster.password}
         load = subprocess.Popen(pgbench(cluster, "-n", "-c", "2", "-T", "100000", "-R",
                                         str(args.rate)), env=env,
@@ -138,8 +187,14 @@ def main() -> None:
         totals: Counter[str] = Counter()
         try:
             for run in range(1, args.runs + 1):
+                at, before = time.monotonic() - started, slot_lag(cluster)
                 times = one_run(cluster.dsn(), sink, window, run % args.upkeep_every == 0)
                 totals.update({k: v for k, v in times.items()})
+                if series is not None:
+                    series.write(json.dumps({"run": run, "at_s": round(at, 3),
+                                             "lag_before": before, "lag_after": slot_lag(cluster),
+                                             **times}) + "\n")  # fmt: skip
+                    series.flush()
                 if run % args.every and run != 1:
                     continue
                 uris = [paths.changes(n) for n in Lake(sink, SLOT).changes_tables()]
@@ -154,6 +209,8 @@ def main() -> None:
         finally:
             load.terminate()
             load.wait()
+            if series is not None:
+                series.close()
         final = one_run(cluster.dsn(), sink, window, True)
         print(f"\nafter the load: {int(final['changes']):,} changes drained; totals over "
               f"{args.runs} runs: {int(totals['changes']):,} changes, drain "
@@ -171,6 +228,8 @@ def main() -> None:
             keys.update((r["_commit_lsn"], r["_seq"]) for r in rows)
         twice = sum(1 for count in keys.values() if count > 1)
         print(f"changelog: {sum(keys.values()):,} changes, {twice} stored more than once")
+        if server is not None:
+            server.stop()
 
 
 if __name__ == "__main__":

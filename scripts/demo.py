@@ -14,6 +14,9 @@ What it does, start to finish, on this machine alone (no Docker):
 6. prints what happened (per-gate timings, LSNs, parity, windows drained, rows in the lake) and
    stops everything. Every run starts from nothing, so it works again when run twice.
 
+``--s3`` keeps the lake in a bucket of an S3 API server started on loopback (moto's standalone
+server, as the tests use): the DAG names the store by an Airflow connection of type ``aws``,
+and the lake is read back from the bucket through deltalake and Spark.
 ``--summary FILE`` also writes the summary as JSON (the test suite checks it).
 """
 
@@ -37,6 +40,7 @@ from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, PgCluster, sta
 
 if TYPE_CHECKING:
     from airflow_pglogrepl.lake.cut import Cut
+    from airflow_pglogrepl.lake.storage import ObjectStore
 
 DB = "shop"
 APP_ROLE = "shop_app"
@@ -58,8 +62,45 @@ class Demo:
         self.load: subprocess.Popen[str] | None = None
         self.app_password = "demo-" + os.urandom(6).hex()
         self.home = base / "airflow"
-        self.lake = base / "lake"
+        self.lake = str(base / "lake")
         self.env: dict[str, str] = {}
+        self.store: ObjectStore | None = None
+        self.s3_server: Any = None
+
+    def start_s3(self) -> None:
+        """An S3 API server on loopback and a bucket for the lake."""
+        import logging
+
+        import boto3
+        from moto.server import ThreadedMotoServer
+
+        from airflow_pglogrepl.lake.storage import ObjectStore as Store
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        self.s3_server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.s3_server.start()
+        host, port = self.s3_server.get_host_and_port()
+        secret = os.urandom(12).hex()
+        self.store = Store(endpoint_url=f"http://{host}:{port}", region="us-east-1",
+                           access_key_id="demo-key", secret_access_key=secret)  # fmt: skip
+        boto3.client("s3", endpoint_url=self.store.endpoint_url, region_name="us-east-1",
+                     aws_access_key_id=self.store.access_key_id,
+                     aws_secret_access_key=self.store.secret_access_key,
+                     ).create_bucket(Bucket="pglogrepl-demo")  # fmt: skip
+        self.lake = "s3://pglogrepl-demo/lakes/shop"
+        say(f"S3 API server on {self.store.endpoint_url}; the lake is {self.lake}")
+
+    def lake_objects(self) -> int:
+        """Objects under the lake's prefix in the bucket."""
+        import boto3
+
+        assert self.store is not None
+        client = boto3.client("s3", endpoint_url=self.store.endpoint_url, region_name="us-east-1",
+                              aws_access_key_id=self.store.access_key_id,
+                              aws_secret_access_key=self.store.secret_access_key)  # fmt: skip
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket="pglogrepl-demo",
+                                                                 Prefix="lakes/shop/")  # fmt: skip
+        return sum(len(page.get("Contents", [])) for page in pages)
 
     # -- set-up -----------------------------------------------------------------------------
 
@@ -148,9 +189,16 @@ class Demo:
             "AIRFLOW_CONN_PGLOGREPL_SUBSCRIBER": new.airflow_uri(DB),
             "AIRFLOW_CONN_SPARK_LOCAL": json.dumps({"conn_type": "spark", "host": "local[2]"}),
             "PGLOGREPL_SPARK_CONN_ID": "spark_local",
-            "PGLOGREPL_SINK": str(self.lake),
+            "PGLOGREPL_SINK": self.lake,
             "PGLOGREPL_FENCE_GRACE_S": "2",
         }
+        if self.store is not None:  # the store's keys in an aws connection, as a user keeps them
+            self.env["PGLOGREPL_LAKE_CONN_ID"] = "lake_store"
+            self.env["AIRFLOW_CONN_LAKE_STORE"] = json.dumps({
+                "conn_type": "aws", "login": self.store.access_key_id,
+                "password": self.store.secret_access_key,
+                "extra": {"endpoint_url": self.store.endpoint_url, "region_name": "us-east-1"},
+            })  # fmt: skip
         self.home.mkdir(parents=True, exist_ok=True)
         self.airflow("db", "migrate")
         say("Airflow metadata database ready")
@@ -203,6 +251,8 @@ print(json.dumps(out, default=str))
 
     def stop(self) -> None:
         self.stop_load()
+        if self.s3_server is not None:
+            self.s3_server.stop()
         for cluster in reversed(self.clusters):
             try:
                 cluster.stop()
@@ -210,13 +260,13 @@ print(json.dumps(out, default=str))
                 say(f"could not stop cluster {cluster.name}: {exc}")
 
 
-def lake_cut(lake: Path, slot: str) -> Cut:
+def lake_cut(lake: str, slot: str) -> Cut:
     """The versions of every ``state/`` table at one lake position: Delta has no transaction
     across tables, so each table's latest version could show a source transaction in one table
     and not yet in another (the merges commit table by table)."""
     from airflow_pglogrepl.lake.cut import consistent_cut
 
-    return consistent_cut(str(lake), slot=slot)
+    return consistent_cut(lake, slot=slot)
 
 
 def lake_rows(cut: Cut) -> dict[str, int]:
@@ -255,8 +305,8 @@ def print_summary(summary: dict[str, Any]) -> None:
             timing = f"{seconds:7.2f} s" if isinstance(seconds, int | float) else "      -  "
             print(f"  {task:<28} {info['state']:<10} {timing}  {_brief(info['result'])}")
     print(
-        f"\nrows in the lake's state/ Delta tables at position {summary.get('lake_position')}, "
-        "read back two ways, and on the old primary:"
+        f"\nrows in the lake's state/ Delta tables ({summary.get('lake')}) at position "
+        f"{summary.get('lake_position')}, read back two ways, and on the old primary:"
     )
     print(f"  {'table':<32} {'deltalake':>9} {'Spark SQL':>9} {'source':>9}")
     for table, rows in summary["lake_rows"].items():
@@ -285,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-rate", type=int, default=50, help="load transactions per second")
     parser.add_argument("--summary", type=Path, help="also write the summary here as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--s3", action="store_true", help="keep the lake in a bucket of an S3 server on loopback"
+    )
     args = parser.parse_args(argv)
 
     base = Path(tempfile.mkdtemp(prefix="pglogrepl-demo-"))
@@ -292,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     demo = Demo(base, args.scale, args.load_rate)
     summary: dict[str, Any] = {"work_dir": str(base)}
     try:
+        if args.s3:
+            demo.start_s3()
         old, new = demo.start_clusters()
         demo.load_schema(old, new)
         demo.airflow_env(old, new)
@@ -316,10 +371,16 @@ def main(argv: list[str] | None = None) -> int:
         demo.stop_load()
         say("second incremental-drain run: what was written since the snapshot ...")
         summary["drain"] = demo.run_dag(DRAIN_DAG, drain_conf)
-        cut = lake_cut(demo.lake, str(drain_conf["slot"]))
-        summary["lake_position"] = str(cut.position)
-        summary["lake_rows"] = lake_rows(cut)
-        summary["lake_rows_spark_sql"] = lake_rows_spark_sql(cut)
+        from airflow_pglogrepl.lake import storage
+
+        with storage.using(demo.store):  # this process reads the lake as the tasks wrote it
+            cut = lake_cut(demo.lake, str(drain_conf["slot"]))
+            summary["lake_position"] = str(cut.position)
+            summary["lake_rows"] = lake_rows(cut)
+            summary["lake_rows_spark_sql"] = lake_rows_spark_sql(cut)
+        summary["lake"] = demo.lake
+        if demo.store is not None:
+            summary["lake_objects"] = demo.lake_objects()
         from psycopg import sql
 
         count = sql.SQL("SELECT count(*) FROM {}")
