@@ -16,11 +16,13 @@ from tests.support.paths import REPO
 pytestmark = [pytest.mark.spark, pytest.mark.airflow]
 
 
-def test_demo_runs_and_reports(tmp_path: Path, pg_tool: Callable[[str], Path]) -> None:
+@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+def test_demo_runs_and_reports(tmp_path: Path, pg_tool: Callable[[str], Path], where: str) -> None:
     pg_tool("pgbench")  # the demo's write load
     summary_file = tmp_path / "summary.json"
+    s3 = ["--s3"] if where == "s3" else []
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "demo.py"), "--summary", str(summary_file)],
+        [sys.executable, str(REPO / "scripts" / "demo.py"), "--summary", str(summary_file), *s3],
         capture_output=True,
         text=True,
         timeout=1200,
@@ -45,5 +47,7 @@ def test_demo_runs_and_reports(tmp_path: Path, pg_tool: Callable[[str], Path]) -
     assert summary["lake_rows"] == summary["source_rows"]  # read through deltalake, no JVM
     assert summary["lake_rows_spark_sql"] == summary["source_rows"]  # and through Spark SQL
     assert summary["source_rows"]["public.pgbench_accounts"] == 100_000
+    if where == "s3":  # the lake is in the bucket, read back from there
+        assert summary["lake"] == "s3://pglogrepl-demo/lakes/shop" and summary["lake_objects"] > 20
     # the demo cleaned up after itself: clusters stopped, work directory gone
     assert not Path(summary["work_dir"]).exists()
