@@ -28,6 +28,9 @@ __all__ = ["LakeLocationError", "check_bucket", "check_sink", "lake_store", "sto
 # would put one lake's commits and files under different keys.
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _KEY = re.compile(r"[A-Za-z0-9._/-]*")
+# How long the look at the bucket before a run waits for an answer (per attempt, two attempts):
+# a store that drops packets would otherwise hold the task for minutes before it says so
+LOOK_TIMEOUT_S = 10.0
 _REFUSED_FIELDS = ("role_arn", "profile_name", "assume_role_method", "aws_iam_role")
 
 
@@ -138,7 +141,7 @@ def _mask(store: ObjectStore) -> None:
         mask(secret)
 
 
-def check_bucket(store: ObjectStore, sink: str) -> None:
+def check_bucket(store: ObjectStore, sink: str, *, timeout_s: float = LOOK_TIMEOUT_S) -> None:
     """Look at the lake's bucket once before anything starts: a bucket that does not exist,
     credentials the store refuses, an endpoint that does not answer are named here, with the
     fix, rather than in a delta-rs error from the middle of a run."""
@@ -147,7 +150,7 @@ def check_bucket(store: ObjectStore, sink: str) -> None:
     bucket = sink.partition("://")[2].partition("/")[0]
     where = store.endpoint_url or "AWS S3" + (f" ({store.region})" if store.region else "")
     try:
-        found = store.arrow_filesystem().get_file_info(bucket)
+        found = store.arrow_filesystem(timeout_s=timeout_s).get_file_info(bucket)
     except OSError as exc:
         raise LakeStoreUnreachableError(
             f"the lake's bucket {bucket!r} at {where} could not be looked at: {exc}. Nothing "

@@ -106,12 +106,15 @@ class ObjectStore:
             found["AWS_ALLOW_HTTP"] = "true"
         return found
 
-    def arrow_filesystem(self) -> Any:
+    def arrow_filesystem(self, *, timeout_s: float | None = None) -> Any:
         """pyarrow's ``S3FileSystem`` of this store (never to be pickled: it would carry the
-        keys)."""
+        keys); ``timeout_s`` bounds connecting and each request (a quick look, not a write)."""
         from pyarrow import fs
 
         kwargs: dict[str, Any] = {"region": self.region or "us-east-1"}
+        if timeout_s is not None:
+            kwargs.update(connect_timeout=timeout_s, request_timeout=timeout_s,
+                          retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=2))  # fmt: skip
         if self.endpoint_url:
             scheme, _, host = self.endpoint_url.partition("://")
             kwargs.update(scheme=scheme or "https", endpoint_override=host.rstrip("/"))

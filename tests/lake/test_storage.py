@@ -189,6 +189,27 @@ def test_a_missing_bucket_or_a_silent_store_is_named_before_anything_starts(
     check_bucket(s3_server.store, f"s3://{s3_server.new_bucket()}/lake")
 
 
+def test_a_store_that_never_answers_is_named_within_the_looks_timeout() -> None:
+    """A server that takes the connection and says nothing (a proxy or a firewall dropping
+    the replies): the look gives up after its timeout instead of holding the task."""
+    import socket
+    import time
+
+    from airflow_pglogrepl.exceptions import LakeStoreUnreachableError
+    from airflow_pglogrepl.hooks.object_store import check_bucket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # connections complete in the kernel's backlog; nothing ever replies
+        port = silent.getsockname()[1]
+        store = ObjectStore(endpoint_url=f"http://127.0.0.1:{port}", region="us-east-1",
+                            access_key_id="A", secret_access_key="S")  # fmt: skip
+        began = time.monotonic()
+        with pytest.raises(LakeStoreUnreachableError):
+            check_bucket(store, "s3://b1b/lake", timeout_s=1.0)
+        assert time.monotonic() - began < 8  # pyarrow alone: about 11 s (3 s, 3 attempts)
+
+
 def test_a_jar_list_without_s3a_is_refused_for_an_object_store(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
