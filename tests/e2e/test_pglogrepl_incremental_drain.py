@@ -368,6 +368,8 @@ def test_drain_dag_keeps_its_lake_on_s3_and_its_secret_out_of_sight(
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
     snapshot = latest_xcom("initial_snapshot")
     assert snapshot["committed"] is True, snapshot
+    # the worker read the bucket's lake and found nothing to drain: no spark-submit
+    assert latest_xcom("drain")["idle"] is True
     publisher.execute("UPDATE orders SET note = 'upd' WHERE id % 7 = 0", dbname=db)
     publisher.execute("DELETE FROM orders WHERE id % 11 = 0", dbname=db)
     second = dags_test(conf, env)
