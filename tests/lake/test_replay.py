@@ -23,7 +23,7 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from airflow_pglogrepl.exceptions import ReplayRangeError, TableNotInLakeError
-from airflow_pglogrepl.lake import arrow_merge, delta
+from airflow_pglogrepl.lake import arrow_merge, delta, storage
 from airflow_pglogrepl.lake.changelog import (
     COMMIT_LSN,
     OP,
@@ -98,9 +98,10 @@ class Built:
 def write_state(root: str, table: TableRef, at: int, rows: pa.Table | None = None) -> None:
     """A whole state of ``table`` as one version at ``at`` (a snapshot's)."""
     commit = CommitProperties(app_transactions=[Transaction(APP, at)])
-    write_deltalake(str(Path(root, "state", table_dir(table))),
-                    STATE.empty_table() if rows is None else rows, mode="overwrite",
-                    commit_properties=commit)  # fmt: skip
+    uri = f"{root}/state/{table_dir(table)}"
+    write_deltalake(uri, STATE.empty_table() if rows is None else rows, mode="overwrite",
+                    commit_properties=commit,
+                    storage_options=storage.delta_options(uri))  # fmt: skip
 
 
 def build(root: Path, seed: int, windows: int = 30) -> Built:
@@ -260,7 +261,7 @@ class Small:
     """A small lake built by hand, window by window: ``change`` adds a row of ``table`` at a
     commit LSN, ``window`` commits what was added up to an end."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path | str) -> None:
         self.root = str(root)
         self.lake = Lake(self.root, SLOT)
         self.end = BEGIN
@@ -291,13 +292,13 @@ class Small:
         return changes_between(self.root, table, start, end).column(COMMIT_LSN).to_pylist()
 
 
-def test_rows_a_crashed_run_committed_past_the_position_are_read(tmp_path: Path) -> None:
+def test_rows_a_crashed_run_committed_past_the_position_are_read(lake_uri: str) -> None:
     """A run that crashed between a table's commit (ending at E) and its windows row, replayed
     with smaller windows: the replay's window below E writes nothing for the table (it holds
     those rows), so the rows of that window sit in the commit above the position."""
     from airflow_pglogrepl.lake import delta
 
-    small = Small(tmp_path / "lake")
+    small = Small(lake_uri)
     small.change(PLAIN, BEGIN + 0x50, 1)
     small.commit(BEGIN + 0x100)
     crashed = small.lake.open_window(LSN(BEGIN + 0x100))
@@ -321,9 +322,9 @@ def test_rows_a_crashed_run_committed_past_the_position_are_read(tmp_path: Path)
 
 @pytest.mark.parametrize("restarted", [True, False], ids=["restarted", "kept"])
 def test_a_range_over_a_re_snapshot_is_refused_and_the_ranges_beside_it_are_read(
-    tmp_path: Path, restarted: bool
+    lake_uri: str, restarted: bool
 ) -> None:
-    small = Small(tmp_path / "lake")
+    small = Small(lake_uri)
     write_state(small.root, HOSTILE, BEGIN)
     small.lake.record(kind="snapshot", start=LSN(BEGIN), end=LSN(BEGIN))
     small.change(HOSTILE, 0x1010, 1)
