@@ -148,6 +148,8 @@ def test_every_error_says_whether_a_retry_can_help() -> None:
         # starts from what the lake holds
         "WriterLockLostError",
         "LakeCommitConflictError",
+        # an object store that did not answer when the task looked at the lake's bucket
+        "LakeStoreUnreachableError",
     }
 
 
