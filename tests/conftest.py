@@ -79,6 +79,46 @@ def _direct_parameters(item: pytest.Item) -> set[str]:
     return names
 
 
+# What a ``unit`` test must never start: a PostgreSQL server (its tools), a JVM (pyspark
+# launches spark-submit), docker-compose, or the Airflow CLI. Watched through Python's audit
+# hook for process creation, so a test that starts one without the mark its fixtures would give
+# it fails, naming what it started, instead of joining ``make test-unit`` unnoticed.
+_SERVER_PROGRAMS = ("initdb", "pg_ctl", "postgres", "spark-submit", "spark-class", "java",
+                    "docker-compose", "docker")  # fmt: skip
+_unit_test_running: list[str] = []
+
+
+def _refuse_servers_in_unit_tests(event: str, args: tuple[object, ...]) -> None:
+    if event != "subprocess.Popen" or not _unit_test_running:
+        return
+    executable, argv = args[0], args[1]
+    words = [str(a) for a in argv] if isinstance(argv, list | tuple) else [str(argv)]
+    names = {Path(str(executable)).name, Path(words[0]).name if words else ""}
+    started = sorted(names & set(_SERVER_PROGRAMS))
+    if started or words[1:3] == ["-m", "airflow"]:
+        what = started[0] if started else "the airflow CLI"
+        raise RuntimeError(
+            f"{_unit_test_running[0]} is marked unit but starts {what}: give it the fixture "
+            f"that provides it (publisher, spark, airflow_home) or mark it live, spark, airflow "
+            f"or docker (tests/conftest.py NEEDS_BY_FIXTURE)"
+        )
+
+
+sys.addaudithook(_refuse_servers_in_unit_tests)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_server(request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+    _unit_test_running.append(request.node.nodeid)
+    try:
+        yield
+    finally:
+        _unit_test_running.clear()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark tests by what they need, wherever they live: ``live`` (PostgreSQL clusters),
     ``spark`` (a JVM), ``airflow`` (a migrated metadata database), ``docker`` (docker-compose).

@@ -63,6 +63,7 @@ def test_the_users_settings_win(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "spark.jars.packages" not in with_delta({"spark.jars": "/opt/delta.jar"})
 
 
+@pytest.mark.spark  # spark-submit's launcher starts a JVM (--version)
 def test_the_drivers_log_configuration_keeps_the_users_spark_defaults(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
