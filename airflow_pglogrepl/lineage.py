@@ -32,8 +32,13 @@ Columns = list[tuple[str, str, int, int]]
 
 
 def postgres_namespace(params: Mapping[str, Any]) -> str:
-    """``postgres://host:port`` of libpq parameters (the user and password left out)."""
-    return f"postgres://{params.get('host') or 'localhost'}:{params.get('port') or 5432}"
+    """``postgres://host:port`` of libpq parameters (the user and password left out; a Unix
+    socket's directory, or no host, is ``localhost``; of several hosts, the first)."""
+    host = str(params.get("host") or "localhost").split(",")[0].strip()
+    if host.startswith("/") or "@" in host or "://" in host or not host:
+        host = "localhost"
+    port = str(params.get("port") or 5432).split(",")[0].strip()
+    return f"postgres://{host}:{port if port.isdigit() else 5432}"
 
 
 def lake_location(uri: str) -> tuple[str, str]:
@@ -51,23 +56,25 @@ Published = tuple[str, str, dict[TableRef, Columns]]
 
 def published(hook: PgLogicalReplicationHook, publications: Sequence[str]) -> Published:
     """The publisher's namespace, database and published tables with their columns."""
-    params = hook.connection_params()
-    return (
-        postgres_namespace(params),
-        str(params.get("dbname", "")),
-        hook.published_columns([str(p) for p in publications]),
-    )
+    tables = hook.published_columns([str(p) for p in publications])
+    return postgres_namespace(hook.connection_params()), hook.database_name(), tables
 
 
 def lake_lineage(hook: PgLogicalReplicationHook, publications: Sequence[str], sink: str, *,
-                 kinds: Sequence[str] = ("changes", "state")) -> Any:  # fmt: skip
-    """``OperatorLineage``: the published tables in, the lake's tables of ``kinds`` out."""
+                 kinds: Sequence[str] = ("changes", "state"),
+                 only: Sequence[str] | None = None) -> Any:  # fmt: skip
+    """``OperatorLineage``: the published tables (``only`` these, as ``schema.table``, when
+    given) in, the lake's tables of ``kinds`` out (none: a failed run's, which may have written
+    part of them)."""
     from airflow.providers.openlineage.extractors import OperatorLineage
 
     from airflow_pglogrepl.lake.changelog import META_COLUMNS
     from airflow_pglogrepl.lake.types import arrow_type
 
     namespace, database, tables = published(hook, publications)
+    if only is not None:
+        wanted = {TableRef.parse(t) for t in only}
+        tables = {ref: columns for ref, columns in tables.items() if ref in wanted}
     inputs, outputs = [], []
     root = sink.rstrip("/")
     for ref, columns in tables.items():
@@ -92,8 +99,8 @@ def subscription_lineage(publisher: PgLogicalReplicationHook,
     from airflow.providers.openlineage.extractors import OperatorLineage
 
     namespace, database, tables = published(publisher, publications)
-    params = subscriber.connection_params()
-    out_namespace, out_database = postgres_namespace(params), str(params.get("dbname", ""))
+    out_namespace = postgres_namespace(subscriber.connection_params())
+    out_database = subscriber.database_name()
     inputs, outputs = [], []
     for ref, columns in tables.items():
         typed = [(c, t) for c, t, _, _ in columns]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -83,8 +84,9 @@ def _direct_parameters(item: pytest.Item) -> set[str]:
 # launches spark-submit), docker-compose, or the Airflow CLI. Watched through Python's audit
 # hook for process creation, so a test that starts one without the mark its fixtures would give
 # it fails, naming what it started, instead of joining ``make test-unit`` unnoticed.
-_SERVER_PROGRAMS = ("initdb", "pg_ctl", "postgres", "spark-submit", "spark-class", "java",
-                    "docker-compose", "docker")  # fmt: skip
+_SERVER_PROGRAMS = ("initdb", "pg_ctl", "pg_ctlcluster", "postgres", "postmaster",
+                    "spark-submit", "spark-class", "java", "docker-compose", "docker",
+                    "airflow")  # fmt: skip
 _unit_test_running: list[str] = []
 
 
@@ -93,7 +95,9 @@ def _refuse_servers_in_unit_tests(event: str, args: tuple[object, ...]) -> None:
         return
     executable, argv = args[0], args[1]
     words = [str(a) for a in argv] if isinstance(argv, list | tuple) else [str(argv)]
-    names = {Path(str(executable)).name, Path(words[0]).name if words else ""}
+    if len(words) > 2 and words[1] == "-c" and Path(words[0]).name in ("sh", "bash"):
+        words += shlex.split(words[2])  # shell=True: the programs the command line names
+    names = {Path(str(executable)).name, *(Path(w).name for w in words)}
     started = sorted(names & set(_SERVER_PROGRAMS))
     if started or words[1:3] == ["-m", "airflow"]:
         what = started[0] if started else "the airflow CLI"

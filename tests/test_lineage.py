@@ -20,3 +20,8 @@ def test_a_servers_namespace_names_no_user_and_no_password() -> None:
     params = {"host": "db.internal", "port": "6432", "user": "u", "password": "pw"}
     assert postgres_namespace(params) == "postgres://db.internal:6432"
     assert postgres_namespace({}) == "postgres://localhost:5432"
+    assert postgres_namespace({"host": "/var/run/postgresql"}) == "postgres://localhost:5432"
+    assert postgres_namespace({"host": "a,b", "port": "5433,5434"}) == "postgres://a:5433"
+    # a dbname may be a whole URI with its password: the database's name comes from the server
+    # (hook.database_name), and a host never carries one
+    assert postgres_namespace({"host": "postgresql://u:pw@x"}) == "postgres://localhost:5432"

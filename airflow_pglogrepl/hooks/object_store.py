@@ -41,6 +41,12 @@ def check_sink(sink: str) -> None:
     if not sep:
         if sink != sink.strip() or "\n" in sink:
             raise LakeLocationError("the lake path has leading or trailing blanks or a newline")
+        named = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", sink)
+        if named and named.group(1).lower() in (*S3_SCHEMES, "file", "gs", "abfss", "abfs"):
+            raise LakeLocationError(
+                f"the lake URI's scheme {named.group(1)}: is not followed by //. Fix: write "
+                f"the sink as s3://bucket/prefix (or a plain path)"
+            )
         return  # a local path
     if scheme == "file":
         if "?" in rest or "#" in rest:
@@ -71,6 +77,13 @@ def check_sink(sink: str) -> None:
             "the lake URI's bucket is not a bucket name (3 to 63 lower-case letters, digits, "
             "dots and hyphens). Fix: give the sink as s3://bucket/prefix"
         )
+    if key.startswith("/") or any(part in ("", ".", "..") for part in key.rstrip("/").split("/")
+                                  if key):  # fmt: skip
+        raise LakeLocationError(
+            f"the lake URI's prefix in bucket {bucket!r} has an empty, '.' or '..' part: "
+            f"delta-rs resolves them and pyarrow does not, so the engines would read different "
+            f"keys. Fix: give the prefix as plain names separated by single slashes"
+        )
     if not _KEY.fullmatch(key):
         raise LakeLocationError(
             f"the lake URI's prefix in bucket {bucket!r} holds characters other than letters, "
@@ -86,7 +99,7 @@ def lake_store(conn_id: str | None, sink: str) -> ObjectStore | None:
     if not is_object_store(sink):
         if conn_id:
             raise LakeLocationError(
-                f"lake_conn_id {conn_id!r} is given but the lake {sink!r} is a local path. "
+                f"lake_conn_id {conn_id!r} is given but the lake is a local path. "
                 f"Fix: give the lake's s3:// URI as sink, or leave lake_conn_id out"
             )
         return None
@@ -113,7 +126,7 @@ def store_of(login: str | None, password: str | None, host: str | None,
             f"it would reach the store as someone else than the connection says. Fix: give "
             f"the keys in the connection, or no connection and the worker's own role"
         )
-    service = extra.get("service_config", {}).get("s3", {})
+    service = (extra.get("service_config") or {}).get("s3") or {}
     endpoint = extra.get("endpoint_url") or service.get("endpoint_url") or host or None
     endpoint = (
         endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -142,23 +155,54 @@ def _mask(store: ObjectStore) -> None:
 
 
 def check_bucket(store: ObjectStore, sink: str, *, timeout_s: float = LOOK_TIMEOUT_S) -> None:
-    """Look at the lake's bucket once before anything starts: a bucket that does not exist,
-    credentials the store refuses, an endpoint that does not answer are named here, with the
-    fix, rather than in a delta-rs error from the middle of a run."""
+    """Look at the lake once before anything starts: a bucket that does not exist, keys the
+    store refuses, an endpoint that does not answer are named here, with the fix, rather than in
+    delta-rs' own words from the middle of a run. The lake's prefix is looked at first (keys
+    allowed only under it are enough for the lake); the bucket only when the prefix is empty,
+    to tell a new lake from a bucket that is not there."""
     from pyarrow import fs
 
-    bucket = sink.partition("://")[2].partition("/")[0]
+    bucket, _, prefix = sink.partition("://")[2].partition("/")
     where = store.endpoint_url or "AWS S3" + (f" ({store.region})" if store.region else "")
+    system = store.arrow_filesystem(timeout_s=timeout_s)
     try:
-        found = store.arrow_filesystem(timeout_s=timeout_s).get_file_info(bucket)
+        if system.get_file_info(f"{bucket}/{prefix}".rstrip("/")).type != fs.FileType.NotFound:
+            return
+        try:
+            found = system.get_file_info(bucket)
+        except OSError as exc:
+            if _denied(exc):  # keys for the lake's prefix only: the bucket is not theirs to see
+                return
+            raise
     except OSError as exc:
-        raise LakeStoreUnreachableError(
-            f"the lake's bucket {bucket!r} at {where} could not be looked at: {exc}. Nothing "
-            f"was started. Fix: check that the endpoint answers from this worker and that the "
-            f"lake's connection holds keys the store accepts"
-        ) from None
+        raise _look_failed(exc, bucket, where) from None
     if found.type == fs.FileType.NotFound:
         raise LakeLocationError(
             f"the lake's bucket {bucket!r} does not exist at {where}. Nothing was started. "
             f"Fix: create the bucket, or correct the sink (the lake does not create buckets)"
         )
+
+
+def _denied(exc: OSError) -> bool:
+    return any(s in str(exc) for s in ("ACCESS_DENIED", "AccessDenied", "403"))
+
+
+def _look_failed(exc: OSError, bucket: str, where: str) -> Exception:
+    """The error of a look that failed: keys the store refuses and a bucket in another region
+    need a person (not retried); a store that did not answer may answer the next try."""
+    text = str(exc)
+    if _denied(exc):
+        return LakeLocationError(
+            f"the store at {where} refused the lake's keys for bucket {bucket!r} ({text}). "
+            f"Nothing was started. Fix: give the lake's connection keys allowed to list and "
+            f"write the lake's prefix"
+        )
+    if any(s in text for s in ("PermanentRedirect", "301", "AuthorizationHeaderMalformed")):
+        return LakeLocationError(
+            f"bucket {bucket!r} is in another region than {where} ({text}). Nothing was "
+            f"started. Fix: set region_name in the lake's connection to the bucket's region"
+        )
+    return LakeStoreUnreachableError(
+        f"the lake's bucket {bucket!r} at {where} could not be looked at: {text}. Nothing was "
+        f"started. Fix: check that the endpoint answers from this worker"
+    )

@@ -88,6 +88,13 @@ class PublicationsMixin(PgSessionHook):
             )
         return found
 
+    def database_name(self) -> str:
+        """The connected database's name as the server has it (``current_database()``): a
+        connection's ``dbname`` may be a whole connection URI, with its password."""
+        with self.session() as conn:
+            row = conn.execute("SELECT current_database() AS name").fetchone()
+        return str(row["name"]) if row else ""
+
     def source_identity(self) -> dict[str, object]:
         """The server's system identifier, timeline and the database (see
         ``hooks.pg.server.source_identity``)."""

@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from airflow_pglogrepl.exceptions import LakeLocationError
 from airflow_pglogrepl.lake.layout import is_local, local_path
 
 # The store of the lake an application works on, as JSON, in its environment (as the DSN is).
@@ -44,9 +45,14 @@ S3_SCHEMES = ("s3", "s3a", "s3n")
 _S3A = "org.apache.hadoop.fs.s3a.S3AFileSystem"
 _PROFILE_PROVIDER = "org.apache.hadoop.fs.s3a.auth.ProfileAWSCredentialsProvider"
 _PROFILE = "pglogrepl-lake"
+# a control character, or (in a key) a blank: the AWS SDK's profile reader would read more
+# lines, or a comment, into it
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_ENDPOINT = re.compile(r"(?i)https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/-]*)?")
-_REGION = re.compile(r"[a-z0-9-]{2,40}")
+_BLANK = re.compile(r"\s")
+_ENDPOINT = re.compile(
+    r"(?i)https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:\d{1,5})?(/[A-Za-z0-9._~/-]*)?"
+)
+_REGION = re.compile(r"[A-Za-z0-9_-]{2,40}")
 
 
 @dataclass(frozen=True)
@@ -71,16 +77,17 @@ class ObjectStore:
         for name in ("endpoint_url", "region", "access_key_id", "secret_access_key",
                      "session_token"):  # fmt: skip
             value = getattr(self, name)
-            if value is not None and (not value or _CONTROL.search(value)):
-                raise ValueError(f"the lake store's {name} is empty or holds a control "
-                                 f"character (a newline, a tab): refused")  # fmt: skip
+            if value is not None and (not value or _CONTROL.search(value) or (
+                    name != "endpoint_url" and _BLANK.search(value))):  # fmt: skip
+                raise LakeLocationError(f"the lake store's {name} is empty or holds a control "
+                                        f"character or a blank: refused")  # fmt: skip
         if self.endpoint_url is not None and not _ENDPOINT.fullmatch(self.endpoint_url):
-            raise ValueError(
+            raise LakeLocationError(
                 "the lake store's endpoint_url is not an http:// or https:// URL of a host "
                 "(and an optional port and path): refused"
             )
         if self.region is not None and not _REGION.fullmatch(self.region):
-            raise ValueError("the lake store's region is not a region name (such as "
+            raise LakeLocationError("the lake store's region is not a region name (such as "
                              "eu-west-1): refused")  # fmt: skip
 
     @property
@@ -117,7 +124,7 @@ class ObjectStore:
                           retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=2))  # fmt: skip
         if self.endpoint_url:
             scheme, _, host = self.endpoint_url.partition("://")
-            kwargs.update(scheme=scheme or "https", endpoint_override=host.rstrip("/"))
+            kwargs.update(scheme=scheme.lower(), endpoint_override=host.rstrip("/"))
         if self.access_key_id:
             kwargs.update(access_key=self.access_key_id, secret_key=self.secret_access_key,
                           session_token=self.session_token)  # fmt: skip

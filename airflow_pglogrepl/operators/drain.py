@@ -208,6 +208,14 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         kinds = ("changes", "state") if self.materialize else ("changes",)
         return lake_lineage(hook, self.publications, str(self.sink), kinds=kinds)
 
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
+        """OpenLineage of a failed run: the published tables in, no output claimed (the run
+        may have committed some windows, or none)."""
+        from airflow_pglogrepl.lineage import lake_lineage
+
+        hook = replication_hook(self.postgres_conn_id, self.database)
+        return lake_lineage(hook, self.publications, str(self.sink), kinds=())
+
     def _idle(self, context: Context, idle: Idle, started: float) -> dict[str, Any]:
         """An idle run's result, as a submitted run would have returned it."""
         from airflow_pglogrepl.operators._idle import idle_summary

@@ -314,7 +314,14 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         from airflow_pglogrepl.lineage import lake_lineage
 
         return lake_lineage(self._source_hook(), self.publications, str(self.sink),
-                            kinds=("state",))  # fmt: skip
+                            kinds=("state",), only=self._table_list() or None)  # fmt: skip
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
+        """OpenLineage of a failed snapshot: the tables it read, no output claimed."""
+        from airflow_pglogrepl.lineage import lake_lineage
+
+        return lake_lineage(self._source_hook(), self.publications, str(self.sink), kinds=(),
+                            only=self._table_list() or None)  # fmt: skip
 
     def _source_hook(self) -> PgLogicalReplicationHook:
         """The publisher (the hook carries the snapshot statements)."""

@@ -89,6 +89,10 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if "{{" not in str(sink):  # a sink with credentials in it fails the DAG's parse
+            from airflow_pglogrepl.hooks.object_store import check_sink
+
+            check_sink(str(sink))
         self.lake_conn_id = lake_conn_id
         self.postgres_conn_id = postgres_conn_id
         self.slot_name = slot_name

@@ -85,7 +85,13 @@ def test_every_s3_spelling_is_one_bucket_and_path_for_pyarrow() -> None:
         ("S3://bucket/lake", "in lower case"),
         ("s3://Bucket_Name/lake", "not a bucket name"),
         ("s3://AKID:SEKRET@[bucket/lake", "holds credentials"),
-        ("file:///tmp/lake?SEKRET=SEKRET", "query or a fragment"),
+        ("file:///tmp/lake?secret=SEKRET", "query or a fragment"),
+        # delta-rs resolves dot segments and pyarrow does not; one slash is no URI
+        ("s3://bkt/a/../b", "'.' or '..' part"),
+        ("s3://bkt/./lake", "'.' or '..' part"),
+        ("s3://bkt//lake", "'.' or '..' part"),
+        ("s3://bkt/a//b", "'.' or '..' part"),
+        ("s3:/bkt/lake", "not followed by //"),
     ],
 )
 def test_a_sink_with_credentials_or_an_unreachable_scheme_is_refused(sink: str, named: str) -> None:
@@ -105,6 +111,8 @@ def test_a_sink_with_credentials_or_an_unreachable_scheme_is_refused(sink: str, 
         ("endpoint_url", "http://minio:9000\n"),
         ("endpoint_url", "ftp://minio:9000"),
         ("endpoint_url", "http://min io:9000"),
+        ("endpoint_url", "http://[::1]]]:9000"),
+        ("secret_access_key", "a #comment"),
     ],
 )
 def test_a_store_value_an_engine_would_read_as_more_is_refused(field: str, value: str) -> None:
@@ -117,7 +125,25 @@ def test_a_store_value_an_engine_would_read_as_more_is_refused(field: str, value
 
 
 def test_an_endpoint_in_upper_case_is_still_plain_http() -> None:
-    assert ObjectStore(endpoint_url="HTTP://127.0.0.1:9").delta_options()["AWS_ALLOW_HTTP"]
+    store = ObjectStore(endpoint_url="HTTP://127.0.0.1:9")
+    assert store.delta_options()["AWS_ALLOW_HTTP"]
+    store.arrow_filesystem()  # pyarrow took "HTTP" for no scheme it knows
+
+
+@pytest.mark.parametrize(
+    "store",
+    [
+        {"endpoint_url": "http://minio_1:9000"},  # a Docker Compose service name
+        {"endpoint_url": "https://[2001:db8::1]:9000/minio"},
+        {"endpoint_url": "https://s3.example.com"},
+        {"region": "us-gov-west-1"},
+        {"region": "cn-north-1"},
+        {"region": "auto"},
+        {"session_token": "IQoJb3JpZ2luX2VjE/+abc=="},
+    ],
+)
+def test_real_world_stores_are_taken(store: dict[str, str]) -> None:
+    ObjectStore(**store)
 
 
 def test_every_spelling_of_one_lake_is_one_asset() -> None:
