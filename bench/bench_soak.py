@@ -83,24 +83,12 @@ def slot_lag(cluster: PgCluster) -> int:
 def s3_lake() -> tuple[str, Any]:
     """A bucket of an S3 API server on loopback, made the process's store; the lake's URI and
     the server (to stop)."""
-    import logging
-
-    import boto3
-    from moto.server import ThreadedMotoServer
-
     from airflow_pglogrepl.lake import storage
+    from airflow_pglogrepl.testing.s3 import S3Server
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    store = storage.ObjectStore(endpoint_url=f"http://{host}:{port}", region="us-east-1",
-                                access_key_id="bench", secret_access_key="bench-s3")  # fmt: skip
-    boto3.client("s3", endpoint_url=store.endpoint_url, region_name="us-east-1",
-                 aws_access_key_id="bench", aws_secret_access_key="bench-s3",
-                 ).create_bucket(Bucket="bench-soak")  # fmt: skip
-    storage.use(store)
-    return "s3://bench-soak/lake", server
+    server = S3Server()
+    storage.use(server.store)
+    return f"s3://{server.new_bucket()}/lake", server
 
 
 def live_files(uri: str) -> int:

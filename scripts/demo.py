@@ -69,38 +69,17 @@ class Demo:
 
     def start_s3(self) -> None:
         """An S3 API server on loopback and a bucket for the lake."""
-        import logging
+        from airflow_pglogrepl.testing.s3 import S3Server
 
-        import boto3
-        from moto.server import ThreadedMotoServer
-
-        from airflow_pglogrepl.lake.storage import ObjectStore as Store
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        self.s3_server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self.s3_server.start()
-        host, port = self.s3_server.get_host_and_port()
-        secret = os.urandom(12).hex()
-        self.store = Store(endpoint_url=f"http://{host}:{port}", region="us-east-1",
-                           access_key_id="demo-key", secret_access_key=secret)  # fmt: skip
-        boto3.client("s3", endpoint_url=self.store.endpoint_url, region_name="us-east-1",
-                     aws_access_key_id=self.store.access_key_id,
-                     aws_secret_access_key=self.store.secret_access_key,
-                     ).create_bucket(Bucket="pglogrepl-demo")  # fmt: skip
-        self.lake = "s3://pglogrepl-demo/lakes/shop"
-        say(f"S3 API server on {self.store.endpoint_url}; the lake is {self.lake}")
+        self.s3_server = S3Server()
+        self.store = self.s3_server.store
+        self.lake = f"s3://{self.s3_server.new_bucket()}/lakes/shop"
+        say(f"S3 API server on {self.s3_server.endpoint}; the lake is {self.lake}")
 
     def lake_objects(self) -> int:
         """Objects under the lake's prefix in the bucket."""
-        import boto3
-
-        assert self.store is not None
-        client = boto3.client("s3", endpoint_url=self.store.endpoint_url, region_name="us-east-1",
-                              aws_access_key_id=self.store.access_key_id,
-                              aws_secret_access_key=self.store.secret_access_key)  # fmt: skip
-        pages = client.get_paginator("list_objects_v2").paginate(Bucket="pglogrepl-demo",
-                                                                 Prefix="lakes/shop/")  # fmt: skip
-        return sum(len(page.get("Contents", [])) for page in pages)
+        bucket, _, prefix = self.lake.removeprefix("s3://").partition("/")
+        return len(self.s3_server.keys(bucket, prefix + "/"))
 
     # -- set-up -----------------------------------------------------------------------------
 
