@@ -55,9 +55,12 @@ Published = tuple[str, str, dict[TableRef, Columns]]
 
 
 def published(hook: PgLogicalReplicationHook, publications: Sequence[str]) -> Published:
-    """The publisher's namespace, database and published tables with their columns."""
-    tables = hook.published_columns([str(p) for p in publications])
-    return postgres_namespace(hook.connection_params()), hook.database_name(), tables
+    """The publisher's namespace, database and published tables with their columns (one
+    session: the task's lineage costs one connection to the publisher)."""
+    with hook.session() as conn:
+        tables = hook.published_columns([str(p) for p in publications], conn=conn)
+        database = hook.database_name(conn=conn)
+    return postgres_namespace(hook.connection_params()), database, tables
 
 
 def lake_lineage(hook: PgLogicalReplicationHook, publications: Sequence[str], sink: str, *,

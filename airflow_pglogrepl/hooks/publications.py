@@ -88,11 +88,11 @@ class PublicationsMixin(PgSessionHook):
             )
         return found
 
-    def database_name(self) -> str:
+    def database_name(self, *, conn: Conn | None = None) -> str:
         """The connected database's name as the server has it (``current_database()``): a
         connection's ``dbname`` may be a whole connection URI, with its password."""
-        with self.session() as conn:
-            row = conn.execute("SELECT current_database() AS name").fetchone()
+        with self._use(conn) as c:
+            row = c.execute("SELECT current_database() AS name").fetchone()
         return str(row["name"]) if row else ""
 
     def source_identity(self) -> dict[str, object]:

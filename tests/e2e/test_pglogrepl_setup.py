@@ -7,10 +7,12 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
+from airflow_pglogrepl.sensors.subscription import SubscriptionReadySensor
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 from tests.support.airflow import airflow_cli, run_dag, set_airflow_connection, xcom_value
 
@@ -84,15 +86,44 @@ def _same_rows(flow: Flow, table: str) -> None:
     assert flow.pub(query) == flow.sub(query)
 
 
+def _hold_the_copy_for_two_pokes(flow: Flow, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Keep the initial copy of ``orders`` waiting until the ready sensor has poked twice.
+
+    A lock on the subscriber's table stops the table-sync worker before it copies a row; the
+    sensor's own second unready poke lets it go, so the test sees the sensor wait however fast
+    the machine copies.
+    """
+    holder = flow.subscriber.connect(flow.sub_db, autocommit=False)
+    holder.execute("LOCK TABLE orders IN SHARE MODE")
+    unready = 0
+    poke = SubscriptionReadySensor.poke
+
+    def counted(sensor: SubscriptionReadySensor, context: Any) -> Any:
+        nonlocal unready
+        result = poke(sensor, context)
+        if not getattr(result, "is_done", result):
+            unready += 1
+            if unready == 2:
+                holder.rollback()
+        return result
+
+    monkeypatch.setattr(SubscriptionReadySensor, "poke", counted)
+    return holder
+
+
 def test_setup_dag_replicates_and_is_idempotent(
-    flow: Flow, capfd: pytest.CaptureFixture[str]
+    flow: Flow, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _orders(flow, 300_000)  # big enough that the initial copy takes several pokes
+    _orders(flow, 20_000)
     conf = flow.params(tables=["orders"])
-    run = run_dag("pglogrepl_setup", conf)
+    holder = _hold_the_copy_for_two_pokes(flow, monkeypatch)
+    try:
+        run = run_dag("pglogrepl_setup", conf)
+    finally:
+        holder.close()
     assert run.state == "success"  # type: ignore[attr-defined]
     log = capfd.readouterr().out
-    assert log.count("waiting for public.orders") >= 2, "the copy finished before a second poke"
+    assert log.count("waiting for public.orders") >= 2, "the sensor did not wait for the copy"
     _same_rows(flow, "orders")
     ready = xcom_value("pglogrepl_setup", run.run_id, "wait_ready")  # type: ignore[attr-defined]
     assert isinstance(ready, dict)
@@ -108,7 +139,7 @@ def test_setup_dag_replicates_and_is_idempotent(
         assert isinstance(result, dict) and result["action"] == "unchanged", result
 
     # A changed table list is reconciled: the new table is published, subscribed and copied.
-    flow.pub("INSERT INTO orders VALUES (300001, 'late', 1)")
+    flow.pub("INSERT INTO orders VALUES (20001, 'late', 1)")
     grown = run_dag("pglogrepl_setup", flow.params(tables=["orders", "customers"]))
     assert grown.state == "success"  # type: ignore[attr-defined]
     result = xcom_value("pglogrepl_setup", grown.run_id, "create_publication")  # type: ignore[attr-defined]
@@ -120,7 +151,7 @@ def test_setup_dag_replicates_and_is_idempotent(
     from airflow_pglogrepl.testing.wait import wait_until
 
     wait_until(lambda: flow.sub("SELECT count(*) FROM customers") == [(100,)], what="customers")
-    wait_until(lambda: flow.sub("SELECT count(*) FROM orders") == [(300_001,)], what="late order")
+    wait_until(lambda: flow.sub("SELECT count(*) FROM orders") == [(20_001,)], what="late order")
     _same_rows(flow, "customers")
 
 
