@@ -23,6 +23,14 @@ PG_MATRIX ?= 16 17 18
 PG_UPGRADE_TARGET := 18
 PG_FETCH := $(filter $(addsuffix =%,$(sort $(PG_MATRIX) $(PG_UPGRADE_TARGET))),$(PG_BINARIES))
 export PGLOGREPL_PG_VERSIONS_DIR ?= $(CURDIR)/$(PG_DIR)
+# The suite runs in TEST_WORKERS pytest processes (pytest-xdist): it spends about a third of its
+# time waiting on servers, subprocesses and polls, which a second worker fills. A module's tests
+# stay on one worker (--dist loadfile) with its module fixtures; tests/conftest.py hands out the
+# slowest modules first, so the workers finish together. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+# The matrix's majors run at once, one pytest each; their output is printed, major by major, when
+# all have ended (and kept in MATRIX_LOGS).
+MATRIX_LOGS := .cache/matrix
 
 .PHONY: demo test test-unit test-matrix lint docs system venv jars pg-binaries clean
 
@@ -31,18 +39,23 @@ demo: system venv jars
 
 test: system venv jars pg-binaries
 	@status=0; \
-	$(PY) -m pytest $(PYTEST_ARGS) || status=1; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || status=1; \
 	$(MAKE) --no-print-directory test-matrix || status=1; \
 	exit $$status
 
 # The tests whose behaviour depends on the server's major version, on each major of PG_MATRIX.
 test-matrix: venv jars pg-binaries
-	@status=0; summary=""; \
+	@mkdir -p $(MATRIX_LOGS); status=0; summary=""; runs=""; \
+	echo "== PostgreSQL $(PG_MATRIX): the tests marked pgversion, at once"; \
 	for v in $(PG_MATRIX); do \
-	  echo "== PostgreSQL $$v: the tests marked pgversion"; \
-	  if PGLOGREPL_PG_BINDIR=$(CURDIR)/$(PG_DIR)/$$v/bin $(PY) -m pytest -m "pgversion and not s3" $(PYTEST_ARGS); \
-	  then summary="$$summary PostgreSQL $$v: passed;"; \
+	  PGLOGREPL_PG_BINDIR=$(CURDIR)/$(PG_DIR)/$$v/bin $(PY) -m pytest -m "pgversion and not s3" \
+	    $(PYTEST_ARGS) > $(MATRIX_LOGS)/$$v.log 2>&1 & runs="$$runs $$v:$$!"; \
+	done; \
+	for run in $$runs; do \
+	  v=$${run%%:*}; \
+	  if wait $${run#*:}; then summary="$$summary PostgreSQL $$v: passed;"; \
 	  else status=1; summary="$$summary PostgreSQL $$v: FAILED;"; fi; \
+	  echo "== PostgreSQL $$v: the tests marked pgversion"; cat $(MATRIX_LOGS)/$$v.log; \
 	done; \
 	echo "== version matrix:$$summary"; \
 	exit $$status
