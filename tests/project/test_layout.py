@@ -1,0 +1,98 @@
+"""The package's shape, held where it is and let only improve (issue 29's ratchet): modules no
+longer than 600 lines, folders that import downward, no more repeated code than today. Each
+allow-list below names what is wrong today; a change that mends an entry must remove it, and
+one that adds an entry fails here, naming it."""
+
+from __future__ import annotations
+
+from tests.support.layout import PACKAGE, modules, repeated_blocks, upward_imports
+
+MAX_LINES = 600
+
+# Modules longer than MAX_LINES today, each with the length it may not grow past.
+LONG_MODULES = {
+    "airflow_pglogrepl.exceptions": 855,
+    "airflow_pglogrepl.hooks.fence": 633,
+    "airflow_pglogrepl.hooks.subscriptions": 636,
+    "airflow_pglogrepl.lake.columnar": 603,
+    "airflow_pglogrepl.lake.lake": 813,
+    "airflow_pglogrepl.lake.reduce": 671,
+    "airflow_pglogrepl.pgoutput.decoder": 611,
+    "airflow_pglogrepl.pgoutput.stream": 671,
+    "airflow_pglogrepl.pgoutput.values": 719,
+    "airflow_pglogrepl.spark.drain": 653,
+    "airflow_pglogrepl.spark.snapshot": 808,
+}
+
+# Imports that go up the layers (tests/support/layout.py: LAYERS) today. Most import a pure
+# record or error that lives in a role's folder (hooks.records, hooks.errors, sensors.verdicts).
+UPWARD_IMPORTS = {
+    ("exceptions", "preflight.report"),
+    ("hooks.object_store", "operators._spark"),
+    ("hooks.pg.columns", "hooks.records"),
+    ("hooks.pg.connect", "hooks.lsn_adapters"),
+    ("hooks.pg.slots", "hooks.errors"),
+    ("hooks.pg.slots", "hooks.lsn_adapters"),
+    ("hooks.pg.slots", "hooks.records"),
+    ("hooks.pg.snapshot", "hooks.errors"),
+    ("hooks.pg.snapshot_guard", "hooks.records"),
+    ("hooks.pg.source", "hooks.records"),
+    ("lake.evolve", "hooks.records"),
+    ("lake.lake", "hooks.records"),
+    ("lineage", "hooks.replication"),
+    ("lineage", "lake.changelog"),
+    ("lineage", "lake.layout"),
+    ("lineage", "lake.types"),
+    ("metrics", "hooks.records"),
+    ("preflight.facts", "hooks.records"),
+    ("spark.drain", "hooks.records"),
+    ("spark.drain", "sensors.verdicts"),
+    ("triggers.replication", "sensors.probes"),
+    ("triggers.replication", "sensors.verdicts"),
+}
+
+# Runs of 5 code lines (docstrings, comments and imports left out) found in more than one place.
+REPEATED_WINDOWS = 54
+
+
+def _short(module: str) -> str:
+    return module.removeprefix(PACKAGE.name + ".")
+
+
+def test_modules_stay_short() -> None:
+    lengths = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in modules()}
+    too_long = {name: n for name, n in lengths.items() if n > LONG_MODULES.get(name, MAX_LINES)}
+    assert not too_long, (
+        f"longer than {MAX_LINES} lines (or than its allowance in LONG_MODULES): {too_long}; "
+        "split the module by concept"
+    )
+    mended = sorted(name for name in LONG_MODULES if lengths.get(name, 0) <= MAX_LINES)
+    assert not mended, (
+        f"now {MAX_LINES} lines or fewer (or gone): remove {mended} from LONG_MODULES"
+    )
+    shrunk = {name: lengths[name] for name, limit in LONG_MODULES.items()
+              if MAX_LINES < lengths.get(name, 0) < limit}  # fmt: skip
+    assert not shrunk, f"shorter now: lower their allowances in LONG_MODULES to {shrunk}"
+
+
+def test_folders_import_downward() -> None:
+    found = {(_short(a), _short(b)) for a, b in upward_imports()}
+    new = sorted(found - UPWARD_IMPORTS)
+    assert not new, (
+        f"imports up the layers (tests/support/layout.py LAYERS): {new}; move what is imported "
+        "down, next to what imports it, or to a module both can import"
+    )
+    gone = sorted(UPWARD_IMPORTS - found)
+    assert not gone, f"no longer imported upward: remove {gone} from UPWARD_IMPORTS"
+
+
+def test_no_more_repeated_code_than_before() -> None:
+    repeated = repeated_blocks()
+    places = sorted({f"{_short(m)}:{line}" for found in repeated.values() for m, line in found})
+    assert len(repeated) <= REPEATED_WINDOWS, (
+        f"{len(repeated)} runs of 5 code lines repeat (REPEATED_WINDOWS is {REPEATED_WINDOWS}); "
+        f"give the repeated code one home. Where they are: {places}"
+    )
+    assert len(repeated) == REPEATED_WINDOWS, (
+        f"fewer repeats now ({len(repeated)}): lower REPEATED_WINDOWS to match"
+    )

@@ -1,0 +1,54 @@
+"""``_moved.alias``: an old module path is the new module, with a warning at the importer."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def package(tmp_path: Path) -> Iterator[str]:
+    """A package with a module ``new`` and a shim ``old`` pointing at it, on ``sys.path``."""
+    name = f"moved_{tmp_path.name.replace('-', '_')}"
+    root = tmp_path / name
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "new.py").write_text("class Thing:\n    pass\n")
+    (root / "old.py").write_text(
+        f"from airflow_pglogrepl._moved import alias\n\nalias(__name__, '{name}.new')\n"
+    )
+    (root / "user.py").write_text("from . import old\n")  # code written against the old path
+    sys.path.insert(0, str(tmp_path))
+    try:
+        yield name
+    finally:
+        sys.path.remove(str(tmp_path))
+        for module in [m for m in sys.modules if m.startswith(name)]:
+            del sys.modules[module]
+
+
+def test_the_old_path_is_the_new_module_and_warns_at_the_importer(package: str) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        user = importlib.import_module(f"{package}.user")
+    new = importlib.import_module(f"{package}.new")
+    assert user.old is new and user.old.Thing is new.Thing
+    assert importlib.import_module(f"{package}.old") is new
+    (warning,) = [w for w in caught if w.category is DeprecationWarning]
+    assert f"{package}.old moved to {package}.new" in str(warning.message)
+    assert warning.filename == user.__file__  # the line that imported the old path
+
+
+def test_a_monkeypatch_through_the_old_path_reaches_the_new(
+    package: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old = importlib.import_module(f"{package}.old")
+    monkeypatch.setattr(old, "Thing", int)
+    assert importlib.import_module(f"{package}.new").Thing is int
