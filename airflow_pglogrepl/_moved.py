@@ -1,12 +1,12 @@
 """Old import paths of modules that moved to the drain pipeline's new layout (docs and DAGs
 written against the old paths keep working for a release).
 
-A module that moved whole leaves a one-line module at its old path, ``alias(__name__, "new")``:
-importing the old path returns the very module object of the new one, so identity, ``isinstance``
-and ``monkeypatch.setattr`` on either name reach the same code, and a ``DeprecationWarning`` that
-names the new path points at the line that imported the old one. The test suite turns such a
-warning into an error in the package's own code (pyproject's ``filterwarnings``): only users'
-code may use an old path.
+A module that moved whole is listed in ``MOVED`` and leaves a one-line module at its old path,
+``alias(__name__)``: importing the old path returns the very module object of the new one, so
+identity, ``isinstance`` and ``monkeypatch.setattr`` on either name reach the same code, and a
+``DeprecationWarning`` that names the new path points at the line that imported the old one.
+The test suite turns such a warning into an error in the package's own code (pyproject's
+``filterwarnings``): only users' code may use an old path.
 """
 
 from __future__ import annotations
@@ -15,9 +15,18 @@ import importlib
 import sys
 import warnings
 
+# Old path -> new path of every module that moved. Code that walks the package's modules skips
+# the old paths (each is the module at its new path again).
+MOVED = {
+    "airflow_pglogrepl.hooks.records": "airflow_pglogrepl.models.records",
+    "airflow_pglogrepl.preflight.facts": "airflow_pglogrepl.models.facts",
+    "airflow_pglogrepl.sensors.verdicts": "airflow_pglogrepl.models.verdicts",
+}
 
-def alias(old: str, new: str) -> None:
-    """Make the module ``old`` (the caller, being imported) the module ``new``."""
+
+def alias(old: str) -> None:
+    """Make the module ``old`` (the caller, being imported) the module it moved to."""
+    new = MOVED[old]
     warnings.warn(
         f"{old} moved to {new}: import it from there; the old path goes in a later release",
         DeprecationWarning,

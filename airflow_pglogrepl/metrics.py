@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.hooks.records import SlotInfo
+    from airflow_pglogrepl.models.records import SlotInfo
 
 log = logging.getLogger("airflow_pglogrepl.metrics")
 

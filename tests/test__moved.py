@@ -10,18 +10,20 @@ from pathlib import Path
 
 import pytest
 
+from airflow_pglogrepl._moved import MOVED
+from tests.support.layout import PACKAGE, modules
+
 
 @pytest.fixture
-def package(tmp_path: Path) -> Iterator[str]:
+def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A package with a module ``new`` and a shim ``old`` pointing at it, on ``sys.path``."""
     name = f"moved_{tmp_path.name.replace('-', '_')}"
     root = tmp_path / name
     root.mkdir()
     (root / "__init__.py").write_text("")
     (root / "new.py").write_text("class Thing:\n    pass\n")
-    (root / "old.py").write_text(
-        f"from airflow_pglogrepl._moved import alias\n\nalias(__name__, '{name}.new')\n"
-    )
+    (root / "old.py").write_text("from airflow_pglogrepl._moved import alias\n\nalias(__name__)\n")
+    monkeypatch.setitem(MOVED, f"{name}.old", f"{name}.new")
     (root / "user.py").write_text("from . import old\n")  # code written against the old path
     sys.path.insert(0, str(tmp_path))
     try:
@@ -52,3 +54,22 @@ def test_a_monkeypatch_through_the_old_path_reaches_the_new(
         old = importlib.import_module(f"{package}.old")
     monkeypatch.setattr(old, "Thing", int)
     assert importlib.import_module(f"{package}.new").Thing is int
+
+
+def test_every_old_path_is_listed_and_leads_where_it_says() -> None:
+    """Every shim (``alias(__name__)``) is listed in MOVED, the list the package's walkers
+    (tests/test_boundary.py, tests/models/test_records.py) skip, and its old path imports as the
+    module at the new one."""
+    shims = {
+        name
+        for name, path in modules()
+        if "alias(__name__)" in path.read_text(encoding="utf-8")
+        and name != f"{PACKAGE.name}._moved"
+    }
+    assert shims == set(MOVED), "list each moved module's old path in _moved.MOVED"
+    known = {name for name, _ in modules()}
+    assert not set(MOVED.values()) - known, "a new path of MOVED is no module of the package"
+    for old, new in MOVED.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            assert importlib.import_module(old) is importlib.import_module(new), old

@@ -23,11 +23,12 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 import airflow_pglogrepl.operators
 import airflow_pglogrepl.sensors
 from airflow_pglogrepl import exceptions
+from airflow_pglogrepl._moved import MOVED
 from airflow_pglogrepl.boundary import BOUNDARY_METHODS, TaskBoundary, at_boundary, raised_error
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
+from airflow_pglogrepl.models.verdicts import Verdict
 from airflow_pglogrepl.operators.drain import SlotDrainOperator
 from airflow_pglogrepl.sensors._base import VerdictSensor
-from airflow_pglogrepl.sensors.verdicts import Verdict
 from tests.support.airflow import context
 
 
@@ -157,6 +158,8 @@ def _task_classes() -> list[type]:
     found: dict[str, type] = {}
     for package in (airflow_pglogrepl.operators, airflow_pglogrepl.sensors):
         for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+            if info.name in MOVED:  # an old path: the module at its new path is walked
+                continue
             module = importlib.import_module(info.name)
             for _, cls in inspect.getmembers(module, inspect.isclass):
                 if issubclass(cls, BaseOperator) and cls.__module__.startswith("airflow_pglogrepl"):

@@ -1,7 +1,7 @@
 """Catalog inspection for preflight checks: roles, tables, columns, replica identity, privileges.
 
 Every method reads a batch in one statement (all tables at once, never one query per table) and
-returns the plain records of ``airflow_pglogrepl.preflight.facts``, which the pure preflight rules
+returns the plain records of ``airflow_pglogrepl.models.facts``, which the pure preflight rules
 judge. ``set_replica_identity`` is the one statement here that changes anything.
 """
 
@@ -17,14 +17,14 @@ from airflow_pglogrepl.exceptions import ReplicaIdentityChangeError
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
 from airflow_pglogrepl.hooks.pg import columns
 from airflow_pglogrepl.hooks.pg.columns import columns_from_json, columns_json
-from airflow_pglogrepl.hooks.records import ColumnOrigins
-from airflow_pglogrepl.preflight.facts import (
+from airflow_pglogrepl.models.facts import (
     IndexFacts,
     PublisherUsage,
     RoleFacts,
     SubscriberUsage,
     TableFacts,
 )
+from airflow_pglogrepl.models.records import ColumnOrigins
 from airflow_pglogrepl.tables import TableRef
 
 # One row per requested table that exists (matched by exact schema and name), with its columns,

@@ -16,10 +16,10 @@ from psycopg import errors as pgerr
 from psycopg import sql
 
 from airflow_pglogrepl.hooks.base import run_ddl
-from airflow_pglogrepl.hooks.records import Record, RelState
 from airflow_pglogrepl.hooks.slots import SlotsMixin
 from airflow_pglogrepl.hooks.subscriptions import SubscriptionsMixin
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.models.records import Record, RelState
 from airflow_pglogrepl.names import publication_names_option
 from airflow_pglogrepl.pgoutput.pending import PendingTransaction, first_pending_transaction
 from airflow_pglogrepl.tables import TableRef

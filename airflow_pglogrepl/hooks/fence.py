@@ -35,8 +35,8 @@ from airflow_pglogrepl.hooks.fence_guard import (
     lock_holders,
     remove_guard,
 )
-from airflow_pglogrepl.hooks.records import Record
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.models.records import Record
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.versions import Features
 

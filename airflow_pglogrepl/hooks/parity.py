@@ -9,7 +9,7 @@ from psycopg import sql
 
 from airflow_pglogrepl.hooks.base import PgSessionHook
 from airflow_pglogrepl.hooks.pg.connect import TEXT_OUTPUT, set_session
-from airflow_pglogrepl.hooks.records import Record
+from airflow_pglogrepl.models.records import Record
 from airflow_pglogrepl.tables import TableRef
 
 # Row text must read the same on both servers: fix every setting that changes a type's output.

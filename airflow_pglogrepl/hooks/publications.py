@@ -18,7 +18,7 @@ from airflow_pglogrepl import conninfo
 from airflow_pglogrepl.exceptions import DefinitionConflictError, UnsupportedFeatureError
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl, show
 from airflow_pglogrepl.hooks.errors import WAL_LEVEL_FIX
-from airflow_pglogrepl.hooks.records import PublicationInfo, PublishedTable, Reconciled
+from airflow_pglogrepl.models.records import PublicationInfo, PublishedTable, Reconciled
 from airflow_pglogrepl.row_filter import check_row_filter
 from airflow_pglogrepl.tables import TableRef
 

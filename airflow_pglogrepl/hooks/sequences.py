@@ -14,7 +14,7 @@ from psycopg import sql
 
 from airflow_pglogrepl.exceptions import ObjectNotFoundError
 from airflow_pglogrepl.hooks.base import PgSessionHook
-from airflow_pglogrepl.hooks.records import Record
+from airflow_pglogrepl.models.records import Record
 from airflow_pglogrepl.tables import TableRef
 
 

@@ -8,8 +8,8 @@ from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
 from airflow_pglogrepl.hooks.errors import wal_level_error
 from airflow_pglogrepl.hooks.pg import server
 from airflow_pglogrepl.hooks.pg.server import CURRENT_LSN
-from airflow_pglogrepl.hooks.records import ServerFacts
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.models.records import ServerFacts
 
 # The settings ServerFacts reports; sizes are converted to bytes from pg_settings' unit.
 _SETTINGS = (

@@ -30,14 +30,14 @@ from airflow_pglogrepl.exceptions import (
 )
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
 from airflow_pglogrepl.hooks.errors import WAL_LEVEL_REFUSAL
-from airflow_pglogrepl.hooks.records import (
+from airflow_pglogrepl.hooks.secret_statements import quiet_secret_statements
+from airflow_pglogrepl.models.records import (
     Reconciled,
     Record,
     RelState,
     SubscriptionInfo,
     SubscriptionStatus,
 )
-from airflow_pglogrepl.hooks.secret_statements import quiet_secret_statements
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.versions import Features
 

@@ -48,7 +48,7 @@ from airflow_pglogrepl.lake.types import TYPE_META, arrow_value, column_type
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_pglogrepl.hooks.records import ColumnOrigins
+    from airflow_pglogrepl.models.records import ColumnOrigins
 
 ADDED_META = "pglogrepl.added"  # "<commit LSN>:<seq>" of the first change that had the column
 FILL_META = "pglogrepl.fill"  # what rows from before that change hold, as PostgreSQL prints it

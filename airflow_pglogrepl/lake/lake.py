@@ -60,8 +60,8 @@ from airflow_pglogrepl.tables import TableRef
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_pglogrepl.hooks.records import ColumnOrigins
     from airflow_pglogrepl.lake.mapping import MappedSchema
+    from airflow_pglogrepl.models.records import ColumnOrigins
 
 # What the source's catalog says of columns the lake sees for the first time (PgSource's
 # ``column_origins``): how rows from before an ``ADD COLUMN`` read it, and ``relnatts``.

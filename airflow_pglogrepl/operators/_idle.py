@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.hooks.records import SlotInfo
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
     from airflow_pglogrepl.lsn import LSN
+    from airflow_pglogrepl.models.records import SlotInfo
 
 log = logging.getLogger("airflow_pglogrepl.drain")
 

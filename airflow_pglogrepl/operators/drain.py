@@ -150,7 +150,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         from airflow_pglogrepl.conninfo import make_dsn
         from airflow_pglogrepl.exceptions import SnapshotNotCommittedError
-        from airflow_pglogrepl.sensors.verdicts import drain_refusal
+        from airflow_pglogrepl.models.verdicts import drain_refusal
 
         hook = replication_hook(self.postgres_conn_id, self.database)
         slot = hook.get_slot(self.slot_name, plugin="pgoutput")

@@ -159,7 +159,7 @@ class FinalizeCutoverOperator(TaskBoundary, BaseOperator):
     def _reverse_publication(
         self, new_primary: PgLogicalReplicationHook, tables: list[TableRef]
     ) -> dict[str, Any]:
-        from airflow_pglogrepl.hooks.records import PublishedTable
+        from airflow_pglogrepl.models.records import PublishedTable
 
         assert self.reverse_publication
         if not tables:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_pglogrepl.boundary import TaskBoundary
+from airflow_pglogrepl.models.facts import Inspection, SideFacts
 from airflow_pglogrepl.preflight import (
     FixMode,
     PreflightFailedError,
@@ -22,7 +23,6 @@ from airflow_pglogrepl.preflight import (
     evaluate,
 )
 from airflow_pglogrepl.preflight.checks import fix_failed
-from airflow_pglogrepl.preflight.facts import Inspection, SideFacts
 from airflow_pglogrepl.preflight.identity import assess, plan_fix
 from airflow_pglogrepl.preflight.report import AppliedFix, Finding
 from airflow_pglogrepl.tables import TableRef, parse_tables

@@ -73,7 +73,7 @@ class CreatePublicationOperator(TaskBoundary, BaseOperator):
         self.database = database
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_pglogrepl.hooks.records import PublishedTable
+        from airflow_pglogrepl.models.records import PublishedTable
         from airflow_pglogrepl.tables import TableRef, parse_tables
 
         refs = parse_tables(self.tables)

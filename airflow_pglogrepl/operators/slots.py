@@ -146,7 +146,7 @@ class SlotHealthCheckOperator(TaskBoundary, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_pglogrepl.exceptions import SlotUnhealthyError
-        from airflow_pglogrepl.sensors.verdicts import HealthPolicy, slot_health
+        from airflow_pglogrepl.models.verdicts import HealthPolicy, slot_health
 
         hook = replication_hook(self.postgres_conn_id, self.database)
         slot = hook.get_slot(self.slot_name)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from airflow_pglogrepl.preflight import identity, schema, sizing
-from airflow_pglogrepl.preflight._text import ident
-from airflow_pglogrepl.preflight.facts import (
+from airflow_pglogrepl.models.facts import (
     IDENTITY_NAMES,
     PERSISTENCE_NAMES,
     PUBLISHABLE_RELKINDS,
@@ -14,6 +12,8 @@ from airflow_pglogrepl.preflight.facts import (
     RoleFacts,
     TableFacts,
 )
+from airflow_pglogrepl.preflight import identity, schema, sizing
+from airflow_pglogrepl.preflight._text import ident
 from airflow_pglogrepl.preflight.report import (
     AppliedFix,
     Check,

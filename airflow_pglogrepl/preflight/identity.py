@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from airflow_pglogrepl.models.facts import IndexFacts, TableFacts
 from airflow_pglogrepl.preflight._text import ident, idents
-from airflow_pglogrepl.preflight.facts import IndexFacts, TableFacts
 from airflow_pglogrepl.preflight.report import Check, Severity
 from airflow_pglogrepl.tables import TableRef
 

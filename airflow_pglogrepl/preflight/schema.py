@@ -10,8 +10,8 @@ See https://www.postgresql.org/docs/15/logical-replication-restrictions.html
 
 from __future__ import annotations
 
+from airflow_pglogrepl.models.facts import PUBLISHABLE_RELKINDS, TableFacts
 from airflow_pglogrepl.preflight._text import ident, idents
-from airflow_pglogrepl.preflight.facts import PUBLISHABLE_RELKINDS, TableFacts
 from airflow_pglogrepl.preflight.identity import IdentityAssessment, IdentityClass
 from airflow_pglogrepl.preflight.report import Check, Finding, Severity, Side
 from airflow_pglogrepl.tables import Column

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_pglogrepl.models.facts import Inspection, PublisherUsage, SubscriberUsage
 from airflow_pglogrepl.preflight._text import counted
-from airflow_pglogrepl.preflight.facts import Inspection, PublisherUsage, SubscriberUsage
 from airflow_pglogrepl.preflight.report import Check, Finding, Severity, Side
 from airflow_pglogrepl.versions import Features
 

@@ -13,7 +13,7 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
 
 from airflow_pglogrepl.boundary import TaskBoundary, task_failure
-from airflow_pglogrepl.sensors.verdicts import Verdict
+from airflow_pglogrepl.models.verdicts import Verdict
 
 
 class VerdictSensor(TaskBoundary, BaseSensorOperator):

@@ -11,9 +11,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.hooks.records import SlotInfo, SubscriptionStatus
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.sensors.verdicts import Verdict, reached, slot_lag, subscription_ready
+from airflow_pglogrepl.models.records import SlotInfo, SubscriptionStatus
+from airflow_pglogrepl.models.verdicts import Verdict, reached, slot_lag, subscription_ready
 
 if TYPE_CHECKING:
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook

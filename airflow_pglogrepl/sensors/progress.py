@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_pglogrepl.models.verdicts import Verdict
 from airflow_pglogrepl.sensors._base import VerdictSensor
 from airflow_pglogrepl.sensors.probes import ProgressProbe
-from airflow_pglogrepl.sensors.verdicts import Verdict
 
 
 class _ProgressSensor(VerdictSensor):

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_pglogrepl import metrics
+from airflow_pglogrepl.models.verdicts import Verdict
 from airflow_pglogrepl.sensors._base import VerdictSensor
 from airflow_pglogrepl.sensors.probes import ReadyProbe, WorkerlessClock
-from airflow_pglogrepl.sensors.verdicts import Verdict
 
 
 class SubscriptionReadySensor(VerdictSensor):

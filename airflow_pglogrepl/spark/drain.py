@@ -55,7 +55,7 @@ from airflow_pglogrepl.spark.overlap import Behind, prefetched
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.hooks.records import SlotInfo
+    from airflow_pglogrepl.models.records import SlotInfo
     from airflow_pglogrepl.pgoutput import TableInfo
 
 
@@ -640,7 +640,7 @@ def _store(window: Window, ref: TableRef, rows: Any) -> None:
 
 def check_slot(source: DrainSource, slot_name: str) -> SlotInfo:
     """The slot, if it can be drained now: exists, pgoutput, and ``verdicts.drain_refusal``."""
-    from airflow_pglogrepl.sensors.verdicts import drain_refusal
+    from airflow_pglogrepl.models.verdicts import drain_refusal
 
     slot = source.get_slot(slot_name, plugin="pgoutput")
     refusal = drain_refusal(slot)

@@ -12,8 +12,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_pglogrepl.models.verdicts import Verdict
 from airflow_pglogrepl.sensors.probes import ProgressProbe, ReadyProbe, WorkerlessClock
-from airflow_pglogrepl.sensors.verdicts import Verdict
 
 SUCCESS, FAILED, ERROR = "success", "failed", "error"
 

@@ -223,7 +223,7 @@ def test_an_idle_timeout_is_seen_coming_and_named_when_it_struck(pg_bindir: Path
     import datetime as dt
 
     from airflow_pglogrepl.hooks.replication import DsnReplicationHook
-    from airflow_pglogrepl.sensors.verdicts import HealthPolicy, drain_refusal, slot_health
+    from airflow_pglogrepl.models.verdicts import HealthPolicy, drain_refusal, slot_health
     from airflow_pglogrepl.testing.pgcluster import local_cluster
 
     with local_cluster("idle-timeout") as cluster:

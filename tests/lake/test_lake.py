@@ -152,7 +152,7 @@ _NUMBERS: dict[str, int] = {}
 
 def _origins(natts: int = 2, attnums: dict[str, int] | None = None, **missing: str | None) -> Any:
     """A catalog stub: ``missing`` values by column (None: a default without one), attnums."""
-    from airflow_pglogrepl.hooks.records import ColumnOrigin, ColumnOrigins
+    from airflow_pglogrepl.models.records import ColumnOrigin, ColumnOrigins
 
     def origins(table: TableRef, names: Sequence[str]) -> ColumnOrigins:
         columns = {

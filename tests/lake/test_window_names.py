@@ -177,7 +177,7 @@ def test_names_are_translated_by_position_and_recorded() -> None:
 
 def _catalog(attnums: dict[str, int]) -> Any:
     """A catalog stub: each column's attribute number, no defaults."""
-    from airflow_pglogrepl.hooks.records import ColumnOrigin, ColumnOrigins
+    from airflow_pglogrepl.models.records import ColumnOrigin, ColumnOrigins
 
     def origins(table: TableRef, names: Any) -> ColumnOrigins:
         columns = {n: ColumnOrigin(n, True, None, False, attnums.get(n)) for n in names}

@@ -4,8 +4,8 @@ missing tables, partitions judged on each leaf.
 
 from __future__ import annotations
 
+from airflow_pglogrepl.models.facts import RoleFacts
 from airflow_pglogrepl.preflight import Check, evaluate
-from airflow_pglogrepl.preflight.facts import RoleFacts
 from airflow_pglogrepl.tables import TableRef
 from tests.support.preflight import checks_by_table, col, inspection, keyed, table
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from airflow_pglogrepl.models.facts import IndexFacts, TableFacts
 from airflow_pglogrepl.preflight import Check, FixMode, IdentityClass, IdentityFix, Severity
-from airflow_pglogrepl.preflight.facts import IndexFacts, TableFacts
 from airflow_pglogrepl.preflight.identity import assess, best_unique_index, plan_fix
 from airflow_pglogrepl.tables import TableRef
 from tests.support.preflight import col, idx, keyed, table

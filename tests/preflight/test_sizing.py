@@ -4,8 +4,8 @@ wal_level and the role, temp_file_limit, the idle slot timeout.
 
 from __future__ import annotations
 
+from airflow_pglogrepl.models.facts import PublisherUsage, RoleFacts, SubscriberUsage
 from airflow_pglogrepl.preflight import Check, evaluate
-from airflow_pglogrepl.preflight.facts import PublisherUsage, RoleFacts, SubscriberUsage
 from airflow_pglogrepl.preflight.sizing import demand
 from tests.support.preflight import inspection, keyed, server
 

@@ -32,12 +32,12 @@ from airflow_pglogrepl.exceptions import (
     SlotLostError,
     WriterLockLostError,
 )
-from airflow_pglogrepl.hooks.records import SlotInfo
 from airflow_pglogrepl.lake.delta import open_table, read_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.materialize import materialize
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.sensors.verdicts import drain_refusal
+from airflow_pglogrepl.models.records import SlotInfo
+from airflow_pglogrepl.models.verdicts import drain_refusal
 from airflow_pglogrepl.spark.drain import Drain
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.wait import wait_until

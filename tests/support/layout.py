@@ -13,11 +13,11 @@ from tests.support.paths import REPO
 
 PACKAGE = REPO / "airflow_pglogrepl"
 
-# The layers, bottom to top: a module may import its own layer and those below it. Today's
-# folders; the target order puts the pure records (hooks/records.py, sensors/verdicts.py)
-# and the slot's reading below everything that uses them.
-LAYERS = ("root", "preflight", "hooks.pg", "pgoutput", "lake", "spark", "hooks", "triggers",
-          "sensors", "operators", "testing")  # fmt: skip
+# The layers, bottom to top: a module may import its own layer and those below it. The plain
+# records (models) sit under everything that uses them, the statements (hooks.pg) under the
+# lake and the Spark applications, the roles (hooks, triggers, sensors, operators) on top.
+LAYERS = ("root", "models", "preflight", "hooks.pg", "pgoutput", "lake", "spark", "hooks",
+          "triggers", "sensors", "operators", "testing")  # fmt: skip
 
 
 def modules() -> Iterator[tuple[str, Path]]:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_pglogrepl.hooks.records import ServerFacts
-from airflow_pglogrepl.preflight.facts import (
+from airflow_pglogrepl.models.facts import (
     IndexFacts,
     Inspection,
     PublisherUsage,
@@ -14,6 +13,7 @@ from airflow_pglogrepl.preflight.facts import (
     SubscriberUsage,
     TableFacts,
 )
+from airflow_pglogrepl.models.records import ServerFacts
 from airflow_pglogrepl.preflight.report import PreflightReport
 from airflow_pglogrepl.tables import Column, TableRef
 

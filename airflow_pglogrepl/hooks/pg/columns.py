@@ -15,7 +15,7 @@ from typing import Any
 from psycopg import sql
 
 from airflow_pglogrepl.hooks.pg.connect import Conn
-from airflow_pglogrepl.hooks.records import ColumnOrigin, ColumnOrigins
+from airflow_pglogrepl.models.records import ColumnOrigin, ColumnOrigins
 from airflow_pglogrepl.tables import Column, TableRef
 
 # A domain's base type, found the way pgoutput names it in a Type message (getBaseType: down the

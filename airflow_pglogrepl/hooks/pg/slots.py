@@ -32,8 +32,8 @@ from airflow_pglogrepl.hooks.pg.connect import (
     show,
 )
 from airflow_pglogrepl.hooks.pg.server import CURRENT_LSN
-from airflow_pglogrepl.hooks.records import SlotCreated, SlotInfo
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.models.records import SlotCreated, SlotInfo
 from airflow_pglogrepl.names import publication_list, validate_slot_name
 from airflow_pglogrepl.versions import Features
 

@@ -44,7 +44,7 @@ from airflow_pglogrepl.exceptions import (
 from airflow_pglogrepl.hooks.pg.connect import Conn, connect, long_work_settings, set_session
 from airflow_pglogrepl.hooks.pg.server import source_identity
 from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader, SnapshotTable
-from airflow_pglogrepl.hooks.records import Record
+from airflow_pglogrepl.models.records import Record
 from airflow_pglogrepl.tables import TableRef
 
 __all__ = ["CanceledStatement", "SnapshotGuard", "readers_application_name"]

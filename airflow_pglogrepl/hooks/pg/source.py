@@ -16,8 +16,8 @@ from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
 from airflow_pglogrepl.hooks.pg import arrow_peek, columns, locks, server, slots
 from airflow_pglogrepl.hooks.pg.connect import Conn, connect, dsn_params
 from airflow_pglogrepl.hooks.pg.snapshot import ExportedSnapshot, create_slot_with_snapshot
-from airflow_pglogrepl.hooks.records import ColumnOrigins, SlotInfo
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.models.records import ColumnOrigins, SlotInfo
 from airflow_pglogrepl.tables import TableRef
 
 DSN_ENV = SOURCE_DSN_ENV

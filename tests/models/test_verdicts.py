@@ -6,9 +6,9 @@ import datetime as dt
 
 import pytest
 
-from airflow_pglogrepl.hooks.records import RelState, SlotInfo, SubscriptionStatus
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.sensors.verdicts import (
+from airflow_pglogrepl.models.records import RelState, SlotInfo, SubscriptionStatus
+from airflow_pglogrepl.models.verdicts import (
     HealthPolicy,
     reached,
     slot_health,
@@ -143,7 +143,7 @@ def test_a_lost_slot_says_the_servers_reason_and_what_prevents_it(
 ) -> None:
     """PostgreSQL 17+ says why a slot was invalidated; the advice follows the reason (an idle
     timeout on 18 is not cured by max_slot_wal_keep_size)."""
-    from airflow_pglogrepl.sensors.verdicts import drain_refusal
+    from airflow_pglogrepl.models.verdicts import drain_refusal
 
     slot = _slot(wal_status="lost", invalidation_reason=reason)
     (problem,) = slot_health(
