@@ -19,7 +19,9 @@ import warnings
 # the old paths (each is the module at its new path again).
 MOVED = {
     "airflow_pglogrepl.hooks.records": "airflow_pglogrepl.models.records",
+    "airflow_pglogrepl.lineage": "airflow_pglogrepl.operators.lineage",
     "airflow_pglogrepl.preflight.facts": "airflow_pglogrepl.models.facts",
+    "airflow_pglogrepl.sensors.probes": "airflow_pglogrepl.triggers.probes",
     "airflow_pglogrepl.sensors.verdicts": "airflow_pglogrepl.models.verdicts",
 }
 

@@ -27,7 +27,15 @@ from airflow_pglogrepl.hooks.pg.connect import (
     show,
 )
 
-__all__ = ["AsyncConn", "Conn", "PgSessionHook", "run_ddl", "show"]
+__all__ = ["AsyncConn", "Conn", "PgSessionHook", "mask", "run_ddl", "show"]
+
+
+def mask(secret: str) -> None:
+    """Hide ``secret`` wherever Airflow writes the task's log, from the moment it is read (a
+    password, an object store's key): every place that reads one calls this first."""
+    from airflow.sdk.log import mask_secret
+
+    mask_secret(secret)
 
 
 class PgSessionHook(PostgresHook):

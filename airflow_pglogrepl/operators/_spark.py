@@ -169,6 +169,7 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
     def _prepare_submit(self, dsn: str) -> None:
         """The DSN and the lake's store into the spark-submit environment only (masked), and the
         Spark to run."""
+        from airflow_pglogrepl.hooks.base import mask  # psycopg, when the task runs
         from airflow_pglogrepl.lake.storage import STORE_ENV
 
         mask(dsn)
@@ -362,12 +363,6 @@ def check_spark_connection(conn_id: str) -> str:
     if conn.extra_dejson.get("spark-binary"):
         return ""  # a spark-submit of the connection's choosing: always through it
     return str(conn.host or "")
-
-
-def mask(secret: str) -> None:
-    from airflow.sdk.log import mask_secret
-
-    mask_secret(secret)
 
 
 def spark_submit_binary() -> str:

@@ -200,9 +200,9 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         return result
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """OpenLineage (``airflow_pglogrepl.lineage``): the published tables in, the lake's
+        """OpenLineage (``operators.lineage``): the published tables in, the lake's
         ``changes/`` and ``state/`` tables out."""
-        from airflow_pglogrepl.lineage import lake_lineage
+        from airflow_pglogrepl.operators.lineage import lake_lineage
 
         hook = replication_hook(self.postgres_conn_id, self.database)
         kinds = ("changes", "state") if self.materialize else ("changes",)
@@ -211,7 +211,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
         """OpenLineage of a failed run: the published tables in, no output claimed (the run
         may have committed some windows, or none)."""
-        from airflow_pglogrepl.lineage import lake_lineage
+        from airflow_pglogrepl.operators.lineage import lake_lineage
 
         hook = replication_hook(self.postgres_conn_id, self.database)
         return lake_lineage(hook, self.publications, str(self.sink), kinds=())

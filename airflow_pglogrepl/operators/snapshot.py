@@ -309,16 +309,16 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         return [str(t) for t in tables]
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """OpenLineage (``airflow_pglogrepl.lineage``): the published tables in, the lake's
+        """OpenLineage (``operators.lineage``): the published tables in, the lake's
         ``state/`` tables out."""
-        from airflow_pglogrepl.lineage import lake_lineage
+        from airflow_pglogrepl.operators.lineage import lake_lineage
 
         return lake_lineage(self._source_hook(), self.publications, str(self.sink),
                             kinds=("state",), only=self._table_list() or None)  # fmt: skip
 
     def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
         """OpenLineage of a failed snapshot: the tables it read, no output claimed."""
-        from airflow_pglogrepl.lineage import lake_lineage
+        from airflow_pglogrepl.operators.lineage import lake_lineage
 
         return lake_lineage(self._source_hook(), self.publications, str(self.sink), kinds=(),
                             only=self._table_list() or None)  # fmt: skip

@@ -190,9 +190,9 @@ class CreateSubscriptionOperator(TaskBoundary, BaseOperator):
             self.log.info("Same instance: created slot %s before the subscription", slot)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """OpenLineage (``airflow_pglogrepl.lineage``): the publisher's published tables in,
+        """OpenLineage (``operators.lineage``): the publisher's published tables in,
         the subscriber's tables of the same names out."""
-        from airflow_pglogrepl.lineage import subscription_lineage
+        from airflow_pglogrepl.operators.lineage import subscription_lineage
 
         return subscription_lineage(
             replication_hook(self.publisher_conn_id, self.publisher_database),

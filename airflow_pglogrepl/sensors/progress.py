@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow_pglogrepl.models.verdicts import Verdict
 from airflow_pglogrepl.sensors._base import VerdictSensor
-from airflow_pglogrepl.sensors.probes import ProgressProbe
+from airflow_pglogrepl.triggers.probes import ProgressProbe
 
 
 class _ProgressSensor(VerdictSensor):

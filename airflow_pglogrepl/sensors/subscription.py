@@ -8,7 +8,7 @@ from typing import Any
 from airflow_pglogrepl import metrics
 from airflow_pglogrepl.models.verdicts import Verdict
 from airflow_pglogrepl.sensors._base import VerdictSensor
-from airflow_pglogrepl.sensors.probes import ReadyProbe, WorkerlessClock
+from airflow_pglogrepl.triggers.probes import ReadyProbe, WorkerlessClock
 
 
 class SubscriptionReadySensor(VerdictSensor):

@@ -13,7 +13,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_pglogrepl.models.verdicts import Verdict
-from airflow_pglogrepl.sensors.probes import ProgressProbe, ReadyProbe, WorkerlessClock
+from airflow_pglogrepl.triggers.probes import ProgressProbe, ReadyProbe, WorkerlessClock
 
 SUCCESS, FAILED, ERROR = "success", "failed", "error"
 

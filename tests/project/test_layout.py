@@ -25,20 +25,14 @@ LONG_MODULES = {
 }
 
 # Imports that go up the layers (tests/support/layout.py: LAYERS) today: errors and adapters
-# that live in the hooks' folder, root modules that serve the operators (lineage, metrics).
+# that live in the hooks' folder, a root module that serves the operators (metrics).
 UPWARD_IMPORTS = {
     ("exceptions", "preflight.report"),
-    ("hooks.object_store", "operators._spark"),
     ("hooks.pg.connect", "hooks.lsn_adapters"),
     ("hooks.pg.slots", "hooks.errors"),
     ("hooks.pg.slots", "hooks.lsn_adapters"),
     ("hooks.pg.snapshot", "hooks.errors"),
-    ("lineage", "hooks.replication"),
-    ("lineage", "lake.changelog"),
-    ("lineage", "lake.layout"),
-    ("lineage", "lake.types"),
     ("metrics", "models.records"),
-    ("triggers.replication", "sensors.probes"),
 }
 
 # Runs of 5 code lines (docstrings, comments and imports left out) found in more than one place.

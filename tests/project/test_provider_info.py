@@ -59,7 +59,8 @@ def test_operator_modules_do_not_pull_pyspark_or_connect() -> None:
     loaded = _modules_after(
         "import airflow_pglogrepl.operators.publication, airflow_pglogrepl.operators.subscription,"
         " airflow_pglogrepl.operators.slots, airflow_pglogrepl.sensors.subscription,"
-        " airflow_pglogrepl.sensors.progress, airflow_pglogrepl.operators.upkeep"
+        " airflow_pglogrepl.sensors.progress, airflow_pglogrepl.operators.upkeep,"
+        " airflow_pglogrepl.operators.drain, airflow_pglogrepl.operators.snapshot"
     )
     assert not {"pyspark", "deltalake", "pyarrow"} & loaded
     assert "psycopg" not in loaded, "operator modules should import psycopg only when they run"

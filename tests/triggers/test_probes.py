@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_pglogrepl.exceptions import InvalidLSNError
-from airflow_pglogrepl.sensors.probes import ProgressProbe
+from airflow_pglogrepl.triggers.probes import ProgressProbe
 
 
 @pytest.mark.parametrize(

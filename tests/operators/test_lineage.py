@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_pglogrepl.lineage import lake_location, postgres_namespace
+from airflow_pglogrepl.operators.lineage import lake_location, postgres_namespace
 
 
 def test_a_lake_table_is_named_by_its_bucket_and_key_or_its_absolute_path() -> None:
