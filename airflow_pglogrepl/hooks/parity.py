@@ -1,76 +1,31 @@
-"""Table checksums for the cutover's parity check, read the same way on both servers."""
+"""Table checksums for the cutover's parity check, read the same way on both servers (the
+statements: ``hooks/pg/parity.py``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-
-from psycopg import sql
 
 from airflow_pglogrepl.hooks.base import PgSessionHook
-from airflow_pglogrepl.hooks.pg.connect import TEXT_OUTPUT, set_session
-from airflow_pglogrepl.models.records import Record
+from airflow_pglogrepl.hooks.pg import parity
+from airflow_pglogrepl.models.records import TableChecksum
 from airflow_pglogrepl.tables import TableRef
 
-# Row text must read the same on both servers: fix every setting that changes a type's output.
-_STABLE_OUTPUT = {**TEXT_OUTPUT, "lc_monetary": "C"}
-
-
-@dataclass(frozen=True)
-class TableChecksum(Record):
-    """Row count and order-independent checksum of a table (see ``table_checksum``)."""
-
-    rows: int
-    checksum: int
+__all__ = ["ParityMixin", "TableChecksum"]
 
 
 class ParityMixin(PgSessionHook):
     """Columns and checksums of tables, for comparing two servers."""
 
-    # -- table parity -----------------------------------------------------------------------
-
     def table_columns(self, tables: Sequence[TableRef]) -> dict[TableRef, tuple[str, ...]]:
-        """Replicated columns of each table that exists, in column order.
-
-        Dropped and generated columns are left out: logical replication does not carry
-        generated values (PostgreSQL 15), the subscriber computes its own.
-        """
+        """Replicated columns of each table that exists, in column order (no dropped or
+        generated columns: ``hooks.pg.parity.table_columns``)."""
         if not tables:
             return {}
         with self.session() as conn:
-            rows = conn.execute(
-                "SELECT n.nspname AS schema, c.relname AS name,"
-                " coalesce(array_agg(a.attname::text ORDER BY a.attnum)"
-                "  FILTER (WHERE a.attnum IS NOT NULL), '{}') AS columns"
-                " FROM unnest(%s::text[], %s::text[]) AS w(schema_name, table_name)"
-                " JOIN pg_namespace n ON n.nspname = w.schema_name"
-                " JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = w.table_name"
-                "  AND c.relkind IN ('r', 'p')"
-                " LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0"
-                "  AND NOT a.attisdropped AND a.attgenerated = ''"
-                " GROUP BY 1, 2",
-                ([t.schema for t in tables], [t.name for t in tables]),
-            ).fetchall()
-        return {TableRef(row["schema"], row["name"]): tuple(row["columns"]) for row in rows}
+            return parity.table_columns(conn, tables)
 
     def table_checksum(self, table: TableRef, columns: Sequence[str]) -> TableChecksum:
-        """Row count and the sum of each row's md5 folded to a signed 64-bit integer.
-
-        Summing (not XOR) keeps duplicate rows from cancelling out, and md5 of the row's text
-        form is the same on every platform (``hashtext`` differs between byte orders). The
-        session fixes the settings that change text output (time zone, date and interval style,
-        float digits, bytea, money), so equal rows give equal text on both servers; columns are
-        listed by name, so column order on the two sides does not matter.
-        """
-        row_text = sql.SQL("ROW({})::text").format(
-            sql.SQL(", ").join(sql.Identifier("t", c) for c in columns)
-        )
-        query = sql.SQL(
-            "SELECT count(*) AS rows, coalesce(sum(('x' || left(md5({}), 16))::bit(64)::bigint"
-            "::numeric), 0) AS checksum FROM {} AS t"
-        ).format(row_text, sql.Identifier(table.schema, table.name))
+        """Row count and order-independent checksum of ``columns`` of ``table``
+        (``hooks.pg.parity.table_checksum``)."""
         with self.session() as conn:
-            set_session(conn, _STABLE_OUTPUT)
-            row = conn.execute(query).fetchone()
-        assert row is not None
-        return TableChecksum(rows=int(row["rows"]), checksum=int(row["checksum"]))
+            return parity.table_checksum(conn, table, columns)

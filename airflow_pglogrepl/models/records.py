@@ -296,3 +296,35 @@ class ColumnOrigins(Record):
 
     natts: int
     columns: dict[str, ColumnOrigin]
+
+
+@dataclass(frozen=True)
+class TableChecksum(Record):
+    """Row count and order-independent checksum of a table (``hooks.pg.parity.table_checksum``)."""
+
+    rows: int
+    checksum: int
+
+
+@dataclass(frozen=True)
+class OwnedSequence(Record):
+    """A sequence behind an identity or serial column (``kind``: ``identity`` or ``serial``)."""
+
+    sequence: TableRef
+    table: TableRef
+    column: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class SequenceState(Record):
+    """One row of ``pg_sequences``; ``last_value`` is ``None`` until ``nextval`` first ran."""
+
+    sequence: TableRef
+    last_value: int | None
+    increment: int
+    min_value: int
+    max_value: int
+    # ``last_value`` reads NULL both for a sequence never used and for one the role may not
+    # read (it needs SELECT or USAGE): this tells them apart
+    readable: bool = True
