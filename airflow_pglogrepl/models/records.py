@@ -328,3 +328,33 @@ class SequenceState(Record):
     # ``last_value`` reads NULL both for a sequence never used and for one the role may not
     # read (it needs SELECT or USAGE): this tells them apart
     readable: bool = True
+
+
+@dataclass(frozen=True)
+class SubscriptionErrors(Record):
+    """What the subscriber can tell, over SQL, about a subscription's apply and sync errors.
+
+    The error text itself (and the failing transaction's finish LSN, in the line
+    ``... in transaction <xid>, finished at <LSN>``) is only in the subscriber's server log.
+    ``origin_lsn`` is the end of the last remote transaction applied (its replication origin);
+    ``skip_lsn`` a pending ``ALTER SUBSCRIPTION ... SKIP`` (PostgreSQL 15+).
+    """
+
+    name: str
+    exists: bool
+    enabled: bool = False
+    slot_name: str | None = None
+    publications: tuple[str, ...] = ()
+    apply_worker_pid: int | None = None
+    sync_workers: tuple[TableRef, ...] = ()
+    apply_error_count: int | None = None
+    sync_error_count: int | None = None
+    stats_reset: dt.datetime | None = None
+    skip_lsn: LSN | None = None
+    origin_lsn: LSN | None = None
+    not_ready: tuple[RelState, ...] = ()
+    # 18+: pg_stat_subscription_stats' conflict counters by kind (insert_exists, ...); None
+    # before 18, where the server does not count them
+    conflicts: dict[str, int] | None = None
+
+    dict_names = {"name": "subscription"}

@@ -31,9 +31,9 @@ from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.hooks.for_connection import replication_hook
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.hooks.conflicts import SubscriptionErrors
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
     from airflow_pglogrepl.lsn import LSN
+    from airflow_pglogrepl.models.records import SubscriptionErrors
     from airflow_pglogrepl.pgoutput.pending import PendingTransaction
 
 # What each PostgreSQL 18 conflict counter means for a move: the apply worker stops on the

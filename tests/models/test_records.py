@@ -13,7 +13,6 @@ import pkgutil
 
 import airflow_pglogrepl.hooks
 from airflow_pglogrepl._moved import MOVED
-from airflow_pglogrepl.hooks.conflicts import SubscriptionErrors
 from airflow_pglogrepl.hooks.fence import FenceApplied, FenceGrant, FenceReleased, RoleFence
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import (
@@ -22,6 +21,7 @@ from airflow_pglogrepl.models.records import (
     Record,
     RelState,
     SlotSpill,
+    SubscriptionErrors,
     SubscriptionStatus,
 )
 from airflow_pglogrepl.tables import TableRef

@@ -12,9 +12,8 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_pglogrepl.exceptions import InvalidLSNError, ReplicationFailedError
-from airflow_pglogrepl.hooks.conflicts import SubscriptionErrors
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.models.records import RelState
+from airflow_pglogrepl.models.records import RelState, SubscriptionErrors
 from airflow_pglogrepl.operators.conflicts import (
     SkipConflictingTransactionOperator,
     SubscriptionErrorCheckOperator,
