@@ -1,6 +1,6 @@
 """The task boundary: the one place where this package's errors become Airflow's.
 
-Hooks, the decoder and the lake raise the project's own errors (``exceptions.py``), which carry
+Hooks, the decoder and the lake raise the project's own errors (``exceptions/``), which carry
 the object and the fix and know nothing of Airflow. Airflow retries a failed task unless it sees
 ``AirflowFailException``; most of our errors (a lost slot, a missing grant, a lake from another
 server, a failed parity check) do not heal by retrying, and retries would only delay the page to

@@ -18,7 +18,6 @@ import re
 from typing import Any
 
 from airflow_pglogrepl.exceptions import LakeLocationError, LakeStoreUnreachableError
-from airflow_pglogrepl.hooks.base import mask
 from airflow_pglogrepl.lake.storage import S3_SCHEMES, ObjectStore, is_object_store
 
 __all__ = ["LakeLocationError", "check_bucket", "check_sink", "lake_store", "store_of"]
@@ -149,6 +148,8 @@ def store_of(login: str | None, password: str | None, host: str | None,
 
 
 def _mask(store: ObjectStore) -> None:
+    from airflow_pglogrepl.hooks.base import mask  # psycopg: only when the task runs
+
     for secret in store.secrets():
         mask(secret)
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from airflow_pglogrepl.exceptions import ObjectNotFoundError
 from airflow_pglogrepl.hooks.base import PgSessionHook
-from airflow_pglogrepl.hooks.pg import sequences
+from airflow_pglogrepl.hooks.pg import sequences as statements
 from airflow_pglogrepl.models.records import OwnedSequence, SequenceState
 from airflow_pglogrepl.tables import TableRef
 
@@ -27,25 +27,24 @@ class SequencesMixin(PgSessionHook):
         if not tables:
             return []
         with self.session() as conn:
-            return sequences.owned_sequences(conn, tables)
+            return statements.owned_sequences(conn, tables)
 
-    def sequence_states(self, names: Sequence[TableRef]) -> dict[TableRef, SequenceState]:
-        """``pg_sequences`` rows of the sequences ``names`` that exist (``last_value`` needs
-        SELECT)."""
-        if not names:
+    def sequence_states(self, sequences: Sequence[TableRef]) -> dict[TableRef, SequenceState]:
+        """``pg_sequences`` rows of ``sequences`` that exist (``last_value`` needs SELECT)."""
+        if not sequences:
             return {}
         with self.session() as conn:
-            return sequences.sequence_states(conn, names)
+            return statements.sequence_states(conn, sequences)
 
     def column_max(self, table: TableRef, column: str) -> int | None:
         """``max(column)`` of ``table`` (an integer column), ``None`` when the table is empty."""
         with self.session() as conn:
-            return sequences.column_max(conn, table, column)
+            return statements.column_max(conn, table, column)
 
     def set_sequence(self, sequence: TableRef, value: int) -> None:
         """``setval(sequence, value, true)``: the next ``nextval`` returns ``value`` + increment."""
         with self.session() as conn:
-            found = sequences.set_sequence(conn, sequence, value)
+            found = statements.set_sequence(conn, sequence, value)
         if not found:
             raise ObjectNotFoundError("sequence", str(sequence), "check the sequence name")
         self.log.info("setval(%s, %d)", sequence, value)

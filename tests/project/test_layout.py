@@ -34,8 +34,9 @@ UPWARD_IMPORTS = {
     ("metrics", "models.records"),
 }
 
-# Runs of 5 code lines (docstrings, comments and imports left out) found in more than one place.
-REPEATED_WINDOWS = 54
+# Places where a run of 5 code lines (docstrings, comments and imports left out) that is found in
+# more than one place starts: a new copy of a repeated run adds one, as a new repeated run adds two.
+REPEATED_PLACES = 127
 
 
 def _short(module: str) -> str:
@@ -71,11 +72,11 @@ def test_folders_import_downward() -> None:
 
 def test_no_more_repeated_code_than_before() -> None:
     repeated = repeated_blocks()
-    places = sorted({f"{_short(m)}:{line}" for found in repeated.values() for m, line in found})
-    assert len(repeated) <= REPEATED_WINDOWS, (
-        f"{len(repeated)} runs of 5 code lines repeat (REPEATED_WINDOWS is {REPEATED_WINDOWS}); "
-        f"give the repeated code one home. Where they are: {places}"
+    places = sorted(f"{_short(m)}:{line}" for found in repeated.values() for m, line in found)
+    assert len(places) <= REPEATED_PLACES, (
+        f"{len(places)} places start a run of 5 code lines found elsewhere too (REPEATED_PLACES "
+        f"is {REPEATED_PLACES}); give the repeated code one home. Where they are: {places}"
     )
-    assert len(repeated) == REPEATED_WINDOWS, (
-        f"fewer repeats now ({len(repeated)}): lower REPEATED_WINDOWS to match"
+    assert len(places) == REPEATED_PLACES, (
+        f"fewer repeats now ({len(places)}): lower REPEATED_PLACES to match"
     )

@@ -12,6 +12,7 @@ from pathlib import Path
 import jsonschema
 
 from airflow_pglogrepl.get_provider_info import get_provider_info
+from tests.support.paths import REPO
 
 
 def test_provider_info_matches_airflows_schema() -> None:
@@ -64,3 +65,12 @@ def test_operator_modules_do_not_pull_pyspark_or_connect() -> None:
     )
     assert not {"pyspark", "deltalake", "pyarrow"} & loaded
     assert "psycopg" not in loaded, "operator modules should import psycopg only when they run"
+
+
+def test_parsing_the_shipped_dags_connects_nothing() -> None:
+    """The DAG processor builds the operators (their assets and sinks are checked then): that
+    must not pull a database driver or Spark into it."""
+    for dag in sorted((REPO / "dags").glob("*.py")):
+        loaded = _modules_after(f"import runpy; runpy.run_path({str(dag)!r})")
+        assert not {"psycopg", "pyspark", "deltalake"} & loaded, dag.name
+        assert "airflow.providers.postgres.hooks.postgres" not in loaded, dag.name

@@ -53,14 +53,20 @@ def imports(module: str, path: Path) -> set[str]:
                 base = ".".join([*anchor, *([node.module] if node.module else [])])
             found.add(base)
             found.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known)
-    return {name for name in found if name in known and name != module}
+    from airflow_pglogrepl._moved import MOVED  # an old path leads to the module it moved to
+
+    return {MOVED.get(name, name) for name in found if name in known and name != module}
 
 
 def upward_imports() -> set[tuple[str, str]]:
-    """Every ``(importer, imported)`` where the imported module's layer is above the importer's."""
+    """Every ``(importer, imported)`` where the imported module's layer is above the importer's
+    (an old path's shim, which imports the module it moved to, imports nothing of its own)."""
+    from airflow_pglogrepl._moved import MOVED
+
     return {
         (module, target)
         for module, path in modules()
+        if module not in MOVED
         for target in imports(module, path)
         if LAYERS.index(layer(target)) > LAYERS.index(layer(module))
     }
@@ -89,7 +95,7 @@ def code_lines(path: Path) -> list[tuple[int, str]]:
 
 def repeated_blocks(window: int = 5) -> dict[str, list[tuple[str, int]]]:
     """Runs of ``window`` code lines found in more than one place: a digest of the lines ->
-    ``(module, first line)`` of each place."""
+    ``(module, first line)`` of each place (a third copy of a run adds a place)."""
     places: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for module, path in modules():
         lines = code_lines(path)
