@@ -12,12 +12,14 @@ in the batch. Then a row never leaves its key, so its lineage (``lake.reduce``) 
 itself; and because an INSERT sends every column, each column's latest value actually sent is
 the key's latest: one group-by per key gives the net change. The last change deletes the row or
 upserts it; columns never sent in the batch (unchanged TOAST values of a row the batch did not
-insert) keep the target's value. Everything else (TRUNCATE, key changes, REPLICA IDENTITY FULL,
-no identity, columns added with a fill, a state that lacks a column, a big batch or a big state)
-is declined and goes to Spark, whose reduction handles all of it.
+insert) keep the target's value. Everything else (TRUNCATE, key changes, updates and deletes
+under REPLICA IDENTITY FULL, columns added with a fill, a state that lacks a column, a big batch or
+a big state) is declined and goes to Spark, whose reduction handles all of it.
 
-A table without a replica identity (no key, not FULL) can only take inserts and truncates, and
-its state is a multiset of rows: a batch of inserts alone is appended as it is (``_append``).
+A table without a key (no replica identity, or REPLICA IDENTITY FULL) has a multiset of rows for
+its state: a batch of inserts alone adds one copy of each row, so it is appended as it is
+(``_append``). That is the common keyless table, an audit or history log, merged in milliseconds
+where Spark's multiset merge started a JVM.
 
 A table's first state (no state table yet) is the same net change written as one append that
 creates the table: no MERGE and no files to rewrite, so only memory bounds it
@@ -237,9 +239,8 @@ def merge_table(
         return "no changelog"
     schema = delta.unmapped(pa.schema(changes.schema().to_arrow()))
     fields = [(f.name, _text(f.metadata)) for f in schema]
-    keys = described_key(fields)
-    if described_identity(fields) == "f":
-        return "REPLICA IDENTITY FULL (rows match by every column: Spark's multiset merge)"
+    full = described_identity(fields) == "f"
+    keys = [] if full else described_key(fields)  # FULL: rows match by every column
     if any(added_at(f) is not None and fill_value(f) is not None for f in base_fields(schema)):
         return "a column added with a value for older rows"
     columns = [n for n, _ in fields if n not in META_COLUMNS]
@@ -281,7 +282,7 @@ def merge_table(
     # rows from before a rename name the column as it was then
     batch = with_current_names(batch, former_names(schema))
     if not keys:
-        return _append(lake, name, end, target, batch, columns, state)
+        return _append(lake, name, end, target, batch, columns, state, full=full)
     values = [c for c in columns if c not in keys]
     net = net_upserts(batch, keys, values)
     if net is None:
@@ -374,15 +375,19 @@ class _InRange:
 
 
 def _append(lake: Lake, name: str, end: LSN, target: Any | None, batch: pa.Table,
-            columns: Sequence[str], state: pa.Schema) -> str | None:  # fmt: skip
-    """A table without a replica identity takes only inserts and truncates (PostgreSQL refuses
-    to publish its updates and deletes), and its state is a multiset of rows: a batch of
-    inserts alone is appended as it is, a compare-and-set on the state's transaction version.
-    A ``TRUNCATE`` goes to Spark (the state is rewritten)."""
+            columns: Sequence[str], state: pa.Schema, *,
+            full: bool = False) -> str | None:  # fmt: skip
+    """A keyless table's state is a multiset of rows: a batch of inserts alone adds one copy of
+    each, so it is appended as it is, a compare-and-set on the state's transaction version.
+    Without a replica identity only inserts and truncates are published; under REPLICA
+    IDENTITY FULL updates and deletes are too. Anything but inserts goes to Spark (a
+    ``TRUNCATE`` rewrites the state, an update or delete removes copies by counting them)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if not pc.all(pc.equal(batch.column(OP), INSERT)).as_py():
+        if full:
+            return "REPLICA IDENTITY FULL, not only inserts (Spark's multiset merge counts copies)"
         return "a table without a key whose batch is not only inserts (a TRUNCATE)"
     try:
         rows = batch.select(list(columns)).cast(state)

@@ -235,6 +235,7 @@ def test_what_it_declines_is_left_untouched_for_spark(tmp_path: Path) -> None:
     state_table(full, {}, 0x100)
     log = Log(0x100)
     log.add("I", 1, 1, "a")
+    log.add("D", 1, 1, "a")
     assert "FULL" in str(arrow_merge.merge_table(full, "public.t", commit(full, log, 0x100, "f")))
     small = Lake(str(tmp_path / "small"), "s")
     state_table(small, {}, 0x100)
@@ -476,6 +477,37 @@ def test_a_table_without_a_key_has_its_inserts_appended(tmp_path: Path) -> None:
     with pytest.raises(LakeCommitConflictError):
         arrow_merge._append(raced, "public.t", LSN(0x300), stale, log.table().slice(0, 1),
                             ["id", "v", "big"], pa.schema(stale.schema().to_arrow()))  # fmt: skip
+
+
+def test_inserts_under_replica_identity_full_are_appended_as_copies(tmp_path: Path) -> None:
+    """REPLICA IDENTITY FULL: the state is a multiset of whole rows, so a batch of inserts adds
+    one copy of each (duplicates too) without a JVM, first state included; an update or a
+    delete is declined for Spark's counting merge and leaves the state as it was."""
+    lake = Lake(str(tmp_path / "lake"), "s")
+    expected: list[tuple[Any, ...]] = []
+    start = 0x100
+    for round_ in range(2):
+        log = Log(start)
+        for n in range(4):
+            log.add("I", n % 2, round_, "same")  # each row twice per round
+            expected.append((n % 2, round_, "same"))
+        end = commit(lake, log, start, "f")
+        assert arrow_merge.merge_small(lake, ["public.t"]) == ({"public.t": str(end)}, [])
+        rows = read_table(lake.paths.state(T)).to_pylist()
+        assert sorted((r["id"], r["v"], r["big"]) for r in rows) == sorted(expected)
+        assert txn_version(lake.paths.state(T), lake.app) == int(end)
+        start = int(end)
+    merged = start
+    for op in ("U", "D"):
+        log = Log(start)
+        log.add("I", 9, 9, "new")
+        log.add(op, 0, 0, "same", old={"id": 0, "v": 0, "big": "same"})
+        end = commit(lake, log, start, "f")
+        reason = arrow_merge.merge_table(lake, "public.t", end)
+        assert reason is not None and "REPLICA IDENTITY FULL" in reason and "Spark" in reason
+        assert txn_version(lake.paths.state(T), lake.app) == merged  # nothing written
+        assert len(read_table(lake.paths.state(T))) == len(expected)
+        start = int(end)
 
 
 def test_a_batch_with_no_change_in_range_records_the_position_without_spark(
