@@ -677,8 +677,37 @@ def test_random_dml_in_many_windows_lands_exactly(
         source.sql("SELECT pg_drop_replication_slot(%s)", (reference.slot,))
 
 
-@pytest.mark.spark
+HOSTILE_TABLE = '"Sch; ema"."Tab ""le"" é"'
+
+
+def drain_hostile_names(spark: Any, source: Source, sink: str) -> Source:
+    """A publication, schema, table and column named with quotes, a semicolon, a backslash and
+    unicode, two changes drained (a first state: no JVM); the publication's source."""
+    hostile = Source(source.cluster, source.db, source.slot, 'pub "q"; \\ é')
+    table = HOSTILE_TABLE
+    source.sql('CREATE SCHEMA "Sch; ema"')
+    source.sql(f'CREATE TABLE {table} (id int PRIMARY KEY, "co""l\\é" text)')
+    source.sql(f'CREATE PUBLICATION "pub ""q""; \\ é" FOR TABLE {table}')
+    source.sql(f"INSERT INTO {table} VALUES (1, 'a'), (2, 'b;''c')")
+    source.sql(f'UPDATE {table} SET "co""l\\é" = \'d\' WHERE id = 1')
+    result = drain_in_process(spark, hostile, sink, window=1 << 30)
+    assert result["columnar_windows"] == result["windows"] == 1, result
+    assert lake_rows(sink, TableRef("Sch; ema", 'Tab "le" é')) == [(1, "d"), (2, "b;'c")]
+    return hostile
+
+
 @pytest.mark.pgversion
+def test_hostile_names_are_bound_and_escaped_on_every_major(source: Source, tmp_path: Path) -> None:
+    """What a server's version could change: the peek's arguments (the publication's name) and
+    the decoded relation names. Merged without a JVM, so the version matrix starts no Spark."""
+
+    def no_spark() -> Any:
+        raise AssertionError("a first state of keyed rows needs no Spark")
+
+    drain_hostile_names(no_spark, source, str(tmp_path / "lake"))
+
+
+@pytest.mark.spark
 def test_hostile_names_go_through_the_columnar_path(
     spark: Any, source: Source, tmp_path: Path
 ) -> None:
@@ -686,18 +715,10 @@ def test_hostile_names_go_through_the_columnar_path(
     column names: the peek's arguments are bound, the lake's directories escaped. A column
     name Delta Lake stores only under column mapping turns it on (tests/spark/test_column_names.py
     covers every such name)."""
-    hostile = Source(source.cluster, source.db, source.slot, 'pub "q"; \\ é')
-    table = '"Sch; ema"."Tab ""le"" é"'
-    source.sql('CREATE SCHEMA "Sch; ema"')
-    source.sql(f'CREATE TABLE {table} (id int PRIMARY KEY, "co""l\\é" text)')
-    source.sql(f'CREATE PUBLICATION "pub ""q""; \\ é" FOR TABLE {table}')
-    source.sql(f"INSERT INTO {table} VALUES (1, 'a'), (2, 'b;''c')")
-    source.sql(f'UPDATE {table} SET "co""l\\é" = \'d\' WHERE id = 1')
     sink = str(tmp_path / "lake")
-    result = drain_in_process(spark, hostile, sink, window=1 << 30)
-    assert result["columnar_windows"] == result["windows"] == 1, result
+    hostile = drain_hostile_names(spark, source, sink)
+    table = HOSTILE_TABLE
     ref = TableRef("Sch; ema", 'Tab "le" é')
-    assert lake_rows(sink, ref) == [(1, "d"), (2, "b;'c")]
 
     source.sql(f'ALTER TABLE {table} ADD COLUMN "first name" text')
     source.sql(f"INSERT INTO {table} VALUES (3, 'e', 'f')")
