@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import random
 import shutil
 import subprocess
 import sys
@@ -464,7 +465,9 @@ def play(model: dict[int, tuple[int | None, str | None]], plan: list[Step], log:
             log.delete(id=key)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# A few examples here (each is a Spark run of its own, seconds); the many plans without a
+# TRUNCATE are checked all at once below.
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     initial=st.dictionaries(st.integers(0, 4), st.one_of(st.none(), st.integers(0, 9)), max_size=3),
     plan=steps,
@@ -487,6 +490,57 @@ def test_merge_matches_a_sequential_model(
     final = merged(merged(spark.createDataFrame(start, SMALL), first), second)
     got = sorted((tuple(r) for r in final.collect()), key=repr)
     assert got == sorted(((k, *v) for k, v in model.items()), key=repr)
+
+
+def shifted(rows: list[tuple[Any, ...]], offset: int) -> list[tuple[Any, ...]]:
+    """Changelog rows of ``Log`` with every key (the row's and its old row's) moved by
+    ``offset``."""
+    out = []
+    for row in rows:
+        old = row[-1]
+        if old is not None:
+            old = (None if old[0] is None else old[0] + offset, *old[1:])
+        out.append((None if row[0] is None else row[0] + offset, *row[1:-1], old))
+    return out
+
+
+def test_many_plans_merged_at_once_match_their_sequential_models(spark: SparkSession) -> None:
+    """The sequential model again, for 60 seeded random plans in one Spark run: each plan on
+    keys and commit LSNs of its own, so no plan's changes touch another's rows. No TRUNCATE
+    (it would empty every plan's keys): the property test above keeps those."""
+    rng = random.Random(20261126)
+    ops = ["insert"] * 3 + ["update"] * 2 + ["move"] * 2 + ["delete"]
+    start: list[tuple[Any, ...]] = []
+    expected: list[tuple[Any, ...]] = []
+    first, second = Log(SMALL_COLS), Log(SMALL_COLS)
+    for number in range(60):
+        offset = 10 * number
+        keys = rng.sample(range(5), rng.randint(0, 3))
+        model = {k: (rng.choice([None, *range(10)]), f"s{k}") for k in keys}
+        start += [(k + offset, *v) for k, v in model.items()]
+        plan: list[Step] = [
+            (rng.choice(ops), rng.randrange(5), rng.randrange(5),
+             rng.choice([None, *range(10)]), rng.random() < 0.5, rng.random() < 0.5)
+            for _ in range(rng.randint(0, 14))
+        ]  # fmt: skip
+        split = rng.randint(0, 14)
+        one, two = (
+            Log(SMALL_COLS, 0x1000 + number * 0x4000),
+            Log(SMALL_COLS, 0x200000 + number * 0x4000),
+        )
+        play(model, plan[:split], one)
+        play(model, plan[split:], two)
+        first.rows += shifted(one.rows, offset)
+        second.rows += shifted(two.rows, offset)
+        expected += [(k + offset, *v) for k, v in model.items()]
+
+    def merged(previous: DataFrame, log: Log) -> DataFrame:
+        return merge_state(previous, log.frame(spark, SMALL), key=["id"], columns=SMALL_COLS)
+
+    moves = sum(1 for row in first.rows + second.rows if row[-1] is not None)
+    assert len(first.rows) + len(second.rows) > 300 and moves > 30 and len(expected) > 100
+    final = merged(merged(spark.createDataFrame(start, SMALL), first), second)
+    assert sorted((tuple(r) for r in final.collect()), key=repr) == sorted(expected, key=repr)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
