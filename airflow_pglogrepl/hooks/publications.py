@@ -1,4 +1,5 @@
-"""Publications on the publisher: read, create, reconcile, drop.
+"""Publications on the publisher: read, create, reconcile, drop (the statements:
+``hooks/pg/publications.py``).
 
 Reconciling relies on PostgreSQL's transactional DDL: the desired definition is applied inside a
 transaction and read back as the server normalises it (row filters as ``pg_get_expr`` prints
@@ -10,35 +11,17 @@ See https://www.postgresql.org/docs/15/sql-alterpublication.html
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
-from psycopg import sql
 
 from airflow_pglogrepl import conninfo
-from airflow_pglogrepl.exceptions import DefinitionConflictError, UnsupportedFeatureError
+from airflow_pglogrepl.exceptions import DefinitionConflictError
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl, show
 from airflow_pglogrepl.hooks.errors import WAL_LEVEL_FIX
+from airflow_pglogrepl.hooks.pg import publications
+from airflow_pglogrepl.hooks.pg.publications import PUBLISH_OPERATIONS
 from airflow_pglogrepl.models.records import PublicationInfo, PublishedTable, Reconciled
-from airflow_pglogrepl.row_filter import check_row_filter
 from airflow_pglogrepl.tables import TableRef
 
-PUBLISH_OPERATIONS = ("insert", "update", "delete", "truncate")
-
-_MEMBERS_15 = sql.SQL(
-    "SELECT n.nspname AS schema, c.relname AS name,"
-    " pg_get_expr(pr.prqual, pr.prrelid) AS row_filter,"
-    " CASE WHEN pr.prattrs IS NULL THEN NULL ELSE"
-    "  (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute a"
-    "   WHERE a.attrelid = pr.prrelid AND a.attnum = ANY(pr.prattrs)) END AS columns"
-    " FROM pg_publication_rel pr JOIN pg_class c ON c.oid = pr.prrelid"
-    " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE pr.prpubid = %s"
-    " ORDER BY 1, 2"
-)
-_MEMBERS_OLD = sql.SQL(
-    "SELECT n.nspname AS schema, c.relname AS name, NULL AS row_filter, NULL AS columns"
-    " FROM pg_publication_rel pr JOIN pg_class c ON c.oid = pr.prrelid"
-    " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE pr.prpubid = %s ORDER BY 1, 2"
-)
+__all__ = ["PUBLISH_OPERATIONS", "PublicationsMixin"]
 
 
 class PublicationsMixin(PgSessionHook):
@@ -50,17 +33,7 @@ class PublicationsMixin(PgSessionHook):
         ``None`` when the publication does not exist.
         """
         with self._use(conn) as c:
-            exists = c.execute(
-                "SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)
-            ).fetchone()
-            if exists is None:
-                return None
-            rows = c.execute(
-                "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s"
-                " ORDER BY schemaname, tablename",
-                (name,),
-            ).fetchall()
-        return [TableRef(row["schemaname"], row["tablename"]) for row in rows]
+            return publications.publication_tables(c, name)
 
     def published_columns(
         self, names: Sequence[str], *, conn: Conn | None = None
@@ -68,32 +41,13 @@ class PublicationsMixin(PgSessionHook):
         """The tables the publications ``names`` publish, each with its published columns in
         order: ``(name, PostgreSQL type, type oid, type modifier)`` (what lineage reports)."""
         with self._use(conn) as c:
-            rows = c.execute(
-                "SELECT DISTINCT pt.schemaname, pt.tablename, a.attnum, a.attname::text AS name,"
-                " format_type(a.atttypid, a.atttypmod) AS type, a.atttypid::int AS oid,"
-                " a.atttypmod AS typmod"
-                " FROM pg_publication_tables pt"
-                " JOIN pg_namespace n ON n.nspname = pt.schemaname"
-                " JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename"
-                " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0"
-                "  AND NOT a.attisdropped AND a.attname = ANY(pt.attnames)"
-                " WHERE pt.pubname = ANY(%s)"
-                " ORDER BY pt.schemaname, pt.tablename, a.attnum",
-                (list(names),),
-            ).fetchall()
-        found: dict[TableRef, list[tuple[str, str, int, int]]] = {}
-        for row in rows:
-            found.setdefault(TableRef(row["schemaname"], row["tablename"]), []).append(
-                (row["name"], row["type"], row["oid"], row["typmod"])
-            )
-        return found
+            return publications.published_columns(c, names)
 
     def database_name(self, *, conn: Conn | None = None) -> str:
         """The connected database's name as the server has it (``current_database()``): a
         connection's ``dbname`` may be a whole connection URI, with its password."""
         with self._use(conn) as c:
-            row = c.execute("SELECT current_database() AS name").fetchone()
-        return str(row["name"]) if row else ""
+            return publications.database_name(c)
 
     def source_identity(self) -> dict[str, object]:
         """The server's system identifier, timeline and the database (see
@@ -132,7 +86,7 @@ class PublicationsMixin(PgSessionHook):
     def get_publication(self, name: str, *, conn: Conn | None = None) -> PublicationInfo | None:
         """The publication's definition, or ``None`` when it does not exist."""
         with self._use(conn) as c:
-            return _read_publication(c, name)
+            return publications.read_publication(c, name)
 
     def ensure_publication(
         self,
@@ -155,27 +109,22 @@ class PublicationsMixin(PgSessionHook):
                 f"publication {name!r}: give a table list, or all_tables=True without tables"
             )
         with self.session(autocommit=False) as conn:
-            # row filters are pasted into the DDL: their literals must read as check_row_filter
-            # scanned them (with standard_conforming_strings off, '\'' would not end there)
-            conn.execute("SELECT set_config('standard_conforming_strings', 'on', false)")
+            publications.read_literals_as_checked(conn)
             wal_level = show(conn, "wal_level")
-            before = _read_publication(conn, name)
+            before = publications.read_publication(conn, name)
             if any(t.columns is not None or t.row_filter for t in tables):
-                _require_15(conn, name)
-            options = _options(publish, via_root)
+                publications.require_filters_and_column_lists(conn, name)
+            options = publications.options(publish, via_root)
             if before is None:
-                run_ddl(conn, _create_statement(name, tables, all_tables, options))
+                run_ddl(conn, publications.create_statement(name, tables, all_tables, options))
                 conn.commit()
                 action, details = "created", tuple(f"+ {t.table}" for t in tables)
             else:
                 _check_compatible(before, all_tables)
                 if tables:
-                    run_ddl(conn, _set_tables_statement(name, tables))
-                run_ddl(
-                    conn,
-                    sql.SQL("ALTER PUBLICATION {} SET ({})").format(sql.Identifier(name), options),
-                )
-                after = _read_publication(conn, name)
+                    run_ddl(conn, publications.set_tables_statement(name, tables))
+                run_ddl(conn, publications.set_options_statement(name, options))
+                after = publications.read_publication(conn, name)
                 assert after is not None
                 details = _differences(before, after)
                 if details:
@@ -196,13 +145,9 @@ class PublicationsMixin(PgSessionHook):
 
     def drop_publication(self, name: str, *, missing_ok: bool = True) -> bool:
         """Drop the publication; False when it did not exist (and ``missing_ok``)."""
-        statement = sql.SQL("DROP PUBLICATION {} {}").format(
-            sql.SQL("IF EXISTS") if missing_ok else sql.SQL(""), sql.Identifier(name)
-        )
         with self.session() as conn:
-            existed = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,))
-            found = existed.fetchone() is not None
-            run_ddl(conn, statement)
+            found = publications.exists(conn, name)
+            run_ddl(conn, publications.drop_statement(name, missing_ok=missing_ok))
         self.log.info("Publication %s %s", name, "dropped" if found else "did not exist")
         return found
 
@@ -214,56 +159,6 @@ def _check_publish(name: str, publish: Sequence[str]) -> None:
             f"publication {name!r}: publish must be a non-empty subset of {PUBLISH_OPERATIONS}, "
             f"got {list(publish)!r}"
         )
-
-
-def _require_15(conn: Conn, name: str) -> None:
-    row = conn.execute("SELECT current_setting('server_version_num')::int AS v").fetchone()
-    if row is None or row["v"] < 150000:
-        raise UnsupportedFeatureError(
-            f"publication {name!r}: row filters and column lists need PostgreSQL 15 or later on "
-            f"the publisher (it runs {row['v'] if row else 'unknown'}). Fix: publish whole tables "
-            f"and filter downstream, or upgrade the publisher"
-        )
-
-
-def _options(publish: Sequence[str], via_root: bool) -> sql.Composable:
-    ordered = [op for op in PUBLISH_OPERATIONS if op in publish]
-    return sql.SQL("publish = {}, publish_via_partition_root = {}").format(
-        sql.Literal(", ".join(ordered)), sql.Literal(via_root)
-    )
-
-
-def _table_spec(table: PublishedTable) -> sql.Composable:
-    parts: list[sql.Composable] = [sql.Identifier(table.table.schema, table.table.name)]
-    if table.columns is not None:
-        parts.append(
-            sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier(c) for c in table.columns))
-        )
-    if table.row_filter:
-        # A row filter is an SQL expression by nature (trusted DAG-author input, like any SQL
-        # operator's text); run_ddl keeps it to this one statement.
-        row_filter = check_row_filter(table.row_filter, table=str(table.table))
-        parts.append(sql.SQL("WHERE ({})").format(sql.SQL(row_filter)))
-    return sql.SQL(" ").join(parts)
-
-
-def _create_statement(
-    name: str, tables: Sequence[PublishedTable], all_tables: bool, options: sql.Composable
-) -> sql.Composed:
-    target = (
-        sql.SQL("FOR ALL TABLES")
-        if all_tables
-        else sql.SQL("FOR TABLE {}").format(sql.SQL(", ").join(_table_spec(t) for t in tables))
-    )
-    return sql.SQL("CREATE PUBLICATION {} {} WITH ({})").format(
-        sql.Identifier(name), target, options
-    )
-
-
-def _set_tables_statement(name: str, tables: Sequence[PublishedTable]) -> sql.Composed:
-    return sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(
-        sql.Identifier(name), sql.SQL(", ").join(_table_spec(t) for t in tables)
-    )
 
 
 def _check_compatible(before: PublicationInfo, all_tables: bool) -> None:
@@ -312,39 +207,3 @@ def _differences(before: PublicationInfo, after: PublicationInfo) -> tuple[str, 
 
 def _cols(table: PublishedTable) -> str:
     return "all" if table.columns is None else ",".join(table.columns)
-
-
-def _read_publication(conn: Conn, name: str) -> PublicationInfo | None:
-    pub = conn.execute(
-        "SELECT oid, puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot"
-        " FROM pg_publication WHERE pubname = %s",
-        (name,),
-    ).fetchone()
-    if pub is None:
-        return None
-    version = conn.execute("SELECT current_setting('server_version_num')::int AS v").fetchone()
-    newer = version is not None and version["v"] >= 150000
-    rows = conn.execute(_MEMBERS_15 if newer else _MEMBERS_OLD, (pub["oid"],)).fetchall()
-    schemas: list[dict[str, Any]] = []
-    if newer:
-        schemas = conn.execute(
-            "SELECT n.nspname FROM pg_publication_namespace pn"
-            " JOIN pg_namespace n ON n.oid = pn.pnnspid WHERE pn.pnpubid = %s ORDER BY 1",
-            (pub["oid"],),
-        ).fetchall()
-    flags = ("pubinsert", "pubupdate", "pubdelete", "pubtruncate")
-    return PublicationInfo(
-        name=name,
-        all_tables=pub["puballtables"],
-        publish=tuple(op for op, flag in zip(PUBLISH_OPERATIONS, flags, strict=True) if pub[flag]),
-        via_root=pub["pubviaroot"],
-        tables=tuple(
-            PublishedTable(
-                table=TableRef(row["schema"], row["name"]),
-                columns=tuple(row["columns"]) if row["columns"] is not None else None,
-                row_filter=row["row_filter"],
-            )
-            for row in rows
-        ),
-        schemas=tuple(row["nspname"] for row in schemas),
-    )
