@@ -276,6 +276,10 @@ def merge_table(
         return None
     if count == 0 or count > limit:
         return f"{count} changes"
+    if not keys:  # an append takes inserts alone: known from one column, before the batch
+        operations = in_range.operations()
+        if operations - {INSERT}:
+            return _not_appendable(full, operations)
     # only what the reduction reads (not the transaction id, commit time ...)
     needed = [*columns, OP, COMMIT_LSN, SEQ, UNCHANGED, OLD]
     batch = in_range.read([c for c in needed if c in schema.names])
@@ -361,6 +365,12 @@ class _InRange:
         reader = self.changes.scan(columns=[COMMIT_LSN], predicate=self.predicate)
         return sum(batch.num_rows for batch in pa.RecordBatchReader.from_stream(reader))
 
+    def operations(self) -> set[str]:
+        """The kinds of change in range (``_op`` alone is read)."""
+        import pyarrow.compute as pc
+
+        return {str(op) for op in pc.unique(self.read([OP]).column(OP)).to_pylist()}
+
     def read(self, columns: Sequence[str]) -> pa.Table:
         import pyarrow as pa
 
@@ -386,9 +396,7 @@ def _append(lake: Lake, name: str, end: LSN, target: Any | None, batch: pa.Table
     import pyarrow.compute as pc
 
     if not pc.all(pc.equal(batch.column(OP), INSERT)).as_py():
-        if full:
-            return "REPLICA IDENTITY FULL, not only inserts (Spark's multiset merge counts copies)"
-        return "a table without a key whose batch is not only inserts (a TRUNCATE)"
+        return _not_appendable(full, {str(op) for op in pc.unique(batch.column(OP)).to_pylist()})
     try:
         rows = batch.select(list(columns)).cast(state)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
@@ -409,6 +417,16 @@ def _append(lake: Lake, name: str, end: LSN, target: Any | None, batch: pa.Table
     log.info("state of %s appended up to %s without a JVM (%d inserts)", name, end,
              rows.num_rows)  # fmt: skip
     return None
+
+
+def _not_appendable(full: bool, operations: set[str]) -> str:
+    """Why a keyless table's batch goes to Spark: a ``TRUNCATE`` rewrites the state, an update
+    or delete under FULL identity removes copies, which Spark's multiset merge counts."""
+    if not full:
+        return "a table without a key whose batch is not only inserts (a TRUNCATE)"
+    if TRUNCATE in operations:
+        return "REPLICA IDENTITY FULL, a TRUNCATE in the batch (Spark rewrites the state)"
+    return "REPLICA IDENTITY FULL, updates or deletes (Spark's multiset merge counts copies)"
 
 
 def _create(lake: Lake, name: str, rows: pa.Table, end: LSN) -> None:
