@@ -23,15 +23,10 @@ class SlotsMixin(PgSessionHook):
     """Replication slots on the connected database."""
 
     def slot_spill(self, name: str) -> SlotSpill | None:
-        """The slot's decoding statistics (``pg_stat_replication_slots``), or None before the
-        slot decoded anything."""
+        """The slot's decoding statistics (``hooks.pg.slots.slot_spill``), or None when the
+        server keeps none for it."""
         with self.session() as conn:
-            row = conn.execute(
-                "SELECT slot_name AS slot, spill_txns, spill_bytes, stream_txns, stream_bytes,"
-                " total_txns, total_bytes FROM pg_stat_replication_slots WHERE slot_name = %s",
-                (name,),
-            ).fetchone()
-        return None if row is None else SlotSpill(**row)
+            return slots.slot_spill(conn, name)
 
     def create_logical_slot(
         self,

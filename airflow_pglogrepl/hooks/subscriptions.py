@@ -30,7 +30,7 @@ from airflow_pglogrepl.exceptions import (
 )
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
 from airflow_pglogrepl.hooks.errors import WAL_LEVEL_REFUSAL
-from airflow_pglogrepl.hooks.secret_statements import quiet_secret_statements
+from airflow_pglogrepl.hooks.pg.secret_statements import quiet_secret_statements
 from airflow_pglogrepl.models.records import (
     Reconciled,
     Record,

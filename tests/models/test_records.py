@@ -43,9 +43,9 @@ def test_every_dataclass_a_hook_module_defines_is_a_record() -> None:
     ]  # fmt: skip
     # the snapshot's catalog description travels to executors and is no XCom record
     assert sorted(not_records) == [
+        "airflow_pglogrepl.hooks.pg.secret_statements.Quiet",
         "airflow_pglogrepl.hooks.pg.snapshot.ExportedSnapshot",
         "airflow_pglogrepl.hooks.pg.snapshot.SnapshotTable",
-        "airflow_pglogrepl.hooks.secret_statements.Quiet",
     ]
 
 

@@ -1,4 +1,5 @@
-"""Where the server's WAL stands, as statements on a psycopg connection."""
+"""The server, as statements on a psycopg connection: where its WAL stands, its version and
+replication settings, its publications and identity, and what the connecting role may do."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from psycopg import sql
 
 from airflow_pglogrepl.hooks.pg.connect import Conn
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.models.records import ServerFacts
 
 # Where the server's WAL is now; on a standby (PostgreSQL 16+ can decode there) the replay point.
 CURRENT_LSN = sql.SQL(
@@ -101,3 +103,92 @@ def source_identity(conn: Conn) -> dict[str, object]:
     ).fetchone()
     assert row is not None
     return dict(row)
+
+
+# The settings ServerFacts reports; sizes are converted to bytes from pg_settings' unit.
+_SETTINGS = (
+    "wal_level",
+    "max_replication_slots",
+    "max_wal_senders",
+    "max_logical_replication_workers",
+    "max_worker_processes",
+    "max_sync_workers_per_subscription",
+    "logical_decoding_work_mem",
+    "max_slot_wal_keep_size",
+    "temp_file_limit",
+    "max_active_replication_origins",
+    "idle_replication_slot_timeout",
+)
+_UNIT_BYTES = {"B": 1, "kB": 1024, "8kB": 8192, "MB": 1024**2, "16MB": 16 * 1024**2, "GB": 1024**3}
+
+
+def server_facts(conn: Conn) -> ServerFacts:
+    """Version, recovery state and the replication settings, sizes in bytes."""
+    head = conn.execute(
+        "SELECT current_setting('server_version_num')::int AS version_num,"
+        " current_setting('server_version') AS version,"
+        " pg_is_in_recovery() AS in_recovery"
+    ).fetchone()
+    rows = conn.execute(
+        "SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%s)",
+        (list(_SETTINGS),),
+    ).fetchall()
+    largest = conn.execute(
+        "SELECT max(greatest(spill_bytes / nullif(spill_txns, 0),"
+        " stream_bytes / nullif(stream_txns, 0)))::int8 AS v"
+        " FROM pg_stat_replication_slots"
+    ).fetchone()
+    assert head is not None
+    values = {row["name"]: _setting_value(row["setting"], row["unit"]) for row in rows}
+    keep = values.get("max_slot_wal_keep_size")
+    temp = values.get("temp_file_limit")
+    origins = values.get("max_active_replication_origins")
+    idle = next(
+        (_seconds(r["setting"], r["unit"]) for r in rows
+         if r["name"] == "idle_replication_slot_timeout"),
+        None,
+    )  # fmt: skip
+    return ServerFacts(
+        version_num=head["version_num"],
+        version=head["version"],
+        in_recovery=head["in_recovery"],
+        wal_level=str(values["wal_level"]),
+        max_replication_slots=int(values["max_replication_slots"]),
+        max_wal_senders=int(values["max_wal_senders"]),
+        max_logical_replication_workers=int(values["max_logical_replication_workers"]),
+        max_worker_processes=int(values["max_worker_processes"]),
+        max_sync_workers_per_subscription=int(values["max_sync_workers_per_subscription"]),
+        logical_decoding_work_mem=int(values["logical_decoding_work_mem"]),
+        max_slot_wal_keep_size=None if keep is None or int(keep) < 0 else int(keep),
+        temp_file_limit=None if temp is None or int(temp) < 0 else int(temp),
+        largest_decoded_transaction=largest["v"] if largest else None,
+        max_active_replication_origins=(None if origins is None else int(origins)),
+        idle_replication_slot_timeout_s=idle if idle else None,
+    )
+
+
+def instance_identity(conn: Conn) -> tuple[str, str]:
+    """(postmaster start time, port): equal for two connections to one running server, and
+    readable without privilege (unlike ``pg_control_system()``)."""
+    row = conn.execute(
+        "SELECT pg_postmaster_start_time()::text AS started, current_setting('port') AS port"
+    ).fetchone()
+    assert row is not None
+    return row["started"], row["port"]
+
+
+def _setting_value(setting: str, unit: str | None) -> str | int:
+    if unit is None:
+        return setting
+    number = int(setting)
+    if number < 0 or unit not in _UNIT_BYTES:
+        return number
+    return number * _UNIT_BYTES[unit]
+
+
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "min": 60, "h": 3600, "d": 86400}
+
+
+def _seconds(setting: str, unit: str | None) -> int:
+    """A time setting in whole seconds, whatever unit the server reports it in."""
+    return int(int(setting) * _UNIT_SECONDS.get(unit or "s", 1))

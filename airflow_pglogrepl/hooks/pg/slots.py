@@ -33,7 +33,7 @@ from airflow_pglogrepl.hooks.pg.connect import (
 )
 from airflow_pglogrepl.hooks.pg.server import CURRENT_LSN
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.models.records import SlotCreated, SlotInfo
+from airflow_pglogrepl.models.records import SlotCreated, SlotInfo, SlotSpill
 from airflow_pglogrepl.names import publication_list, validate_slot_name
 from airflow_pglogrepl.versions import Features
 
@@ -118,6 +118,18 @@ def list_slots(conn: Conn, *, logical_only: bool = True) -> list[SlotInfo]:
     where = sql.SQL(" WHERE s.slot_type = 'logical'" if logical_only else "")
     rows = conn.execute(SLOTS_QUERY + where + sql.SQL(" ORDER BY s.slot_name")).fetchall()
     return [slot_info(row) for row in rows]
+
+
+def slot_spill(conn: Conn, name: str) -> SlotSpill | None:
+    """The slot's decoding statistics (``pg_stat_replication_slots``: transactions spilled to
+    disk or streamed, and their bytes), or None when the server keeps none for it (no such
+    slot)."""
+    row = conn.execute(
+        "SELECT slot_name AS slot, spill_txns, spill_bytes, stream_txns, stream_bytes,"
+        " total_txns, total_bytes FROM pg_stat_replication_slots WHERE slot_name = %s",
+        (name,),
+    ).fetchone()
+    return None if row is None else SlotSpill(**row)
 
 
 def advance_slot(conn: Conn, name: str, upto: LSN | str) -> LSN:

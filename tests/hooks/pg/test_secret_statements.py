@@ -3,7 +3,7 @@
 A subscriber of its own that keeps every statement it can: ``log_statement = all``,
 ``log_min_duration_statement = 0``, ``pg_stat_statements`` loaded. Creating a subscription as a
 superuser leaves the password in neither; a role that cannot turn that keeping off is refused
-before the statement is sent. Each assertion failed before ``hooks.secret_statements``.
+before the statement is sent. Each assertion failed before ``hooks.pg.secret_statements``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from psycopg import sql
 
 from airflow_pglogrepl.exceptions import PasswordExposureError, PrivilegeError
+from airflow_pglogrepl.hooks.pg.secret_statements import quiet_secret_statements
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
-from airflow_pglogrepl.hooks.secret_statements import quiet_secret_statements
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, PgCluster, local_cluster
 
 # Behaviour here depends on the server's major version: make test runs it on 15 to 18.
