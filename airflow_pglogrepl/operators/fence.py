@@ -21,7 +21,7 @@ from airflow_pglogrepl.hooks.for_connection import replication_hook
 from airflow_pglogrepl.operators.arguments import names, resolve_tables
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.hooks.fence import FencedBackend
+    from airflow_pglogrepl.models.fence import FencedBackend
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
     from airflow_pglogrepl.tables import TableRef
 
@@ -40,7 +40,7 @@ class WriteFenceOperator(TaskBoundary, BaseOperator):
        Then (``guard``, on by default) a trigger on each table refuses the writes of the roles
        and their members whatever path they take: ``BEGIN READ WRITE`` past a read-only
        default, a ``SECURITY DEFINER`` function, a session that ran ``SET ROLE``
-       (``hooks.fence_guard``). Putting it in waits for transactions that wrote to the tables:
+       (``hooks.pg.fence_guard``). Putting it in waits for transactions that wrote to the tables:
        those still open after ``grace_period`` are ended (per ``terminate``), and a prepared
        transaction holding writes fails the task (``COMMIT``/``ROLLBACK PREPARED`` it first).
        What the fence does not stop is logged and returned under ``not_stopped``.
@@ -246,7 +246,7 @@ class WriteFenceOperator(TaskBoundary, BaseOperator):
         return terminated
 
     def _not_stopped(self) -> list[str]:
-        from airflow_pglogrepl.hooks.fence_guard import NOT_STOPPED
+        from airflow_pglogrepl.hooks.pg.fence_guard import NOT_STOPPED
 
         if self.guard:
             return list(NOT_STOPPED)

@@ -13,8 +13,8 @@ import pkgutil
 
 import airflow_pglogrepl.hooks
 from airflow_pglogrepl._moved import MOVED
-from airflow_pglogrepl.hooks.fence import FenceApplied, FenceGrant, FenceReleased, RoleFence
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.models.fence import FenceApplied, FenceGrant, FenceReleased, RoleFence
 from airflow_pglogrepl.models.records import (
     PublicationInfo,
     PublishedTable,

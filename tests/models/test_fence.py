@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_pglogrepl.hooks.fence import FenceGrant, RoleFence, parse_role_settings
+from airflow_pglogrepl.models.fence import FenceGrant, RoleFence, parse_role_settings
 from airflow_pglogrepl.tables import TableRef
 from tests.support.cutover import HOSTILE
 
