@@ -8,19 +8,23 @@ stays attached as ``__cause__`` for the full server detail.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
+import psycopg
 from psycopg import errors as pgerr
 
+from airflow_pglogrepl import conninfo
 from airflow_pglogrepl.exceptions import (
     InvalidSlotNameError,
     PublicationNotFoundError,
+    PublisherNotConfiguredError,
     ServerNotConfiguredError,
     SlotAdvanceError,
     SlotAlreadyExistsError,
     SlotInUseError,
     SlotNotFoundError,
+    SubscriptionStatementError,
 )
 
 _ACTIVE_PID = re.compile(r"active for PID (\d+)")
@@ -129,3 +133,110 @@ def _safe(setting: Callable[[str], str], name: str) -> str:
 
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
+
+
+# -- subscription statements: the subscriber relays the publisher's refusals ---------------
+
+
+def publisher_unreachable(exc: Exception) -> bool:
+    text = str(exc)
+    return isinstance(exc, pgerr.ConnectionFailure | pgerr.ConnectionException) or (
+        "could not connect to publisher" in text
+    )
+
+
+@contextmanager
+def subscription_statement_errors(
+    secrets: Sequence[str], publisher_params: Mapping[str, str] | None = None
+) -> Iterator[None]:
+    """Re-raise psycopg errors with every secret removed from the message; a publisher that
+    refused for want of a setting raises ``PublisherNotConfiguredError`` (the redacted
+    ``SubscriptionStatementError`` its cause)."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        text = conninfo.redact(str(exc).strip(), secrets)
+        error = SubscriptionStatementError(f"subscription statement failed: {text}")
+        # the publisher restarting or out of senders, a lock or a lost session: these pass
+        error.retryable = publisher_unreachable(exc) or isinstance(
+            exc, psycopg.OperationalError | pgerr.LockNotAvailable
+        )
+        refused = publisher_refusal(text, publisher_params or {})
+        if refused is not None:
+            raise refused from error
+        raise error from None
+
+
+_SLOT_REFUSED = re.compile(r'could not create replication slot "([^"]*)"')
+# PostgreSQL 17 quotes the setting's name
+_SENDERS = re.compile(r'exceeds "?max_wal_senders"? \(currently (\d+)\)')
+_QUOTED_SETTING = re.compile(r'"(wal_level|logical|max_wal_senders|max_replication_slots)"')
+_NO_SLOTS = re.compile(r'max_replication_slots"? > 0')
+# PostgreSQL 16+ decodes on a standby only when its primary has wal_level = logical
+_ON_PRIMARY = re.compile(WAL_LEVEL_REFUSAL.pattern + r'"?\s+on the primary')
+
+
+def publisher_refusal(
+    text: str, publisher_params: Mapping[str, str]
+) -> PublisherNotConfiguredError | None:
+    """The setting the publisher lacks, when its error (relayed by the subscriber) says so in
+    the server's own sentence: names (a slot's, a database's) are quoted out first, so that a
+    slot named "all_replication_slots_..." is taken for nothing."""
+    host = publisher_params.get("host", "localhost")
+    where = f"{host}:{publisher_params.get('port', '5432')}"
+    publisher = (
+        f"PostgreSQL {conninfo.describe(publisher_params)}" if publisher_params else "server"
+    )
+    slot = _SLOT_REFUSED.search(text)
+    refused = f"to create replication slot {slot.group(1)!r}" if slot else "the subscription"
+    # 17 quotes the settings as it quotes names: unquote those, then empty every quoted name
+    said = re.sub(r'"[^"]*"', '""', _QUOTED_SETTING.sub(r"\1", text))
+    if _ON_PRIMARY.search(said):
+        return PublisherNotConfiguredError(
+            "wal_level", "logical", publisher, refused,
+            f"the publisher {where} is a standby, which decodes only when its primary logs "
+            f"enough: set wal_level = logical on the primary of the publisher {where} (a "
+            f"standby) (ALTER SYSTEM SET wal_level = 'logical', or in its postgresql.conf) and "
+            f"restart the primary; until then every run fails alike. Nothing was created on the "
+            f"subscriber",
+        )  # fmt: skip
+    if WAL_LEVEL_REFUSAL.search(said):
+        return PublisherNotConfiguredError(
+            "wal_level", "logical", publisher, refused,
+            f"set wal_level = logical on the publisher {where} (ALTER SYSTEM SET wal_level = "
+            f"'logical', or in its postgresql.conf) and restart it: wal_level only changes on "
+            f"restart, and until then every run fails alike. Nothing was created on the "
+            f"subscriber",
+        )  # fmt: skip
+    if _NO_SLOTS.search(said):
+        return PublisherNotConfiguredError(
+            "max_replication_slots", "above 0", publisher, refused,
+            f"raise max_replication_slots on the publisher {where} (it is 0: no slot can be "
+            f"created) and restart it; until then every run fails alike. Nothing was created "
+            f"on the subscriber",
+        )  # fmt: skip
+    if "all replication slots are in use" in said:
+        # often passing: table-sync slots hold places only while their tables copy
+        return PublisherNotConfiguredError(
+            "max_replication_slots", "larger than the number of slots in use", publisher,
+            refused,
+            f"drop abandoned slots on the publisher {where} (pg_replication_slots where active "
+            f"is false) or raise max_replication_slots there and restart it. Nothing was "
+            f"created on the subscriber",
+            retryable=True,
+        )  # fmt: skip
+    senders = _SENDERS.search(said)
+    if senders:
+        none = senders.group(1) == "0"
+        return PublisherNotConfiguredError(
+            "max_wal_senders", "above the replication connections in use", publisher,
+            "a replication connection", (
+                f"raise max_wal_senders on the publisher {where} (it is 0: no replication "
+                f"connection is allowed) and restart it"
+                if none
+                else f"end unused replication connections on the publisher {where} "
+                f"(pg_stat_replication) or raise max_wal_senders there and restart it"
+            ) + ". Nothing was created on the subscriber",
+            retryable=not none,
+        )  # fmt: skip
+    return None

@@ -21,8 +21,8 @@ from airflow_pglogrepl.hooks.for_connection import replication_hook
 from airflow_pglogrepl.operators.arguments import names, resolve_tables
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.models.fence import FencedBackend
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
+    from airflow_pglogrepl.models.fence import FencedBackend
     from airflow_pglogrepl.tables import TableRef
 
 TerminateMode = Literal["auto", "transactions", "sessions", "none"]

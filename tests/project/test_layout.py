@@ -11,7 +11,6 @@ MAX_LINES = 600
 
 # Modules longer than MAX_LINES today, each with the length it may not grow past.
 LONG_MODULES = {
-    "airflow_pglogrepl.hooks.subscriptions": 636,
     "airflow_pglogrepl.lake.columnar": 603,
     "airflow_pglogrepl.lake.lake": 813,
     "airflow_pglogrepl.lake.reduce": 671,
@@ -35,7 +34,7 @@ UPWARD_IMPORTS = {
 
 # Places where a run of 5 code lines (docstrings, comments and imports left out) that is found in
 # more than one place starts: a new copy of a repeated run adds one, as a new repeated run adds two.
-REPEATED_PLACES = 127
+REPEATED_PLACES = 125
 
 
 def _short(module: str) -> str:
