@@ -11,10 +11,9 @@ from typing import Any
 
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
 from airflow_pglogrepl.hooks.pg import arrow_peek, slots
-from airflow_pglogrepl.hooks.pg.slots import OUTPUT_PLUGINS, slot_info
+from airflow_pglogrepl.hooks.pg.slots import OUTPUT_PLUGINS
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import SlotCreated, SlotInfo, SlotSpill
-from airflow_pglogrepl.names import validate_slot_name
 
 __all__ = ["OUTPUT_PLUGINS", "SlotsMixin"]
 
@@ -66,11 +65,8 @@ class SlotsMixin(PgSessionHook):
 
     async def aget_slot(self, name: str) -> SlotInfo | None:
         """The slot's record for triggers (non-blocking); ``None`` when absent."""
-        validate_slot_name(name)
         async with self.asession() as conn:
-            cur = await conn.execute(slots.SLOT_BY_NAME, (name,))
-            row = await cur.fetchone()
-        return None if row is None else slot_info(row)
+            return await slots.find_slot(conn, name)
 
     def list_slots(self, *, logical_only: bool = True, conn: Conn | None = None) -> list[SlotInfo]:
         """All slots on the server (logical ones only by default), ordered by name."""

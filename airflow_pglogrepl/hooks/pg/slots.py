@@ -24,6 +24,7 @@ from airflow_pglogrepl.hooks.lsn_adapters import PG_LSN_OID
 from airflow_pglogrepl.hooks.pg import server
 from airflow_pglogrepl.hooks.pg.connect import (
     TEXT_OUTPUT,
+    AsyncConn,
     Conn,
     connect,
     long_work_settings,
@@ -111,6 +112,13 @@ def get_slot(conn: Conn, name: str, *, plugin: str | None = None) -> SlotInfo:
     if plugin is not None and slot.plugin != plugin:
         raise WrongPluginError(name, slot.plugin, plugin)
     return slot
+
+
+async def find_slot(conn: AsyncConn, name: str) -> SlotInfo | None:
+    """The slot's record on an async connection (the triggers'); None when absent."""
+    validate_slot_name(name)
+    row = await (await conn.execute(SLOT_BY_NAME, (name,))).fetchone()
+    return None if row is None else slot_info(row)
 
 
 def list_slots(conn: Conn, *, logical_only: bool = True) -> list[SlotInfo]:

@@ -59,3 +59,27 @@ def test_a_slots_decoding_statistics(conn: Any) -> None:
         assert spill is not None and spill.total_txns >= 1 and spill.spill_txns == 0
     finally:
         conn.execute("SELECT pg_drop_replication_slot('pg_server_spill')")
+
+
+def test_a_slot_found_on_an_async_connection(conn: Any, publisher: PgCluster) -> None:
+    """What a trigger reads, without blocking its event loop: the slot, or None when absent."""
+    import asyncio
+
+    import psycopg
+
+    from airflow_pglogrepl.conninfo import make_dsn
+    from airflow_pglogrepl.hooks.lsn_adapters import register_lsn_adapters
+
+    async def find(name: str) -> Any:
+        dsn = make_dsn(publisher.params("postgres"))
+        async with await psycopg.AsyncConnection.connect(dsn, row_factory=dict_row) as aconn:
+            register_lsn_adapters(aconn)
+            return await slots.find_slot(aconn, name)
+
+    conn.execute("SELECT pg_create_logical_replication_slot('pg_server_async', 'pgoutput')")
+    try:
+        found = asyncio.run(find("pg_server_async"))
+        assert found is not None and found.name == "pg_server_async" and found.plugin == "pgoutput"
+        assert asyncio.run(find("pg_server_absent")) is None
+    finally:
+        conn.execute("SELECT pg_drop_replication_slot('pg_server_async')")
