@@ -18,6 +18,9 @@ import warnings
 # Old path -> new path of every module that moved. Code that walks the package's modules skips
 # the old paths (each is the module at its new path again).
 MOVED = {
+    "airflow_pglogrepl.lake.arrow_merge": "airflow_pglogrepl.merge.arrow",
+    "airflow_pglogrepl.lake.materialize": "airflow_pglogrepl.merge.materialize",
+    "airflow_pglogrepl.lake.reduce": "airflow_pglogrepl.merge.reduce",
     "airflow_pglogrepl.hooks.fence_guard": "airflow_pglogrepl.hooks.pg.fence_guard",
     "airflow_pglogrepl.hooks.secret_statements": "airflow_pglogrepl.hooks.pg.secret_statements",
     "airflow_pglogrepl.hooks.records": "airflow_pglogrepl.models.records",

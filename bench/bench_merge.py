@@ -103,8 +103,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
 
-    from airflow_pglogrepl.lake.materialize import apply
-    from airflow_pglogrepl.lake.reduce import net_changes
+    from airflow_pglogrepl.merge.materialize import apply
+    from airflow_pglogrepl.merge.reduce import net_changes
     from airflow_pglogrepl.spark.session import local_session
 
     spark = local_session("bench-merge", cores=2, **{"spark.sql.shuffle.partitions": "2"})

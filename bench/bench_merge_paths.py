@@ -35,11 +35,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_pglogrepl.lake import arrow_merge
 from airflow_pglogrepl.lake import changelog as cl
 from airflow_pglogrepl.lake.lake import Lake
-from airflow_pglogrepl.lake.materialize import materialize
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.merge import arrow as arrow_merge
+from airflow_pglogrepl.merge.materialize import materialize
 from airflow_pglogrepl.tables import TableRef
 
 TABLE = TableRef("public", "bench")

@@ -37,8 +37,8 @@ from typing import Any
 from airflow_pglogrepl.lake.delta import open_table, read_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import LakePaths, table_dir
-from airflow_pglogrepl.lake.materialize import materialize
 from airflow_pglogrepl.lake.upkeep import upkeep
+from airflow_pglogrepl.merge.materialize import materialize
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, PgCluster, local_cluster
 

@@ -151,9 +151,9 @@ SLOWEST_MODULES = (
     "tests/project/test_demo.py",
     "tests/e2e/test_pglogrepl_incremental_drain.py",
     "tests/spark/test_snapshot.py",
-    "tests/lake/test_reduce.py",
+    "tests/merge/test_reduce.py",
     "tests/lake/test_replay.py",
-    "tests/lake/test_arrow_merge.py",
+    "tests/merge/test_arrow.py",
     "tests/spark/test_drain.py",
 )
 

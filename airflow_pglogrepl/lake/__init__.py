@@ -3,7 +3,7 @@
 ``layout`` names the tables, ``changelog`` is the column contract every reader relies on,
 ``delta`` holds the few Delta log operations the drain needs without a JVM, ``lake`` is the window
 API the drain writes through (and the crash-safety argument), ``lock`` keeps writers apart,
-``materialize`` merges the changelog into ``state/`` with Spark, and ``cut`` finds the versions of
-several tables that hold the lake at one position (``txnlog`` reads a log's app transactions),
-and ``replay`` gives a table's changes between two LSNs or its state as of a position.
+and ``cut`` finds the versions of several tables that hold the lake at one position (``txnlog``
+reads a log's app transactions), and ``replay`` gives a table's changes between two LSNs or its
+state as of a position. Merging the changelog into ``state/`` is ``airflow_pglogrepl.merge``'s.
 """

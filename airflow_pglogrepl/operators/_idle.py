@@ -107,8 +107,8 @@ def _judge(
     max_wal_bytes: int,
 ) -> Idle | None:
     from airflow_pglogrepl.lake.lake import Lake
-    from airflow_pglogrepl.lake.materialize import pending_tables
     from airflow_pglogrepl.lake.quarantine import held
+    from airflow_pglogrepl.merge.materialize import pending_tables
     from airflow_pglogrepl.names import publication_names_option
 
     confirmed = slot.confirmed_flush_lsn

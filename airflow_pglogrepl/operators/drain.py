@@ -60,7 +60,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     :param max_windows: stop after this many windows (default: up to the WAL at start).
     :param materialize: merge committed changes into ``state/``.
     :param small_merge_rows: a table's batch of at most this many changes is merged without a
-        JVM when it can be (keyed, no TRUNCATE or key change: ``lake.arrow_merge``); 0 merges
+        JVM when it can be (keyed, no TRUNCATE or key change: ``merge.arrow``); 0 merges
         every table with Spark. A run whose batches are all merged so starts no Spark at all.
     :param accept_source_change: drain although the lake was written from another system
         identifier or timeline (``SinkFromAnotherSourceError``). For one run, after checking

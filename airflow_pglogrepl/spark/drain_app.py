@@ -103,7 +103,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
             )
             result = drain.run(started).to_dict()
             if not args.no_materialize:
-                from airflow_pglogrepl.lake.materialize import materialize, pending_tables
+                from airflow_pglogrepl.merge.materialize import materialize, pending_tables
 
                 began = time.monotonic()
                 tables = pending_tables(lake)  # Spark starts only if some state is behind

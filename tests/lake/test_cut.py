@@ -27,9 +27,9 @@ from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.cut import Kind, consistent_cut, read_cut, read_cut_spark
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import LakePaths, app_id, table_dir
-from airflow_pglogrepl.lake.materialize import materialize
 from airflow_pglogrepl.lake.txnlog import HistoryExpiredError, TxnLog, TxnVersion
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.merge.materialize import materialize
 from airflow_pglogrepl.spark.drain import Drain
 from airflow_pglogrepl.tables import TableRef
 from tests.support.sources import Source

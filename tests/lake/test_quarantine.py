@@ -53,8 +53,8 @@ def test_a_table_is_held_until_a_release_and_never_merged_meanwhile(tmp_path: Pa
     """A merge never takes a held table's state past its quarantine (the state would claim the
     quarantined changes and the table would no longer look held: they were lost); a re-snapshot
     ends the hold with a release row at its point."""
-    from airflow_pglogrepl.lake.materialize import materialize, pending_tables
     from airflow_pglogrepl.lake.quarantine import release
+    from airflow_pglogrepl.merge.materialize import materialize, pending_tables
     from airflow_pglogrepl.tables import TableRef
 
     t = TableRef("public", "t")

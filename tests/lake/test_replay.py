@@ -1,7 +1,7 @@
 """Replay and time travel by LSN (``lake.replay``) against the changelog itself.
 
 Lakes are written through the drain's own window API and merged by the merge without a JVM
-(``lake.arrow_merge``), from random workloads whose every change the test keeps: a range of
+(``merge.arrow``), from random workloads whose every change the test keeps: a range of
 changes must equal the whole changelog filtered by commit LSN, consecutive ranges must add up to
 the whole changelog, and a state as of a position must equal the changelog replayed up to it,
 or be refused exactly where the lake holds no state there. Every refusal is provoked. Then live:
@@ -23,7 +23,7 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from airflow_pglogrepl.exceptions import ReplayRangeError, TableNotInLakeError
-from airflow_pglogrepl.lake import arrow_merge, delta, storage
+from airflow_pglogrepl.lake import delta, storage
 from airflow_pglogrepl.lake.changelog import (
     COMMIT_LSN,
     OP,
@@ -33,7 +33,6 @@ from airflow_pglogrepl.lake.changelog import (
 )
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import app_id, table_dir
-from airflow_pglogrepl.lake.materialize import materialize
 from airflow_pglogrepl.lake.replay import (
     changes_between,
     changes_between_spark,
@@ -42,6 +41,8 @@ from airflow_pglogrepl.lake.replay import (
 )
 from airflow_pglogrepl.lake.txnlog import HistoryExpiredError
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.merge import arrow as arrow_merge
+from airflow_pglogrepl.merge.materialize import materialize
 from airflow_pglogrepl.tables import TableRef
 from tests.support.drain import drain_only, normalize
 from tests.support.sources import Source

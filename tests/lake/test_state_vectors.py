@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from airflow_pglogrepl.lake import arrow_merge
 from airflow_pglogrepl.lake.delta import open_table
 from airflow_pglogrepl.lake.lake import STATE_VECTORS, Lake
+from airflow_pglogrepl.merge import arrow as arrow_merge
 from airflow_pglogrepl.tables import TableRef
 from tests.support.keyed import KeyedBatches
 
@@ -96,7 +96,7 @@ def test_without_vectors_no_writer_adds_them(
     """Whoever creates the state (delta-rs or Spark), Spark's MERGE (the general path and the
     one given a batch reduced in Arrow) rewrites files instead of writing vectors, and
     delta-rs merges after it: the table stays readable without them throughout."""
-    from airflow_pglogrepl.lake.materialize import materialize
+    from airflow_pglogrepl.merge.materialize import materialize
 
     root = str(tmp_path / "lake")
     Lake(root, "s", state_deletion_vectors=False).claim(SOURCE, publications=["p"],
@@ -126,7 +126,7 @@ def test_without_vectors_no_writer_adds_them(
 def test_by_default_sparks_merge_writes_vectors(spark: Any, tmp_path: Path) -> None:
     from deltalake import DeltaTable
 
-    from airflow_pglogrepl.lake.materialize import materialize
+    from airflow_pglogrepl.merge.materialize import materialize
 
     lake = Lake(str(tmp_path / "lake"), "s")
     batches = KeyedBatches(lake, T)

@@ -458,7 +458,7 @@ def test_every_type_in_a_first_state_written_without_a_jvm_then_merged_by_spark(
     spark: Any, source: Source, tmp_path: Path
 ) -> None:
     """A lake begun by a drain (no snapshot): its first state is an Arrow append through
-    delta-rs (``lake.arrow_merge``), then Spark merges a key change into that table."""
+    delta-rs (``merge.arrow``), then Spark merges a key change into that table."""
     sink = str(tmp_path / "lake")
     for name, value in DATABASE_DEFAULTS.items():
         source.sql(f'ALTER DATABASE "{source.db}" SET "{name}" = \'{value}\'')

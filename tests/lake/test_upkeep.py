@@ -173,7 +173,7 @@ def test_a_state_with_sparks_deletion_vectors_is_compacted_row_for_row(
 ) -> None:
     from delta.tables import DeltaTable
 
-    from airflow_pglogrepl.lake.materialize import TXN_APP_CONF, TXN_VERSION_CONF
+    from airflow_pglogrepl.merge.materialize import TXN_APP_CONF, TXN_VERSION_CONF
 
     built = Built(tmp_path / "lake")
     built.window(10, {A: [1]})

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from airflow_pglogrepl.lake.lake import Lake
-from airflow_pglogrepl.lake.materialize import pending_tables
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.merge.materialize import pending_tables
 from airflow_pglogrepl.operators.drain import SlotDrainOperator
 from tests.support.airflow import FakeTI
 from tests.support.drains import Drains

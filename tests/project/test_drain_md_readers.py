@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from airflow_pglogrepl.lake import arrow_merge
 from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.merge import arrow as arrow_merge
 from airflow_pglogrepl.tables import TableRef
 from tests.support.keyed import KeyedBatches
 from tests.support.paths import TESTS
@@ -68,7 +68,7 @@ def build(root: Path, spark: Any = None) -> KeyedBatches:
     if spark is None:
         arrow_merge.merge_small(lake, ["public.orders"])
     else:
-        from airflow_pglogrepl.lake.materialize import materialize
+        from airflow_pglogrepl.merge.materialize import materialize
 
         materialize(spark, lake, small_rows=0)
     assert batches.state() == batches.model

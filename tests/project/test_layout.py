@@ -13,7 +13,7 @@ MAX_LINES = 600
 LONG_MODULES = {
     "airflow_pglogrepl.lake.columnar": 603,
     "airflow_pglogrepl.lake.lake": 813,
-    "airflow_pglogrepl.lake.reduce": 671,
+    "airflow_pglogrepl.merge.reduce": 671,
     "airflow_pglogrepl.pgoutput.decoder": 611,
     "airflow_pglogrepl.pgoutput.stream": 671,
     "airflow_pglogrepl.pgoutput.values": 719,

@@ -34,8 +34,8 @@ from airflow_pglogrepl.exceptions import (
 )
 from airflow_pglogrepl.lake.delta import open_table, read_table
 from airflow_pglogrepl.lake.lake import Lake
-from airflow_pglogrepl.lake.materialize import materialize
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.merge.materialize import materialize
 from airflow_pglogrepl.models.records import SlotInfo
 from airflow_pglogrepl.models.verdicts import drain_refusal
 from airflow_pglogrepl.spark.drain import Drain
@@ -404,7 +404,7 @@ def test_the_spark_applications_import_no_airflow() -> None:
         "import sys\n"
         "import airflow_pglogrepl.spark.drain_app, airflow_pglogrepl.spark.snapshot_app\n"
         "import airflow_pglogrepl.spark.drain, airflow_pglogrepl.spark.snapshot\n"
-        "import airflow_pglogrepl.hooks.pg.source, airflow_pglogrepl.lake.materialize\n"
+        "import airflow_pglogrepl.hooks.pg.source, airflow_pglogrepl.merge.materialize\n"
         "bad = [m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')]\n"
         "assert not bad, bad[:5]\n"
     )

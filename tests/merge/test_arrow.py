@@ -13,11 +13,11 @@ import pyarrow as pa
 import pytest
 
 from airflow_pglogrepl.exceptions import LakeError
-from airflow_pglogrepl.lake import arrow_merge
 from airflow_pglogrepl.lake.changelog import IDENTITY_META, KEY_META
 from airflow_pglogrepl.lake.delta import read_table, txn_version
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.merge import arrow as arrow_merge
 from airflow_pglogrepl.tables import TableRef
 
 T = TableRef("public", "t")
@@ -195,7 +195,7 @@ def test_a_batch_that_changes_nothing_still_moves_the_states_position(tmp_path: 
     """An insert and a delete of the same key net to nothing: delta-rs' MERGE then commits
     nothing, yet the state must record that it includes the batch (else it looks behind for
     ever: merged again every run, a consistent cut held back)."""
-    from airflow_pglogrepl.lake.materialize import pending_tables
+    from airflow_pglogrepl.merge.materialize import pending_tables
 
     lake = Lake(str(tmp_path / "lake"), "s")
     state_table(lake, {1: (1, "a")}, 0x100)
@@ -423,7 +423,7 @@ def test_a_big_states_batch_is_reduced_here_and_merged_by_spark(
 ) -> None:
     import logging
 
-    from airflow_pglogrepl.lake.materialize import materialize
+    from airflow_pglogrepl.merge.materialize import materialize
 
     monkeypatch.setattr(arrow_merge, "MAX_STATE_BYTES", 0)  # every state is "big"
     caplog.set_level(logging.INFO, logger="airflow_pglogrepl.lake")
@@ -454,7 +454,7 @@ def test_a_big_states_batch_is_reduced_here_and_merged_by_spark(
 def test_a_reduced_batch_whose_state_moved_since_is_refused(tmp_path: Path) -> None:
     """Reduced against one state version, merged only onto that one (a compare-and-set)."""
     from airflow_pglogrepl.exceptions import LakeCommitConflictError
-    from airflow_pglogrepl.lake.materialize import merge_reduced
+    from airflow_pglogrepl.merge.materialize import merge_reduced
 
     lake = Lake(str(tmp_path / "lake"), "s")
     state_table(lake, {1: (1, "a")}, 0x200)
@@ -610,7 +610,7 @@ def test_the_rows_of_unchanged_values_are_looked_up_for_any_number_of_keys(tmp_p
     code = f"""
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
-from airflow_pglogrepl.lake import arrow_merge as m
+from airflow_pglogrepl.merge import arrow as m
 n = 25_000
 write_deltalake({str(tmp_path / "state")!r}, pa.table({{"id": pa.array(range(n), pa.int64())}}))
 net = pa.table({{"id": pa.array(range(n + 1), pa.int64()), m.sent_column(0): [False] * (n + 1),

@@ -38,9 +38,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from airflow_pglogrepl.lake import reduce as merge_module
-from airflow_pglogrepl.lake.materialize import apply
-from airflow_pglogrepl.lake.reduce import net_changes
+from airflow_pglogrepl.merge import reduce as merge_module
+from airflow_pglogrepl.merge.materialize import apply
+from airflow_pglogrepl.merge.reduce import net_changes
 
 _TABLES = tempfile.mkdtemp(prefix="pglogrepl-merge-tests-")
 atexit.register(shutil.rmtree, _TABLES, True)
@@ -195,7 +195,7 @@ def merge(previous: DataFrame | None, log: Log, spark: SparkSession, **kw: Any) 
 
 def test_import_does_not_load_pyspark() -> None:
     code = (
-        "import sys, airflow_pglogrepl.lake.reduce, airflow_pglogrepl.lake.materialize; "
+        "import sys, airflow_pglogrepl.merge.reduce, airflow_pglogrepl.merge.materialize; "
         "assert 'pyspark' not in sys.modules and 'delta' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,522 @@
+"""Merge a small batch of a keyed table into its state without a JVM, through delta-rs.
+
+Why: a Spark ``MERGE`` costs seconds of fixed work per table whatever its size (about 35 Spark
+jobs for a batch of 49 changes: planning probes, the reduction's shuffles, the MERGE's own
+passes), so a drain of 40 small tables spent almost three minutes merging 1,960 changes. Most
+batches are small and simple, and for those the reduction is a sort and a group-by in Arrow and
+the merge one ``deltalake`` MERGE: milliseconds.
+
+Which batches, and why they reduce this simply (``net_upserts``): a keyed table (primary key or
+unique index as replica identity), no ``TRUNCATE`` and no update that moved a row to another key
+in the batch. Then a row never leaves its key, so its lineage (``merge.reduce``) is the key
+itself; and because an INSERT sends every column, each column's latest value actually sent is
+the key's latest: one group-by per key gives the net change. The last change deletes the row or
+upserts it; columns never sent in the batch (unchanged TOAST values of a row the batch did not
+insert) keep the target's value. Everything else (TRUNCATE, key changes, updates and deletes
+under REPLICA IDENTITY FULL, columns added with a fill, a state that lacks a column, a big batch or
+a big state) is declined and goes to Spark, whose reduction handles all of it.
+
+A table without a key (no replica identity, or REPLICA IDENTITY FULL) has a multiset of rows for
+its state: a batch of inserts alone adds one copy of each row, so it is appended as it is
+(``_append``). That is the common keyless table, an audit or history log, merged in milliseconds
+where Spark's multiset merge started a JVM.
+
+A table's first state (no state table yet) is the same net change written as one append that
+creates the table: no MERGE and no files to rewrite, so only memory bounds it
+(``APPEND_ROWS``). That is what an initial load through the slot (no snapshot) costs: a
+million and more changes, which Spark's MERGE into an empty table took about a minute for.
+
+Exactly once, as on the Spark path and a little more: the MERGE carries the app transaction
+``(app_id(slot), lake position)``, is made on the snapshot whose transaction version was read
+as the batch's lower bound (delta-rs refuses to commit over a concurrent commit of the same app
+id: a compare-and-set), and the writer lock is proven right before it. delta-rs reads the
+state's deletion vectors and writes none (it rewrites the files holding touched rows), so the
+state stays readable by every reader, and Spark's later merges write vectors again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_pglogrepl.exceptions import LakeCommitConflictError, LakeError, PgLogReplError
+from airflow_pglogrepl.faults import fault
+from airflow_pglogrepl.lake import delta
+from airflow_pglogrepl.lake.changelog import (
+    COMMIT_LSN,
+    DELETE,
+    INSERT,
+    META_COLUMNS,
+    OLD,
+    OP,
+    SEQ,
+    TRUNCATE,
+    UNCHANGED,
+    UPDATE,
+    described_identity,
+    described_key,
+)
+from airflow_pglogrepl.lake.evolve import added_at, base_fields, fill_value
+from airflow_pglogrepl.lake.layout import is_local
+from airflow_pglogrepl.lake.mapping import (
+    MODE,
+    PROTOCOL_KEYS,
+    is_mapped,
+    mapped_of,
+    mapped_schema,
+    to_physical,
+)
+from airflow_pglogrepl.lake.names import former_names, with_current_names
+from airflow_pglogrepl.lsn import LSN
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_pglogrepl.lake.lake import Lake
+
+log = logging.getLogger("airflow_pglogrepl.lake")
+
+# Changelog rows of one table's batch this path takes at most (it holds them in memory, about
+# 1 GB a million), and the state size (bytes of data files) it rewrites into at most: delta-rs
+# rewrites every file a touched key is in, Spark writes deletion vectors instead.
+MAX_ROWS = 100_000
+MAX_STATE_BYTES = 256 << 20
+# A table's first state is one append, with no files to rewrite: only memory bounds the batch
+# (the benchmark's 1,250,000 changes of a 4-column table peak at about ... MB here).
+APPEND_ROWS = 2_000_000
+FILE_ROWS = 1_000_000  # rows of one file of a first state
+# keys per IN list when the rows of unchanged values are looked up (``_updates_of_missing_rows``)
+IN_LIST_KEYS = 1_000
+
+_P = "__pglr_"
+DELETE_COLUMN, _FILL = f"{_P}delete", f"{_P}fill_target"
+
+
+def sent_column(i: int) -> str:
+    """The column of a net change that says whether its ``i``-th value was sent at all."""
+    return f"{_P}sent{i}"
+
+
+def net_upserts(batch: pa.Table, keys: Sequence[str], values: Sequence[str]) -> pa.Table | None:
+    """The net change of a batch with no TRUNCATE and no key change, one row per touched key:
+    the key columns, each value column (its latest sent value), ``sent_column(i)`` (whether the
+    ``i``-th value was sent at all), ``_FILL`` (no INSERT of the key in the batch: unsent
+    columns keep the target's value) and ``DELETE_COLUMN`` (the key's last change is a delete).
+    None when the batch has a TRUNCATE or moves a row to another key."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    op = batch.column(OP)
+    if pc.any(pc.equal(op, TRUNCATE)).as_py():
+        return None
+    old = batch.column(OLD)
+    if pc.any(pc.is_valid(old)).as_py():
+        for key in keys:
+            same = pc.equal(pc.struct_field(old, key), batch.column(key))
+            moved = pc.and_(pc.is_valid(old), pc.invert(pc.fill_null(same, False)))
+            if pc.any(moved).as_py():
+                return None
+    # Commit order as indices: only the columns the grouping needs are reordered (a sorted copy
+    # of the whole batch cost a third of a first state's time); values are taken once, at the end.
+    order = pc.sort_indices(batch.select([COMMIT_LSN, SEQ]),
+                            sort_keys=[(COMMIT_LSN, "ascending"), (SEQ, "ascending")])  # fmt: skip
+    op = pc.take(batch.column(OP), order)
+    rows = batch.num_rows
+    position = pa.array(np.arange(rows, dtype=np.int64))
+    carries = pc.is_in(op, pa.array([INSERT, UPDATE])).to_numpy(zero_copy_only=False)
+    unchanged = pc.take(batch.column(UNCHANGED), order)
+    names = pc.list_flatten(unchanged)
+    owners = pc.list_parent_indices(unchanged).to_numpy(zero_copy_only=False)
+    work: dict[str, Any] = {key: pc.take(batch.column(key), order) for key in keys}
+    work[f"{_P}pos"] = position
+    work[f"{_P}ins"] = pc.equal(op, INSERT)
+    for i, name in enumerate(values):
+        sent = carries.copy()
+        if len(names):
+            hits = pc.equal(names, name).to_numpy(zero_copy_only=False)
+            sent[owners[hits]] = False
+        work[f"{_P}sp{i}"] = pa.array(np.where(sent, np.arange(rows), -1), pa.int64())
+    grouped = (
+        pa.table(work)
+        .group_by(list(keys), use_threads=False)
+        .aggregate(
+            [(f"{_P}pos", "max"), (f"{_P}ins", "any")]
+            + [(f"{_P}sp{i}", "max") for i in range(len(values))]
+        )
+    )
+    out: dict[str, Any] = {key: grouped.column(key) for key in keys}
+    last = grouped.column(f"{_P}pos_max")
+    out[DELETE_COLUMN] = pc.equal(pc.take(op, last), DELETE)
+    out[_FILL] = pc.invert(grouped.column(f"{_P}ins_any"))
+    for i, name in enumerate(values):
+        at = grouped.column(f"{_P}sp{i}_max")
+        valid = pc.greater_equal(at, 0)
+        sorted_at = pc.if_else(valid, at, pa.scalar(None, pa.int64()))
+        out[name] = pc.take(batch.column(name), pc.take(order, sorted_at))
+        out[sent_column(i)] = valid
+    return pa.table(out)
+
+
+@dataclass(frozen=True)
+class Reduced:
+    """A batch's net change (``net_upserts``, cast to the state's types), reduced here for a
+    state too big for delta-rs' copy-on-write MERGE: Spark merges it
+    (``materialize.merge_reduced``) without planning the reduction's shuffles again."""
+
+    name: str
+    end: LSN
+    have: int | None  # the state's transaction version the batch was read against
+    keys: tuple[str, ...]
+    values: tuple[str, ...]
+    rows: pa.Table
+    changes: int
+
+
+def merge_small(
+    lake: Lake,
+    tables: Sequence[str],
+    *,
+    max_rows: int = MAX_ROWS,
+    reduced: dict[str, Reduced] | None = None,
+) -> tuple[dict[str, str], list[str]]:
+    """Merge here each of ``tables`` this path takes, up to the lake's position; returns the
+    merged tables (table -> the LSN its state includes now) and the declined ones, for Spark.
+
+    With ``reduced``, a table declined only because its state is too big to rewrite is reduced
+    here anyway and its net change put there (it is still among the declined)."""
+    end = lake.position()
+    if end is None or max_rows <= 0:
+        return {}, list(tables)
+    merged: dict[str, str] = {}
+    declined: list[str] = []
+    for name in tables:
+        try:
+            why = merge_table(lake, name, end, max_rows=max_rows, reduced=reduced)
+        except PgLogReplError:
+            raise  # the lake's own refusals (a lost lock, a row nowhere): not Spark's to redo
+        except Exception as exc:  # delta-rs's own classes: nothing was committed
+            if delta.lost_race(exc):
+                found = lake.state_version(name)
+                raise LakeCommitConflictError(
+                    lake.paths.state(name), lake.app, None,
+                    None if found is None else int(found), int(end),
+                ) from None  # fmt: skip
+            log.warning("state of %s: the merge without a JVM failed (%s: %s); Spark merges it",
+                        name, type(exc).__name__, exc)  # fmt: skip
+            why = "failed here"
+        if why is None:
+            merged[name] = str(end)
+        else:
+            log.info("state of %s merged by Spark: %s", name, why)
+            declined.append(name)
+    return merged, declined
+
+
+def merge_table(
+    lake: Lake,
+    name: str,
+    end: LSN,
+    *,
+    max_rows: int = MAX_ROWS,
+    reduced: dict[str, Reduced] | None = None,
+) -> str | None:
+    """Merge ``changes/<name>`` up to ``end`` into ``state/<name>`` here; None when done, else
+    why this path declines the table (nothing was written). A state too big to rewrite here
+    is declined after its batch is reduced, into ``reduced`` when given (``merge_small``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import CommitProperties, Transaction
+
+    target = delta.open_table(lake.paths.state(name))
+    have = None if target is None else target.transaction_version(lake.app)
+    if have is not None and int(have) >= int(end):
+        return None  # merged already (a replay): nothing to do
+    changes = delta.open_table(lake.paths.changes(name))
+    if changes is None:
+        return "no changelog"
+    schema = delta.unmapped(pa.schema(changes.schema().to_arrow()))
+    fields = [(f.name, _text(f.metadata)) for f in schema]
+    full = described_identity(fields) == "f"
+    keys = [] if full else described_key(fields)  # FULL: rows match by every column
+    if any(added_at(f) is not None and fill_value(f) is not None for f in base_fields(schema)):
+        return "a column added with a value for older rows"
+    columns = [n for n, _ in fields if n not in META_COLUMNS]
+    if any(c.startswith(_P) for c in columns):
+        return f"a column named like this path's own ({_P}...)"
+    if any(pa.types.is_nested(schema.field(k).type) for k in keys):
+        return "a key of a nested type (Arrow groups only by plain values)"
+    if any(pa.types.is_floating(schema.field(k).type) for k in keys):
+        return "a floating-point key (-0.0 and 0.0 group apart in Arrow, equal in a MERGE)"
+    too_big = None
+    if target is None:
+        state = pa.schema([schema.field(c) for c in columns])
+        limit = max(max_rows, APPEND_ROWS)
+    else:
+        state = delta.unmapped(pa.schema(target.schema().to_arrow()))
+        if any(c not in state.names for c in columns):
+            return "new columns for the state"
+        limit = max_rows if keys else max(max_rows, APPEND_ROWS)
+        size = sum(delta.file_sizes(target)) if keys else 0  # an append rewrites nothing
+        if size > MAX_STATE_BYTES:
+            too_big = f"a state of {size} bytes (this path rewrites the files it touches)"
+            if reduced is None:
+                return too_big
+    try:
+        in_range = _InRange(changes, schema, None if have is None else int(have), int(end))
+        count = in_range.count()  # before reading: the batch may be huge
+    except Exception as exc:  # delta-rs raises its own classes for what it cannot read so
+        return f"changelog not readable here ({type(exc).__name__}: {exc})"
+    if count == 0 and target is not None:  # nothing in range (a commit of no rows): record it
+        lake.check_writer()
+        delta.commit_files(lake.paths.state(name), state, [], app=lake.app, version=int(end),
+                           expected=None if have is None else int(have))  # fmt: skip
+        return None
+    if count == 0 or count > limit:
+        return f"{count} changes"
+    if not keys:  # an append takes inserts alone: known from one column, before the batch
+        operations = in_range.operations()
+        if operations - {INSERT}:
+            return _not_appendable(full, operations)
+    # only what the reduction reads (not the transaction id, commit time ...)
+    needed = [*columns, OP, COMMIT_LSN, SEQ, UNCHANGED, OLD]
+    batch = in_range.read([c for c in needed if c in schema.names])
+    # rows from before a rename name the column as it was then
+    batch = with_current_names(batch, former_names(schema))
+    if not keys:
+        return _append(lake, name, end, target, batch, columns, state, full=full)
+    values = [c for c in columns if c not in keys]
+    net = net_upserts(batch, keys, values)
+    if net is None:
+        return "a TRUNCATE or a key change"
+    if too_big is not None and reduced is not None:
+        try:
+            rows = net.cast(_wanted(net, state, columns))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+            return f"types the state holds differently ({exc})"
+        reduced[name] = Reduced(name, end, None if have is None else int(have), tuple(keys),
+                                tuple(values), rows, batch.num_rows)  # fmt: skip
+        return f"{too_big}; reduced here ({batch.num_rows} changes, {net.num_rows} keys)"
+    missing = _updates_of_missing_rows(target, net, keys, values)  # (no state: every such row)
+    if missing is None:
+        return "an update with unchanged TOAST values to check against a non-integer, non-text key"
+    if missing:
+        raise LakeError(
+            f"changes of {name} hold an update whose unchanged TOAST values have no earlier "
+            f"version to keep: row {missing[0]} is neither in the state nor inserted earlier. "
+            f"Nothing was merged. Fix: re-snapshot the table (tables=[...])"
+        )
+    try:
+        source = net.cast(_wanted(net, state, columns))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+        return f"types the state holds differently ({exc})"
+    uri = lake.paths.state(name)
+    fault("merge_created")
+    if target is None:
+        rows = source.filter(pc.invert(source.column(DELETE_COLUMN))).select(columns)
+        _create(lake, name, rows, end)
+    else:
+        before = int(target.version())
+        commit = CommitProperties(app_transactions=[Transaction(lake.app, int(end))])
+        lake.check_writer()
+        _merge(target, source, keys, values, commit)
+        if is_local(uri):
+            delta.make_log_durable(uri, after=before)
+        if delta.txn_version(uri, lake.app) != int(end):
+            # Nothing to change (every key's net effect cancelled out: an insert then a delete):
+            # delta-rs then commits nothing, yet the state must say it includes the batch, or
+            # it looks behind for ever (merged again each run, cuts held back).
+            delta.commit_files(uri, state, [], app=lake.app, version=int(end),
+                               expected=None if have is None else int(have))  # fmt: skip
+    fault("merge_committed")
+    log.info("state of %s %s up to %s without a JVM (%d changes, %d keys)", name,
+             "written" if target is None else "merged", end, batch.num_rows,
+             net.num_rows)  # fmt: skip
+    return None
+
+
+class _InRange:
+    """A changelog's rows with ``have <= _commit_lsn < end``. A changelog has no deletion
+    vectors (the lake writes it), so a pyarrow dataset reads it exactly and fastest; one under
+    column mapping holds physical names in its files, which only delta-rs' own engine reads
+    (files are skipped by their ``_commit_lsn`` statistics either way)."""
+
+    def __init__(self, changes: Any, schema: pa.Schema, have: int | None, end: int) -> None:
+        import pyarrow.compute as pc
+
+        self.changes, self.schema = changes, schema
+        self.mapped = is_mapped(changes)
+        self.predicate = f"{_quote(COMMIT_LSN)} < {end}" + (
+            "" if have is None else f" AND {_quote(COMMIT_LSN)} >= {have}"
+        )  # integers only
+        expression = pc.field(COMMIT_LSN) < end
+        if have is not None:
+            expression &= pc.field(COMMIT_LSN) >= have
+        self.expression = expression
+        self.dataset = None if self.mapped else changes.to_pyarrow_dataset()
+
+    def count(self) -> int:
+        if self.dataset is not None:
+            return int(self.dataset.count_rows(filter=self.expression))
+        import pyarrow as pa
+
+        reader = self.changes.scan(columns=[COMMIT_LSN], predicate=self.predicate)
+        return sum(batch.num_rows for batch in pa.RecordBatchReader.from_stream(reader))
+
+    def operations(self) -> set[str]:
+        """The kinds of change in range (``_op`` alone is read)."""
+        import pyarrow.compute as pc
+
+        return {str(op) for op in pc.unique(self.read([OP]).column(OP)).to_pylist()}
+
+    def read(self, columns: Sequence[str]) -> pa.Table:
+        import pyarrow as pa
+
+        if self.dataset is not None:
+            return self.dataset.to_table(filter=self.expression, columns=list(columns))
+        reader = pa.RecordBatchReader.from_stream(
+            self.changes.scan(columns=list(columns), predicate=self.predicate)
+        )
+        rows = reader.read_all()
+        # in the table's own types (DataFusion gives strings as views)
+        return rows.cast(pa.schema([self.schema.field(c) for c in columns]))
+
+
+def _append(lake: Lake, name: str, end: LSN, target: Any | None, batch: pa.Table,
+            columns: Sequence[str], state: pa.Schema, *,
+            full: bool = False) -> str | None:  # fmt: skip
+    """A keyless table's state is a multiset of rows: a batch of inserts alone adds one copy of
+    each, so it is appended as it is, a compare-and-set on the state's transaction version.
+    Without a replica identity only inserts and truncates are published; under REPLICA
+    IDENTITY FULL updates and deletes are too. Anything but inserts goes to Spark (a
+    ``TRUNCATE`` rewrites the state, an update or delete removes copies by counting them)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not pc.all(pc.equal(batch.column(OP), INSERT)).as_py():
+        return _not_appendable(full, {str(op) for op in pc.unique(batch.column(OP)).to_pylist()})
+    try:
+        rows = batch.select(list(columns)).cast(state)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+        return f"types the state holds differently ({exc})"
+    uri = lake.paths.state(name)
+    fault("merge_created")
+    if target is None:
+        _create(lake, name, rows, end)
+    else:
+        have = target.transaction_version(lake.app)
+        mapped = mapped_of(target)
+        stored = rows if mapped is None else to_physical(rows, mapped)
+        written = delta.write_file(uri, stored, prefix=f"{int(end):016X}")
+        lake.check_writer()
+        delta.commit_files(uri, state, [written], app=lake.app, version=int(end),
+                           expected=None if have is None else int(have))  # fmt: skip
+    fault("merge_committed")
+    log.info("state of %s appended up to %s without a JVM (%d inserts)", name, end,
+             rows.num_rows)  # fmt: skip
+    return None
+
+
+def _not_appendable(full: bool, operations: set[str]) -> str:
+    """Why a keyless table's batch goes to Spark: a ``TRUNCATE`` rewrites the state, an update
+    or delete under FULL identity removes copies, which Spark's multiset merge counts."""
+    if not full:
+        return "a table without a key whose batch is not only inserts (a TRUNCATE)"
+    if TRUNCATE in operations:
+        return "REPLICA IDENTITY FULL, a TRUNCATE in the batch (Spark rewrites the state)"
+    return "REPLICA IDENTITY FULL, updates or deletes (Spark's multiset merge counts copies)"
+
+
+def _create(lake: Lake, name: str, rows: pa.Table, end: LSN) -> None:
+    """A table's first state: its files, then version 0 holding them with the app transaction,
+    put only if no table appeared since it was found missing (else a lost race). Configured as
+    Spark's path creates a state (``Lake.state_config``: deletion vectors on unless the lake
+    says otherwise, so later merges by Spark write vectors instead of rewriting); created by
+    ``delta.create_table``, whose protocol needs no more than that."""
+    uri = lake.paths.state(name)
+    config = lake.state_config(name)
+    mapped = mapped_schema(rows.schema) if MODE in config else None
+    config = {k: v for k, v in config.items() if k not in PROTOCOL_KEYS}
+    stored = rows if mapped is None else to_physical(rows, mapped)
+    files = [delta.write_file(uri, stored.slice(at, FILE_ROWS), prefix=f"{int(end):016X}")
+             for at in range(0, stored.num_rows, FILE_ROWS)]  # fmt: skip
+    lake.check_writer()
+    delta.create_table(uri, rows.schema, files, app=lake.app, version=int(end),
+                       configuration=config, mapping=mapped)  # fmt: skip
+
+
+def _wanted(net: pa.Table, state: pa.Schema, columns: Sequence[str]) -> pa.Schema:
+    """The net change's schema with the state's own type for each table column."""
+    import pyarrow as pa
+
+    return pa.schema([state.field(f.name) if f.name in columns else f for f in net.schema])
+
+
+def _text(metadata: dict[bytes, bytes] | None) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in (metadata or {}).items()}
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _updates_of_missing_rows(
+    target: Any | None, net: pa.Table, keys: Sequence[str], values: Sequence[str]
+) -> list[Any] | None:
+    """The keys of net upserts that must keep target values (an unchanged TOAST value, no
+    INSERT in the batch) but have no target row (``target`` None: no state yet): Spark's path
+    fails there rather than insert NULLs. None: such rows exist and their keys cannot be looked
+    up here (not integer or text)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not values:
+        return []
+    from functools import reduce
+
+    complete = reduce(pc.and_, [net.column(sent_column(i)) for i in range(len(values))])
+    needs = pc.and_(
+        pc.invert(net.column(DELETE_COLUMN)), pc.and_(net.column(_FILL), pc.invert(complete))
+    )
+    asked = net.filter(needs).select(list(keys))
+    if asked.num_rows == 0:
+        return []
+    if target is None:  # no state: no such row is anywhere
+        return [row if len(keys) > 1 else row[keys[0]] for row in asked.slice(0, 1).to_pylist()]
+    if len(keys) != 1 or not (
+        pa.types.is_integer(asked.schema[0].type) or pa.types.is_string(asked.schema[0].type)
+    ):
+        return None
+    key = keys[0]
+    wanted = asked.column(0).to_pylist()
+    present: set[Any] = set()
+    # a DataFusion predicate over the state (no PostgreSQL): the name is quoted, each value is
+    # an integer or a text literal with its quotes doubled. In lists of IN_LIST_KEYS: DataFusion
+    # parses a longer list recursively, and at about 21,000 keys it overflows the stack and the
+    # process dies by SIGSEGV, with no error to report
+    for first in range(0, len(wanted), IN_LIST_KEYS):
+        literals = ", ".join(
+            str(int(v)) if isinstance(v, int) else "'" + str(v).replace("'", "''") + "'"
+            for v in wanted[first : first + IN_LIST_KEYS]
+        )
+        found = target.scan(columns=[key], predicate=f"{_quote(key)} IN ({literals})")
+        present.update(pa.table(found).column(0).to_pylist())
+    return [v for v in wanted if v not in present]
+
+
+def _merge(target: Any, source: pa.Table, keys: Sequence[str], values: Sequence[str],
+           commit: Any) -> None:  # fmt: skip
+    on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in keys)
+    update = {
+        _quote(c): f"CASE WHEN s.{sent_column(i)} THEN s.{_quote(c)} ELSE t.{_quote(c)} END"
+        for i, c in enumerate(values)
+    }
+    insert = {_quote(c): f"s.{_quote(c)}" for c in [*keys, *values]}
+    merger = target.merge(source, on, source_alias="s", target_alias="t",
+                          commit_properties=commit)  # fmt: skip
+    merger = merger.when_matched_delete(predicate=f"s.{DELETE_COLUMN}")
+    if values:
+        merger = merger.when_matched_update(updates=update, predicate=f"NOT s.{DELETE_COLUMN}")
+    merger.when_not_matched_insert(updates=insert, predicate=f"NOT s.{DELETE_COLUMN}").execute()
