@@ -164,7 +164,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
 
     def _initial(self, context: Context, hook: PgLogicalReplicationHook) -> dict[str, Any]:
         from airflow_pglogrepl.exceptions import SlotNotFoundError, SnapshotNotCommittedError
-        from airflow_pglogrepl.spark.snapshot import bootstrap_plan
+        from airflow_pglogrepl.lake.snapshots import bootstrap_plan
 
         slot_lsn: str | None = None
         try:
@@ -228,7 +228,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
 
     def _resnapshot(self, context: Context, hook: PgLogicalReplicationHook) -> dict[str, Any]:
         from airflow_pglogrepl.exceptions import SnapshotNotCommittedError
-        from airflow_pglogrepl.spark.snapshot import temporary_slot_name
+        from airflow_pglogrepl.lake.snapshots import temporary_slot_name
 
         hook.get_slot(self.slot_name, plugin="pgoutput")  # the drain's slot must exist
         with hook.create_slot_with_snapshot(
@@ -290,11 +290,11 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         return self._summary("committed", "resolved")
 
     def _sink_status(self, point: str | None = None) -> dict[str, Any]:
-        """``spark.snapshot.resolve`` on the lake, read in this process through ``deltalake``
+        """``lake.snapshots.resolve`` on the lake, read in this process through ``deltalake``
         (no JVM; the lake is only read: operators never modify it)."""
         from airflow_pglogrepl.lake.lake import Lake
+        from airflow_pglogrepl.lake.snapshots import resolve
         from airflow_pglogrepl.lsn import LSN
-        from airflow_pglogrepl.spark.snapshot import resolve
 
         return resolve(Lake(str(self.sink), str(self.slot_name)), LSN(point) if point else None)
 

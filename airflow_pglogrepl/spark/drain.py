@@ -338,7 +338,7 @@ class Drain:
             accept_source_change=self.accept_source_change,
         )
         if identity.get("began_with") == "snapshot" and self.lake.position() is None:
-            from airflow_pglogrepl.spark.snapshot import resolve
+            from airflow_pglogrepl.lake.snapshots import resolve
 
             left = resolve(self.lake).get("uncommitted_snapshots") or []
             raise LakeSnapshotUnfinishedError(

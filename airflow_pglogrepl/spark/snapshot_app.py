@@ -123,8 +123,8 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     try:
         sink = Lake(args.sink, args.slot, state_deletion_vectors=args.state_deletion_vectors)
         if args.resolve:
+            from airflow_pglogrepl.lake.snapshots import resolve
             from airflow_pglogrepl.lsn import LSN
-            from airflow_pglogrepl.spark.snapshot import resolve
 
             point = LSN(args.consistent_point) if args.consistent_point else None
             return {"resolved": True, **resolve(sink, point)}
@@ -181,13 +181,13 @@ def _handed(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any) -> dict
 def _standalone(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any) -> dict[str, Any]:
     """Create the slot and hold its exporting session here; drop the slot if the copy fails."""
     from airflow_pglogrepl.exceptions import SlotNotFoundError
-    from airflow_pglogrepl.spark.snapshot import (
-        SnapshotPoint,
+    from airflow_pglogrepl.lake.snapshots import (
         bootstrap_plan,
         check_empty_sink,
         resolve,
         snapshot_committed,
     )
+    from airflow_pglogrepl.spark.snapshot import SnapshotPoint
 
     try:
         hook.get_slot(args.slot)
@@ -221,8 +221,9 @@ def _standalone(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any) -> 
 
 def _tables(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any) -> dict[str, Any]:
     """Re-snapshot some tables in a temporary slot's snapshot (or a handed one)."""
+    from airflow_pglogrepl.lake.snapshots import temporary_slot_name
     from airflow_pglogrepl.lsn import LSN
-    from airflow_pglogrepl.spark.snapshot import SnapshotPoint, temporary_slot_name
+    from airflow_pglogrepl.spark.snapshot import SnapshotPoint
 
     hook.get_slot(args.slot, plugin="pgoutput")  # the drain's slot must exist
     if args.snapshot_name:

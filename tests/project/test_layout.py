@@ -18,7 +18,7 @@ LONG_MODULES = {
     "airflow_pglogrepl.pgoutput.stream": 671,
     "airflow_pglogrepl.pgoutput.values": 719,
     "airflow_pglogrepl.spark.drain": 653,
-    "airflow_pglogrepl.spark.snapshot": 808,
+    "airflow_pglogrepl.spark.snapshot": 687,
 }
 
 # Imports that go up the layers (tests/support/layout.py: LAYERS) today: errors and adapters

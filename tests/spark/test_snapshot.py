@@ -24,7 +24,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from airflow_pglogrepl.exceptions import LakeError, SinkNotEmptyError, SlotError
+from airflow_pglogrepl.exceptions import LakeError, SinkNotEmptyError
 from airflow_pglogrepl.hooks.pg.snapshot import SnapshotTable
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.lake import staging
@@ -39,7 +39,6 @@ from airflow_pglogrepl.spark.snapshot import (
     BlockRange,
     SnapshotCopy,
     SnapshotPoint,
-    bootstrap_plan,
     check_empty_sink,
     plan_ranges,
     resolve,
@@ -535,38 +534,6 @@ def test_plan_ranges_cover_every_block_once() -> None:
     assert plan_ranges(_table(0, 5e6, 0, "p"), max_tasks=8, rows_per_task=1) == [
         BlockRange(0, None)
     ]
-
-
-EMPTY = {"commits": 0, "snapshot_lsn": None, "uncommitted_snapshots": []}
-
-
-def plan(status: dict[str, object], **options: object) -> str:
-    arguments: dict[str, object] = {
-        "slot": "s", "slot_exists": True, "lake": "/lake", "replace_slot": False,
-        "bootstrap": True, **options,
-    }  # fmt: skip
-    return bootstrap_plan(status=status, **arguments).action  # type: ignore[arg-type]
-
-
-def test_an_empty_looking_lake_does_not_drop_an_existing_slot() -> None:
-    with pytest.raises(SlotError, match=r"volume not mounted.*replace_slot=True"):
-        plan(EMPTY, slot_lsn="0/3000060")
-
-
-def test_a_killed_runs_snapshot_at_the_slots_position_lets_bootstrap_replace_it() -> None:
-    left = {**EMPTY, "uncommitted_snapshots": ["0/3000060"]}
-    assert plan(left, slot_lsn="0/3000060") == "replace_slot"
-    with pytest.raises(SlotError):  # the slot moved since: some lake consumed it
-        plan(left, slot_lsn="0/3000100")
-
-
-def test_replace_slot_is_the_explicit_signal_and_the_other_plans_stay() -> None:
-    assert plan(EMPTY, slot_lsn="0/1", replace_slot=True) == "replace_slot"
-    assert plan(EMPTY, slot_exists=False) == "create"
-    assert plan({**EMPTY, "commits": 3, "snapshot_lsn": "0/5"}) == "exists"
-    assert plan({**EMPTY, "commits": 3}) == "drained"
-    with pytest.raises(SinkNotEmptyError):
-        plan({**EMPTY, "commits": 3}, slot_exists=False)
 
 
 def test_the_snapshot_stores_what_the_drain_stores_and_names_what_neither_can() -> None:
