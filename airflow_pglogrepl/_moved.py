@@ -18,6 +18,8 @@ import warnings
 # Old path -> new path of every module that moved. Code that walks the package's modules skips
 # the old paths (each is the module at its new path again).
 MOVED = {
+    "airflow_pglogrepl.spark.drain": "airflow_pglogrepl.pipeline.drain",
+    "airflow_pglogrepl.spark.overlap": "airflow_pglogrepl.pipeline.overlap",
     "airflow_pglogrepl.lake.arrow_merge": "airflow_pglogrepl.merge.arrow",
     "airflow_pglogrepl.lake.materialize": "airflow_pglogrepl.merge.materialize",
     "airflow_pglogrepl.lake.reduce": "airflow_pglogrepl.merge.reduce",

@@ -27,7 +27,7 @@ from typing import Any
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.spark.drain import Drain
+from airflow_pglogrepl.pipeline.drain import Drain
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, local_cluster
 
 BATCH = 10_000

@@ -109,7 +109,7 @@ def disk_files(root: str) -> int:
 
 def one_run(dsn: str, sink: str, window: int, with_upkeep: bool) -> dict[str, float]:
     from airflow_pglogrepl.hooks.pg.source import PgSource
-    from airflow_pglogrepl.spark.drain import Drain
+    from airflow_pglogrepl.pipeline.drain import Drain
 
     source = PgSource(dsn)
     times: dict[str, float] = {}

@@ -154,7 +154,7 @@ SLOWEST_MODULES = (
     "tests/merge/test_reduce.py",
     "tests/lake/test_replay.py",
     "tests/merge/test_arrow.py",
-    "tests/spark/test_drain.py",
+    "tests/pipeline/test_drain.py",
 )
 
 

@@ -30,7 +30,7 @@ from airflow_pglogrepl.lake.layout import LakePaths, app_id, table_dir
 from airflow_pglogrepl.lake.txnlog import HistoryExpiredError, TxnLog, TxnVersion
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge.materialize import materialize
-from airflow_pglogrepl.spark.drain import Drain
+from airflow_pglogrepl.pipeline.drain import Drain
 from airflow_pglogrepl.tables import TableRef
 from tests.support.sources import Source
 

@@ -17,7 +17,7 @@ LONG_MODULES = {
     "airflow_pglogrepl.pgoutput.decoder": 611,
     "airflow_pglogrepl.pgoutput.stream": 671,
     "airflow_pglogrepl.pgoutput.values": 719,
-    "airflow_pglogrepl.spark.drain": 653,
+    "airflow_pglogrepl.pipeline.drain": 653,
     "airflow_pglogrepl.spark.snapshot": 687,
 }
 

@@ -16,8 +16,8 @@ PACKAGE = REPO / "airflow_pglogrepl"
 # The layers, bottom to top: a module may import its own layer and those below it. The plain
 # records (models) sit under everything that uses them, the statements (hooks.pg) under the
 # lake and the Spark applications, the roles (hooks, triggers, sensors, operators) on top.
-LAYERS = ("root", "models", "preflight", "hooks.pg", "pgoutput", "lake", "merge", "spark", "hooks",
-          "triggers", "sensors", "operators", "testing")  # fmt: skip
+LAYERS = ("root", "models", "preflight", "hooks.pg", "pgoutput", "lake", "merge", "pipeline",
+          "spark", "hooks", "triggers", "sensors", "operators", "testing")  # fmt: skip
 
 
 def modules() -> Iterator[tuple[str, Path]]:

@@ -3,7 +3,7 @@
 PostgreSQL writes WAL in 8 KiB pages, each opening with a 24-byte header (40 bytes on a
 segment's first page). A record that ends exactly at a page's end is followed by one that starts
 at page offset 24; a peek whose ``upto_lsn`` lies inside that header reads the second record too
-(see ``airflow_pglogrepl.spark.drain.window_end``).
+(see ``airflow_pglogrepl.pipeline.drain.window_end``).
 See https://www.postgresql.org/docs/15/wal-internals.html
 """
 

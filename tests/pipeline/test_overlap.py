@@ -1,4 +1,4 @@
-"""The drain's overlapped stages (``spark.overlap``): order, failures, and early stops."""
+"""The drain's overlapped stages (``pipeline.overlap``): order, failures, and early stops."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from airflow_pglogrepl.exceptions import ArrowPeekError
-from airflow_pglogrepl.spark.overlap import Behind, prefetched
+from airflow_pglogrepl.pipeline.overlap import Behind, prefetched
 
 
 def test_prefetched_keeps_order_and_runs_the_producer_in_one_other_thread() -> None:

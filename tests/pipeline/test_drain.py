@@ -38,7 +38,7 @@ from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge.materialize import materialize
 from airflow_pglogrepl.models.records import SlotInfo
 from airflow_pglogrepl.models.verdicts import drain_refusal
-from airflow_pglogrepl.spark.drain import Drain
+from airflow_pglogrepl.pipeline.drain import Drain
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.wait import wait_until
 from tests.support.drain import (
@@ -403,7 +403,7 @@ def test_the_spark_applications_import_no_airflow() -> None:
     code = (
         "import sys\n"
         "import airflow_pglogrepl.spark.drain_app, airflow_pglogrepl.spark.snapshot_app\n"
-        "import airflow_pglogrepl.spark.drain, airflow_pglogrepl.spark.snapshot\n"
+        "import airflow_pglogrepl.pipeline.drain, airflow_pglogrepl.spark.snapshot\n"
         "import airflow_pglogrepl.hooks.pg.source, airflow_pglogrepl.merge.materialize\n"
         "bad = [m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')]\n"
         "assert not bad, bad[:5]\n"

@@ -1,0 +1,653 @@
+"""Drain one logical slot into the sink in bounded LSN windows, exactly once.
+
+Window ``[start, end)`` holds the transactions whose commit record starts before ``end``:
+``pg_logical_slot_peek_binary_changes(slot, end, ...)`` decodes WAL records until one reaches
+``end`` and returns whole transactions, and after the slot is advanced to ``end`` the server skips
+exactly those commits (their commit starts before ``confirmed_flush_lsn``). So consecutive
+windows neither overlap nor leave gaps, and an empty window (no published change, or a
+transaction still open across ``end``) may still advance the slot: an idle publication never pins
+WAL. A transaction bigger than a window comes back whole in the window holding its commit.
+One exception: an ``end`` inside a WAL page's header lets the peek return the commit right after
+that header, and the window then ends just past it (``window_end``).
+
+Each window is written through the lake's window API (``airflow_pglogrepl.lake.lake``, where
+the crash-safety argument is written down): batches as they fill, one Delta commit per touched
+table and one for the window at its end. Only after that commit returns is the slot advanced
+(``pg_replication_slot_advance``).
+
+At start the lake's position is compared with the slot's ``confirmed_flush_lsn``: lake ahead
+means an advance was lost (PostgreSQL persists an advanced position only at the next checkpoint),
+so the slot is moved up to the lake; slot ahead means someone else consumed changes the lake never
+saw, and the run stops, naming both LSNs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from airflow_pglogrepl.exceptions import (
+    ArrowPeekError,
+    LakeSnapshotUnfinishedError,
+    PublicationNotFoundError,
+    SinkFromAnotherSourceError,
+    SlotAheadOfSinkError,
+)
+from airflow_pglogrepl.faults import fault, pause
+from airflow_pglogrepl.lake.batch import ChangelogBatch
+from airflow_pglogrepl.lake.changelog import COMMIT_LSN
+from airflow_pglogrepl.lake.columnar import (
+    ColumnarDecoder,
+    ColumnarUnsupportedError,
+    TablePiece,
+)
+from airflow_pglogrepl.lake.lake import Lake, Window
+from airflow_pglogrepl.lake.quarantine import TABLE_ERRORS, Cause, cause_of, held
+from airflow_pglogrepl.lake.quarantine import rows as quarantine_rows
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.names import publication_names_option
+from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
+from airflow_pglogrepl.pipeline.overlap import Behind, prefetched
+from airflow_pglogrepl.tables import TableRef
+
+if TYPE_CHECKING:
+    from airflow_pglogrepl.models.records import SlotInfo
+    from airflow_pglogrepl.pgoutput import TableInfo
+
+
+class DrainSource(Protocol):
+    """What the drain needs of its source database (``hooks.pg.source.PgSource``, or the Airflow
+    hook, which has the same methods): read, peek and advance the slot, and the flush LSN."""
+
+    def get_slot(self, name: str, *, plugin: str | None = None) -> SlotInfo: ...
+
+    def advance_slot(self, name: str, upto: LSN | str) -> LSN: ...
+
+    def flush_lsn(self) -> LSN: ...
+
+    def missing_publications(self, names: Sequence[str]) -> list[str]: ...
+
+    def source_identity(self) -> dict[str, object]: ...
+
+    def peek_changes(
+        self,
+        slot: str,
+        *,
+        upto_lsn: LSN | str | None,
+        options: Mapping[str, str],
+        batch_rows: int = ...,
+        upto_nchanges: int | None = ...,
+    ) -> Iterator[tuple[LSN, int | None, Any]]: ...
+
+    def peek_arrow(
+        self, slot: str, *, upto_lsn: LSN | str, options: Mapping[str, str]
+    ) -> Iterator[Any]: ...
+
+
+log = logging.getLogger("airflow_pglogrepl.drain")
+
+# Windows one peek may serve (``Drain._columnar_span``). The server keeps a peek's whole result
+# (spilled to a temporary file past work_mem) before it sends the first row: a few windows'
+# worth, not a whole backlog.
+PEEK_WINDOWS = 4
+
+
+@dataclass
+class WindowStats:
+    """One committed window."""
+
+    start: LSN
+    end: LSN
+    transactions: int = 0
+    changes: int = 0
+    seconds: float = 0.0
+    tables: dict[str, int] = field(default_factory=dict)
+    decoder: str = "reference"  # or "columnar": which path decoded the window
+    quarantined: dict[str, int] = field(default_factory=dict)  # held tables' changes
+
+
+@dataclass
+class DrainResult:
+    """What a run did; ``to_dict`` is the JSON line the application prints last."""
+
+    slot: str
+    windows: list[WindowStats]
+    confirmed_before: LSN | None
+    confirmed_after: LSN | None
+    run_end: LSN
+    startup_s: float
+    lag_bytes_left: int
+    # tables in the lake's quarantine after the run (``lake.quarantine``): table -> its cause
+    quarantined: dict[str, dict[str, str]] = field(default_factory=dict)
+    # table -> {source name: lake name}: columns first stored this run under another name
+    # (``lake.names``: Delta would take them for another column's)
+    stored_as: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        changes = sum(w.changes for w in self.windows)
+        window_s = sum(w.seconds for w in self.windows)
+        first = self.windows[0].start if self.windows else self.confirmed_after
+        last = self.windows[-1].end if self.windows else self.confirmed_after
+        return {
+            "slot": self.slot,
+            "windows": len(self.windows),
+            "window_start_lsn": str(first) if first else None,
+            "window_end_lsn": str(last) if last else None,
+            "confirmed_flush_lsn_before": str(self.confirmed_before)
+            if self.confirmed_before
+            else None,
+            "confirmed_flush_lsn_after": str(self.confirmed_after)
+            if self.confirmed_after
+            else None,
+            "transactions": sum(w.transactions for w in self.windows),
+            "changes": changes,
+            "wal_bytes": (last - first) if first and last else 0,
+            "lag_bytes_left": self.lag_bytes_left,
+            "startup_s": round(self.startup_s, 3),
+            "changes_per_s": round(changes / window_s, 1) if window_s > 0 else 0.0,
+            "tables": _sum_tables(self.windows),
+            "columnar_windows": sum(w.decoder == "columnar" for w in self.windows),
+            "peak_rss_mb": peak_rss_mb(),
+            "columns_stored_as": self.stored_as,
+            "quarantined": {
+                table: {**cause, "changes": sum(w.quarantined.get(table, 0) for w in self.windows)}
+                for table, cause in self.quarantined.items()
+            },
+        }
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far (Linux reports ``ru_maxrss`` in KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def _sum_tables(windows: Sequence[WindowStats]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for window in windows:
+        for name, count in window.tables.items():
+            total[name] = total.get(name, 0) + count
+    return total
+
+
+def window_end(end: LSN | int, commit_lsns: Iterable[int]) -> LSN:
+    """Where a window the peek read up to ``end`` ends, given the commit LSNs it holds (where
+    their commit records start): at ``end``, or just past a commit that starts at or beyond it.
+
+    The peek stops once a record ends at or past ``end``. When ``end`` lies inside a WAL page's
+    header and the record before ends exactly at the page's start, that record ends before
+    ``end``, so the record after the header is read too; a commit record there comes back
+    although it starts past ``end``. Once the slot is advanced to the window's end the server
+    skips the commits that start before it (SnapBuildXactNeedsSkip against
+    confirmed_flush_lsn): a window ended at ``end`` would leave that commit to the next window,
+    which would decode and store it again.
+    """
+    last = max(commit_lsns, default=-1)
+    return LSN(last + 1) if last >= int(end) else LSN(end)
+
+
+def _at_or_after(rows: Any, floor: int) -> Any:
+    """The changelog rows whose commit LSN is at or after ``floor``."""
+    import pyarrow.compute as pc
+
+    return rows.filter(pc.greater_equal(rows.column(COMMIT_LSN), floor))
+
+
+class Drain:
+    """The drain loop: the slot's changes, window by window, into ``lake``."""
+
+    def __init__(
+        self,
+        *,
+        source: DrainSource,
+        lake: Lake,
+        slot: str,
+        publications: Sequence[str],
+        max_window_bytes: int,
+        max_windows: int | None = None,
+        batch_rows: int = 200_000,
+        columnar: bool = True,
+        accept_source_change: bool = False,
+        quarantine: bool = True,
+    ) -> None:
+        if max_window_bytes <= 0:
+            raise ValueError("max_window_bytes must be positive")
+        self.columnar = columnar
+        # A table whose changes cannot be stored goes to the lake's quarantine, the others on
+        # (``lake.quarantine``); False: the run fails on it, nothing of the window committed.
+        self.quarantine = quarantine
+        self.held: dict[TableRef, Cause] = {}  # tables in quarantine
+        self.accept_source_change = accept_source_change
+        self.run_end = LSN(0)  # the flushed WAL position a run drains to (set by ``run``)
+        self.source = source
+        self.lake = lake
+        self.slot = slot
+        self.publications = list(publications)
+        self.max_window_bytes = max_window_bytes
+        self.max_windows = max_windows
+        self.batch_rows = batch_rows
+        self.options = {
+            "proto_version": "1",
+            "publication_names": publication_names_option(self.publications),
+            "messages": "false",
+        }
+
+    def run(self, started: float) -> DrainResult:
+        """Reconcile the lake with the slot, then drain window by window."""
+        if self.columnar:
+            _preload()
+        slot = check_slot(self.source, self.slot)
+        self._require_publications()
+        before = slot.confirmed_flush_lsn
+        assert before is not None, "a logical slot always has confirmed_flush_lsn"
+        self._claim()
+        start = self._reconcile(before, self.lake.position())
+        self.held = held(self.lake)
+        if self.held:
+            log.warning("tables in quarantine (their changes go there, not to changes/): %s",
+                        {str(t): c.to_dict() for t, c in self.held.items()})  # fmt: skip
+        run_end = self.run_end = self.source.flush_lsn()
+        startup = time.monotonic() - started
+        windows: list[WindowStats] = []
+        next_commit = False
+        while start < run_end and (self.max_windows is None or len(windows) < self.max_windows):
+            if self.columnar and not next_commit and not self.held:
+                room = PEEK_WINDOWS
+                if self.max_windows is not None:
+                    room = min(room, self.max_windows - len(windows))
+                done: list[WindowStats] = []
+                declined = False
+                try:
+                    self._columnar_span(start, min(run_end, start + self.max_window_bytes * room),
+                                        done)  # fmt: skip
+                except (ColumnarUnsupportedError, ArrowPeekError, *TABLE_ERRORS) as exc:
+                    # (a table's error: the per-message path names its table, and holds it)
+                    declined = True
+                    log.info("window from %s: decoded per message (%s)",
+                             done[-1].end if done else start, exc)  # fmt: skip
+                windows.extend(done)  # each logged as it committed
+                if done:
+                    start = done[-1].end
+                    next_commit = done[-1].transactions == 0
+                if not declined:
+                    continue
+                if start >= run_end or (
+                    self.max_windows is not None and len(windows) >= self.max_windows
+                ):
+                    break
+            end = run_end if next_commit else min(run_end, start + self.max_window_bytes)
+            stats = self._held_window(start, end, next_commit=next_commit)
+            windows.append(stats)
+            _log_window(stats, run_end)
+            # A window without a single commit means the next commit is further away: a big
+            # transaction still being written at the window's end, or only unpublished traffic.
+            # Every peek decodes again from the slot's restart_lsn, which an open transaction
+            # holds back, so stepping towards that commit window by window would re-decode the
+            # transaction once per window. The next window is instead "up to the next commit":
+            # exactly one transaction, however big, streamed through in batches (on the
+            # per-message path, which holds such a transaction in less memory).
+            next_commit = stats.transactions == 0
+            start = stats.end
+        after = self.source.get_slot(self.slot).confirmed_flush_lsn
+        return DrainResult(
+            slot=self.slot,
+            windows=windows,
+            confirmed_before=before,
+            confirmed_after=after,
+            run_end=run_end,
+            startup_s=startup,
+            lag_bytes_left=max(0, self.source.flush_lsn() - (after or run_end)),
+            quarantined={str(table): cause.to_dict() for table, cause in self.held.items()},
+            stored_as=dict(self.lake.stored_as),
+        )
+
+    def _held_window(self, start: LSN, end: LSN, *, next_commit: bool) -> WindowStats:
+        """A window on the per-message path; a table whose changes cannot be stored is put in
+        the quarantine (``self.held``) and the window drained again without it, nothing of
+        the failed attempt committed."""
+        while True:
+            try:
+                return self._reference_window(start, end, next_commit=next_commit)
+            except TABLE_ERRORS as exc:
+                ref = getattr(exc, "ref", None)
+                if not self.quarantine or ref is None or ref in self.held:
+                    raise
+                self.held[ref] = cause_of(exc, str(start))
+                log.warning("%s goes to the lake's quarantine from %s, every other table goes "
+                            "on: %s: %s", ref, start, type(exc).__name__,
+                            getattr(exc, "what", exc))  # fmt: skip
+
+    def _require_publications(self) -> None:
+        missing = self.source.missing_publications(self.publications)
+        if missing:
+            raise PublicationNotFoundError(missing, self.slot)
+
+    def _claim(self) -> None:
+        """Refuse a lake of another slot, server or database, or one whose initial snapshot
+        never committed, before anything is read or written; record the lake's identity at
+        its first run (``Lake.claim``)."""
+        identity = self.lake.claim(
+            self.source.source_identity(),
+            publications=self.publications,
+            began_with="drain",
+            accept_source_change=self.accept_source_change,
+        )
+        if identity.get("began_with") == "snapshot" and self.lake.position() is None:
+            from airflow_pglogrepl.lake.snapshots import resolve
+
+            left = resolve(self.lake).get("uncommitted_snapshots") or []
+            raise LakeSnapshotUnfinishedError(
+                self.lake.root, self.slot, identity.get("created_at"), left
+            )
+
+    def _reconcile(self, slot_lsn: LSN, sink_lsn: LSN | None) -> LSN:
+        recorded = self.lake.recorded_source()
+        current = self.lake.source or {}
+        ahead = sink_lsn is not None and sink_lsn > slot_lsn
+        changed = recorded is not None and (
+            recorded.get("system_identifier") != current.get("system_identifier")
+            or (ahead and recorded.get("timeline") != current.get("timeline"))
+        )
+        if changed and not self.accept_source_change:
+            raise SinkFromAnotherSourceError(self.slot, self.lake.root, recorded or {}, current)
+        if changed:
+            log.warning(
+                "lake %s was written from %s, the slot is on %s: draining on as asked "
+                "(accept_source_change), and recording the new source", self.lake.root,
+                recorded, current,
+            )  # fmt: skip
+        if ahead and recorded is None:
+            log.warning(
+                "lake %s records no source identity (its last commit predates them): "
+                "advancing slot %s to it unchecked", self.lake.root, self.slot,
+            )  # fmt: skip
+        if sink_lsn is None:
+            log.info("empty lake: starting at the slot's confirmed_flush_lsn %s", slot_lsn)
+            return slot_lsn
+        if sink_lsn > slot_lsn:
+            log.warning(
+                "lake is ahead of slot %s (%s > %s): the last advance was lost; advancing the "
+                "slot to the lake, committed changes are not drained again",
+                self.slot, sink_lsn, slot_lsn,
+            )  # fmt: skip
+            self.lake.check_writer()
+            self.source.advance_slot(self.slot, sink_lsn)
+            return sink_lsn
+        if slot_lsn > sink_lsn:
+            raise SlotAheadOfSinkError(self.slot, slot_lsn, sink_lsn, self.lake.root)
+        return slot_lsn
+
+    def _columnar_span(self, start: LSN, span_end: LSN, done: list[WindowStats]) -> None:
+        """The windows of ``[start, span_end)`` from one peek, on the columnar path; each is
+        appended to ``done`` once committed (and the slot advanced past it).
+
+        Every peek has the server decode from the slot's ``restart_lsn``, which moves only at
+        the server's running-transactions records (every 15 s under load), so one peek per
+        window can decode the same WAL again and again. One peek serves several windows: they
+        are cut here at the same LSNs separate peeks would have ended at (a window holds the
+        transactions whose commit record starts before its end), except that a window is never
+        committed empty in the middle of a span: it grows to the next boundary instead.
+
+        The window's stages overlap (``overlap``): the fetch runs ahead in a thread, the writes
+        behind in another, the decoder in this one.
+        """
+        import numpy as np
+
+        decoder = ColumnarDecoder(self.options)
+        floors: dict[int, int] = {}
+        last = int(span_end)
+        current = _OpenWindow(self, start, min(last, int(start) + self.max_window_bytes))
+        fetched = prefetched(
+            self.source.peek_arrow(self.slot, upto_lsn=span_end, options=self.options)
+        )
+        try:
+            for data in fetched:
+                # A batch holds one piece per table, each with its rows of every transaction in
+                # the batch: a window is cut only once all pieces' rows before it are added.
+                pieces = []
+                for piece in decoder.feed(data):
+                    rows = piece.rows
+                    floor = self._floor(floors, piece.table, start)
+                    if floor:  # rows the table's state already holds (a re-snapshot after them)
+                        rows = _at_or_after(rows, floor)
+                    if rows.num_rows:
+                        pieces.append((piece.table, rows, rows.column(COMMIT_LSN).to_numpy()))
+                while pieces:
+                    first = min(int(lsns[0]) for _, _, lsns in pieces)
+                    if first >= last:  # a commit the peek read past its end (``window_end``)
+                        current.boundary = int(window_end(last, [first]))
+                    elif first >= current.boundary:
+                        if any(c < current.boundary for c in decoder.commit_lsns):
+                            done.append(current.commit(decoder.commit_lsns))
+                            current = _OpenWindow(self, LSN(current.boundary), current.boundary)
+                        while first >= current.boundary:  # never committed empty
+                            current.boundary += self.max_window_bytes
+                        current.boundary = min(current.boundary, last)
+                    rest = []
+                    for table, rows, lsns in pieces:
+                        split = int(np.searchsorted(lsns, current.boundary))
+                        current.add(TablePiece(table, rows.slice(0, split)))
+                        if split < len(lsns):
+                            rest.append((table, rows.slice(split), lsns[split:]))
+                    pieces = rest
+            # past a commit read past the end even when the table floors left none of its rows
+            current.boundary = int(window_end(max(current.boundary, last), decoder.commit_lsns))
+            done.append(current.commit(decoder.commit_lsns))
+        except BaseException:
+            fetched.close()
+            current.abandon()
+            raise
+
+    def _reference_window(self, start: LSN, end: LSN, *, next_commit: bool = False) -> WindowStats:
+        began = time.monotonic()
+        stats = WindowStats(start=start, end=end)
+        window = self.lake.open_window(start)
+        batches: dict[int, ChangelogBatch] = {}
+        stream = PgOutputStream.from_options(self.options)
+        rows = self.source.peek_changes(
+            self.slot,
+            upto_lsn=end,
+            options=self.options,
+            batch_rows=self.batch_rows,
+            upto_nchanges=1 if next_commit else None,
+        )
+        last_commit: TransactionCommit | None = None
+        floors: dict[int, int] = {}
+        quarantined: dict[TableRef, list[Change]] = {}
+        for event in _events(stream, rows):
+            if event.__class__ is Change:
+                change: Change = event
+                floor = self._floor(floors, change.table, start)
+                if floor and int(change.commit_lsn or 0) < floor:
+                    # The table's state already holds this change (a re-snapshot after it):
+                    # skipped before its values are even converted, so a value the lake
+                    # could not store no longer stops the drain once the row is corrected.
+                    continue
+                stats.changes += 1
+                if self.held:
+                    ref = TableRef(change.table.schema, change.table.table)
+                    if ref in self.held:  # as sent, not converted
+                        quarantined.setdefault(ref, []).append(change)
+                        continue
+                batch = batches.get(id(change.table))
+                if batch is None:
+                    batch = batches[id(change.table)] = ChangelogBatch(change.table)
+                with _naming(batch.ref):
+                    batch.add(change, change.seq)
+                if len(batch) >= self.batch_rows:
+                    with _naming(batch.ref):
+                        self._write(window, batch.ref, batch.to_arrow(), stats)
+                    batches[id(change.table)] = ChangelogBatch(change.table)
+            elif event.__class__ is TransactionCommit:
+                stats.transactions += 1
+                last_commit = event
+        for batch in batches.values():
+            if len(batch):
+                with _naming(batch.ref):
+                    self._write(window, batch.ref, batch.to_arrow(), stats)
+        if last_commit is not None:
+            if next_commit and last_commit.end_lsn < end:
+                end = last_commit.end_lsn  # the window ends just past the one commit it holds
+            end = stats.end = window_end(end, [int(last_commit.commit_lsn or 0)])
+        for ref, changes in quarantined.items():
+            window.quarantine(quarantine_rows(ref, changes, self.held[ref], str(start),
+                                              str(stats.end)))  # fmt: skip
+            stats.quarantined[str(ref)] = len(changes)
+        return self._commit(window, stats, began)
+
+    def _commit(self, window: Window, stats: WindowStats, began: float) -> WindowStats:
+        """Commit the window to the lake, then, and only then, advance the slot to its end."""
+        fault("after_write")
+        # PostgreSQL 18 only warns about a missing publication and decodes nothing of it: a
+        # window read without one must not commit, or the slot would move past its changes.
+        self._require_publications()
+        pause("before_commit")
+        window.commit(stats.end, transactions=stats.transactions, changes=stats.changes)
+        fault("after_commit")
+        # The window is durable in the lake: only now may the slot forget it, and only while
+        # this run still holds the lake (another writer may have drained on from here).
+        self.lake.check_writer()
+        self.source.advance_slot(self.slot, stats.end)
+        stats.seconds = time.monotonic() - began
+        return stats
+
+    def _floor(self, floors: dict[int, int], table: TableInfo, start: LSN) -> int:
+        """The commit LSN below which ``table``'s changes are already in the lake (0: none),
+        looked up once per table description and window (``floors``)."""
+        floor = floors.get(id(table))
+        if floor is None:
+            held = self.lake.covered(TableRef(table.schema, table.table))
+            floor = floors[id(table)] = int(held) if held is not None and held > start else 0
+        return floor
+
+    def _write(
+        self,
+        window: Window,
+        ref: TableRef,
+        rows: Any,
+        stats: WindowStats,
+        behind: Behind | None = None,
+    ) -> None:
+        """Write rows of one table into the window: now, or in ``behind``'s thread."""
+        name = str(ref)
+        stats.tables[name] = stats.tables.get(name, 0) + rows.num_rows
+        if behind is None:
+            _store(window, ref, rows)
+        else:
+            behind.submit(_store, window, ref, rows)
+
+
+@contextlib.contextmanager
+def _naming(ref: TableRef) -> Iterator[None]:
+    """A table's error raised inside carries the table it is of (``ref``): what the lake's
+    quarantine holds it by."""
+    try:
+        yield
+    except TABLE_ERRORS as exc:
+        exc.ref = ref  # type: ignore[union-attr]
+        raise
+
+
+def _log_window(stats: WindowStats, run_end: LSN) -> None:
+    log.info(
+        "window %s..%s (%s): %d transactions, %d changes, %d WAL bytes, %.2fs, lag left %d",
+        stats.start, stats.end, stats.decoder, stats.transactions, stats.changes,
+        stats.end - stats.start, stats.seconds, run_end - stats.end,
+    )  # fmt: skip
+
+
+class _OpenWindow:
+    """A columnar window being filled: its queued pieces per table, its writer, its boundary
+    (the LSN its transactions' commit records start before)."""
+
+    def __init__(self, drain: Drain, start: LSN, boundary: int) -> None:
+        self.drain = drain
+        self.began = time.monotonic()
+        self.stats = WindowStats(start=start, end=start, decoder="columnar")
+        self.window = drain.lake.open_window(start)
+        self.boundary = boundary
+        self.behind = Behind()
+        self.pending: dict[int, list[TablePiece]] = {}  # relation OID -> one description's
+        self.queued_rows: dict[int, int] = {}
+
+    def add(self, piece: TablePiece) -> None:
+        """Queue rows of the window; a table's queue is written once it holds ``batch_rows``,
+        or when the table's description changes (the older rows first)."""
+        rows = piece.rows.num_rows
+        if not rows:
+            return
+        self.stats.changes += rows
+        relid = piece.table.relation_id or 0
+        queued = self.pending.setdefault(relid, [])
+        if queued and queued[0].table is not piece.table:
+            self._write(queued)
+            self.queued_rows[relid] = 0
+        queued.append(piece)
+        self.queued_rows[relid] = self.queued_rows.get(relid, 0) + rows
+        if self.queued_rows[relid] >= self.drain.batch_rows:
+            self._write(queued)
+            self.queued_rows[relid] = 0
+
+    def _write(self, pieces: list[TablePiece]) -> None:
+        """Hand one table description's queued pieces to the writer (and empty the queue)."""
+        import pyarrow as pa
+
+        table = pieces[0].table
+        rows = pa.concat_tables([p.rows for p in pieces]) if len(pieces) > 1 else pieces[0].rows
+        pieces.clear()
+        ref = TableRef(table.schema, table.table)
+        self.drain._write(self.window, ref, rows, self.stats, self.behind)
+
+    def commit(self, commit_lsns: list[int]) -> WindowStats:
+        """Write what is queued, wait for the writes, commit the window up to its boundary and
+        advance the slot; ``commit_lsns`` loses the transactions the window holds."""
+        for queued in self.pending.values():
+            if queued:
+                self._write(queued)
+        self.behind.finish()
+        held = sum(1 for lsn in commit_lsns if lsn < self.boundary)
+        del commit_lsns[:held]
+        self.stats.transactions = held
+        self.stats.end = LSN(self.boundary)
+        stats = self.drain._commit(self.window, self.stats, self.began)
+        _log_window(stats, self.drain.run_end)
+        return stats
+
+    def abandon(self) -> None:
+        """A failure: let the writes in flight end; nothing of the window is committed."""
+        self.behind.close()
+
+
+def _preload() -> None:
+    """Load the columnar path's libraries with the start-up, not inside the first window (whose
+    time is the drain's rate). One that is missing is reported by the window that needs it."""
+    import importlib
+
+    for name in ("numpy", "pyarrow.compute", "pyarrow.parquet", "adbc_driver_postgresql.dbapi"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+
+
+def _store(window: Window, ref: TableRef, rows: Any) -> None:
+    window.write(ref, rows)
+    fault("mid_write")
+
+
+def check_slot(source: DrainSource, slot_name: str) -> SlotInfo:
+    """The slot, if it can be drained now: exists, pgoutput, and ``verdicts.drain_refusal``."""
+    from airflow_pglogrepl.models.verdicts import drain_refusal
+
+    slot = source.get_slot(slot_name, plugin="pgoutput")
+    refusal = drain_refusal(slot)
+    if refusal is not None:
+        raise refusal
+    return slot
+
+
+def _events(stream: PgOutputStream, rows: Iterator[Any]) -> Iterator[Any]:
+    yield from stream.decode(rows)
