@@ -14,6 +14,7 @@ from airflow_pglogrepl.hooks.pg import arrow_peek, slots
 from airflow_pglogrepl.hooks.pg.slots import OUTPUT_PLUGINS
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import SlotCreated, SlotInfo, SlotSpill
+from airflow_pglogrepl.names import validate_slot_name
 
 __all__ = ["OUTPUT_PLUGINS", "SlotsMixin"]
 
@@ -65,6 +66,7 @@ class SlotsMixin(PgSessionHook):
 
     async def aget_slot(self, name: str) -> SlotInfo | None:
         """The slot's record for triggers (non-blocking); ``None`` when absent."""
+        validate_slot_name(name)  # a bad name fails before a connection is tried
         async with self.asession() as conn:
             return await slots.find_slot(conn, name)
 

@@ -284,4 +284,6 @@ def emit_fence_message(conn: Conn, note: Mapping[str, Any]) -> None:
 
 def wal_position(conn: Conn) -> LSN:
     """``pg_current_wal_lsn()``: on the publisher, where its WAL is now."""
-    return LSN(scalar(conn, "SELECT pg_current_wal_lsn() AS v"))
+    row = conn.execute("SELECT pg_current_wal_lsn() AS lsn").fetchone()
+    assert row is not None
+    return LSN(row["lsn"])
