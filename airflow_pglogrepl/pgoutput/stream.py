@@ -25,7 +25,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import GeneratorType
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from airflow_pglogrepl.exceptions import DecodeError, UnknownRelationError
 from airflow_pglogrepl.lsn import LSN
@@ -213,41 +213,46 @@ class PgOutputStream:
         fast = self._fast_tables
         txn = self._fast_txn()
         seq = self._seq
-        for lsn, _xid, data in rows:
-            if lsn.__class__ is not LSN:
-                lsn = LSN(lsn)
-            if data.__class__ is not bytes:
-                data = _as_bytes(data)
-            if txn is not None:
-                table = fast.get(data[1:6])
-                if table is not None:
-                    kind = data[0]
-                    if kind == 73 or kind == 85:  # 'I', 'U'
-                        new = table.parse_row(data)
-                        if new is not None:
-                            yield Change(
-                                "I" if kind == 73 else "U", table, txn, lsn, seq, new, None
-                            )
-                            seq += 1
-                            continue
+        try:
+            for lsn, _xid, data in rows:
+                if lsn.__class__ is not LSN:
+                    lsn = LSN(lsn)
+                if data.__class__ is not bytes:
+                    data = _as_bytes(data)
+                if txn is not None:
+                    table = fast.get(data[1:6])
+                    if table is not None:
+                        kind = data[0]
+                        if kind == 73 or kind == 85:  # 'I', 'U'
+                            new = table.parse_row(data)
+                            if new is not None:
+                                seq += 1  # before the yield: a consumer may stop at it
+                                yield Change(
+                                    "I" if kind == 73 else "U", table, txn, lsn, seq - 1, new, None
+                                )
+                                continue
+                self._seq = seq
+                try:
+                    handler = handlers[data[0]]
+                except (KeyError, IndexError):
+                    raise self._bad_type(data) from None
+                try:
+                    result = handler(lsn, data)
+                except DecodeError as exc:
+                    exc.add_note(f"pgoutput row at LSN {lsn}")
+                    raise
+                txn = self._fast_txn()
+                seq = self._seq
+                if result is None:
+                    continue
+                if result.__class__ in _MULTI:
+                    yield from result
+                else:
+                    yield result
+        finally:
+            # the inline path counts in a local: hand it back however the decode ends (a
+            # row at a time through feed, or a consumer that stopped early)
             self._seq = seq
-            try:
-                handler = handlers[data[0]]
-            except (KeyError, IndexError):
-                raise self._bad_type(data) from None
-            try:
-                result = handler(lsn, data)
-            except DecodeError as exc:
-                exc.add_note(f"pgoutput row at LSN {lsn}")
-                raise
-            txn = self._fast_txn()
-            seq = self._seq
-            if result is None:
-                continue
-            if result.__class__ in _MULTI:
-                yield from result
-            else:
-                yield result
 
     def _fast_txn(self) -> TransactionBegin | None:
         """The open ordinary transaction, when its changes can take the inline path."""
@@ -557,32 +562,24 @@ class PgOutputStream:
     # leave everything else (streams, prepared transactions, old tuples, errors) to _row.
 
     def _on_insert(self, lsn: LSN, data: bytes) -> Change | None:
-        txn = self._txn
-        if txn is None or self._stream_xid is not None or len(data) < 7 or data[5] != 78:
-            return self._row("I", lsn, data)
-        table = self._tables.get(_U32(data, 1)[0])
-        if table is None:
-            return self._row("I", lsn, data)
-        new, pos = table.parse(data, 6, "I")
-        if pos != len(data) or len(new) != len(table.names):
-            return self._row("I", lsn, data)
-        seq = self._seq
-        self._seq = seq + 1
-        return Change("I", table, txn, lsn, seq, new, None)
+        return self._new_tuple_only("I", lsn, data)
 
     def _on_update(self, lsn: LSN, data: bytes) -> Change | None:
+        return self._new_tuple_only("U", lsn, data)
+
+    def _new_tuple_only(self, op: Literal["I", "U"], lsn: LSN, data: bytes) -> Change | None:
         txn = self._txn
         if txn is None or self._stream_xid is not None or len(data) < 7 or data[5] != 78:
-            return self._row("U", lsn, data)
+            return self._row(op, lsn, data)
         table = self._tables.get(_U32(data, 1)[0])
         if table is None:
-            return self._row("U", lsn, data)
-        new, pos = table.parse(data, 6, "U")
+            return self._row(op, lsn, data)
+        new, pos = table.parse(data, 6, op)
         if pos != len(data) or len(new) != len(table.names):
-            return self._row("U", lsn, data)
+            return self._row(op, lsn, data)
         seq = self._seq
         self._seq = seq + 1
-        return Change("U", table, txn, lsn, seq, new, None)
+        return Change(op, table, txn, lsn, seq, new, None)
 
     def _on_delete(self, lsn: LSN, data: bytes) -> Change | None:
         return self._row("D", lsn, data)

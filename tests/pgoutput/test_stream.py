@@ -168,6 +168,30 @@ def test_changes_pass_through_as_they_come() -> None:
     assert stream.in_transaction
 
 
+def test_rows_fed_one_at_a_time_count_as_one_decode_does() -> None:
+    """The inline path counts changes in a local: it must hand its count back however the
+    decode ends (a row at a time, or a consumer that stops early), or the next change of the
+    transaction restarts at 0 and the commit's count is short."""
+    s = Session().add(ACCOUNTS).begin(1, 0x100)
+    s.insert(16384, b"1", None, None).insert(16384, b"2", None, None).insert(
+        16384, b"3", None, None
+    )
+    s.commit(0x100, 0x110)
+    whole = list(PgOutputStream().decode(s.rows))
+    stream = PgOutputStream()
+    one_at_a_time = [event for lsn, _, data in s.rows for event in stream.feed(lsn, data)]
+    assert one_at_a_time == whole
+    assert [e.seq for e in whole if isinstance(e, Change)] == [0, 1, 2]
+    assert whole[-1] == one_at_a_time[-1] and getattr(whole[-1], "count", None) == 3
+
+    stream = PgOutputStream()
+    events = stream.decode(s.rows)
+    first = [next(events) for _ in range(3)]  # begin, 1, 2: the consumer stops here
+    events.close()
+    rest = list(stream.decode(s.rows[4:]))  # after the relation, the begin and two inserts
+    assert [*first, *rest] == whole
+
+
 def test_unchanged_toast_is_not_null() -> None:
     s = Session().add(NOTES).begin(1, 0x100)
     s.add(UpdateMessage(None, 16390, None, None, (b"a", UNCHANGED_TOAST)))
