@@ -78,3 +78,21 @@ def test_no_more_repeated_code_than_before() -> None:
     assert len(places) == REPEATED_PLACES, (
         f"fewer repeats now ({len(places)}): lower REPEATED_PLACES to match"
     )
+
+
+def test_the_architecture_page_names_modules_that_exist() -> None:
+    """docs/architecture.md tells a newcomer where each stage is: a module it names that moved
+    or went away would send them to nothing."""
+    import re
+
+    from tests.support.paths import REPO
+
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"\b((?:[a-z_]+/)+[a-z_]+\.py)\b", text))
+    assert len(named) > 15, named
+    missing = sorted(
+        p
+        for p in named
+        if not (REPO / "airflow_pglogrepl" / p).is_file() and not (REPO / p).is_file()
+    )
+    assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
