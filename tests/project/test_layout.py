@@ -5,7 +5,7 @@ one that adds an entry fails here, naming it."""
 
 from __future__ import annotations
 
-from tests.support.layout import PACKAGE, modules, repeated_blocks, upward_imports
+from tests.support.layout import PACKAGE, modules, repeated_blocks, unmirrored, upward_imports
 
 MAX_LINES = 600
 
@@ -96,3 +96,66 @@ def test_the_architecture_page_names_modules_that_exist() -> None:
         if not (REPO / "airflow_pglogrepl" / p).is_file() and not (REPO / p).is_file()
     )
     assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
+
+
+# Modules with logic and no test module at their mirrored path (tests/README.md): tested only
+# through others today. A test module at the mirrored path takes its module off this list.
+UNMIRRORED = {
+    "exceptions/lake.py",
+    "exceptions/objects.py",
+    "exceptions/snapshot.py",
+    "exceptions/source.py",
+    "faults.py",
+    "get_provider_info.py",
+    "hooks/base.py",
+    "hooks/catalog.py",
+    "hooks/conflicts.py",
+    "hooks/fence.py",
+    "hooks/for_connection.py",
+    "hooks/locks.py",
+    "hooks/object_store.py",
+    "hooks/parity.py",
+    "hooks/pg/arrow_peek.py",
+    "hooks/pg/fence_guard.py",
+    "hooks/pg/passfile.py",
+    "hooks/pg/snapshot.py",
+    "hooks/pg/source.py",
+    "hooks/publications.py",
+    "hooks/replication.py",
+    "hooks/sequences.py",
+    "hooks/snapshot.py",
+    "lake/batch.py",
+    "lake/changelog.py",
+    "lake/mapped_compaction.py",
+    "lake/staging.py",
+    "lake/temporal.py",
+    "lake/txnlog.py",
+    "merge/materialize.py",
+    "models/facts.py",
+    "operators/_idle.py",
+    "operators/_in_worker.py",
+    "operators/arguments.py",
+    "operators/snapshot.py",
+    "pgoutput/changes.py",
+    "pgoutput/messages.py",
+    "preflight/_text.py",
+    "sensors/_base.py",
+    "sensors/progress.py",
+    "sensors/subscription.py",
+    "spark/app.py",
+    "spark/drain_app.py",
+    "spark/log4j.py",
+    "spark/snapshot_app.py",
+    "testing/pgcluster.py",
+    "testing/s3.py",
+    "testing/wait.py",
+}
+
+
+def test_tests_mirror_the_package() -> None:
+    found = unmirrored()
+    assert not found - UNMIRRORED, (
+        f"modules with no test module at their mirrored path: {sorted(found - UNMIRRORED)}; "
+        f"add tests/<folder>/test_<module>.py"
+    )
+    assert not UNMIRRORED - found, f"mirrored now: take {sorted(UNMIRRORED - found)} off UNMIRRORED"

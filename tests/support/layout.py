@@ -104,3 +104,24 @@ def repeated_blocks(window: int = 5) -> dict[str, list[tuple[str, int]]]:
             digest = hashlib.sha1(text.encode()).hexdigest()
             places[digest].append((module, lines[start][0]))
     return {digest: found for digest, found in places.items() if len(found) > 1}
+
+
+def unmirrored() -> set[str]:
+    """Modules with logic (a function or method) that have no test module at the mirrored
+    path, ``tests/<folder>/test_<module>.py`` (a leading underscore may be kept or dropped),
+    named by their path under the package. Old paths of ``MOVED`` are not modules."""
+    from airflow_pglogrepl._moved import MOVED
+
+    found: set[str] = set()
+    for dotted, path in modules():
+        if dotted in MOVED or path.name in ("__init__.py", "__main__.py"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if not any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in ast.walk(tree)):
+            continue  # records and constants only: tested where they are used
+        relative = path.relative_to(PACKAGE)
+        folder = REPO / "tests" / relative.parent
+        names = {f"test_{relative.stem}.py", f"test_{relative.stem.lstrip('_')}.py"}
+        if not any((folder / name).is_file() for name in names):
+            found.add(str(relative))
+    return found
