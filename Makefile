@@ -26,7 +26,9 @@ export PGLOGREPL_PG_VERSIONS_DIR ?= $(CURDIR)/$(PG_DIR)
 # The suite runs in TEST_WORKERS pytest processes (pytest-xdist): it spends about a third of its
 # time waiting on servers, subprocesses and polls, which a second worker fills. A module's tests
 # stay on one worker (--dist loadfile) with its module fixtures; tests/conftest.py hands out the
-# slowest modules first, so the workers finish together. TEST_WORKERS=0: one process.
+# slowest modules first, so the workers finish together (--no-loadscope-reorder: xdist would
+# otherwise hand out the modules with the most tests first, and the two demo tests came last).
+# TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 # The matrix's majors run at once, one pytest each; their output is printed, major by major, when
 # all have ended (and kept in MATRIX_LOGS).
@@ -39,7 +41,8 @@ demo: system venv jars
 
 test: system venv jars pg-binaries
 	@status=0; \
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || status=1; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) \
+	  || status=1; \
 	$(MAKE) --no-print-directory test-matrix || status=1; \
 	exit $$status
 
