@@ -105,7 +105,6 @@ UNMIRRORED = {
     "exceptions/objects.py",
     "exceptions/snapshot.py",
     "exceptions/source.py",
-    "faults.py",
     "get_provider_info.py",
     "hooks/base.py",
     "hooks/catalog.py",
@@ -148,7 +147,6 @@ UNMIRRORED = {
     "spark/snapshot_app.py",
     "testing/pgcluster.py",
     "testing/s3.py",
-    "testing/wait.py",
 }
 
 
