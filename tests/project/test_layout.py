@@ -104,7 +104,6 @@ UNMIRRORED = {
     "exceptions/lake.py",
     "exceptions/objects.py",
     "exceptions/snapshot.py",
-    "exceptions/source.py",
     "get_provider_info.py",
     "hooks/base.py",
     "hooks/catalog.py",
