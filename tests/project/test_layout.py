@@ -101,8 +101,6 @@ def test_the_architecture_page_names_modules_that_exist() -> None:
 # Modules with logic and no test module at their mirrored path (tests/README.md): tested only
 # through others today. A test module at the mirrored path takes its module off this list.
 UNMIRRORED = {
-    "exceptions/objects.py",
-    "exceptions/snapshot.py",
     "get_provider_info.py",
     "hooks/base.py",
     "hooks/catalog.py",
