@@ -123,7 +123,6 @@ UNMIRRORED = {
     "lake/changelog.py",
     "lake/mapped_compaction.py",
     "lake/staging.py",
-    "lake/txnlog.py",
     "merge/materialize.py",
     "models/facts.py",
     "operators/_idle.py",
