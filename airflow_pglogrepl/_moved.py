@@ -1,12 +1,13 @@
-"""Old import paths of modules that moved to the drain pipeline's new layout (docs and DAGs
-written against the old paths keep working for a release).
+"""Old import paths of modules that moved to the drain pipeline's new layout, and old names of
+renamed objects (docs and DAGs written against either keep working for a release).
 
 A module that moved whole is listed in ``MOVED`` and leaves a one-line module at its old path,
 ``alias(__name__)``: importing the old path returns the very module object of the new one, so
 identity, ``isinstance`` and ``monkeypatch.setattr`` on either name reach the same code, and a
 ``DeprecationWarning`` that names the new path points at the line that imported the old one.
 The test suite turns such a warning into an error in the package's own code (pyproject's
-``filterwarnings``): only users' code may use an old path.
+``filterwarnings``): only users' code may use an old path. A renamed object keeps its old
+name through the module's ``__getattr__`` (``renamed``), which warns the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import importlib
 import sys
 import warnings
+from collections.abc import Callable
 
 # Old path -> new path of every module that moved. Code that walks the package's modules skips
 # the old paths (each is the module at its new path again).
@@ -44,3 +46,22 @@ def alias(old: str) -> None:
         stacklevel=3,
     )
     sys.modules[old] = importlib.import_module(new)
+
+
+def renamed(module: str, names: dict[str, str]) -> Callable[[str], object]:
+    """A module's ``__getattr__`` for names that were renamed in it: ``old`` returns the object
+    now called ``names[old]``, with a ``DeprecationWarning`` naming the new name (the object is
+    the same, so ``except`` and ``isinstance`` on the old name still match)."""
+
+    def old_name(name: str) -> object:
+        new = names.get(name)
+        if new is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module}.{name} is now {new}: use the new name; the old one goes in a later release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(sys.modules[module], new)
+
+    return old_name

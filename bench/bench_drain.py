@@ -15,7 +15,7 @@ measures on the same WAL:
   write, the baseline) and, instead of that, + the Delta append (the lake's window API: the
   same files, fsynced, then one Delta commit per window through delta-rs);
 - the real drain: ``python -m airflow_pglogrepl.spark.drain_app ... --no-materialize`` (a local
-  sink, so no JVM), split into its fixed start-up cost and its steady-state window rate;
+  lake, so no JVM), split into its fixed start-up cost and its steady-state window rate;
 - once each, the same with the merge into an empty ``state/``: the first state written without
   a JVM (the default) and by Spark (``--small-merge-rows 0``), for the materialize time
   (``--materialize-only`` measures just these and the server's decode).
@@ -200,10 +200,10 @@ def drain_app(
     extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """One run of the drain application in its own process; its JSON summary plus wall_s."""
-    with tempfile.TemporaryDirectory(prefix="bench-drain-sink-") as sink:
+    with tempfile.TemporaryDirectory(prefix="bench-drain-lake-") as lake_root:
         command = [
             sys.executable, "-m", "airflow_pglogrepl.spark.drain_app", "--slot", slot,
-            "--publication", "bench", "--sink", sink, "--max-window-bytes", str(window),
+            "--publication", "bench", "--lake", lake_root, "--max-window-bytes", str(window),
             "--batch-rows", str(batch_rows), *extra,
         ]  # fmt: skip
         if not materialize:

@@ -83,10 +83,10 @@ def main() -> None:
             def run() -> int:
                 slot = next(turn[kind])
                 with (
-                    tempfile.TemporaryDirectory(prefix="bench-lock-") as sink,
+                    tempfile.TemporaryDirectory(prefix="bench-lock-") as lake_root,
                     hook.writer_lock(slot) as lock,
                 ):
-                    lake = Lake(sink, slot)
+                    lake = Lake(lake_root, slot)
                     lake.writer_check = lock.check if kind == "on" else None
                     result = Drain(source=hook, lake=lake, slot=slot, publications=["bench"],
                                    max_window_bytes=args.window_kb * 1024,

@@ -26,11 +26,11 @@ from airflow_pglogrepl.spark.app import DSN_ENV
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, local_cluster
 
 
-def drain(dsn: str, slot: str, sink: str, *extra: str) -> dict[str, Any]:
+def drain(dsn: str, slot: str, lake_root: str, *extra: str) -> dict[str, Any]:
     began = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "airflow_pglogrepl.spark.drain_app", "--slot", slot,
-         "--publication", "many", "--sink", sink, *extra],
+         "--publication", "many", "--lake", lake_root, *extra],
         env={**os.environ, DSN_ENV: dsn}, capture_output=True, text=True, check=False,
     )  # fmt: skip
     if done.returncode != 0:
@@ -65,9 +65,9 @@ def main() -> None:
             fill = sql.SQL("INSERT INTO {} SELECT g, md5(g::text), g FROM generate_series(1, %s) g")
             conn.execute(fill.format(sql.Identifier(name)), (args.rows,))
         with tempfile.TemporaryDirectory(prefix="bench-many-") as root:
-            sinks = [f"{root}/lake{i}" for i in range(len(runs))]
-            for slot, sink in zip(slots, sinks, strict=True):
-                drain(cluster.dsn(), slot, sink)  # first states (Spark)
+            lake_roots = [f"{root}/lake{i}" for i in range(len(runs))]
+            for slot, lake_root in zip(slots, lake_roots, strict=True):
+                drain(cluster.dsn(), slot, lake_root)  # first states (Spark)
             per = args.changes
             updates, deletes = per * 3 // 5, per // 5
             for name in names:  # per table: about 60% updates, 20% deletes, 20% inserts
@@ -80,8 +80,10 @@ def main() -> None:
                                      " FROM generate_series(%s::int, %s) g").format(table),
                              (args.rows + 1, args.rows + per - updates - deletes))  # fmt: skip
             results = {
-                label: drain(cluster.dsn(), slot, sink, *extra)
-                for (label, extra), slot, sink in zip(runs.items(), slots, sinks, strict=True)
+                label: drain(cluster.dsn(), slot, lake_root, *extra)
+                for (label, extra), slot, lake_root in zip(
+                    runs.items(), slots, lake_roots, strict=True
+                )
             }
     print(f"\n{args.tables} tables of {args.rows} rows, then about {args.changes} changes each:"
           " the second drain run\n")  # fmt: skip

@@ -95,7 +95,7 @@ def main() -> None:
             "AIRFLOW__API_AUTH__JWT_SECRET": "bench-only-secret-0123456789abcdef0123",
             "AIRFLOW_CONN_SHOP": cluster.airflow_uri("shop"),
             "AIRFLOW_CONN_SPARK_LOCAL": json.dumps({"conn_type": "spark", "host": "local[2]"}),
-            "PGLOGREPL_SINK": str(Path(home) / "lake"),
+            "PGLOGREPL_LAKE": str(Path(home) / "lake"),
             "PGLOGREPL_BENCH_REPO": str(repo),
         }
         migrated = airflow(env, "db", "migrate")

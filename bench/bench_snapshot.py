@@ -9,7 +9,7 @@ benchmark's shape) into a throwaway cluster, then measures:
   Arrow, in C) and the conversion to the lake's Arrow types, without Spark;
 - ``SnapshotCopy`` on a ``local[2]`` Spark session with 1 and with 2 tasks for the table: the
   whole snapshot (ranges, COPY, Arrow, Parquet written by Spark, footer count, commit), each in a
-  temporary slot's exported snapshot and a fresh sink;
+  temporary slot's exported snapshot and a fresh lake;
 - Spark writing the same rows, made in memory by one task (``mapInArrow``), into a Delta table
   with and without Delta's per-file statistics, and into plain Parquet: the writer's own cost,
   which bounds a snapshot task from below.

@@ -107,14 +107,14 @@ def disk_files(root: str) -> int:
     return sum(1 for info in found if info.type == fs.FileType.File)
 
 
-def one_run(dsn: str, sink: str, window: int, with_upkeep: bool) -> dict[str, float]:
+def one_run(dsn: str, lake_root: str, window: int, with_upkeep: bool) -> dict[str, float]:
     from airflow_pglogrepl.hooks.pg.source import PgSource
     from airflow_pglogrepl.pipeline.drain import Drain
 
     source = PgSource(dsn)
     times: dict[str, float] = {}
     with source.writer_lock(SLOT, role="drain") as lock:
-        lake = Lake(sink, SLOT, origins=source.column_origins, writer_check=lock.check)
+        lake = Lake(lake_root, SLOT, origins=source.column_origins, writer_check=lock.check)
         began = time.perf_counter()
         result = Drain(source=source, lake=lake, slot=SLOT, publications=[PUBLICATION],
                        max_window_bytes=window).run(time.monotonic())  # fmt: skip
@@ -125,7 +125,7 @@ def one_run(dsn: str, sink: str, window: int, with_upkeep: bool) -> dict[str, fl
         times["materialize"] = time.perf_counter() - began
         began = time.perf_counter()
         if with_upkeep:
-            upkeep(sink, SLOT, writer_check=lock.check)
+            upkeep(lake_root, SLOT, writer_check=lock.check)
         times["upkeep"] = time.perf_counter() - began
     return times
 
@@ -134,8 +134,8 @@ def source_rows(cluster: PgCluster, table: str) -> Counter[tuple[Any, ...]]:
     return Counter(tuple(row) for row in cluster.execute(f"SELECT * FROM {table}"))  # noqa: S608
 
 
-def lake_rows(sink: str, table: str) -> Counter[tuple[Any, ...]]:
-    rows = read_table(LakePaths(sink).state(TableRef("public", table)))
+def lake_rows(lake_root: str, table: str) -> Counter[tuple[Any, ...]]:
+    rows = read_table(LakePaths(lake_root).state(TableRef("public", table)))
     names = [n for n in rows.column_names if not n.startswith("_")]
     return Counter(tuple(r[n] for n in names) for r in rows.to_pylist())
 
@@ -155,14 +155,14 @@ def main() -> None:
     with local_cluster("bench-soak", LOGICAL_SETTINGS) as cluster, \
             tempfile.TemporaryDirectory(prefix="bench-soak-") as root:  # fmt: skip
         setup(cluster, args.scale)
-        sink, server = s3_lake() if args.s3 else (f"{root}/lake", None)
+        lake_root, server = s3_lake() if args.s3 else (f"{root}/lake", None)
         series = args.series.open("w") if args.series else None
         started = time.monotonic()
         env = {**os.environ, "PGPASSWORD": cluster.password}
         load = subprocess.Popen(pgbench(cluster, "-n", "-c", "2", "-T", "100000", "-R",
                                         str(args.rate)), env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        paths = LakePaths(sink)
+        paths = LakePaths(lake_root)
         history = paths.changes(table_dir(TableRef("public", "pgbench_history")))
         accounts = paths.state(table_dir(TableRef("public", "pgbench_accounts")))
         print(f"{args.runs} runs, pgbench at {args.rate} tps, scale {args.scale}, upkeep every "
@@ -176,7 +176,7 @@ def main() -> None:
         try:
             for run in range(1, args.runs + 1):
                 at, before = time.monotonic() - started, slot_lag(cluster)
-                times = one_run(cluster.dsn(), sink, window, run % args.upkeep_every == 0)
+                times = one_run(cluster.dsn(), lake_root, window, run % args.upkeep_every == 0)
                 totals.update({k: v for k, v in times.items()})
                 if series is not None:
                     series.write(json.dumps({"run": run, "at_s": round(at, 3),
@@ -185,33 +185,33 @@ def main() -> None:
                     series.flush()
                 if run % args.every and run != 1:
                     continue
-                uris = [paths.changes(n) for n in Lake(sink, SLOT).changes_tables()]
-                uris += [paths.state(n) for n in Lake(sink, SLOT).state_tables()]
+                uris = [paths.changes(n) for n in Lake(lake_root, SLOT).changes_tables()]
+                uris += [paths.state(n) for n in Lake(lake_root, SLOT).state_tables()]
                 began = time.perf_counter()
                 read_table(accounts)
                 read_s = time.perf_counter() - began
                 print(f"| {run} | {int(times['changes']):,} | {times['drain']:.2f} | "
                       f"{times['materialize']:.2f} | {times['upkeep']:.2f} | "
                       f"{max(map(live_files, uris))} | {live_files(history)} | "
-                      f"{disk_files(sink):,} | {read_s:.3f} |", flush=True)  # fmt: skip
+                      f"{disk_files(lake_root):,} | {read_s:.3f} |", flush=True)  # fmt: skip
         finally:
             load.terminate()
             load.wait()
             if series is not None:
                 series.close()
-        final = one_run(cluster.dsn(), sink, window, True)
+        final = one_run(cluster.dsn(), lake_root, window, True)
         print(f"\nafter the load: {int(final['changes']):,} changes drained; totals over "
               f"{args.runs} runs: {int(totals['changes']):,} changes, drain "
               f"{totals['drain']:.1f} s, materialize {totals['materialize']:.1f} s, upkeep "
               f"{totals['upkeep']:.1f} s")  # fmt: skip
         for table in TABLES:
-            want, got = source_rows(cluster, table), lake_rows(sink, table)
+            want, got = source_rows(cluster, table), lake_rows(lake_root, table)
             verdict = "equal" if want == got else f"DIFFERENT ({sum((want - got).values())} "
             if want != got:
                 verdict += f"missing, {sum((got - want).values())} extra)"
             print(f"{table}: {sum(want.values()):,} rows in the source, state {verdict}")
         keys: Counter[tuple[int, int]] = Counter()
-        for name in Lake(sink, SLOT).changes_tables():
+        for name in Lake(lake_root, SLOT).changes_tables():
             rows = read_table(paths.changes(name)).select(["_commit_lsn", "_seq"]).to_pylist()
             keys.update((r["_commit_lsn"], r["_seq"]) for r in rows)
         twice = sum(1 for count in keys.values() if count > 1)

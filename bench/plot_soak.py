@@ -3,7 +3,7 @@
 Two panels sharing the soak's clock: the slot's lag in bytes before each run (what the run had
 to drain) and after it (what it left), and the changes drained per second of the drain step.
 A healthy soak has a flat band of lag that returns near zero after every run, and throughput
-that does not sink as the lake's history grows.
+that does not lake as the lake's history grows.
 
 ``python -m bench.plot_soak SERIES.jsonl docs/img/soak.png [--title TEXT]``
 """

@@ -1,16 +1,16 @@
 """Scheduled incremental drain: initial snapshot (first run) -> slot health -> drain -> lag report
 and lake upkeep.
 
-The DAG bootstraps itself: while the sink holds nothing, ``initial_snapshot`` creates the slot
+The DAG bootstraps itself: while the lake holds nothing, ``initial_snapshot`` creates the slot
 with an exported snapshot and copies the published tables on Spark at exactly the slot's start
-(a slot that already exists next to an empty sink is re-created for that: nothing depends on it
-yet). Once the sink holds the snapshot, or windows drained without one, it does nothing and the
+(a slot that already exists next to an empty lake is re-created for that: nothing depends on it
+yet). Once the lake holds the snapshot, or windows drained without one, it does nothing and the
 drain continues from the slot.
 
 Everything comes from params (defaults below) and Airflow connections: the publisher
 (``postgres_conn_id``), and Spark (``PGLOGREPL_SPARK_CONN_ID``, default ``spark_local``; it must
 exist, e.g. ``AIRFLOW_CONN_SPARK_LOCAL='{"conn_type": "spark", "host": "local[*]"}'``). The
-lake root is ``PGLOGREPL_SINK`` (a path, or ``s3://bucket/prefix`` with the store's ``aws``
+lake root is ``PGLOGREPL_LAKE`` (a path, or ``s3://bucket/prefix`` with the store's ``aws``
 connection named in ``PGLOGREPL_LAKE_CONN_ID``: docs/object-storage.md) and the schedule
 ``PGLOGREPL_DRAIN_SCHEDULE``. One run at a time, no
 catch-up: each run drains what the slot holds when it starts, in windows of
@@ -36,7 +36,9 @@ from airflow_pglogrepl.operators.slots import SlotHealthCheckOperator
 from airflow_pglogrepl.operators.snapshot import InitialSnapshotOperator
 from airflow_pglogrepl.operators.upkeep import LakeUpkeepOperator
 
-SINK = os.environ.get("PGLOGREPL_SINK", "/tmp/pglogrepl-lake")
+# PGLOGREPL_SINK is the variable's old name
+LAKE_ROOT = (os.environ.get("PGLOGREPL_LAKE") or os.environ.get("PGLOGREPL_SINK")
+             or "/tmp/pglogrepl-lake")  # fmt: skip
 LAKE_CONN_ID = os.environ.get("PGLOGREPL_LAKE_CONN_ID") or None
 
 with DAG(
@@ -72,7 +74,7 @@ with DAG(
         conn_id=spark_conn_id,
         slot_name="{{ params.slot }}",
         publications="{{ params.publications }}",
-        sink=SINK,
+        lake=LAKE_ROOT,
         lake_conn_id=LAKE_CONN_ID,
         tasks_per_table="{{ params.snapshot_tasks_per_table }}",
         rows_per_task="{{ params.snapshot_rows_per_task }}",
@@ -92,7 +94,7 @@ with DAG(
         conn_id=spark_conn_id,
         slot_name="{{ params.slot }}",
         publications="{{ params.publications }}",
-        sink=SINK,
+        lake=LAKE_ROOT,
         lake_conn_id=LAKE_CONN_ID,
         max_window_bytes="{{ params.max_window_bytes }}",
         max_windows="{{ params.max_windows }}",
@@ -118,7 +120,7 @@ with DAG(
         task_id="upkeep",
         postgres_conn_id="{{ params.postgres_conn_id }}",
         slot_name="{{ params.slot }}",
-        sink=SINK,
+        lake=LAKE_ROOT,
         lake_conn_id=LAKE_CONN_ID,
         keep_lsn="{{ params.upkeep_keep_lsn }}",
         keep_hours="{{ params.upkeep_keep_hours }}",

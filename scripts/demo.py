@@ -168,7 +168,7 @@ class Demo:
             "AIRFLOW_CONN_PGLOGREPL_SUBSCRIBER": new.airflow_uri(DB),
             "AIRFLOW_CONN_SPARK_LOCAL": json.dumps({"conn_type": "spark", "host": "local[2]"}),
             "PGLOGREPL_SPARK_CONN_ID": "spark_local",
-            "PGLOGREPL_SINK": self.lake,
+            "PGLOGREPL_LAKE": self.lake,
             "PGLOGREPL_FENCE_GRACE_S": "2",
         }
         if self.store is not None:  # the store's keys in an aws connection, as a user keeps them

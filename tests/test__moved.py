@@ -73,3 +73,27 @@ def test_every_old_path_is_listed_and_leads_where_it_says() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             assert importlib.import_module(old) is importlib.import_module(new), old
+
+
+def test_a_renamed_object_answers_to_its_old_name_with_a_warning() -> None:
+    from airflow_pglogrepl import exceptions
+    from airflow_pglogrepl.hooks import object_store
+    from airflow_pglogrepl.operators import _spark, drain
+    from airflow_pglogrepl.spark import session
+
+    olds = [(exceptions, "SinkError", "LakeMismatchError"),
+            (exceptions, "SinkFromAnotherSourceError", "LakeFromAnotherSourceError"),
+            (exceptions, "SinkNotEmptyError", "LakeNotEmptyError"),
+            (exceptions, "SinkNotSnapshottedError", "LakeNotSnapshottedError"),
+            (exceptions, "SlotAheadOfSinkError", "SlotAheadOfLakeError"),
+            (drain, "sink_asset", "lake_asset"),
+            (_spark, "sink_asset", "lake_asset"), (object_store, "check_sink", "check_lake_uri"),
+            (session, "SINK_CONF", "LAKE_CONF")]  # fmt: skip
+    for module, old, new in olds:
+        with pytest.warns(DeprecationWarning, match=rf"{module.__name__}\.{old} is now {new}"):
+            assert getattr(module, old) is getattr(module, new)
+    with pytest.raises(AttributeError, match="has no attribute 'SinkErrror'"):
+        exceptions.SinkErrror  # noqa: B018
+    # an error raised under its new name is caught under its old one
+    with pytest.warns(DeprecationWarning), pytest.raises(exceptions.SinkError):
+        raise exceptions.LakeNotEmptyError("the lake holds commits")

@@ -227,20 +227,20 @@ def _operator_whose_submit_prints(
 
     monkeypatch.setattr(SparkSubmitOperator, "execute", submit)
     return SlotDrainOperator(
-        task_id="drain", postgres_conn_id="pg", slot_name="s", publications=["p"], sink="/lake"
+        task_id="drain", postgres_conn_id="pg", slot_name="s", publications=["p"], lake="/lake"
     )
 
 
 def test_the_applications_error_is_raised_again_on_the_operators_side(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    refused = {"error": "SlotAheadOfSinkError", "message": "slot 's' is ahead", "retryable": False}
+    refused = {"error": "SlotAheadOfLakeError", "message": "slot 's' is ahead", "retryable": False}
     operator = _operator_whose_submit_prints(monkeypatch, ["log line", json.dumps(refused)])
     with pytest.raises(exceptions.SparkApplicationError) as raised:
         operator._run_application({})  # type: ignore[arg-type]
-    assert raised.value.error == "SlotAheadOfSinkError" and not raised.value.retryable
+    assert raised.value.error == "SlotAheadOfLakeError" and not raised.value.retryable
     assert "slot 's' is ahead" in str(raised.value)
-    with pytest.raises(AirflowFailException, match="SlotAheadOfSinkError"):
+    with pytest.raises(AirflowFailException, match="SlotAheadOfLakeError"):
         at_boundary(lambda: operator._run_application({}))()  # type: ignore[arg-type]
 
 

@@ -17,6 +17,7 @@ class is importable from here, where callers import it.
 
 from __future__ import annotations
 
+from airflow_pglogrepl._moved import renamed
 from airflow_pglogrepl.exceptions.base import (
     PgLogReplError,
 )
@@ -25,7 +26,11 @@ from airflow_pglogrepl.exceptions.lake import (
     IncompatibleSchemaChangeError,
     LakeCommitConflictError,
     LakeError,
+    LakeFromAnotherSourceError,
     LakeLocationError,
+    LakeMismatchError,
+    LakeNotEmptyError,
+    LakeNotSnapshottedError,
     LakeOfAnotherSlotError,
     LakeSnapshotUnfinishedError,
     LakeStoreUnreachableError,
@@ -33,11 +38,7 @@ from airflow_pglogrepl.exceptions.lake import (
     QuarantinedTablesError,
     ReplayRangeError,
     SchemaChangedError,
-    SinkError,
-    SinkFromAnotherSourceError,
-    SinkNotEmptyError,
-    SinkNotSnapshottedError,
-    SlotAheadOfSinkError,
+    SlotAheadOfLakeError,
     SnapshotNotCommittedError,
     TableNotInLakeError,
     UnsafeRetentionError,
@@ -114,7 +115,11 @@ __all__ = [
     "InvalidSlotNameError",
     "LakeCommitConflictError",
     "LakeError",
+    "LakeFromAnotherSourceError",
     "LakeLocationError",
+    "LakeMismatchError",
+    "LakeNotEmptyError",
+    "LakeNotSnapshottedError",
     "LakeOfAnotherSlotError",
     "LakeSnapshotUnfinishedError",
     "LakeStoreUnreachableError",
@@ -134,12 +139,8 @@ __all__ = [
     "SchemaChangedError",
     "SequenceSyncError",
     "ServerNotConfiguredError",
-    "SinkError",
-    "SinkFromAnotherSourceError",
-    "SinkNotEmptyError",
-    "SinkNotSnapshottedError",
     "SlotAdvanceError",
-    "SlotAheadOfSinkError",
+    "SlotAheadOfLakeError",
     "SlotAlreadyExistsError",
     "SlotError",
     "SlotInUseError",
@@ -164,3 +165,13 @@ __all__ = [
     "WrongPluginError",
     "lost_slot_message",
 ]
+
+
+# The lake was once also called the sink; the old names still reach the same classes.
+__getattr__ = renamed(__name__, {
+    "SinkError": "LakeMismatchError",
+    "SinkFromAnotherSourceError": "LakeFromAnotherSourceError",
+    "SinkNotEmptyError": "LakeNotEmptyError",
+    "SinkNotSnapshottedError": "LakeNotSnapshottedError",
+    "SlotAheadOfSinkError": "SlotAheadOfLakeError",
+})  # fmt: skip

@@ -17,7 +17,7 @@ class LakeError(PgLogReplError):
 
 
 class LakeLocationError(LakeError, ValueError):
-    """A lake URI (``sink``) or its store's connection that cannot be used as given: nothing
+    """A lake URI (``lake``) or its store's connection that cannot be used as given: nothing
     was started. The message never repeats the URI or a connection's value (either may hold a
     secret); it names the part that is wrong and the fix."""
 
@@ -55,47 +55,47 @@ class TableNotInLakeError(LakeError):
         )
 
 
-class SinkError(LakeError):
-    """The lake (the sink) and the slot or snapshot disagree about what it holds: draining on
+class LakeMismatchError(LakeError):
+    """The lake and the slot or snapshot disagree about what it holds: draining on
     would lose or double changes, so nothing is drained or committed."""
 
 
-class SinkNotEmptyError(SinkError):
+class LakeNotEmptyError(LakeMismatchError):
     """An initial snapshot was asked for a lake that already holds data."""
 
 
-class SinkNotSnapshottedError(SinkError):
+class LakeNotSnapshottedError(LakeMismatchError):
     """A re-snapshot of some tables was asked for a lake no initial snapshot committed to."""
 
 
-class SnapshotNotCommittedError(SinkError):
+class SnapshotNotCommittedError(LakeMismatchError):
     """A snapshot or drain application ended without reporting its commit: nothing of it may be
     taken as in the lake, and the slot must not move."""
 
     retryable = True
 
 
-class SlotAheadOfSinkError(SinkError):
+class SlotAheadOfLakeError(LakeMismatchError):
     """The slot confirmed changes the lake never committed: they are lost to this lake."""
 
-    def __init__(self, slot: str, slot_lsn: LSN, sink_lsn: LSN, sink: str) -> None:
+    def __init__(self, slot: str, slot_lsn: LSN, lake_lsn: LSN, lake_root: str) -> None:
         self.slot_lsn = slot_lsn
-        self.sink_lsn = sink_lsn
+        self.lake_lsn = lake_lsn
         super().__init__(
             f"replication slot {slot!r} is at confirmed_flush_lsn {slot_lsn}, ahead of the "
-            f"sink {sink} (last committed window ends at {sink_lsn}): the changes between "
-            f"{sink_lsn} and {slot_lsn} were consumed by someone else and are not in the lake. "
-            f"Nothing was drained. Fix: find what advanced the slot; rebuild the sink from a new "
+            f"lake {lake_root} (last committed window ends at {lake_lsn}): the changes between "
+            f"{lake_lsn} and {slot_lsn} were consumed by someone else and are not in the lake. "
+            f"Nothing was drained. Fix: find what advanced the slot; rebuild the lake from a new "
             f"initial snapshot, or accept the gap explicitly by recording it"
         )
 
 
-class SinkFromAnotherSourceError(SinkError):
+class LakeFromAnotherSourceError(LakeMismatchError):
     """The lake's commits came from another server, or another timeline of this one: its LSNs
     and the slot's do not describe the same WAL, so neither can move the other."""
 
     def __init__(
-        self, slot: str, sink: str, recorded: dict[str, Any], current: dict[str, Any]
+        self, slot: str, lake_root: str, recorded: dict[str, Any], current: dict[str, Any]
     ) -> None:
         def show(identity: dict[str, Any]) -> str:
             return (
@@ -104,7 +104,7 @@ class SinkFromAnotherSourceError(SinkError):
             )
 
         super().__init__(
-            f"lake {sink} was written from {show(recorded)}, but slot {slot!r} is on "
+            f"lake {lake_root} was written from {show(recorded)}, but slot {slot!r} is on "
             f"{show(current)}. Nothing was drained and the slot did not move. Fix: point the "
             f"drain at the server the lake came from (PGLOGREPL_SOURCE_DSN, or the connection). "
             f"If the change was deliberate and the lake's history is this server's (a pg_upgrade "
@@ -267,7 +267,7 @@ class UnsafeRetentionError(LakeError):
         )
 
 
-class LakeCommitConflictError(SinkError):
+class LakeCommitConflictError(LakeMismatchError):
     """A lake commit was refused because the table's log does not hold what this run read
     before writing: another writer committed in between, or the commit would move the table's
     transaction version backwards. Nothing of the commit was made."""
@@ -300,28 +300,28 @@ class LakeCommitConflictError(SinkError):
         )
 
 
-class LakeOfAnotherSlotError(SinkError):
+class LakeOfAnotherSlotError(LakeMismatchError):
     """The lake belongs to another slot: draining or snapshotting a second slot into it would
     replay one slot's changes onto the other's state."""
 
-    def __init__(self, sink: str, recorded: dict[str, Any], slot: str) -> None:
+    def __init__(self, lake_root: str, recorded: dict[str, Any], slot: str) -> None:
         super().__init__(
-            f"lake {sink} belongs to slot {recorded.get('slot')!r} (database "
+            f"lake {lake_root} belongs to slot {recorded.get('slot')!r} (database "
             f"{recorded.get('database')!r}, publications {recorded.get('publications')}, "
             f"begun {recorded.get('created_at')}), not to slot {slot!r}. Nothing was written. "
-            f"Fix: give each slot a lake of its own (a new sink path for {slot!r}); if the lake "
+            f"Fix: give each slot a lake of its own (a new lake path for {slot!r}); if the lake "
             f"should now follow {slot!r} instead, take a new initial snapshot into a new lake"
         )
 
 
-class LakeSnapshotUnfinishedError(SinkError):
+class LakeSnapshotUnfinishedError(LakeMismatchError):
     """The lake was begun by an initial snapshot that never committed: a drain would start at
     the slot and leave every table the snapshot did not reach without its rows."""
 
-    def __init__(self, sink: str, slot: str, began: str | None, points: Sequence[str]) -> None:
+    def __init__(self, lake_root: str, slot: str, began: str | None, points: Sequence[str]) -> None:
         left = f" (state staged at {', '.join(points)})" if points else ""
         super().__init__(
-            f"lake {sink} was begun by an initial snapshot of slot {slot!r} at {began} that "
+            f"lake {lake_root} was begun by an initial snapshot of slot {slot!r} at {began} that "
             f"never committed{left}: draining now would leave the tables it did not reach "
             f"empty. Nothing was drained and the slot did not move. Fix: run the initial "
             f"snapshot again (InitialSnapshotOperator, or snapshot_app with --replace-slot when "

@@ -17,10 +17,11 @@ import os
 import re
 from typing import Any
 
+from airflow_pglogrepl._moved import renamed
 from airflow_pglogrepl.exceptions import LakeLocationError, LakeStoreUnreachableError
 from airflow_pglogrepl.lake.storage import S3_SCHEMES, ObjectStore, is_object_store
 
-__all__ = ["LakeLocationError", "check_bucket", "check_sink", "lake_store", "store_of"]
+__all__ = ["LakeLocationError", "check_bucket", "check_lake_uri", "lake_store", "store_of"]
 
 
 # What an object-store lake URI may hold: delta-rs decodes a URL's %-escapes where pyarrow keeps
@@ -34,18 +35,18 @@ LOOK_TIMEOUT_S = 10.0
 _REFUSED_FIELDS = ("role_arn", "profile_name", "assume_role_method", "aws_iam_role")
 
 
-def check_sink(sink: str) -> None:
+def check_lake_uri(lake_root: str) -> None:
     """Refuse a lake URI that carries credentials, or that the engines would not all read as
     the same keys of the same bucket. Errors never repeat the URI: it may hold a secret."""
-    scheme, sep, rest = sink.partition("://")
+    scheme, sep, rest = lake_root.partition("://")
     if not sep:
-        if sink != sink.strip() or "\n" in sink:
+        if lake_root != lake_root.strip() or "\n" in lake_root:
             raise LakeLocationError("the lake path has leading or trailing blanks or a newline")
-        named = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", sink)
+        named = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", lake_root)
         if named and named.group(1).lower() in (*S3_SCHEMES, "file", "gs", "abfss", "abfs"):
             raise LakeLocationError(
                 f"the lake URI's scheme {named.group(1)}: is not followed by //. Fix: write "
-                f"the sink as s3://bucket/prefix (or a plain path)"
+                f"the lake as s3://bucket/prefix (or a plain path)"
             )
         return  # a local path
     if scheme == "file":
@@ -70,12 +71,12 @@ def check_sink(sink: str) -> None:
         raise LakeLocationError(
             "the lake URI holds credentials before its bucket: they would be shown in XCom, "
             "Asset events and the task log. Fix: put them in an Airflow connection of type aws, "
-            "name it as lake_conn_id, and give the sink as s3://bucket/prefix"
+            "name it as lake_conn_id, and give the lake as s3://bucket/prefix"
         )
     if not _BUCKET.fullmatch(bucket):
         raise LakeLocationError(
             "the lake URI's bucket is not a bucket name (3 to 63 lower-case letters, digits, "
-            "dots and hyphens). Fix: give the sink as s3://bucket/prefix"
+            "dots and hyphens). Fix: give the lake as s3://bucket/prefix"
         )
     if key.startswith("/") or any(part in ("", ".", "..") for part in key.rstrip("/").split("/")
                                   if key):  # fmt: skip
@@ -93,14 +94,14 @@ def check_sink(sink: str) -> None:
         )
 
 
-def lake_store(conn_id: str | None, sink: str) -> ObjectStore | None:
-    """The object store of the lake at ``sink`` (None: a local lake), its secrets masked."""
-    check_sink(sink)
-    if not is_object_store(sink):
+def lake_store(conn_id: str | None, lake_root: str) -> ObjectStore | None:
+    """The object store of the lake at ``lake_root`` (None: a local lake), its secrets masked."""
+    check_lake_uri(lake_root)
+    if not is_object_store(lake_root):
         if conn_id:
             raise LakeLocationError(
                 f"lake_conn_id {conn_id!r} is given but the lake is a local path. "
-                f"Fix: give the lake's s3:// URI as sink, or leave lake_conn_id out"
+                f"Fix: give the lake's s3:// URI as lake=, or leave lake_conn_id out"
             )
         return None
     if not conn_id:  # the engines' own credentials, but one endpoint and region for them all
@@ -154,7 +155,7 @@ def _mask(store: ObjectStore) -> None:
         mask(secret)
 
 
-def check_bucket(store: ObjectStore, sink: str, *, timeout_s: float = LOOK_TIMEOUT_S) -> None:
+def check_bucket(store: ObjectStore, lake_root: str, *, timeout_s: float = LOOK_TIMEOUT_S) -> None:
     """Look at the lake once before anything starts: a bucket that does not exist, keys the
     store refuses, an endpoint that does not answer are named here, with the fix, rather than in
     delta-rs' own words from the middle of a run. The lake's prefix is looked at first (keys
@@ -162,7 +163,7 @@ def check_bucket(store: ObjectStore, sink: str, *, timeout_s: float = LOOK_TIMEO
     to tell a new lake from a bucket that is not there."""
     from pyarrow import fs
 
-    bucket, _, prefix = sink.partition("://")[2].partition("/")
+    bucket, _, prefix = lake_root.partition("://")[2].partition("/")
     where = store.endpoint_url or "AWS S3" + (f" ({store.region})" if store.region else "")
     system = store.arrow_filesystem(timeout_s=timeout_s)
     try:
@@ -179,7 +180,7 @@ def check_bucket(store: ObjectStore, sink: str, *, timeout_s: float = LOOK_TIMEO
     if found.type == fs.FileType.NotFound:
         raise LakeLocationError(
             f"the lake's bucket {bucket!r} does not exist at {where}. Nothing was started. "
-            f"Fix: create the bucket, or correct the sink (the lake does not create buckets)"
+            f"Fix: create the bucket, or correct the lake's URI (the lake does not create buckets)"
         )
 
 
@@ -206,3 +207,7 @@ def _look_failed(exc: OSError, bucket: str, where: str) -> Exception:
         f"the lake's bucket {bucket!r} at {where} could not be looked at: {text}. Nothing was "
         f"started. Fix: check that the endpoint answers from this worker"
     )
+
+
+# the lake was once also called the sink
+__getattr__ = renamed(__name__, {"check_sink": "check_lake_uri"})

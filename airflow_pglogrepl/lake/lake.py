@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.exceptions import (
     IncompatibleSchemaChangeError,
+    LakeFromAnotherSourceError,
     LakeOfAnotherSlotError,
-    SinkFromAnotherSourceError,
     UnsupportedColumnTypeError,
 )
 from airflow_pglogrepl.lake import delta, evolve, mapping, names
@@ -336,7 +336,7 @@ class Lake:
         identity now recorded.
 
         Refuses, before anything is written, a lake of another slot (``LakeOfAnotherSlotError``)
-        or of another server or database (``SinkFromAnotherSourceError``; with
+        or of another server or database (``LakeFromAnotherSourceError``; with
         ``accept_source_change`` the new source is recorded instead). A database is compared by
         its OID, so a renamed one is the same source. A changed list of publications is
         recorded, and so is a ``state_deletion_vectors`` this run was given that differs from
@@ -378,7 +378,7 @@ class Lake:
             for k in ("system_identifier", "database_oid")
         )
         if moved and not accept_source_change:
-            raise SinkFromAnotherSourceError(self.slot, self.root, recorded, dict(source))
+            raise LakeFromAnotherSourceError(self.slot, self.root, recorded, dict(source))
         keep = {k: recorded[k] for k in ("created_at", "began_with") if recorded.get(k)}
         if began_with == "snapshot" and self.position() is None:
             keep = {"created_at": wanted["created_at"]}  # an initial snapshot begins it again

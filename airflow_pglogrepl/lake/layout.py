@@ -65,7 +65,7 @@ LAKE_APP = f"{APP_PREFIX}/lake-claims"
 def app_id(slot: str) -> str:
     """The Delta ``txnAppId`` of the drain of ``slot``.
 
-    Its transaction version in a table's log is the LSN that table includes. The sink is part of
+    Its transaction version in a table's log is the LSN that table includes. The lake is part of
     the identity already, because app transactions live inside each table's own log; leaving the
     path out keeps a lake's positions valid when it is copied or mounted elsewhere.
     """

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_pglogrepl.exceptions import SinkNotEmptyError, SlotError
+from airflow_pglogrepl.exceptions import LakeNotEmptyError, SlotError
 from airflow_pglogrepl.lake import staging
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
@@ -90,7 +90,7 @@ def bootstrap_plan(
     (``resolve``), what to do, or why not (raises).
 
     A slot is never replaced while the lake holds commits: the lake depends on it. Nor just
-    because the lake looks empty: an unmounted volume or a changed sink path look empty too,
+    because the lake looks empty: an unmounted volume or a changed lake path look empty too,
     and dropping the slot would lose every change it holds for the real lake. Without
     ``replace_slot``, bootstrap replaces it only when the lake holds the uncommitted snapshot
     a killed run took at exactly the slot's position (it never moved since).
@@ -105,7 +105,7 @@ def bootstrap_plan(
             if slot_exists
             else f"and slot {slot!r} does not exist: the lake cannot continue"
         )
-        raise SinkNotEmptyError(
+        raise LakeNotEmptyError(
             f"lake {lake} holds {status['commits']} commits {why}. Nothing was changed. An "
             f"initial snapshot starts a new, empty lake"
         )
@@ -118,7 +118,7 @@ def bootstrap_plan(
             f"slot {slot!r} already exists (at {slot_lsn or 'an unknown position'}) and lake "
             f"{lake} holds nothing of it: a snapshot can only be exported when the slot is "
             f"created, and the slot was left alone. If the lake should hold data (a volume not "
-            f"mounted, a changed sink path or PGLOGREPL_SINK), fix the path: dropping the slot "
+            f"mounted, a changed lake path or PGLOGREPL_LAKE), fix the path: dropping the slot "
             f"would lose every change it holds for the real lake. If the slot is what a killed "
             f"snapshot left behind, set replace_slot=True (--replace-slot) or drop the slot",
         )
@@ -131,7 +131,7 @@ def temporary_slot_name(slot: str) -> str:
     return slot[: 63 - len(suffix)] + suffix
 
 
-def check_empty_sink(lake: Lake) -> None:
+def check_empty_lake(lake: Lake) -> None:
     """Refuse an initial snapshot into a lake that already holds committed data.
 
     Staged copies and state tables without a committed position are what an interrupted
@@ -141,13 +141,13 @@ def check_empty_sink(lake: Lake) -> None:
     """
     position = lake.position()
     if position is not None:
-        raise SinkNotEmptyError(
+        raise LakeNotEmptyError(
             f"lake {lake.root} already holds commits of slot {lake.slot!r} up to {position}; "
             f"an initial snapshot starts a new lake. Fix: drain it as it is, re-snapshot "
             f"single tables (tables=...), or use an empty lake"
         )
     if lake.changes_tables():
-        raise SinkNotEmptyError(
+        raise LakeNotEmptyError(
             f"lake {lake.root} has tables under changes/ but no committed window of slot "
             f"{lake.slot!r}: a drain began there and never committed, or another slot wrote "
             f"them. Fix: run that drain again, or move changes/ away, or use an empty lake"
@@ -155,7 +155,7 @@ def check_empty_sink(lake: Lake) -> None:
 
 
 def remove_leftovers(lake: Lake) -> list[str]:
-    """Before an initial snapshot into a lake without a position (``check_empty_sink``): remove
+    """Before an initial snapshot into a lake without a position (``check_empty_lake``): remove
     what killed snapshots of its slot left under ``state/`` (``staging.leftovers``); returns
     what was removed."""
     removed = staging.leftovers(f"{lake.root}/state", lake.app)

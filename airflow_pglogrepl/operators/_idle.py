@@ -57,7 +57,7 @@ def idle_run(
     hook: PgLogicalReplicationHook,
     slot: SlotInfo,
     *,
-    sink: str,
+    lake_root: str,
     publications: Sequence[str],
     materialize: bool,
     max_wal_bytes: int,
@@ -67,7 +67,7 @@ def idle_run(
     from airflow_pglogrepl.exceptions import LakeWriterBusyError
 
     try:
-        return _idle_run(hook, slot, sink=sink, publications=publications,
+        return _idle_run(hook, slot, lake_root=lake_root, publications=publications,
                          materialize=materialize, max_wal_bytes=max_wal_bytes)  # fmt: skip
     except LakeWriterBusyError:  # said once: by the application, with who holds it and the fix
         log.info("another run holds the writer lock of slot %s's lake: the application is "
@@ -83,7 +83,7 @@ def _idle_run(
     hook: PgLogicalReplicationHook,
     slot: SlotInfo,
     *,
-    sink: str,
+    lake_root: str,
     publications: Sequence[str],
     materialize: bool,
     max_wal_bytes: int,
@@ -93,15 +93,16 @@ def _idle_run(
     # another run's drain peeks it (that run would fail: slot active). Another holder:
     # LakeWriterBusyError, and the run is submitted.
     with hook.writer_lock(slot.name, role="idle-check"):
-        return _judge(hook, hook.get_slot(slot.name), sink=sink, publications=publications,
-                      materialize=materialize, max_wal_bytes=max_wal_bytes)  # fmt: skip
+        return _judge(hook, hook.get_slot(slot.name), lake_root=lake_root,
+                      publications=publications, materialize=materialize,
+                      max_wal_bytes=max_wal_bytes)  # fmt: skip
 
 
 def _judge(
     hook: PgLogicalReplicationHook,
     slot: SlotInfo,
     *,
-    sink: str,
+    lake_root: str,
     publications: Sequence[str],
     materialize: bool,
     max_wal_bytes: int,
@@ -119,7 +120,7 @@ def _judge(
         log.info("slot %s is in use by backend %s: Spark submitted, the application reports it",
                  name, slot.active_pid)  # fmt: skip
         return None
-    lake = Lake(sink, name)
+    lake = Lake(lake_root, name)
     position = lake.position()
     if position != confirmed:
         log.info("lake at %s, slot %s at %s: the application reconciles them (Spark submitted)",

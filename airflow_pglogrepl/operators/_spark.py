@@ -30,6 +30,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Asset, Context
 
+from airflow_pglogrepl._moved import renamed
 from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV, SUBMITTED_ENV
 from airflow_pglogrepl.exceptions import SparkApplicationError
@@ -43,14 +44,14 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent
 DSN_ENV = SOURCE_DSN_ENV
 
 
-def sink_asset(sink: str) -> Asset:
-    """The Asset a sink is known by: its URI (``file://`` + absolute path for local paths). A
+def lake_asset(lake_root: str) -> Asset:
+    """The Asset a lake is known by: its URI (``file://`` + absolute path for local paths). A
     URI with credentials in it is refused (it would be in every Asset event)."""
-    from airflow_pglogrepl.hooks.object_store import check_sink
+    from airflow_pglogrepl.hooks.object_store import check_lake_uri
     from airflow_pglogrepl.lake.storage import canonical
 
-    check_sink(sink)
-    uri = canonical(sink) if "://" in sink else f"file://{os.path.abspath(sink)}"
+    check_lake_uri(lake_root)
+    uri = canonical(lake_root) if "://" in lake_root else f"file://{os.path.abspath(lake_root)}"
     return Asset(uri=uri)
 
 
@@ -141,15 +142,15 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
     def _check_spark_connection(self) -> None:
         self._master = check_spark_connection(self._conn_id)
 
-    def _use_lake_store(self, sink: str) -> None:
+    def _use_lake_store(self, lake_root: str) -> None:
         """The lake's object store (``lake_conn_id``) for this process (the worker reads the
         lake before it submits) and for the application. Before anything else reads the lake:
-        a sink with credentials in it is refused here."""
+        a lake with credentials in it is refused here."""
         from airflow_pglogrepl.hooks.object_store import check_bucket, lake_store
         from airflow_pglogrepl.lake import storage
         from airflow_pglogrepl.operators._in_worker import local_master
 
-        store = lake_store(self.lake_conn_id, sink)
+        store = lake_store(self.lake_conn_id, lake_root)
         if store is not None and store.access_key_id and not local_master(self._master):
             from airflow_pglogrepl.exceptions import LakeLocationError
 
@@ -162,7 +163,7 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
                 f"a local master (docs/object-storage.md)"
             )
         if store is not None:
-            check_bucket(store, sink)
+            check_bucket(store, lake_root)
         self._store = store
         storage.use(store)
 
@@ -398,3 +399,7 @@ def package_zip(directory: Path) -> str:
         for path in PACKAGE_DIR.rglob("*.py"):
             archive.write(path, path.relative_to(PACKAGE_DIR.parent))
     return str(target)
+
+
+# the lake was once also called the sink
+__getattr__ = renamed(__name__, {"sink_asset": "lake_asset"})

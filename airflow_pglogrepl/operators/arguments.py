@@ -1,7 +1,8 @@
-"""DAG arguments the cutover operators share: name lists, and the tables they act on.
+"""DAG arguments operators share: name lists, the tables they act on, and the lake root.
 
 Templated arguments arrive as one name, a list, or nothing; the fence, sequences, parity and
-finalize all read them the same way, so they are read here.
+finalize all read them the same way, so they are read here. The lake operators take the lake
+root as ``lake=`` (once ``sink=``, still accepted with a warning).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
     from airflow_pglogrepl.tables import TableRef
 
-__all__ = ["names", "resolve_tables"]
+__all__ = ["lake_argument", "lake_keys", "names", "resolve_tables"]
 
 
 def names(value: str | Sequence[str] | None) -> list[str]:
@@ -43,3 +44,31 @@ def resolve_tables(
     if not refs:
         raise ValueError("no tables: give tables=[...] or a publication that has tables")
     return refs
+
+
+def lake_argument(operator: str, lake: str | None, sink: str | None) -> str:
+    """The lake root an operator was given: ``lake``, or the old name ``sink`` (with a warning
+    that names the new one), never both and never neither."""
+    if sink is not None:
+        import warnings
+
+        warnings.warn(
+            f"{operator}: sink= is now lake= (the same lake root); the old name goes in a later "
+            "release",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if lake is not None and lake != sink:
+            raise TypeError(
+                f"{operator} got lake={lake!r} and sink={sink!r}: give the lake root once, as lake="
+            )
+        lake = sink
+    if lake is None:
+        raise TypeError(f"{operator} needs lake=: the lake root, a path or s3://bucket/prefix")
+    return lake
+
+
+def lake_keys(root: str) -> dict[str, str]:
+    """The lake root as a task's summary (its XCom return value) gives it: ``lake``, and
+    ``sink``, the key's old name, for DAGs that read it until a later release."""
+    return {"lake": root, "sink": root}

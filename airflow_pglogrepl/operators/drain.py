@@ -3,7 +3,7 @@
 The Spark provider's hook runs ``spark-submit`` (master and deploy mode from the Spark
 connection). Around it this operator checks the slot before anything starts, hands the source
 DSN to the application through its environment only, ships this package to the executors, reads
-the run's JSON summary back, and pushes LSNs and counts to XCom with an Asset event for the sink.
+the run's JSON summary back, and pushes LSNs and counts to XCom with an Asset event for the lake.
 A run with nothing to drain or merge is told apart on the worker first and submits nothing
 (``skip_when_idle``, ``operators._idle``).
 """
@@ -18,20 +18,22 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Context
 
 from airflow_pglogrepl import metrics
+from airflow_pglogrepl._moved import renamed
 from airflow_pglogrepl.hooks.for_connection import replication_hook
 from airflow_pglogrepl.operators._spark import (
     DSN_ENV,
     PACKAGE_DIR,
     PackageSparkSubmitOperator,
-    sink_asset,
+    lake_asset,
     state_vectors_args,
 )
+from airflow_pglogrepl.operators.arguments import lake_argument, lake_keys
 from airflow_pglogrepl.operators.task_reports import drain_paragraph
 
 if TYPE_CHECKING:
     from airflow_pglogrepl.operators._idle import Idle
 
-__all__ = ["DRAIN_APP", "DSN_ENV", "PACKAGE_DIR", "SlotDrainOperator", "sink_asset"]
+__all__ = ["DRAIN_APP", "DSN_ENV", "PACKAGE_DIR", "SlotDrainOperator", "lake_asset"]
 
 DRAIN_APP = str(PACKAGE_DIR / "spark" / "drain_app.py")
 ON_QUARANTINE = ("fail", "warn")
@@ -48,13 +50,13 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     never starts. The
     publisher's DSN reaches the application only through ``PGLOGREPL_SOURCE_DSN`` in the
     spark-submit process environment (never argv, XCom or the log). After the job the slot is read
-    again; XCom gets the summary (return value) and ``confirmed_flush_lsn``; the sink is emitted
+    again; XCom gets the summary (return value) and ``confirmed_flush_lsn``; the lake is emitted
     as an Asset event.
 
     :param postgres_conn_id: the publisher's Airflow connection (database of the slot).
     :param slot_name: the logical slot to drain (plugin ``pgoutput``).
     :param publications: publications whose tables are drained.
-    :param sink: lake root: a path, or ``s3://bucket/prefix`` on S3 or an S3-compatible store
+    :param lake: lake root: a path, or ``s3://bucket/prefix`` on S3 or an S3-compatible store
         (``lake_conn_id``; docs/object-storage.md).
     :param max_window_bytes: WAL bytes per window.
     :param max_windows: stop after this many windows (default: up to the WAL at start).
@@ -63,7 +65,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         JVM when it can be (keyed, no TRUNCATE or key change: ``merge.arrow``); 0 merges
         every table with Spark. A run whose batches are all merged so starts no Spark at all.
     :param accept_source_change: drain although the lake was written from another system
-        identifier or timeline (``SinkFromAnotherSourceError``). For one run, after checking
+        identifier or timeline (``LakeFromAnotherSourceError``). For one run, after checking
         that the change was deliberate: a ``pg_upgrade`` (new system identifier, slots carried
         over from 17) or a promotion whose slot is before the switch point. The new source is
         recorded from then on.
@@ -100,7 +102,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
 
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields,
-        "postgres_conn_id", "slot_name", "publications", "sink", "database",
+        "postgres_conn_id", "slot_name", "publications", "lake", "database",
         "max_window_bytes", "max_windows", "small_merge_rows", "idle_wal_bytes", "spark_log_level",
         "lake_conn_id",
     )  # fmt: skip
@@ -113,7 +115,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         postgres_conn_id: str,
         slot_name: str,
         publications: Sequence[str],
-        sink: str,
+        lake: str | None = None,
         max_window_bytes: int = 64 * 1024 * 1024,
         max_windows: int | None = None,
         materialize: bool = True,
@@ -125,17 +127,19 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         idle_wal_bytes: int = 16 * 1024 * 1024,
         state_deletion_vectors: bool | None = None,
         on_quarantine: str = "fail",
+        sink: str | None = None,  # lake's old name
         **kwargs: Any,
     ) -> None:
         if on_quarantine not in ON_QUARANTINE:
             raise ValueError(f"on_quarantine must be one of {ON_QUARANTINE}, not {on_quarantine!r}")
         kwargs.setdefault("name", "pglogrepl-drain")
-        kwargs.setdefault("outlets", [sink_asset(sink)] if "{{" not in sink else [])
+        lake_root = lake_argument(type(self).__name__, lake, sink)
+        kwargs.setdefault("outlets", [lake_asset(lake_root)] if "{{" not in lake_root else [])
         super().__init__(application=DRAIN_APP, conn_id=conn_id, **kwargs)
         self.postgres_conn_id = postgres_conn_id
         self.slot_name = slot_name
         self.publications = publications
-        self.sink = sink
+        self.lake = lake_root
         self.max_window_bytes = max_window_bytes
         self.max_windows = max_windows
         self.materialize = materialize
@@ -163,12 +167,12 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         )  # fmt: skip
         hook.require_slot_privileges()
         self._check_spark_connection()
-        self._use_lake_store(str(self.sink))
+        self._use_lake_store(str(self.lake))
         if self.skip_when_idle and not self.accept_source_change:
             from airflow_pglogrepl.operators._idle import idle_run
 
             started = time.monotonic()
-            idle = idle_run(hook, slot, sink=str(self.sink), publications=self.publications,
+            idle = idle_run(hook, slot, lake_root=str(self.lake), publications=self.publications,
                             materialize=self.materialize,
                             max_wal_bytes=int(str(self.idle_wal_bytes)))  # fmt: skip
             if idle is not None:
@@ -189,14 +193,14 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
             **summary,
             "confirmed_flush_lsn_before": str(slot.confirmed_flush_lsn),
             "confirmed_flush_lsn_after": str(after.confirmed_flush_lsn),
-            "sink": self.sink,
+            **lake_keys(self.lake),
             "idle": False,
         }
         self._publish(context, str(after.confirmed_flush_lsn), summary.get("changes", 0),
                       idle=False)  # fmt: skip
         metrics.slot(after)
         metrics.drain(str(self.slot_name), result)
-        self.log.info("%s", drain_paragraph(result, sink=str(self.sink)))
+        self.log.info("%s", drain_paragraph(result, lake_root=str(self.lake)))
         return result
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
@@ -206,7 +210,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
 
         hook = replication_hook(self.postgres_conn_id, self.database)
         kinds = ("changes", "state") if self.materialize else ("changes",)
-        return lake_lineage(hook, self.publications, str(self.sink), kinds=kinds)
+        return lake_lineage(hook, self.publications, str(self.lake), kinds=kinds)
 
     def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
         """OpenLineage of a failed run: the published tables in, no output claimed (the run
@@ -214,7 +218,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         from airflow_pglogrepl.operators.lineage import lake_lineage
 
         hook = replication_hook(self.postgres_conn_id, self.database)
-        return lake_lineage(hook, self.publications, str(self.sink), kinds=())
+        return lake_lineage(hook, self.publications, str(self.lake), kinds=())
 
     def _idle(self, context: Context, idle: Idle, started: float) -> dict[str, Any]:
         """An idle run's result, as a submitted run would have returned it."""
@@ -226,15 +230,15 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         )  # fmt: skip
         summary = idle_summary(str(self.slot_name), idle, materialize=self.materialize,
                                started=started)  # fmt: skip
-        result = {**summary, "sink": self.sink, "idle": True}
+        result = {**summary, **lake_keys(self.lake), "idle": True}
         self._publish(context, confirmed, 0, idle=True)
         metrics.drain(str(self.slot_name), result)
-        self.log.info("%s", drain_paragraph(result, sink=str(self.sink)))
+        self.log.info("%s", drain_paragraph(result, lake_root=str(self.lake)))
         return result
 
     def _publish(self, context: Context, confirmed: str, changes: int, *, idle: bool) -> None:
-        """``confirmed_flush_lsn`` to XCom and the sink's Asset event. Airflow emits the event
-        on every success; ``idle`` in its extra lets a DAG scheduled on the sink tell a run
+        """``confirmed_flush_lsn`` to XCom and the lake's Asset event. Airflow emits the event
+        on every success; ``idle`` in its extra lets a DAG scheduled on the lake tell a run
         that changed nothing (a condition on ``triggering_asset_events``)."""
         context["ti"].xcom_push(key="confirmed_flush_lsn", value=confirmed)
         for asset in self.outlets or []:
@@ -246,7 +250,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
             }
 
     def _app_args(self) -> list[str]:
-        args = ["--slot", str(self.slot_name), "--sink", str(self.sink)]
+        args = ["--slot", str(self.slot_name), "--lake", str(self.lake)]
         args += ["--max-window-bytes", str(int(self.max_window_bytes))]
         args += ["--publication", *[str(p) for p in self.publications]]
         if str(self.max_windows) not in ("None", ""):  # templated: may render as text
@@ -258,3 +262,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         args += ["--small-merge-rows", str(int(str(self.small_merge_rows)))]
         args += ["--on-quarantine", self.on_quarantine]
         return args + state_vectors_args(self.state_deletion_vectors)
+
+
+# the lake was once also called the sink
+__getattr__ = renamed(__name__, {"sink_asset": "lake_asset"})

@@ -63,7 +63,7 @@ def published(hook: PgLogicalReplicationHook, publications: Sequence[str]) -> Pu
     return postgres_namespace(hook.connection_params()), database, tables
 
 
-def lake_lineage(hook: PgLogicalReplicationHook, publications: Sequence[str], sink: str, *,
+def lake_lineage(hook: PgLogicalReplicationHook, publications: Sequence[str], lake_root: str, *,
                  kinds: Sequence[str] = ("changes", "state"),
                  only: Sequence[str] | None = None) -> Any:  # fmt: skip
     """``OperatorLineage``: the published tables (``only`` these, as ``schema.table``, when
@@ -79,7 +79,7 @@ def lake_lineage(hook: PgLogicalReplicationHook, publications: Sequence[str], si
         wanted = {TableRef.parse(t) for t in only}
         tables = {ref: columns for ref, columns in tables.items() if ref in wanted}
     inputs, outputs = [], []
-    root = sink.rstrip("/")
+    root = lake_root.rstrip("/")
     for ref, columns in tables.items():
         source_name = f"{database}.{ref.schema}.{ref.name}"
         inputs.append(_dataset("input", namespace, source_name,

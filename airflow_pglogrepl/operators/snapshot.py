@@ -3,8 +3,8 @@
 The operator creates the drain's slot with an exported snapshot over a replication session and
 keeps that session open, idle, while spark-submit runs the snapshot application, whose tasks
 import the snapshot and copy the published tables in parallel. The application commits the copy
-in the sink at the slot's consistent point, so the drain continues at the slot's first change.
-If the job fails before that commit, the operator drops the slot it created and the sink keeps
+in the lake at the slot's consistent point, so the drain continues at the slot's first change.
+If the job fails before that commit, the operator drops the slot it created and the lake keeps
 no partial ``state/``; if the job died after it, the snapshot stands and the operator finishes it.
 """
 
@@ -22,9 +22,10 @@ from airflow_pglogrepl.hooks.for_connection import replication_hook
 from airflow_pglogrepl.operators._spark import (
     PACKAGE_DIR,
     PackageSparkSubmitOperator,
-    sink_asset,
+    lake_asset,
     state_vectors_args,
 )
+from airflow_pglogrepl.operators.arguments import lake_argument, lake_keys
 from airflow_pglogrepl.operators.task_reports import snapshot_paragraph
 
 if TYPE_CHECKING:
@@ -40,21 +41,21 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
 
     Creates ``slot_name`` (plugin ``pgoutput``) with an exported snapshot, holds the exporting
     session during the Spark job, and has the snapshot application copy every published table
-    into ``<sink>/state/`` and commit it at the slot's consistent point (XCom
-    ``consistent_point``; the return value is the application's summary). The sink must hold no
+    into ``<lake>/state/`` and commit it at the slot's consistent point (XCom
+    ``consistent_point``; the return value is the application's summary). The lake must hold no
     commit yet. Running it again after success changes nothing (status ``exists``);
-    ``bootstrap=True`` also leaves a sink drained without a snapshot alone (status ``drained``).
+    ``bootstrap=True`` also leaves a lake drained without a snapshot alone (status ``drained``).
     Every publication must exist first: a missing one fails the task before anything starts,
     naming those that exist and the closest.
 
-    With ``tables``, only those tables are re-snapshotted into a sink that already has commits
+    With ``tables``, only those tables are re-snapshotted into a lake that already has commits
     (a table added to the publication later), in a temporary slot's snapshot: the drain's slot
-    and the other tables are not touched. Run it while no drain of this sink runs.
+    and the other tables are not touched. Run it while no drain of this lake runs.
 
     :param postgres_conn_id: the publisher's Airflow connection (database of the slot).
     :param slot_name: the drain's logical slot, created here.
     :param publications: publications whose tables are copied.
-    :param sink: lake root (path or URI Spark can write).
+    :param lake: lake root (path or URI Spark can write).
     :param tables: re-snapshot only these tables (``schema.table``).
     :param tasks_per_table: at most this many ranges (Spark tasks) per table; default Spark's
         default parallelism.
@@ -63,15 +64,15 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
     :param lock_timeout: seconds the snapshot waits, in all, for ``ACCESS SHARE`` on the tables
         it copies (it holds them until the copy is done, so no table rewrite can land in the
         middle); a reader waits at most as long behind a statement it could not cancel.
-    :param replace_slot: when the slot already exists and the sink holds no commit at all (a
+    :param replace_slot: when the slot already exists and the lake holds no commit at all (a
         slot left by a killed run, or created for a drain that never ran), drop and re-create
-        it; never done when the sink holds commits.
+        it; never done when the lake holds commits.
     :param bootstrap: the first task of a drain DAG: succeed without doing anything when the
-        sink already holds commits of an existing slot (its snapshot, or windows drained without
+        lake already holds commits of an existing slot (its snapshot, or windows drained without
         one), take the snapshot otherwise. An existing slot with a lake that holds nothing is
         replaced only when the lake holds the uncommitted snapshot a killed run took at the
         slot's position; otherwise the task fails, since an empty-looking path may be an
-        unmounted volume or a changed sink (``replace_slot=True`` is the explicit signal).
+        unmounted volume or a changed lake (``replace_slot=True`` is the explicit signal).
     :param state_deletion_vectors: whether the lake creates its state tables with deletion
         vectors (cheap Spark merges) or without (readers that cannot apply them, such as
         ``deltalake``'s ``to_pandas()``, read them). None: as the lake records it, on for a new
@@ -85,7 +86,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
 
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields,
-        "postgres_conn_id", "slot_name", "publications", "sink", "tables", "database",
+        "postgres_conn_id", "slot_name", "publications", "lake", "tables", "database",
         "tasks_per_table", "rows_per_task", "spark_log_level", "lake_conn_id",
     )  # fmt: skip
     ui_color = "#d6eaf8"
@@ -96,7 +97,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         postgres_conn_id: str,
         slot_name: str,
         publications: Sequence[str],
-        sink: str,
+        lake: str | None = None,
         tables: Sequence[str] | None = None,
         tasks_per_table: int | None = None,
         rows_per_task: int = 1_000_000,
@@ -107,15 +108,17 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         database: str | None = None,
         conn_id: str = "spark_default",
         state_deletion_vectors: bool | None = None,
+        sink: str | None = None,  # lake's old name
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", "pglogrepl-snapshot")
-        kwargs.setdefault("outlets", [sink_asset(sink)] if "{{" not in sink else [])
+        lake_root = lake_argument(type(self).__name__, lake, sink)
+        kwargs.setdefault("outlets", [lake_asset(lake_root)] if "{{" not in lake_root else [])
         super().__init__(application=SNAPSHOT_APP, conn_id=conn_id, **kwargs)
         self.postgres_conn_id = postgres_conn_id
         self.slot_name = slot_name
         self.publications = publications
-        self.sink = sink
+        self.lake = lake_root
         self.tables = tables
         self.tasks_per_table = tasks_per_table
         self.rows_per_task = rows_per_task
@@ -141,7 +144,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         )  # fmt: skip
         hook.require_slot_privileges(reads=[str(p) for p in self.publications])
         self._check_spark_connection()
-        self._use_lake_store(str(self.sink))
+        self._use_lake_store(str(self.lake))
         self._prepare_submit(make_dsn(hook.connection_params()))
         with self._shipping_package():
             if self._table_list():
@@ -159,7 +162,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
                 }
         if result.get("committed"):
             metrics.snapshot(str(self.slot_name), result)
-        self.log.info("%s", snapshot_paragraph(result, sink=str(self.sink)))
+        self.log.info("%s", snapshot_paragraph(result, lake_root=str(self.lake)))
         return result
 
     def _initial(self, context: Context, hook: PgLogicalReplicationHook) -> dict[str, Any]:
@@ -173,10 +176,11 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
             slot_lsn = str(found.confirmed_flush_lsn) if found.confirmed_flush_lsn else None
         except SlotNotFoundError:
             exists = False
-        # a refusal is a SinkError: a person must decide, the boundary fails the task at once
+        # a refusal is a LakeMismatchError: a person must decide, the boundary fails the task
+        # at once
         plan = bootstrap_plan(
-            slot=str(self.slot_name), slot_exists=exists, status=self._sink_status(),
-            lake=str(self.sink), replace_slot=self.replace_slot, bootstrap=self.bootstrap,
+            slot=str(self.slot_name), slot_exists=exists, status=self._lake_status(),
+            lake=str(self.lake), replace_slot=self.replace_slot, bootstrap=self.bootstrap,
             slot_lsn=slot_lsn,
         )  # fmt: skip
         if plan.action == "exists":
@@ -210,21 +214,21 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
             if self._settle(context, point) and isinstance(exc, Exception):
                 self.log.warning(
                     "The snapshot job failed after its commit at %s: the snapshot stands and "
-                    "the sink was finished; slot %s is kept", point, self.slot_name,
+                    "the lake was finished; slot %s is kept", point, self.slot_name,
                 )  # fmt: skip
                 return {"status": "committed", "committed": True, "mode": "initial",
                         "slot": self.slot_name, "consistent_point": point, "recovered": True,
-                        "sink": self.sink}  # fmt: skip
+                        **lake_keys(self.lake)}  # fmt: skip
             raise
         finally:
             exported.close()
             self._exported = None
-        return {**summary, "sink": self.sink}
+        return {**summary, **lake_keys(self.lake)}
 
     def _unchanged(self, status: str, point: str | None) -> dict[str, Any]:
         return {"status": status, "committed": status == "exists", "mode": "initial",
                 "slot": self.slot_name, "consistent_point": point, "rows": 0,
-                "sink": self.sink}  # fmt: skip
+                **lake_keys(self.lake)}  # fmt: skip
 
     def _resnapshot(self, context: Context, hook: PgLogicalReplicationHook) -> dict[str, Any]:
         from airflow_pglogrepl.exceptions import SnapshotNotCommittedError
@@ -241,24 +245,24 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
             raise SnapshotNotCommittedError(
                 "the re-snapshot finished without committing; see the log above"
             )
-        return {**summary, "sink": self.sink}
+        return {**summary, **lake_keys(self.lake)}
 
     def _settle(self, context: Context, point: str) -> bool:
         """After a failed job: finish a committed snapshot (True) or undo it: drop the slot and
         the staged files (False)."""
         try:
-            committed = bool(self._sink_status(point).get("committed"))
+            committed = bool(self._lake_status(point).get("committed"))
         except Exception:
             # Cannot tell: keep the slot (dropping it under a committed snapshot would lose the
             # hand-off); the next run's checks decide.
-            self.log.exception("could not read sink %s after the failure", self.sink)
+            self.log.exception("could not read lake %s after the failure", self.lake)
             return False
         if not committed:
             hook = self._source_hook()
             dropped = hook.drop_slot(self.slot_name, missing_ok=True)
             self.log.warning(
                 "Snapshot not committed: slot %s %s; nothing of it is left in %s",
-                self.slot_name, "dropped" if dropped else "was already gone", self.sink,
+                self.slot_name, "dropped" if dropped else "was already gone", self.lake,
             )  # fmt: skip
         return committed
 
@@ -271,7 +275,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
     # -- spark-submit -------------------------------------------------------------------------
 
     def _copy_args(self, exported: ExportedSnapshot) -> list[str]:
-        args = ["--slot", str(self.slot_name), "--sink", str(self.sink)]
+        args = ["--slot", str(self.slot_name), "--lake", str(self.lake)]
         args += ["--publication", *[str(p) for p in self.publications]]
         args += ["--snapshot-name", exported.snapshot_name]
         args += ["--consistent-point", str(exported.consistent_point)]
@@ -289,14 +293,14 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         self._run_application(context)
         return self._summary("committed", "resolved")
 
-    def _sink_status(self, point: str | None = None) -> dict[str, Any]:
+    def _lake_status(self, point: str | None = None) -> dict[str, Any]:
         """``lake.snapshots.resolve`` on the lake, read in this process through ``deltalake``
         (no JVM; the lake is only read: operators never modify it)."""
         from airflow_pglogrepl.lake.lake import Lake
         from airflow_pglogrepl.lake.snapshots import resolve
         from airflow_pglogrepl.lsn import LSN
 
-        return resolve(Lake(str(self.sink), str(self.slot_name)), LSN(point) if point else None)
+        return resolve(Lake(str(self.lake), str(self.slot_name)), LSN(point) if point else None)
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -313,14 +317,14 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         ``state/`` tables out."""
         from airflow_pglogrepl.operators.lineage import lake_lineage
 
-        return lake_lineage(self._source_hook(), self.publications, str(self.sink),
+        return lake_lineage(self._source_hook(), self.publications, str(self.lake),
                             kinds=("state",), only=self._table_list() or None)  # fmt: skip
 
     def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
         """OpenLineage of a failed snapshot: the tables it read, no output claimed."""
         from airflow_pglogrepl.operators.lineage import lake_lineage
 
-        return lake_lineage(self._source_hook(), self.publications, str(self.sink), kinds=(),
+        return lake_lineage(self._source_hook(), self.publications, str(self.lake), kinds=(),
                             only=self._table_list() or None)  # fmt: skip
 
     def _source_hook(self) -> PgLogicalReplicationHook:

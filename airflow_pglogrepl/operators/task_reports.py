@@ -13,21 +13,21 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def drain_paragraph(result: Mapping[str, Any], *, sink: str) -> str:
+def drain_paragraph(result: Mapping[str, Any], *, lake_root: str) -> str:
     """The closing paragraph of a ``SlotDrainOperator`` run from its return value."""
     slot = result.get("slot")
     before = result.get("confirmed_flush_lsn_before")
     after = result.get("confirmed_flush_lsn_after")
     if result.get("idle"):
         return (
-            f"Drain of slot {slot} into {sink}: nothing to do, no Spark started. The slot and "
+            f"Drain of slot {slot} into {lake_root}: nothing to do, no Spark started. The slot and "
             f"the lake stay at {after}; "
             f"{_bytes(result.get('lag_bytes_left'))} of WAL without a published change lie "
             f"past it."
         )
     tables: Mapping[str, int] = result.get("tables") or {}
     lines = [
-        f"Drain of slot {slot} into {sink}: {_count(result.get('changes'))} changes in "
+        f"Drain of slot {slot} into {lake_root}: {_count(result.get('changes'))} changes in "
         f"{_count(result.get('transactions'))} transactions, {result.get('windows', 0)} "
         f"windows; confirmed_flush_lsn {before} -> {after} "
         f"({_bytes(result.get('wal_bytes'))} of WAL).",
@@ -51,7 +51,7 @@ def drain_paragraph(result: Mapping[str, Any], *, sink: str) -> str:
                           f"{_count(held.get('changes'))} changes this run)"
                           for name, held in sorted(quarantined.items()))  # fmt: skip
         lines.append(
-            f"In quarantine, their changes kept in {sink}/_pglogrepl/quarantine: {shown}. "
+            f"In quarantine, their changes kept in {lake_root}/_pglogrepl/quarantine: {shown}. "
             f"Correct the cause, then re-snapshot them (InitialSnapshotOperator(tables=...))."
         )
     left = result.get("lag_bytes_left")
@@ -60,19 +60,19 @@ def drain_paragraph(result: Mapping[str, Any], *, sink: str) -> str:
     return " ".join(lines)
 
 
-def snapshot_paragraph(result: Mapping[str, Any], *, sink: str) -> str:
+def snapshot_paragraph(result: Mapping[str, Any], *, lake_root: str) -> str:
     """The closing paragraph of an ``InitialSnapshotOperator`` run from its return value."""
     slot = result.get("slot")
     status = result.get("status")
     point = result.get("consistent_point")
     if status == "exists":
-        return f"Snapshot of slot {slot}: {sink} already holds it (at {point}); nothing done."
+        return f"Snapshot of slot {slot}: {lake_root} already holds it (at {point}); nothing done."
     if status == "drained":
-        return f"Snapshot of slot {slot}: {sink} is drained without one; nothing done."
+        return f"Snapshot of slot {slot}: {lake_root} is drained without one; nothing done."
     tables: Mapping[str, Any] = result.get("tables") or {}
     recovered = " (committed before the job failed; finished by this task)"
     return (
-        f"Snapshot of slot {slot} into {sink}: {_count(result.get('rows'))} rows of "
+        f"Snapshot of slot {slot} into {lake_root}: {_count(result.get('rows'))} rows of "
         f"{len(tables)} tables, committed at {point}"
         f"{recovered if result.get('recovered') else ''}."
     )

@@ -20,6 +20,7 @@ from airflow.sdk import BaseOperator, Context
 from airflow_pglogrepl import metrics
 from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.hooks.for_connection import replication_hook
+from airflow_pglogrepl.operators.arguments import lake_argument
 
 DAY_HOURS = 24.0
 
@@ -45,7 +46,7 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
     :param postgres_conn_id: the publisher's Airflow connection (database of the slot): where
         the writer lock is held.
     :param slot_name: the slot whose lake it is.
-    :param sink: the lake root: a path, or ``s3://bucket/prefix`` (docs/object-storage.md).
+    :param lake: the lake root: a path, or ``s3://bucket/prefix`` (docs/object-storage.md).
     :param lake_conn_id: the Airflow connection (type ``aws``) of the lake's object store; None:
         a local lake, or the store's defaults (``AWS_*`` variables, the instance's role).
     :param keep_lsn: keep every version from the one that holds this LSN (None: not asked).
@@ -64,7 +65,7 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "postgres_conn_id", "slot_name", "sink", "keep_lsn", "keep_hours",
+        "postgres_conn_id", "slot_name", "lake", "keep_lsn", "keep_hours",
         "min_retention_hours", "max_files", "max_small_files", "database", "lake_conn_id",
     )  # fmt: skip
     ui_color = "#e8f6f3"
@@ -74,7 +75,7 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
         *,
         postgres_conn_id: str,
         slot_name: str,
-        sink: str,
+        lake: str | None = None,
         keep_lsn: str | None = None,
         keep_hours: float | None = 7 * DAY_HOURS,
         min_retention_hours: float = 7 * DAY_HOURS,
@@ -86,17 +87,19 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
         checkpoint_every: int = 10,
         database: str | None = None,
         lake_conn_id: str | None = None,
+        sink: str | None = None,  # lake's old name
         **kwargs: Any,
     ) -> None:
+        lake_root = lake_argument(type(self).__name__, lake, sink)
         super().__init__(**kwargs)
-        if "{{" not in str(sink):  # a sink with credentials in it fails the DAG's parse
-            from airflow_pglogrepl.hooks.object_store import check_sink
+        if "{{" not in str(lake_root):  # a lake with credentials in it fails the DAG's parse
+            from airflow_pglogrepl.hooks.object_store import check_lake_uri
 
-            check_sink(str(sink))
+            check_lake_uri(str(lake_root))
         self.lake_conn_id = lake_conn_id
         self.postgres_conn_id = postgres_conn_id
         self.slot_name = slot_name
-        self.sink = sink
+        self.lake = lake_root
         self.keep_lsn = keep_lsn
         self.keep_hours = keep_hours
         self.min_retention_hours = min_retention_hours
@@ -131,14 +134,14 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
         from airflow_pglogrepl.hooks.object_store import check_bucket, lake_store
         from airflow_pglogrepl.lake import storage
 
-        store = lake_store(self.lake_conn_id, str(self.sink))
+        store = lake_store(self.lake_conn_id, str(self.lake))
         if store is not None:
-            check_bucket(store, str(self.sink))
+            check_bucket(store, str(self.lake))
         hook = replication_hook(self.postgres_conn_id, self.database)
         began = time.monotonic()
         try:
             with storage.using(store), hook.writer_lock(str(self.slot_name), role="upkeep") as lock:
-                report = upkeep(str(self.sink), str(self.slot_name), keep=keep,
+                report = upkeep(str(self.lake), str(self.slot_name), keep=keep,
                                 thresholds=thresholds, writer_check=lock.check)  # fmt: skip
         except LakeWriterBusyError as busy:
             self.log.info("Lake upkeep skipped, the next run maintains the lake: %s", busy)

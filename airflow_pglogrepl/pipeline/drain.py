@@ -1,4 +1,4 @@
-"""Drain one logical slot into the sink in bounded LSN windows, exactly once.
+"""Drain one logical slot into the lake in bounded LSN windows, exactly once.
 
 Window ``[start, end)`` holds the transactions whose commit record starts before ``end``:
 ``pg_logical_slot_peek_binary_changes(slot, end, ...)`` decodes WAL records until one reaches
@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_pglogrepl.exceptions import (
     ArrowPeekError,
+    LakeFromAnotherSourceError,
     LakeSnapshotUnfinishedError,
     PublicationNotFoundError,
-    SinkFromAnotherSourceError,
-    SlotAheadOfSinkError,
+    SlotAheadOfLakeError,
 )
 from airflow_pglogrepl.faults import fault, pause
 from airflow_pglogrepl.lake.batch import ChangelogBatch
@@ -345,16 +345,16 @@ class Drain:
                 self.lake.root, self.slot, identity.get("created_at"), left
             )
 
-    def _reconcile(self, slot_lsn: LSN, sink_lsn: LSN | None) -> LSN:
+    def _reconcile(self, slot_lsn: LSN, lake_lsn: LSN | None) -> LSN:
         recorded = self.lake.recorded_source()
         current = self.lake.source or {}
-        ahead = sink_lsn is not None and sink_lsn > slot_lsn
+        ahead = lake_lsn is not None and lake_lsn > slot_lsn
         changed = recorded is not None and (
             recorded.get("system_identifier") != current.get("system_identifier")
             or (ahead and recorded.get("timeline") != current.get("timeline"))
         )
         if changed and not self.accept_source_change:
-            raise SinkFromAnotherSourceError(self.slot, self.lake.root, recorded or {}, current)
+            raise LakeFromAnotherSourceError(self.slot, self.lake.root, recorded or {}, current)
         if changed:
             log.warning(
                 "lake %s was written from %s, the slot is on %s: draining on as asked "
@@ -366,20 +366,20 @@ class Drain:
                 "lake %s records no source identity (its last commit predates them): "
                 "advancing slot %s to it unchecked", self.lake.root, self.slot,
             )  # fmt: skip
-        if sink_lsn is None:
+        if lake_lsn is None:
             log.info("empty lake: starting at the slot's confirmed_flush_lsn %s", slot_lsn)
             return slot_lsn
-        if sink_lsn > slot_lsn:
+        if lake_lsn > slot_lsn:
             log.warning(
                 "lake is ahead of slot %s (%s > %s): the last advance was lost; advancing the "
                 "slot to the lake, committed changes are not drained again",
-                self.slot, sink_lsn, slot_lsn,
+                self.slot, lake_lsn, slot_lsn,
             )  # fmt: skip
             self.lake.check_writer()
-            self.source.advance_slot(self.slot, sink_lsn)
-            return sink_lsn
-        if slot_lsn > sink_lsn:
-            raise SlotAheadOfSinkError(self.slot, slot_lsn, sink_lsn, self.lake.root)
+            self.source.advance_slot(self.slot, lake_lsn)
+            return lake_lsn
+        if slot_lsn > lake_lsn:
+            raise SlotAheadOfLakeError(self.slot, slot_lsn, lake_lsn, self.lake.root)
         return slot_lsn
 
     def _columnar_span(self, start: LSN, span_end: LSN, done: list[WindowStats]) -> None:

@@ -1,1 +1,1 @@
-"""Spark applications (drain, snapshot) and the sink they write; pyspark is imported lazily."""
+"""Spark applications (drain, snapshot) and the lake they write; pyspark is imported lazily."""

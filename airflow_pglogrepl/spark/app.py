@@ -25,6 +25,17 @@ from airflow_pglogrepl.exceptions import SparkSetupError
 DSN_ENV = SOURCE_DSN_ENV
 
 
+def add_lake_argument(parser: Any, *, writes: str) -> None:
+    """``--lake``, the lake root; ``--sink``, its old name, is taken too."""
+    parser.add_argument(
+        "--lake",
+        "--sink",
+        dest="lake_root",
+        required=True,
+        help=f"lake root: a path or a URI {writes} writes (--sink: its old name)",
+    )
+
+
 def add_state_vectors_argument(parser: Any) -> None:
     """``--[no-]state-deletion-vectors``: how the lake creates its state tables, recorded in the
     lake so later runs follow it (``Lake.claim``); absent, the lake's recorded choice (on for a

@@ -30,7 +30,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--publication", required=True, nargs="+", action="extend", help="publication name(s)"
     )
-    parser.add_argument("--sink", required=True, help="lake root: a path or a URI Delta writes")
+    app.add_lake_argument(parser, writes="Delta")
     parser.add_argument(
         "--max-window-bytes", type=int, default=64 * 1024 * 1024, help="WAL bytes per window"
     )
@@ -81,14 +81,14 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.pipeline.drain import Drain, check_slot, peak_rss_mb
 
-    storage.use_for_lake(args.sink)
+    storage.use_for_lake(args.lake_root)
     source = PgSource(dsn)
     check_slot(source, args.slot)  # refuse early: nothing started yet
     spark = app.LazySpark("pglogrepl-drain")
     try:
         with source.writer_lock(args.slot, role="drain") as lock:
             lake = Lake(
-                args.sink, args.slot, origins=source.column_origins, writer_check=lock.check,
+                args.lake_root, args.slot, origins=source.column_origins, writer_check=lock.check,
                 state_deletion_vectors=args.state_deletion_vectors,
             )  # fmt: skip
             drain = Drain(
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
         if result.get("quarantined"):
             from airflow_pglogrepl.exceptions import QuarantinedTablesError
 
-            error = QuarantinedTablesError(args.sink, result["quarantined"])
+            error = QuarantinedTablesError(args.lake_root, result["quarantined"])
             if args.on_quarantine == "fail":
                 raise error
             logging.getLogger("airflow_pglogrepl.drain").warning(

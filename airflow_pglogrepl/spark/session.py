@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from airflow_pglogrepl._moved import renamed
+
 # delta-spark 4.4.0 is built for Spark 4.2 and Scala 2.13 (pyspark 4.2.0 is pinned to match).
 DELTA_PACKAGES = ("io.delta:delta-spark_4.2_2.13:4.4.0", "io.delta:delta-storage:4.4.0")
 # pyspark 4.2.0 bundles Hadoop 3.5.0's client: S3A must be that version, and hadoop-aws 3.5.0
@@ -86,7 +88,7 @@ def delta_conf(*, object_store: bool = False) -> dict[str, str]:
 # Timestamps are stored and compared in UTC whatever the machine's zone, and PostgreSQL's
 # ``timestamp`` (no zone) stays a zone-less TIMESTAMP_NTZ instead of being read as UTC; Arrow makes
 # the Python <-> JVM hand-over columnar instead of row by row.
-SINK_CONF = {
+LAKE_CONF = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.timestampType": "TIMESTAMP_NTZ",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -101,7 +103,7 @@ SINK_CONF = {
 
 
 def local_session(app_name: str, cores: int = 2, **conf: str) -> Any:
-    """A ``local[cores]`` SparkSession with ``SINK_CONF`` (pyspark imported here, not at load),
+    """A ``local[cores]`` SparkSession with ``LAKE_CONF`` (pyspark imported here, not at load),
     and S3A when the process's lake is on an object store (``lake.storage``)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -112,7 +114,7 @@ def local_session(app_name: str, cores: int = 2, **conf: str) -> Any:
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
     settings = {
         **delta_conf(object_store=storage.current() is not None),
-        **SINK_CONF,
+        **LAKE_CONF,
         **storage.spark_settings(),
         "spark.driver.memory": "1g",
         "spark.sql.shuffle.partitions": str(cores * 2),
@@ -128,7 +130,7 @@ def local_session(app_name: str, cores: int = 2, **conf: str) -> Any:
 def session_with(app_name: str, master: str, conf: dict[str, str]) -> Any:
     """A session on ``master`` with ``conf`` as spark-submit would have been given it (the
     operators' configuration already holds Delta's jars and the driver's log settings), plus
-    ``SINK_CONF``. pyspark hands ``conf`` to the JVM it launches, so driver options apply."""
+    ``LAKE_CONF``. pyspark hands ``conf`` to the JVM it launches, so driver options apply."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -140,11 +142,15 @@ def session_with(app_name: str, master: str, conf: dict[str, str]) -> Any:
 
 
 def configure(builder: Any) -> Any:
-    """Apply ``SINK_CONF`` and the lake's store (``lake.storage``) to a builder (spark-submit
+    """Apply ``LAKE_CONF`` and the lake's store (``lake.storage``) to a builder (spark-submit
     runs: master and Delta's jars come from the command line, which the operators fill with
     ``delta_conf``)."""
     from airflow_pglogrepl.lake import storage
 
-    for key, value in {**SINK_CONF, **storage.spark_settings()}.items():
+    for key, value in {**LAKE_CONF, **storage.spark_settings()}.items():
         builder = builder.config(key, value)
     return builder
+
+
+# the lake was once also called the sink
+__getattr__ = renamed(__name__, {"SINK_CONF": "LAKE_CONF"})

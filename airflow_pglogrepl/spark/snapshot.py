@@ -45,9 +45,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.exceptions import (
     LakeError,
-    SinkError,
-    SinkNotEmptyError,
-    SinkNotSnapshottedError,
+    LakeMismatchError,
+    LakeNotEmptyError,
+    LakeNotSnapshottedError,
     UnstorableValueError,
 )
 from airflow_pglogrepl.faults import fault, pause
@@ -59,7 +59,7 @@ from airflow_pglogrepl.lake.quarantine import release
 from airflow_pglogrepl.lake.snapshots import (
     BootstrapPlan,
     bootstrap_plan,
-    check_empty_sink,
+    check_empty_lake,
     existing_snapshot,
     remove_leftovers,
     resolve,
@@ -99,11 +99,11 @@ _BINARY: dict[int, str] = {
 # What the lake records of its snapshots moved to lake/snapshots.py: importable here as before.
 __all__ = [
     "BootstrapPlan",
-    "SinkNotEmptyError",
+    "LakeNotEmptyError",
     "SnapshotCopy",
     "SnapshotPoint",
     "bootstrap_plan",
-    "check_empty_sink",
+    "check_empty_lake",
     "existing_snapshot",
     "remove_leftovers",
     "resolve",
@@ -389,10 +389,10 @@ class SnapshotResult:
 
 
 class SnapshotCopy:
-    """Copy the published tables at ``point`` into ``sink`` and commit them there.
+    """Copy the published tables at ``point`` into ``lake`` and commit them there.
 
     ``reader_params`` are the source's libpq parameters (the tasks connect with them). With
-    ``tables`` only those tables are re-snapshotted into an existing sink; otherwise the sink
+    ``tables`` only those tables are re-snapshotted into an existing lake; otherwise the lake
     must be empty and the whole publication is copied and committed at the consistent point.
     The snapshot must stay exported (its session open) until ``run`` returns.
 
@@ -441,11 +441,11 @@ class SnapshotCopy:
         )
         self.lake.check_owner()  # before anything is cleaned up or judged by its contents
         if self.tables is None:
-            check_empty_sink(self.lake)
+            check_empty_lake(self.lake)
             self.lake.check_writer()
             remove_leftovers(self.lake)
         elif self.lake.position() is None:
-            raise SinkNotSnapshottedError(
+            raise LakeNotSnapshottedError(
                 f"lake {self.lake.root} holds no commit yet: take an initial snapshot of the "
                 f"whole publication first (tables=None)"
             )
@@ -665,7 +665,7 @@ class SnapshotCopy:
         for table in tables:
             current = self.lake.state_version(table.table)
             if current is not None and current > cp:
-                raise SinkError(
+                raise LakeMismatchError(
                     f"the state of {table.table} is already at {current}, past this snapshot's "
                     f"consistent point {cp}. Run the re-snapshot again"
                 )

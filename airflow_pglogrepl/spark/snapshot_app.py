@@ -1,4 +1,4 @@
-"""Spark application: a consistent initial snapshot of published tables into a Delta Lake lake.
+"""Spark application: a consistent initial snapshot of published tables into a Delta lake.
 
 Run it as ``spark-submit snapshot_app.py ARGS`` (any master) or ``python -m
 airflow_pglogrepl.spark.snapshot_app ARGS`` (local Spark). As with the drain application, the
@@ -55,7 +55,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--publication", nargs="+", action="extend", default=[], help="publication name(s)"
     )
-    parser.add_argument("--sink", required=True, help="lake root: a path or a URI Spark writes")
+    app.add_lake_argument(parser, writes="Spark")
     parser.add_argument(
         "--tasks-per-table", type=int, default=None, help="at most this many ranges per table "
         "(default: Spark's default parallelism)",
@@ -82,10 +82,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "--replace-slot", action="store_true", help="standalone: drop and re-create the slot "
-        "when it exists and the sink holds no commit yet (a slot left by a killed run)",
+        "when it exists and the lake holds no commit yet (a slot left by a killed run)",
     )  # fmt: skip
     parser.add_argument(
-        "--resolve", action="store_true", help="report where the sink stands (read only): "
+        "--resolve", action="store_true", help="report where the lake stands (read only): "
         "its commits, its snapshot's consistent point, and what killed snapshots left",
     )  # fmt: skip
     app.add_state_vectors_argument(parser)
@@ -116,26 +116,26 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     from airflow_pglogrepl.lake import storage
     from airflow_pglogrepl.lake.lake import Lake
 
-    storage.use_for_lake(args.sink)
+    storage.use_for_lake(args.lake_root)
     hook = PgSource(dsn)
     lazy = app.LazySpark("pglogrepl-snapshot")
     spark = lazy.get
     try:
-        sink = Lake(args.sink, args.slot, state_deletion_vectors=args.state_deletion_vectors)
+        lake = Lake(args.lake_root, args.slot, state_deletion_vectors=args.state_deletion_vectors)
         if args.resolve:
             from airflow_pglogrepl.lake.snapshots import resolve
             from airflow_pglogrepl.lsn import LSN
 
             point = LSN(args.consistent_point) if args.consistent_point else None
-            return {"resolved": True, **resolve(sink, point)}
+            return {"resolved": True, **resolve(lake, point)}
         with hook.writer_lock(args.slot, role="snapshot") as lock:
-            sink.writer_check = lock.check
+            lake.writer_check = lock.check
             if args.table:
-                result = _tables(args, hook, sink, spark)
+                result = _tables(args, hook, lake, spark)
             elif args.snapshot_name:
-                result = _handed(args, hook, sink, spark)
+                result = _handed(args, hook, lake, spark)
             else:
-                result = _standalone(args, hook, sink, spark)
+                result = _standalone(args, hook, lake, spark)
         result["startup_s"] = round(time.monotonic() - started, 3)
         result.update(lazy.summary())
         return result
@@ -143,13 +143,13 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
         lazy.stop()
 
 
-def _copy(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any, point: Any) -> Any:
+def _copy(args: argparse.Namespace, hook: Any, lake: Lake, spark: Any, point: Any) -> Any:
     from airflow_pglogrepl.spark.snapshot import SnapshotCopy
     from airflow_pglogrepl.tables import parse_tables
 
     return SnapshotCopy(
         spark=spark,
-        lake=sink,
+        lake=lake,
         reader_params=hook.connection_params(),
         point=point,
         publications=args.publication,
@@ -161,7 +161,7 @@ def _copy(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any, point: An
     ).run()
 
 
-def _handed(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any) -> dict[str, Any]:
+def _handed(args: argparse.Namespace, hook: Any, lake: Lake, spark: Any) -> dict[str, Any]:
     """The caller holds the exporting session: copy and commit, nothing else."""
     from airflow_pglogrepl.lsn import LSN
     from airflow_pglogrepl.spark.snapshot import SnapshotPoint
@@ -174,16 +174,16 @@ def _handed(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any) -> dict
             f"{point.consistent_point} the snapshot was exported at: it is not the slot that "
             f"exported this snapshot, or it was consumed since"
         )
-    result: dict[str, Any] = _copy(args, hook, sink, spark(), point).to_dict()
+    result: dict[str, Any] = _copy(args, hook, lake, spark(), point).to_dict()
     return result
 
 
-def _standalone(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any) -> dict[str, Any]:
+def _standalone(args: argparse.Namespace, hook: Any, lake: Lake, spark: Any) -> dict[str, Any]:
     """Create the slot and hold its exporting session here; drop the slot if the copy fails."""
     from airflow_pglogrepl.exceptions import SlotNotFoundError
     from airflow_pglogrepl.lake.snapshots import (
         bootstrap_plan,
-        check_empty_sink,
+        check_empty_lake,
         resolve,
         snapshot_committed,
     )
@@ -194,23 +194,23 @@ def _standalone(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any) -> 
         exists = True
     except SlotNotFoundError:
         exists = False
-    plan = bootstrap_plan(slot=args.slot, slot_exists=exists, status=resolve(sink),
-                          lake=args.sink, replace_slot=args.replace_slot)  # fmt: skip
+    plan = bootstrap_plan(slot=args.slot, slot_exists=exists, status=resolve(lake),
+                          lake=args.lake_root, replace_slot=args.replace_slot)  # fmt: skip
     if plan.action == "exists":
         log.info("lake already holds the snapshot of slot %s at %s", args.slot, plan.snapshot_lsn)
         return {"status": "exists", "committed": True, "mode": "initial",
                 "slot": args.slot, "consistent_point": plan.snapshot_lsn, "rows": 0}  # fmt: skip
     if plan.action == "replace_slot":
         hook.drop_slot(args.slot)
-    check_empty_sink(sink)
+    check_empty_lake(lake)
     session = spark()  # started before the slot: the exporting session waits for nobody
     exported = hook.create_slot_with_snapshot(args.slot)
     point = SnapshotPoint(exported.slot, exported.consistent_point, exported.snapshot_name)
     try:
-        result: dict[str, Any] = _copy(args, hook, sink, session, point).to_dict()
+        result: dict[str, Any] = _copy(args, hook, lake, session, point).to_dict()
     except BaseException:
         exported.close()
-        if not snapshot_committed(sink, point.consistent_point):
+        if not snapshot_committed(lake, point.consistent_point):
             log.warning("snapshot failed before its commit: dropping slot %s", args.slot)
             hook.drop_slot(args.slot, missing_ok=True)
         raise
@@ -219,7 +219,7 @@ def _standalone(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any) -> 
     return result
 
 
-def _tables(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any) -> dict[str, Any]:
+def _tables(args: argparse.Namespace, hook: Any, lake: Lake, spark: Any) -> dict[str, Any]:
     """Re-snapshot some tables in a temporary slot's snapshot (or a handed one)."""
     from airflow_pglogrepl.lake.snapshots import temporary_slot_name
     from airflow_pglogrepl.lsn import LSN
@@ -228,12 +228,12 @@ def _tables(args: argparse.Namespace, hook: Any, sink: Lake, spark: Any) -> dict
     hook.get_slot(args.slot, plugin="pgoutput")  # the drain's slot must exist
     if args.snapshot_name:
         point = SnapshotPoint(args.slot, LSN(args.consistent_point), args.snapshot_name)
-        result: dict[str, Any] = _copy(args, hook, sink, spark(), point).to_dict()
+        result: dict[str, Any] = _copy(args, hook, lake, spark(), point).to_dict()
         return result
     session = spark()
     with hook.create_slot_with_snapshot(temporary_slot_name(args.slot), temporary=True) as held:
         point = SnapshotPoint(args.slot, held.consistent_point, held.snapshot_name)
-        result = _copy(args, hook, sink, session, point).to_dict()
+        result = _copy(args, hook, lake, session, point).to_dict()
     return result
 
 

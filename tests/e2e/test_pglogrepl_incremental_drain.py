@@ -142,10 +142,10 @@ def test_drain_dag_end_to_end_with_spark_submit(
     )
     publisher.execute("UPDATE orders SET note = NULL WHERE id % 3 = 0", dbname=db)
     publisher.execute("DELETE FROM orders WHERE id % 5 = 0", dbname=db)
-    sink = tmp_path / "lake"
+    lake_root = tmp_path / "lake"
     statsd = StatsdListener()
     env = {
-        "PGLOGREPL_SINK": str(sink),
+        "PGLOGREPL_LAKE": str(lake_root),
         "PGLOGREPL_SPARK_CONN_ID": "spark_local",
         "AIRFLOW_CONN_SPARK_LOCAL": json.dumps({"conn_type": "spark", "host": "local[2]"}),
         **statsd.env(),  # the provider's metrics, through Airflow's own Stats
@@ -159,7 +159,7 @@ def test_drain_dag_end_to_end_with_spark_submit(
         "upkeep_max_files": 2,
         "upkeep_max_small_files": 2,
     }
-    # First run: no slot, empty sink -> the initial snapshot creates the slot and copies the
+    # First run: no slot, empty lake -> the initial snapshot creates the slot and copies the
     # table at its start; the drain after it finds nothing new and succeeds with zero changes.
     first = dags_test(conf, env)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
@@ -172,7 +172,7 @@ def test_drain_dag_end_to_end_with_spark_submit(
     from airflow_pglogrepl.tables import TableRef
 
     orders = TableRef("public", "orders")
-    assert lake_rows(str(sink), orders) == source_rows(publisher, db, "orders")
+    assert lake_rows(str(lake_root), orders) == source_rows(publisher, db, "orders")
     # Changes after the snapshot: the second run skips the snapshot and drains them.
     publisher.execute(
         "INSERT INTO orders SELECT g, g * 2.5, 'late' FROM generate_series(3001, 4000) g", dbname=db
@@ -195,7 +195,7 @@ def test_drain_dag_end_to_end_with_spark_submit(
     assert slot == [(confirmed,)]
     report = latest_xcom("lag_report")
     assert report["confirmed_flush_lsn"] == confirmed and report["wal_status"] == "reserved"
-    assert lake_rows(str(sink), orders) == source_rows(publisher, db, "orders")
+    assert lake_rows(str(lake_root), orders) == source_rows(publisher, db, "orders")
     # the upkeep ran after the drain: the windows' changelog files packed into one, the windows
     # table compacted, every table checkpointed; rows (above) and the position unchanged
     upkeep = {t["table"]: t for t in latest_xcom("upkeep")["tables"]}
@@ -209,7 +209,7 @@ def test_drain_dag_end_to_end_with_spark_submit(
     from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.lsn import LSN
 
-    assert Lake(str(sink), "lake_dag").position() == LSN(confirmed)
+    assert Lake(str(lake_root), "lake_dag").position() == LSN(confirmed)
     # quiet logs: Spark's own INFO stays out of the task log (spark_log_level WARN), so what the
     # spark-submit runs wrote is the applications' progress lines and a few warnings
     for run in (first, second):
@@ -292,10 +292,10 @@ def test_drain_on_a_standalone_cluster_ships_the_package(
         "INSERT INTO items SELECT g, md5(g::text) FROM generate_series(1, 500) g", dbname=db
     )
     publisher.execute("UPDATE items SET id = id + 1000 WHERE id <= 10", dbname=db)
-    sink = tmp_path / "lake"
+    lake_root = tmp_path / "lake"
     host, port = standalone_master["master"].removeprefix("spark://").split(":")
     env = {
-        "PGLOGREPL_SINK": str(sink),
+        "PGLOGREPL_LAKE": str(lake_root),
         "PGLOGREPL_SPARK_CONN_ID": "spark_standalone",
         "AIRFLOW_CONN_SPARK_STANDALONE": json.dumps(
             {"conn_type": "spark", "host": f"spark://{host}", "port": int(port)}
@@ -328,7 +328,9 @@ def test_drain_on_a_standalone_cluster_ships_the_package(
     assert all("airflow_pglogrepl.zip" in e["package"] for e in executors), executors
     from airflow_pglogrepl.tables import TableRef
 
-    assert lake_rows(str(sink), TableRef("public", "items")) == source_rows(publisher, db, "items")
+    assert lake_rows(str(lake_root), TableRef("public", "items")) == source_rows(
+        publisher, db, "items"
+    )
 
 
 def test_drain_dag_keeps_its_lake_on_s3_and_its_secret_out_of_sight(
@@ -351,11 +353,11 @@ def test_drain_dag_keeps_its_lake_on_s3_and_its_secret_out_of_sight(
         "INSERT INTO orders SELECT g, 'n' || g FROM generate_series(1, 500) g", dbname=db
     )
     set_airflow_connection("drain_s3_source", publisher.airflow_uri(db))
-    sink = f"s3://{s3_server.new_bucket()}/lakes/orders"
+    lake_root = f"s3://{s3_server.new_bucket()}/lakes/orders"
     events = tmp_path / "lineage.jsonl"
     env = {
         **lineage_env(events),
-        "PGLOGREPL_SINK": sink,
+        "PGLOGREPL_LAKE": lake_root,
         "PGLOGREPL_LAKE_CONN_ID": "lake_store",
         "AIRFLOW_CONN_LAKE_STORE": json.dumps(s3_server.connection()),
         "PGLOGREPL_SPARK_CONN_ID": "spark_local",
@@ -377,14 +379,14 @@ def test_drain_dag_keeps_its_lake_on_s3_and_its_secret_out_of_sight(
     result = latest_xcom("drain")
     assert result["changes"] == 71 + 45 and result["idle"] is False, result
     upkeep = latest_xcom("upkeep")
-    bucket, _, prefix = sink.removeprefix("s3://").partition("/")
+    bucket, _, prefix = lake_root.removeprefix("s3://").partition("/")
     keys = s3_server.keys(bucket, prefix)
     assert f"{prefix}/state/public.orders/_delta_log/00000000000000000000.json" in keys
     assert any(k.startswith(f"{prefix}/changes/public.orders/") for k in keys)
     orders = TableRef("public", "orders")
     with storage.using(s3_server.store):
-        assert lake_rows(sink, orders) == source_rows(publisher, db, "orders")
-        assert Lake(sink, "lake_s3").position() == LSN(result["confirmed_flush_lsn_after"])
+        assert lake_rows(lake_root, orders) == source_rows(publisher, db, "orders")
+        assert Lake(lake_root, "lake_s3").position() == LSN(result["confirmed_flush_lsn_after"])
     # the store's secret: masked wherever Airflow writes, never in argv (the submit command is
     # in the log), XCom or the Asset event
     secret = s3_server.store.secret_access_key

@@ -16,9 +16,9 @@ HOLDER = {"pid": 4242, "application_name": "pglogrepl drain lake_shop", "client_
 
 # (the error, what it must name, whether running again can help)
 CASES = [
-    (errors.SlotAheadOfSinkError(SLOT, LSN(0x200), LSN(0x100), LAKE),
+    (errors.SlotAheadOfLakeError(SLOT, LSN(0x200), LSN(0x100), LAKE),
      [SLOT, "0/200", "0/100", "Nothing was drained"], False),
-    (errors.SinkFromAnotherSourceError(SLOT, LAKE, {"system_identifier": 1, "timeline": 1},
+    (errors.LakeFromAnotherSourceError(SLOT, LAKE, {"system_identifier": 1, "timeline": 1},
                                        {"system_identifier": 2, "timeline": 1}),
      [LAKE, "system identifier 1", "system identifier 2", "accept_source_change"], False),
     (errors.IncompatibleSchemaChangeError(TABLE, "column a became text"),
@@ -61,10 +61,11 @@ def test_each_error_says_nothing_was_lost_and_names_the_object_and_the_fix(
     assert bool(getattr(error, "retryable", False)) is retryable
 
 
-def test_the_lake_and_slot_disagreeing_is_a_sink_error() -> None:
-    """``SinkError``: draining on would lose or double changes; callers catch that family."""
-    for error in (errors.SlotAheadOfSinkError(SLOT, LSN(2), LSN(1), LAKE),
+def test_the_lake_and_slot_disagreeing_is_a_lake_error() -> None:
+    """``LakeMismatchError``: draining on would lose or double changes; callers catch that
+    family."""
+    for error in (errors.SlotAheadOfLakeError(SLOT, LSN(2), LSN(1), LAKE),
                   errors.LakeCommitConflictError(TABLE, "a", 1, 2, 3),
                   errors.LakeSnapshotUnfinishedError(LAKE, SLOT, None, [])):  # fmt: skip
-        assert isinstance(error, errors.SinkError) and isinstance(error, errors.LakeError)
+        assert isinstance(error, errors.LakeMismatchError) and isinstance(error, errors.LakeError)
     assert isinstance(errors.IncompatibleSchemaChangeError(TABLE, "x"), errors.SchemaChangedError)

@@ -370,9 +370,9 @@ class Drains(threading.Thread):
     table after the other: ``state/a`` is then ahead of ``state/b`` for a whole merge, as
     ``changes/a`` is ahead of ``changes/b`` between their commits of each window."""
 
-    def __init__(self, spark: Any, src: Source, sink: str, rounds: int) -> None:
+    def __init__(self, spark: Any, src: Source, lake_root: str, rounds: int) -> None:
         super().__init__(daemon=True)
-        self.spark, self.src, self.sink, self.rounds = spark, src, sink, rounds
+        self.spark, self.src, self.lake_root, self.rounds = spark, src, lake_root, rounds
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -380,7 +380,7 @@ class Drains(threading.Thread):
             for step in range(self.rounds):
                 transactions(self.src, 1 + step * 100, 100)
                 hook = self.src.hook()
-                lake = Lake(self.sink, self.src.slot, origins=hook.column_origins)
+                lake = Lake(self.lake_root, self.src.slot, origins=hook.column_origins)
                 with hook.writer_lock(self.src.slot):
                     Drain(source=hook, lake=lake, slot=self.src.slot,
                           publications=[self.src.publication],
@@ -390,9 +390,9 @@ class Drains(threading.Thread):
             self.error = exc
 
 
-def read_pair(sink: str, slot: str, kind: Kind) -> tuple[LSN | None, dict[str, pa.Table]]:
+def read_pair(lake_root: str, slot: str, kind: Kind) -> tuple[LSN | None, dict[str, pa.Table]]:
     """Both tables as a reader sees them: through a consistent cut."""
-    cut = consistent_cut(sink, PAIR, kind=kind, slot=slot)
+    cut = consistent_cut(lake_root, PAIR, kind=kind, slot=slot)
     return cut.position, read_cut(cut)
 
 
@@ -405,14 +405,14 @@ def test_a_reader_of_a_cut_never_sees_a_transaction_half_applied(
     spark: Any, source: Source, tmp_path: Path
 ) -> None:
     pair_of_tables(source)
-    sink = str(tmp_path / "lake")
-    drains = Drains(spark, source, sink, rounds=3)
+    lake_root = str(tmp_path / "lake")
+    drains = Drains(spark, source, lake_root, rounds=3)
     positions: dict[str, set[LSN]] = {"state": set(), "changes": set()}
     drains.start()
     kinds: tuple[tuple[Kind, str], ...] = (("state", "id"), ("changes", "_commit_lsn"))
     while drains.is_alive():  # the reader: as often as it can while drains and merges run
         for kind, column in kinds:
-            position, tables = read_pair(sink, source.slot, kind)
+            position, tables = read_pair(lake_root, source.slot, kind)
             a, b = (column_set(tables, table_dir(t), column) for t in PAIR)
             assert a == b, f"{kind} at {position}: only in a {a - b}, only in b {b - a}"
             if position is not None and a:
@@ -421,9 +421,9 @@ def test_a_reader_of_a_cut_never_sees_a_transaction_half_applied(
     assert drains.error is None, drains.error
     assert len(positions["state"]) > 1, f"the reader saw the state at {positions['state']} only"
     assert len(positions["changes"]) > 1, positions["changes"]
-    built = Built(Path(sink))
-    final = consistent_cut(sink, PAIR, slot=source.slot)
-    assert final.position == Lake(sink, source.slot).position()
+    built = Built(Path(lake_root))
+    final = consistent_cut(lake_root, PAIR, slot=source.slot)
+    assert final.position == Lake(lake_root, source.slot).position()
     assert final.versions == {table_dir(t): built.version("state", table_dir(t)) for t in PAIR}
     source_ids = {r[0] for r in source.sql("SELECT id FROM a")}
     assert column_set(read_cut(final), "public.a", "id") == source_ids

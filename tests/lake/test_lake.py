@@ -326,13 +326,13 @@ def test_a_lake_holding_nothing_but_claims_belongs_to_nobody_yet(tmp_path: Path)
 def test_a_renamed_database_is_the_same_source_and_another_database_is_not(
     tmp_path: Path,
 ) -> None:
-    from airflow_pglogrepl.exceptions import SinkFromAnotherSourceError
+    from airflow_pglogrepl.exceptions import LakeFromAnotherSourceError
 
     lake = Lake(str(tmp_path / "lake"), "s")
     lake.claim(SOURCE, publications=["p"], began_with="drain")
     renamed = lake.claim({**SOURCE, "database": "db2"}, publications=["p"], began_with="drain")
     assert renamed["database"] == "db2"
-    with pytest.raises(SinkFromAnotherSourceError):
+    with pytest.raises(LakeFromAnotherSourceError):
         lake.claim({**SOURCE, "database_oid": 6}, publications=["p"], began_with="drain")
 
 
@@ -405,10 +405,10 @@ def churn(src: Source, step: int) -> None:
             (100_000 + step * 10, 100_000 + step * 10 + 9))  # fmt: skip
 
 
-def assert_equal_to_source(src: Source, sink: str) -> None:
+def assert_equal_to_source(src: Source, lake_root: str) -> None:
     for ref in (T, U):
-        assert lake_rows(sink, ref) == source_rows(src.cluster, src.db, ref.name), ref
-    keys = all_changelog_keys(sink, [T, U])
+        assert lake_rows(lake_root, ref) == source_rows(src.cluster, src.db, ref.name), ref
+    keys = all_changelog_keys(lake_root, [T, U])
     assert len(keys) == len(set(keys))
 
 
@@ -442,16 +442,16 @@ def test_readers_only_ever_see_committed_versions(
     spark: Any, source: Source, tmp_path: Path
 ) -> None:
     two_tables(source)
-    sink = str(tmp_path / "lake")
-    lake = Lake(sink, source.slot)
+    lake_root = str(tmp_path / "lake")
+    lake = Lake(lake_root, source.slot)
     uris = [lake.paths.state(T), lake.paths.changes(T), lake.paths.state(U)]
     reader = Reader(uris)
     reader.start()
     try:
-        drain_in_process(spark, source, sink, window=64 * 1024)
+        drain_in_process(spark, source, lake_root, window=64 * 1024)
         for step in range(4):
             churn(source, step)
-            drain_in_process(spark, source, sink, window=16 * 1024)
+            drain_in_process(spark, source, lake_root, window=16 * 1024)
     finally:
         reader.stop.set()
         reader.join(timeout=60)
@@ -462,7 +462,7 @@ def test_readers_only_ever_see_committed_versions(
         committed = {read_table(uri, version=v).num_rows for v in range(table.version() + 1)}
         assert reader.seen[uri] <= committed, (uri, reader.seen[uri] - committed)
         assert len(reader.versions[uri]) > 1, f"the reader saw {uri} change only once"
-    assert_equal_to_source(source, sink)
+    assert_equal_to_source(source, lake_root)
 
 
 @pytest.mark.spark
@@ -470,17 +470,17 @@ def test_a_second_writer_is_refused_at_once_and_loses_nothing(
     spark: Any, source: Source, tmp_path: Path
 ) -> None:
     two_tables(source)
-    sink = str(tmp_path / "lake")
+    lake_root = str(tmp_path / "lake")
     hook = source.hook()
     before = hook.get_slot(source.slot).confirmed_flush_lsn
     # Another run holds the lake (as a drain or snapshot would): refused, naming the holder.
     with hook.writer_lock(source.slot, role="snapshot"):
-        refused = drain_app(source, sink)
+        refused = drain_app(source, lake_root)
     assert refused.returncode == 1
     assert "LakeWriterBusyError" in refused.stderr and "backend pid" in refused.stderr
     assert f"pglogrepl snapshot {source.slot}" in refused.stderr
     assert hook.get_slot(source.slot).confirmed_flush_lsn == before
-    assert not Path(sink).exists()
+    assert not Path(lake_root).exists()
 
     # Two drains started together: the one that comes second is refused while the first runs.
     for step in range(30):
@@ -488,7 +488,7 @@ def test_a_second_writer_is_refused_at_once_and_loses_nothing(
     args = ("--max-window-bytes", "8192")
     first = subprocess.Popen(
         [sys.executable, "-m", "airflow_pglogrepl.spark.drain_app", "--slot", source.slot,
-         "--publication", source.publication, "--sink", sink, *args],
+         "--publication", source.publication, "--lake", lake_root, *args],
         env={**os.environ, "PGLOGREPL_SOURCE_DSN": source.dsn},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -504,7 +504,7 @@ def test_a_second_writer_is_refused_at_once_and_loses_nothing(
             ),
             what="the first drain holding the lake",
         )
-        second = drain_app(source, sink, *args)
+        second = drain_app(source, lake_root, *args)
         _, err = first.communicate(timeout=600)
     finally:
         if first.poll() is None:
@@ -513,9 +513,9 @@ def test_a_second_writer_is_refused_at_once_and_loses_nothing(
     if second.returncode == 0:  # the first finished before the second asked: not this test
         pytest.fail("the first drain ended before the second started; the test proves nothing")
     assert "LakeWriterBusyError" in second.stderr and "backend pid" in second.stderr
-    done = summary(drain_app(source, sink))
+    done = summary(drain_app(source, lake_root))
     assert done["changes"] == 0
-    assert_equal_to_source(source, sink)
+    assert_equal_to_source(source, lake_root)
 
 
 @pytest.mark.spark
@@ -524,23 +524,23 @@ def test_a_merge_killed_at_any_step_is_finished_by_the_next_run(
     spark: Any, source: Source, tmp_path: Path, fault: str
 ) -> None:
     two_tables(source, rows=500)
-    sink = str(tmp_path / "lake")
-    summary(drain_app(source, sink))  # both tables merged once
+    lake_root = str(tmp_path / "lake")
+    summary(drain_app(source, lake_root))  # both tables merged once
     for step in range(5):
         churn(source, step)
     # One table at a time, so "after the first table's commit" is a state the test can see.
-    crashed = drain_app(source, sink, "--merge-parallelism", "1", fault=fault)
+    crashed = drain_app(source, lake_root, "--merge-parallelism", "1", fault=fault)
     assert crashed.returncode == 137, crashed.stderr[-2000:]
-    lake = Lake(sink, source.slot)
+    lake = Lake(lake_root, source.slot)
     position = lake.position()
     behind = [ref for ref in (T, U) if lake.state_version(ref) != position]
     assert behind, "the crash must leave some state behind the lake's position"
-    done = summary(drain_app(source, sink))
+    done = summary(drain_app(source, lake_root))
     assert done["changes"] == 0  # the drain itself had finished: only the merge was left
     position = lake.position()  # (an idle window may have moved it on since)
     assert {LSN(v) for v in done["materialized"].values()} == {position}
     assert set(done["materialized"]) == {str(ref) for ref in behind}
-    assert_equal_to_source(source, sink)
+    assert_equal_to_source(source, lake_root)
     for ref in behind:  # (a state with nothing new keeps its version: merges move it only)
         assert lake.state_version(ref) == position
 

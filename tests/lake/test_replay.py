@@ -419,7 +419,7 @@ def test_replay_of_a_real_drain_matches_the_source_run_by_run(
 ) -> None:
     source.sql('CREATE TABLE "Ord""ers.ü/x" (id int PRIMARY KEY, v text)')
     source.sql(f'CREATE PUBLICATION {source.publication} FOR TABLE "Ord""ers.ü/x"')
-    sink = str(tmp_path / "lake")
+    lake_root = str(tmp_path / "lake")
     seen: dict[LSN, list[tuple[Any, ...]]] = {}
     for step in range(3):
         source.sql(f"""
@@ -431,20 +431,20 @@ def test_replay_of_a_real_drain_matches_the_source_run_by_run(
                 COMMIT;
               END LOOP;
             END $$""")
-        drain_only(source, sink, window=2048)
-        materialize(spark, Lake(sink, source.slot), small_rows=0)  # Spark: deletion vectors
-        position = Lake(sink, source.slot).position()
+        drain_only(source, lake_root, window=2048)
+        materialize(spark, Lake(lake_root, source.slot), small_rows=0)  # Spark: deletion vectors
+        position = Lake(lake_root, source.slot).position()
         assert position is not None
         rows = source.sql('SELECT id, v FROM "Ord""ers.ü/x"')
         seen[position] = sorted(tuple(normalize(v) for v in r) for r in rows)
-    lake = Lake(sink, source.slot)
+    lake = Lake(lake_root, source.slot)
     state = lake.paths.state(LIVE)
     log = "".join(p.read_text() for p in sorted(Path(state, "_delta_log").glob("*.json")))
     assert '"deletionVector":{' in log, "no deletion vector: Spark's merge went untested"
     for position, rows in seen.items():
-        got = state_as_of(sink, LIVE, position)
+        got = state_as_of(lake_root, LIVE, position)
         assert sorted((r["id"], r["v"]) for r in got.to_pylist()) == rows, position
-        frame = state_as_of_spark(spark, sink, LIVE, position)
+        frame = state_as_of_spark(spark, lake_root, LIVE, position)
         assert sorted((r.id, r.v) for r in frame.collect()) == rows, position
     ends = [LSN(w["end_lsn"]) for w in lake.windows()]
     assert len(ends) > 3, "one window per run: the ranges would not cut the changelog"
@@ -452,10 +452,12 @@ def test_replay_of_a_real_drain_matches_the_source_run_by_run(
     keys = sorted(zip(whole.column(COMMIT_LSN).to_pylist(), whole.column(SEQ).to_pylist(),
                       strict=True))  # fmt: skip
     first = LSN(lake.windows()[0]["start_lsn"])
-    parts = [changes_between(sink, LIVE, a, b) for a, b in zip([first, *ends], ends, strict=False)]
+    parts = [
+        changes_between(lake_root, LIVE, a, b) for a, b in zip([first, *ends], ends, strict=False)
+    ]
     assert [(r[COMMIT_LSN], r[SEQ]) for p in parts for r in p.to_pylist()] == keys
-    middle = changes_between(sink, LIVE, ends[1], ends[-2])
-    frame = changes_between_spark(spark, sink, LIVE, ends[1], ends[-2])
+    middle = changes_between(lake_root, LIVE, ends[1], ends[-2])
+    frame = changes_between_spark(spark, lake_root, LIVE, ends[1], ends[-2])
     assert [(r[COMMIT_LSN], r[SEQ]) for r in frame.select(COMMIT_LSN, SEQ).collect()] == [
         (r[COMMIT_LSN], r[SEQ]) for r in middle.to_pylist()
     ]

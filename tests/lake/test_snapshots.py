@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from airflow_pglogrepl.exceptions import SinkNotEmptyError, SlotError
+from airflow_pglogrepl.exceptions import LakeNotEmptyError, SlotError
 from airflow_pglogrepl.lake.snapshots import bootstrap_plan, temporary_slot_name
 
 EMPTY = {"commits": 0, "snapshot_lsn": None, "uncommitted_snapshots": []}
@@ -38,7 +38,7 @@ def test_replace_slot_is_the_explicit_signal_and_the_other_plans_stay() -> None:
     assert plan(EMPTY, slot_exists=False) == "create"
     assert plan({**EMPTY, "commits": 3, "snapshot_lsn": "0/5"}) == "exists"
     assert plan({**EMPTY, "commits": 3}) == "drained"
-    with pytest.raises(SinkNotEmptyError):
+    with pytest.raises(LakeNotEmptyError):
         plan({**EMPTY, "commits": 3}, slot_exists=False)
 
 

@@ -145,7 +145,7 @@ def test_the_operators_hand_the_choice_to_the_applications() -> None:
     from airflow_pglogrepl.operators.snapshot import InitialSnapshotOperator
     from airflow_pglogrepl.spark import drain_app, snapshot_app
 
-    common = {"postgres_conn_id": "pg", "slot_name": "s", "publications": ["p"], "sink": "/l"}
+    common = {"postgres_conn_id": "pg", "slot_name": "s", "publications": ["p"], "lake": "/l"}
     for value in (None, True, False):
         drain = SlotDrainOperator(task_id=f"d{value}", state_deletion_vectors=value, **common)
         assert drain_app.parse_args(drain._app_args()).state_deletion_vectors is value

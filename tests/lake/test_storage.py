@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from airflow_pglogrepl.hooks.object_store import LakeLocationError, check_sink, lake_store, store_of
+from airflow_pglogrepl.hooks.object_store import (
+    LakeLocationError,
+    check_lake_uri,
+    lake_store,
+    store_of,
+)
 from airflow_pglogrepl.lake import storage
 from airflow_pglogrepl.lake.storage import ObjectStore
 from tests.support.s3 import S3Server
@@ -69,7 +74,7 @@ def test_every_s3_spelling_is_one_bucket_and_path_for_pyarrow() -> None:
 
 
 @pytest.mark.parametrize(
-    ("sink", "named"),
+    ("lake_root", "named"),
     [
         ("s3://AKID:SEKRET@bucket/lake", "holds credentials"),
         ("s3a://AKID@bucket/lake", "holds credentials"),
@@ -94,9 +99,11 @@ def test_every_s3_spelling_is_one_bucket_and_path_for_pyarrow() -> None:
         ("s3:/bkt/lake", "not followed by //"),
     ],
 )
-def test_a_sink_with_credentials_or_an_unreachable_scheme_is_refused(sink: str, named: str) -> None:
+def test_a_lake_with_credentials_or_an_unreachable_scheme_is_refused(
+    lake_root: str, named: str
+) -> None:
     with pytest.raises(LakeLocationError, match=named) as caught:
-        check_sink(sink)
+        check_lake_uri(lake_root)
     assert "SEKRET" not in str(caught.value)
 
 
@@ -147,9 +154,9 @@ def test_real_world_stores_are_taken(store: dict[str, str]) -> None:
 
 
 def test_every_spelling_of_one_lake_is_one_asset() -> None:
-    from airflow_pglogrepl.operators._spark import sink_asset
+    from airflow_pglogrepl.operators._spark import lake_asset
 
-    uris = {sink_asset(s).uri for s in ("s3://b1b/lake", "s3a://b1b/lake/", "s3n://b1b/lake")}
+    uris = {lake_asset(s).uri for s in ("s3://b1b/lake", "s3a://b1b/lake/", "s3n://b1b/lake")}
     assert uris == {"s3://b1b/lake"}
 
 
@@ -182,16 +189,16 @@ def test_keys_for_executors_on_other_machines_are_refused_before_anything_starts
     from airflow_pglogrepl.operators.drain import SlotDrainOperator
 
     monkeypatch.setenv("AIRFLOW_CONN_LAKE_KEYS", json.dumps(s3_server.connection()))
-    sink = f"s3://{s3_server.new_bucket()}/lake"
+    lake_root = f"s3://{s3_server.new_bucket()}/lake"
     operator = SlotDrainOperator(task_id="d", postgres_conn_id="p", slot_name="s",
-                                 publications=["p"], sink=sink,
+                                 publications=["p"], lake=lake_root,
                                  lake_conn_id="lake_keys")  # fmt: skip
     operator._master = "spark://10.0.0.1:7077"
     with pytest.raises(LakeLocationError, match="reach Spark's driver only"):
-        operator._use_lake_store(sink)
+        operator._use_lake_store(lake_root)
     operator._master = "local[2]"
     try:
-        operator._use_lake_store(sink)
+        operator._use_lake_store(lake_root)
         assert operator._store == s3_server.store == storage.current()
     finally:
         storage.use(None)

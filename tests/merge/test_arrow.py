@@ -297,10 +297,12 @@ def test_small_batches_merge_without_a_jvm_into_states_spark_made_and_back(
     source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE typed")
     for key in range(200):
         source.sql(insert_sql("typed"), random_row(rng, key, big=key % 4 == 0))
-    sink = lake_uri
+    lake_root = lake_uri
     ref = TableRef("public", "typed")
-    drain_in_process(spark, source, sink, window=1 << 20, small_rows=0)  # a first state by Spark
-    assert_state_equals_source(source, sink, ref)
+    drain_in_process(
+        spark, source, lake_root, window=1 << 20, small_rows=0
+    )  # a first state by Spark
+    assert_state_equals_source(source, lake_root, ref)
 
     caplog.set_level(logging.INFO, logger="airflow_pglogrepl.lake")
     caplog.clear()
@@ -309,17 +311,17 @@ def test_small_batches_merge_without_a_jvm_into_states_spark_made_and_back(
         source.sql("DELETE FROM typed WHERE id %% 23 = %s", (step,))
         for key in range(1000 + step * 10, 1005 + step * 10):
             source.sql(insert_sql("typed"), random_row(rng, key, big=True))
-        result = drain_in_process(spark, source, sink, window=1 << 20)
+        result = drain_in_process(spark, source, lake_root, window=1 << 20)
         assert result["materialized"] == {"public.typed": result["window_end_lsn"]}
-        assert_state_equals_source(source, sink, ref)
+        assert_state_equals_source(source, lake_root, ref)
     assert "merged up to" in caplog.text and "without a JVM" in caplog.text
     assert "merged by Spark" not in caplog.text
 
     source.sql("UPDATE typed SET id = -id WHERE id < 5")  # key changes: Spark's reduction
     caplog.clear()
-    drain_in_process(spark, source, sink, window=1 << 20)
+    drain_in_process(spark, source, lake_root, window=1 << 20)
     assert "merged by Spark: a TRUNCATE or a key change" in caplog.text
-    assert_state_equals_source(source, sink, ref)
+    assert_state_equals_source(source, lake_root, ref)
 
 
 @pytest.mark.spark
@@ -339,8 +341,8 @@ def test_full_identity_appends_here_then_spark_counts_copies_in_the_same_state(
     source.sql("ALTER TABLE audit REPLICA IDENTITY FULL")
     source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE audit")
     rows = "('a', 1, 0.5), ('a', 1, 0.5), (NULL, NULL, NULL), (NULL, NULL, NULL), ('b', 2, 'NaN')"
-    sink = str(tmp_path / "lake")
-    path = f"{sink}/state/public.audit"
+    lake_root = str(tmp_path / "lake")
+    path = f"{lake_root}/state/public.audit"
 
     def lake_and_source() -> tuple[Counter[Any], Counter[Any]]:
         def key(row: Any) -> tuple[Any, ...]:
@@ -353,7 +355,7 @@ def test_full_identity_appends_here_then_spark_counts_copies_in_the_same_state(
     for _ in range(2):  # a first state, then an append to it
         source.sql(f"INSERT INTO audit VALUES {rows}, ('c', 3, '-0')")
         caplog.clear()
-        drain_in_process(spark, source, sink, window=1 << 20)
+        drain_in_process(spark, source, lake_root, window=1 << 20)
         assert "appended up to" in caplog.text and "merged by Spark" not in caplog.text
         lake, expected = lake_and_source()
         assert lake == expected and sum(lake.values()) > 0
@@ -362,7 +364,7 @@ def test_full_identity_appends_here_then_spark_counts_copies_in_the_same_state(
     source.sql("DELETE FROM audit WHERE ctid = (SELECT max(ctid) FROM audit WHERE who IS NULL)")
     source.sql("DELETE FROM audit WHERE ctid = (SELECT min(ctid) FROM audit WHERE who = 'b')")
     caplog.clear()
-    drain_in_process(spark, source, sink, window=1 << 20)
+    drain_in_process(spark, source, lake_root, window=1 << 20)
     assert "merged by Spark: REPLICA IDENTITY FULL, updates or deletes" in caplog.text
     lake, expected = lake_and_source()
     assert lake == expected
@@ -393,25 +395,25 @@ def test_a_first_state_written_here_takes_spark_merges_and_small_ones_after(
         source.sql(insert_sql("typed"), random_row(rng, key, big=key % 5 == 0))
     source.sql("UPDATE typed SET i = i + 1 WHERE id % 3 = 0")
     source.sql("DELETE FROM typed WHERE id % 11 = 0")
-    sink = lake_uri
+    lake_root = lake_uri
     ref = TableRef("public", "typed")
     caplog.set_level(logging.INFO, logger="airflow_pglogrepl.lake")
-    drain_in_process(spark, source, sink, window=1 << 20)
+    drain_in_process(spark, source, lake_root, window=1 << 20)
     assert "state of public.typed written up to" in caplog.text
-    assert_state_equals_source(source, sink, ref)
+    assert_state_equals_source(source, lake_root, ref)
 
     caplog.clear()
     source.sql("UPDATE typed SET id = -id WHERE id BETWEEN 1 AND 40")  # key changes: Spark's
-    drain_in_process(spark, source, sink, window=1 << 20)
+    drain_in_process(spark, source, lake_root, window=1 << 20)
     assert "merged by Spark: a TRUNCATE or a key change" in caplog.text
-    assert_state_equals_source(source, sink, ref)
+    assert_state_equals_source(source, lake_root, ref)
 
     caplog.clear()
     source.sql("UPDATE typed SET t = 'again' WHERE id % 2 = 0")
     source.sql("DELETE FROM typed WHERE id < -30")
-    drain_in_process(spark, source, sink, window=1 << 20)
+    drain_in_process(spark, source, lake_root, window=1 << 20)
     assert "without a JVM" in caplog.text and "merged by Spark" not in caplog.text
-    assert_state_equals_source(source, sink, ref)
+    assert_state_equals_source(source, lake_root, ref)
 
 
 # A state too big for delta-rs' copy-on-write MERGE: the batch is reduced here, Spark merges it.

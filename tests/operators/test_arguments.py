@@ -1,5 +1,6 @@
-"""The cutover operators' shared arguments: a name, a list or nothing; the tables named plus a
-publication's, each once; nothing to act on is refused."""
+"""The operators' shared arguments: a name, a list or nothing; the tables named plus a
+publication's, each once; nothing to act on is refused; the lake root as ``lake=`` or its old
+name ``sink=``, and under both keys in a summary."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 
 from airflow_pglogrepl.exceptions import ObjectNotFoundError
-from airflow_pglogrepl.operators.arguments import names, resolve_tables
+from airflow_pglogrepl.operators.arguments import lake_argument, lake_keys, names, resolve_tables
 from airflow_pglogrepl.tables import TableRef
 
 
@@ -40,3 +41,50 @@ def test_a_missing_publication_or_no_table_at_all_is_refused() -> None:
         resolve_tables(hook, ["public.a"], "absent")
     with pytest.raises(ValueError, match="no tables"):
         resolve_tables(hook, [], "empty")
+
+
+def test_the_lake_root_is_lake_or_its_old_name_sink_with_a_warning() -> None:
+    assert lake_argument("SlotDrainOperator", "/l", None) == "/l"
+    with pytest.warns(DeprecationWarning, match=r"SlotDrainOperator: sink= is now lake="):
+        assert lake_argument("SlotDrainOperator", None, "/l") == "/l"
+    with pytest.warns(DeprecationWarning):  # the same root twice is one root
+        assert lake_argument("SlotDrainOperator", "/l", "/l") == "/l"
+
+
+def test_no_lake_or_two_different_ones_are_refused_naming_the_operator() -> None:
+    with pytest.raises(TypeError, match=r"LakeUpkeepOperator needs lake="):
+        lake_argument("LakeUpkeepOperator", None, None)
+    twice = r"lake='/a' and sink='/b': give the lake root once"
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match=twice):
+        lake_argument("LakeUpkeepOperator", "/a", "/b")
+
+
+def test_the_summary_names_the_lake_under_its_new_and_old_keys() -> None:
+    assert lake_keys("s3://b/l") == {"lake": "s3://b/l", "sink": "s3://b/l"}
+
+
+@pytest.mark.parametrize("operator", ["drain", "snapshot", "upkeep"])
+def test_each_lake_operator_takes_sink_as_lake_and_templates_lake(operator: str) -> None:
+    from airflow_pglogrepl.operators.drain import SlotDrainOperator
+    from airflow_pglogrepl.operators.snapshot import InitialSnapshotOperator
+    from airflow_pglogrepl.operators.upkeep import LakeUpkeepOperator
+
+    kind = {"drain": SlotDrainOperator, "snapshot": InitialSnapshotOperator,
+            "upkeep": LakeUpkeepOperator}[operator]  # fmt: skip
+    common: dict[str, Any] = {"postgres_conn_id": "pg", "slot_name": "s"}
+    if operator != "upkeep":
+        common["publications"] = ["p"]
+    with pytest.warns(DeprecationWarning, match=rf"{kind.__name__}: sink= is now lake="):
+        task = kind(task_id="old", sink="/data/lake", **common)
+    assert task.lake == "/data/lake"
+    assert "lake" in kind.template_fields and "sink" not in kind.template_fields
+    assert kind(task_id="new", lake="/data/lake", **common).lake == "/data/lake"
+
+
+def test_the_applications_take_the_old_flag_too() -> None:
+    from airflow_pglogrepl.spark import drain_app, snapshot_app
+
+    for app in (drain_app, snapshot_app):
+        for flag in ("--lake", "--sink"):
+            args = app.parse_args(["--slot", "s", "--publication", "p", flag, "/l"])
+            assert args.lake_root == "/l", (app, flag)

@@ -75,7 +75,7 @@ def test_wal_without_a_published_change_is_idle_until_it_grows_past_the_bound(
     result, _ = drains.run(idle_wal_bytes=result["lag_bytes_left"] - 1)
     assert drains.submits() == 2 and result["idle"] is False and result["changes"] == 0
     assert LSN(drains.confirmed()) > LSN(confirmed)
-    assert Lake(drains.sink, drains.src.slot).position() == LSN(drains.confirmed())
+    assert Lake(drains.lake_root, drains.src.slot).position() == LSN(drains.confirmed())
 
 
 def test_a_published_change_is_submitted_and_drained(drains: Drains) -> None:
@@ -89,13 +89,13 @@ def test_a_published_change_is_submitted_and_drained(drains: Drains) -> None:
 def test_changes_waiting_for_their_merge_are_submitted(drains: Drains) -> None:
     drains.src.sql("DELETE FROM t WHERE id = 1")
     drains.run(materialize=False)
-    lake = Lake(drains.sink, drains.src.slot)
+    lake = Lake(drains.lake_root, drains.src.slot)
     assert drains.submits() == 2 and pending_tables(lake) == ["public.t"]
 
     result, _ = drains.run()  # nothing new in the slot, but a merge to do
     assert drains.submits() == 3 and result["idle"] is False, result
     assert result["changes"] == 0 and "public.t" in result["materialized"]
-    assert pending_tables(Lake(drains.sink, drains.src.slot)) == []
+    assert pending_tables(Lake(drains.lake_root, drains.src.slot)) == []
     assert drains.run()[0]["idle"] is True and drains.submits() == 3
 
 
@@ -105,7 +105,7 @@ def test_a_lake_behind_the_slot_is_left_to_the_application(drains: Drains) -> No
     drains.src.sql(
         "SELECT pg_replication_slot_advance(%s, pg_current_wal_flush_lsn())", (drains.src.slot,)
     )
-    with pytest.raises(Exception, match="SlotAheadOfSinkError"):
+    with pytest.raises(Exception, match="SlotAheadOfLakeError"):
         drains.run()
     assert drains.submits() == 2
 
@@ -253,7 +253,7 @@ def test_a_local_master_drains_without_spark_submit(
     from airflow_pglogrepl.tables import TableRef
     from tests.support.drain import lake_rows
 
-    assert lake_rows(drains.sink, TableRef("public", "t")) == rows
+    assert lake_rows(drains.lake_root, TableRef("public", "t")) == rows
 
 
 def test_an_error_of_the_application_on_the_worker_is_raised_once(
@@ -289,7 +289,7 @@ def test_a_killed_task_ends_the_application_on_the_worker(drains: Drains, tmp_pa
     paused.mkdir()
     task = SlotDrainOperator(
         task_id="drain", postgres_conn_id=drains.conn_id, slot_name=drains.src.slot,
-        publications=[drains.src.publication], sink=drains.sink, conn_id="drain_op_spark",
+        publications=[drains.src.publication], lake=drains.lake_root, conn_id="drain_op_spark",
     )  # fmt: skip
     failed: list[BaseException] = []
 
@@ -335,7 +335,7 @@ def test_a_table_in_quarantine_fails_every_run_until_re_snapshotted_or_warns(
         assert isinstance(error, SparkApplicationError)
         assert error.error == "QuarantinedTablesError" and not error.retryable
         assert "public.t: UnstorableValueError" in str(error)
-    assert drains.confirmed() == str(Lake(drains.sink, drains.src.slot).position())
+    assert drains.confirmed() == str(Lake(drains.lake_root, drains.src.slot).position())
     result, _ = drains.run(spark_binary=None, on_quarantine="warn")
     assert set(result["quarantined"]) == {"public.t"}
     assert "changes kept in" in capsys.readouterr().out

@@ -31,6 +31,6 @@ def test_a_merge_that_needs_spark_starts_a_local_session_on_the_worker(
 
     assert drains.submits() == 0, "spark-submit was called"
     assert result["spark_start_s"] is not None and result["master"] == "local[1]", result
-    assert lake_rows(drains.sink, TableRef("public", "t")) == [(1, "after the truncate")]
+    assert lake_rows(drains.lake_root, TableRef("public", "t")) == [(1, "after the truncate")]
     logged = capsys.readouterr().out
     assert " INFO SparkContext" not in logged and " INFO DAGScheduler" not in logged  # quiet

@@ -138,7 +138,7 @@ def test_the_drain_refuses_a_misspelt_publication_before_spark(
     error = _refused(
         SlotDrainOperator(
             task_id="drain", postgres_conn_id=conn_id, slot_name=source.slot,
-            publications=["shop_pubb"], sink=str(tmp_path / "lake"), conn_id="no_such_spark",
+            publications=["shop_pubb"], lake=str(tmp_path / "lake"), conn_id="no_such_spark",
         )
     )  # fmt: skip
     where = f"{source.cluster.host}:{source.cluster.port}/{source.db}"
@@ -166,7 +166,7 @@ def test_the_snapshot_refuses_a_misspelt_publication_instead_of_nothing_to_do(
         error = _refused(
             InitialSnapshotOperator(
                 task_id="snapshot", postgres_conn_id=conn_id, slot_name=source.slot,
-                publications=["shop_pub", "audits"], sink=str(tmp_path / "lake"),
+                publications=["shop_pub", "audits"], lake=str(tmp_path / "lake"),
                 conn_id="no_such_spark", outlets=[],
             )
         )  # fmt: skip
@@ -312,7 +312,7 @@ def test_a_drain_as_a_role_without_replication_is_refused_before_spark(
     with pytest.raises(AirflowFailException) as failure:
         SlotDrainOperator(
             task_id="drain", postgres_conn_id=conn_id, slot_name=source.slot,
-            publications=["shop_pub"], sink=str(tmp_path / "lake"), conn_id="no_such_spark",
+            publications=["shop_pub"], lake=str(tmp_path / "lake"), conn_id="no_such_spark",
         ).execute({"ti": None})  # type: ignore[arg-type]  # fmt: skip
     error = raised_error(failure.value)
     assert isinstance(error, PrivilegeError) and not error.retryable
@@ -337,7 +337,7 @@ def test_a_snapshot_as_a_role_that_cannot_read_a_table_is_refused_before_the_slo
         with pytest.raises(AirflowFailException) as failure:
             InitialSnapshotOperator(
                 task_id="snapshot", postgres_conn_id=conn_id, slot_name=source.slot,
-                publications=["shop_pub", "audit"], sink=str(tmp_path / "lake"),
+                publications=["shop_pub", "audit"], lake=str(tmp_path / "lake"),
                 conn_id="no_such_spark", outlets=[],
             ).execute({"ti": None})  # type: ignore[arg-type]  # fmt: skip
     finally:

@@ -35,9 +35,9 @@ def snapshot(built: Built) -> dict[str, tuple[int, list[str]]]:
     return {uri: (versions(uri), log_names(uri)) for uri in uris}
 
 
-def operator(conn_id: str, slot: str, sink: str, **kwargs: object) -> LakeUpkeepOperator:
+def operator(conn_id: str, slot: str, lake_root: str, **kwargs: object) -> LakeUpkeepOperator:
     return LakeUpkeepOperator(task_id="upkeep", postgres_conn_id=conn_id, slot_name=slot,
-                              sink=sink, max_files=4, max_small_files=3,
+                              lake=lake_root, max_files=4, max_small_files=3,
                               **kwargs)  # type: ignore[arg-type]  # fmt: skip
 
 

@@ -22,12 +22,12 @@ import pytest
 
 from airflow_pglogrepl.exceptions import (
     ArrowPeekError,
+    LakeFromAnotherSourceError,
     LakeOfAnotherSlotError,
     LakeSnapshotUnfinishedError,
     LakeWriterBusyError,
     PublicationNotFoundError,
-    SinkFromAnotherSourceError,
-    SlotAheadOfSinkError,
+    SlotAheadOfLakeError,
     SlotInUseError,
     SlotLostError,
     WriterLockLostError,
@@ -239,7 +239,7 @@ def test_a_slot_ahead_of_the_lake_is_refused_and_nothing_moves(tmp_path: Path) -
     lake.open_window(LSN(0x1000)).commit(LSN(0x1100), transactions=0, changes=0)
     source = FakeSource([], confirmed=0x1500, flush=0x2000)
     drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=1024)
-    with pytest.raises(SlotAheadOfSinkError, match="0/1500"):
+    with pytest.raises(SlotAheadOfLakeError, match="0/1500"):
         drain.run(time.monotonic())
     assert source.advances == [] and lake.position() == LSN(0x1100)
 
@@ -300,12 +300,12 @@ def test_a_lake_from_another_server_or_timeline_moves_nothing(tmp_path: Path) ->
     other = FakeSource([], confirmed=0x1000, flush=0x2000)  # the lake is ahead of this slot
     other.identity = {**source.identity, "system_identifier": "8"}
     drain = Drain(source=other, lake=lake, slot="s", publications=["p"], max_window_bytes=1024)
-    with pytest.raises(SinkFromAnotherSourceError, match=r"system identifier 7.*identifier 8"):
+    with pytest.raises(LakeFromAnotherSourceError, match=r"system identifier 7.*identifier 8"):
         drain.run(time.monotonic())
     promoted = FakeSource([], confirmed=0x1000, flush=0x2000)
     promoted.identity = {**source.identity, "timeline": 2}
     drain = Drain(source=promoted, lake=lake, slot="s", publications=["p"], max_window_bytes=1024)
-    with pytest.raises(SinkFromAnotherSourceError, match=r"timeline 1.*timeline 2"):
+    with pytest.raises(LakeFromAnotherSourceError, match=r"timeline 1.*timeline 2"):
         drain.run(time.monotonic())
     assert other.advances == [] and promoted.advances == []
     assert lake.position() == position
@@ -515,11 +515,11 @@ def test_a_run_that_loses_its_lock_stops_before_its_next_commit(
     session was ended (pg_terminate_backend, a publisher restart, a dropped connection) went on
     committing and advancing beside whoever took the lock next."""
     tables = two_tables_written_together(source)
-    sink = str(tmp_path / "lake")
+    lake_root = str(tmp_path / "lake")
     before = source.hook().get_slot(source.slot).confirmed_flush_lsn
     paused = tmp_path / "pause"
     paused.mkdir()
-    run = start_drain_app(source, sink, "--no-materialize", "--max-window-bytes", "8192",
+    run = start_drain_app(source, lake_root, "--no-materialize", "--max-window-bytes", "8192",
                           pause=paused)  # fmt: skip
     try:
         wait_until(lambda: any(paused.glob("before_commit.*")), what="the first window's commit")
@@ -531,12 +531,12 @@ def test_a_run_that_loses_its_lock_stops_before_its_next_commit(
             run.kill()
     assert run.returncode == 1, err[-3000:]
     assert "WriterLockLostError" in err and "nothing more was committed" in err
-    lake = Lake(sink, source.slot)
+    lake = Lake(lake_root, source.slot)
     assert lake.position() is None and lake.changes_tables() == []
     assert source.hook().get_slot(source.slot).confirmed_flush_lsn == before
-    drain_in_process(spark, source, sink, window=8192)
+    drain_in_process(spark, source, lake_root, window=8192)
     for ref in tables:
-        assert_state_equals_source(source, sink, ref)  # equal, no (_commit_lsn, _seq) twice
+        assert_state_equals_source(source, lake_root, ref)  # equal, no (_commit_lsn, _seq) twice
 
 
 @pytest.mark.spark
@@ -553,10 +553,10 @@ def test_a_second_drain_is_refused_while_the_roles_idle_timeout_passes(
     from airflow_pglogrepl.conninfo import make_dsn
 
     dsn = make_dsn({**source.cluster.params(source.db), "user": role, "password": "pw"})
-    sink = str(tmp_path / "lake")
+    lake_root = str(tmp_path / "lake")
     paused = tmp_path / "pause"
     paused.mkdir()
-    first = start_drain_app(source, sink, "--no-materialize", "--max-window-bytes", "8192",
+    first = start_drain_app(source, lake_root, "--no-materialize", "--max-window-bytes", "8192",
                             pause=paused, dsn=dsn)  # fmt: skip
     try:
         wait_until(lambda: any(paused.glob("before_commit.*")), what="the first window's commit")
@@ -567,7 +567,7 @@ def test_a_second_drain_is_refused_while_the_roles_idle_timeout_passes(
             what="the role's idle_session_timeout ending an idle session",
         )
         probe.close()
-        second = start_drain_app(source, sink, "--no-materialize", dsn=dsn)
+        second = start_drain_app(source, lake_root, "--no-materialize", dsn=dsn)
         _, second_err = second.communicate(timeout=300)
         (paused / "go").touch()
         _, err = first.communicate(timeout=300)
@@ -578,9 +578,9 @@ def test_a_second_drain_is_refused_while_the_roles_idle_timeout_passes(
         source.sql(f'ALTER ROLE "{role}" RESET idle_session_timeout')
     assert second.returncode == 1 and LakeWriterBusyError.__name__ in second_err, second_err
     assert first.returncode == 0, err[-3000:]
-    drain_in_process(spark, source, sink, window=8192)
+    drain_in_process(spark, source, lake_root, window=8192)
     for ref in tables:
-        assert_state_equals_source(source, sink, ref)
+        assert_state_equals_source(source, lake_root, ref)
 
 
 def test_a_lake_is_refused_to_another_slot_and_to_another_server(
@@ -589,11 +589,11 @@ def test_a_lake_is_refused_to_another_slot_and_to_another_server(
     """A lake records its source at its first commit; a drain of another slot of the same
     database, or of a slot of the same name on another server, writes nothing into it."""
     two_tables_written_together(source, transactions=2)
-    sink = str(tmp_path / "lake")
+    lake_root = str(tmp_path / "lake")
     hook = source.hook()
 
     def drain(src: Source) -> Any:
-        lake = Lake(sink, src.slot)
+        lake = Lake(lake_root, src.slot)
         with src.hook().writer_lock(src.slot) as lock:
             lake.writer_check = lock.check
             return Drain(source=src.hook(), lake=lake, slot=src.slot,
@@ -601,9 +601,9 @@ def test_a_lake_is_refused_to_another_slot_and_to_another_server(
                          ).run(time.monotonic())  # fmt: skip
 
     drain(source)
-    lake = Lake(sink, source.slot)
+    lake = Lake(lake_root, source.slot)
     rows, position = read_table(lake.paths.windows()).num_rows, lake.position()
-    versions = {t: Lake(sink, source.slot).changes_version(t) for t in lake.changes_tables()}
+    versions = {t: Lake(lake_root, source.slot).changes_version(t) for t in lake.changes_tables()}
 
     second = Source(source.cluster, source.db, f"{source.slot}_b", source.publication)
     second.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (second.slot,))
@@ -619,11 +619,11 @@ def test_a_lake_is_refused_to_another_slot_and_to_another_server(
                  for o in (second, elsewhere)}  # fmt: skip
         with pytest.raises(LakeOfAnotherSlotError, match=rf"belongs to slot '{source.slot}'"):
             drain(second)
-        with pytest.raises(SinkFromAnotherSourceError, match=r"system identifier"):
+        with pytest.raises(LakeFromAnotherSourceError, match=r"system identifier"):
             drain(elsewhere)
         assert read_table(lake.paths.windows()).num_rows == rows
         assert lake.position() == position
-        assert {t: Lake(sink, source.slot).changes_version(t) for t in versions} == versions
+        assert {t: Lake(lake_root, source.slot).changes_version(t) for t in versions} == versions
         assert slots == {o.slot + o.db: o.hook().get_slot(o.slot).confirmed_flush_lsn
                          for o in (second, elsewhere)}  # fmt: skip
         assert hook.get_slot(source.slot).confirmed_flush_lsn == position
@@ -640,39 +640,39 @@ def test_random_dml_in_many_windows_lands_exactly(
     reference = Source(source.cluster, source.db, f"{source.slot}_ref", source.publication)
     source.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (reference.slot,))
     expected_changes = workload(source, seed=20261122)
-    sink = lake_uri
-    result = drain_in_process(spark, source, sink, window=12 * 1024)
+    lake_root = lake_uri
+    result = drain_in_process(spark, source, lake_root, window=12 * 1024)
     assert result["windows"] > 10, result
     assert result["changes"] == expected_changes
     assert result["columnar_windows"] > result["windows"] // 2, result
     # state/ equals every source table, row for row
     for ref in TABLES:
-        assert lake_rows(sink, ref) == source_rows(source.cluster, source.db, ref.name), ref
+        assert lake_rows(lake_root, ref) == source_rows(source.cluster, source.db, ref.name), ref
     # the changelog holds every change once: (_commit_lsn, _seq) unique, counts add up
-    keys = all_changelog_keys(sink, TABLES)
+    keys = all_changelog_keys(lake_root, TABLES)
     assert len(keys) == expected_changes == len(set(keys))
-    assert open_table(f"{sink}/changes/public.noise") is None
+    assert open_table(f"{lake_root}/changes/public.noise") is None
     # TOAST: an unchanged big value is flagged, not written as NULL
-    rows = changelog(sink, TableRef("public", "typed_a"))
+    rows = changelog(lake_root, TableRef("public", "typed_a"))
     assert any(r["_op"] == "U" and r["_unchanged"] == ["big"] for r in rows)
-    # the slot sits exactly at the sink's last commit
+    # the slot sits exactly at the lake's last commit
     slot = source.hook().get_slot(source.slot)
     assert slot.confirmed_flush_lsn == LSN(result["confirmed_flush_lsn_after"])
     # a second run with nothing new drains zero changes and succeeds
-    again = drain_in_process(spark, source, sink, window=64 * 1024)
+    again = drain_in_process(spark, source, lake_root, window=64 * 1024)
     assert again["changes"] == 0
     # the reference path writes the same changelog, row for row (into a local lake: on the
     # bucket's run it would repeat the local run's comparison)
-    ref_sink = str(tmp_path / "reference")
+    ref_lake = str(tmp_path / "reference")
     try:
-        if "://" in sink:
+        if "://" in lake_root:
             return
-        done = drain_in_process(spark, reference, ref_sink, window=12 * 1024, columnar=False,
+        done = drain_in_process(spark, reference, ref_lake, window=12 * 1024, columnar=False,
                                 small_rows=0)  # and every state merged by Spark # fmt: skip
         assert done["columnar_windows"] == 0 and done["changes"] == expected_changes
         for ref in TABLES:
-            assert ordered(changelog(ref_sink, ref)) == ordered(changelog(sink, ref)), ref
-            assert lake_rows(ref_sink, ref) == lake_rows(sink, ref), ref
+            assert ordered(changelog(ref_lake, ref)) == ordered(changelog(lake_root, ref)), ref
+            assert lake_rows(ref_lake, ref) == lake_rows(lake_root, ref), ref
     finally:
         source.sql("SELECT pg_drop_replication_slot(%s)", (reference.slot,))
 
@@ -680,7 +680,7 @@ def test_random_dml_in_many_windows_lands_exactly(
 HOSTILE_TABLE = '"Sch; ema"."Tab ""le"" é"'
 
 
-def drain_hostile_names(spark: Any, source: Source, sink: str) -> Source:
+def drain_hostile_names(spark: Any, source: Source, lake_root: str) -> Source:
     """A publication, schema, table and column named with quotes, a semicolon, a backslash and
     unicode, two changes drained (a first state: no JVM); the publication's source."""
     hostile = Source(source.cluster, source.db, source.slot, 'pub "q"; \\ é')
@@ -690,9 +690,9 @@ def drain_hostile_names(spark: Any, source: Source, sink: str) -> Source:
     source.sql(f'CREATE PUBLICATION "pub ""q""; \\ é" FOR TABLE {table}')
     source.sql(f"INSERT INTO {table} VALUES (1, 'a'), (2, 'b;''c')")
     source.sql(f'UPDATE {table} SET "co""l\\é" = \'d\' WHERE id = 1')
-    result = drain_in_process(spark, hostile, sink, window=1 << 30)
+    result = drain_in_process(spark, hostile, lake_root, window=1 << 30)
     assert result["columnar_windows"] == result["windows"] == 1, result
-    assert lake_rows(sink, TableRef("Sch; ema", 'Tab "le" é')) == [(1, "d"), (2, "b;'c")]
+    assert lake_rows(lake_root, TableRef("Sch; ema", 'Tab "le" é')) == [(1, "d"), (2, "b;'c")]
     return hostile
 
 
@@ -715,15 +715,15 @@ def test_hostile_names_go_through_the_columnar_path(
     column names: the peek's arguments are bound, the lake's directories escaped. A column
     name Delta Lake stores only under column mapping turns it on (tests/spark/test_column_names.py
     covers every such name)."""
-    sink = str(tmp_path / "lake")
-    hostile = drain_hostile_names(spark, source, sink)
+    lake_root = str(tmp_path / "lake")
+    hostile = drain_hostile_names(spark, source, lake_root)
     table = HOSTILE_TABLE
     ref = TableRef("Sch; ema", 'Tab "le" é')
 
     source.sql(f'ALTER TABLE {table} ADD COLUMN "first name" text')
     source.sql(f"INSERT INTO {table} VALUES (3, 'e', 'f')")
-    drain_in_process(spark, hostile, sink, window=1 << 30)
-    assert lake_rows(sink, ref) == [(1, "d", None), (2, "b;'c", None), (3, "e", "f")]
+    drain_in_process(spark, hostile, lake_root, window=1 << 30)
+    assert lake_rows(lake_root, ref) == [(1, "d", None), (2, "b;'c", None), (3, "e", "f")]
 
 
 @pytest.mark.spark
@@ -742,20 +742,20 @@ def test_idle_publication_still_advances_the_slot(
 
 
 @pytest.mark.spark
-def test_slot_ahead_of_sink_fails_loudly(spark: Any, source: Source, tmp_path: Path) -> None:
+def test_slot_ahead_of_lake_fails_loudly(spark: Any, source: Source, tmp_path: Path) -> None:
     source.sql("CREATE TABLE t (id int PRIMARY KEY)")
     source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE t")
     source.sql("INSERT INTO t VALUES (1)")
-    sink = str(tmp_path / "lake")
-    drain_in_process(spark, source, sink, window=1 << 20)
+    lake_root = str(tmp_path / "lake")
+    drain_in_process(spark, source, lake_root, window=1 << 20)
     source.sql("INSERT INTO t VALUES (2)")
     hook = source.hook()
     hook.advance_slot(source.slot, hook.flush_lsn())  # someone else consumed the change
-    with pytest.raises(SlotAheadOfSinkError) as info:
-        drain_in_process(spark, source, sink, window=1 << 20)
+    with pytest.raises(SlotAheadOfLakeError) as info:
+        drain_in_process(spark, source, lake_root, window=1 << 20)
     text = str(info.value)
     slot_lsn = hook.get_slot(source.slot).confirmed_flush_lsn
-    assert str(slot_lsn) in text and "ahead of the sink" in text
+    assert str(slot_lsn) in text and "ahead of the lake" in text
 
 
 @pytest.mark.spark
@@ -771,25 +771,25 @@ def test_crash_then_rerun_is_exactly_once(
             (chunk * 1000 + 1, chunk * 1000 + 1000),
         )
     source.sql("UPDATE t SET v = 'changed' WHERE id % 10 = 0")
-    sink = lake_uri
+    lake_root = lake_uri
     # The application dies abruptly (its own process, no clean-up) at the fault point; the
-    # re-run recovers the sink and the slot. Both runs skip the merge (no JVM in the process:
-    # a local sink needs none to drain); the shared session materializes afterwards.
+    # re-run recovers the lake and the slot. Both runs skip the merge (no JVM in the process:
+    # a local lake needs none to drain); the shared session materializes afterwards.
     args = ("--max-window-bytes", "100000", "--batch-rows", "400", "--no-materialize")
-    crashed = drain_app(source, sink, *args, fault=fault)
+    crashed = drain_app(source, lake_root, *args, fault=fault)
     assert crashed.returncode == 137, crashed.stderr[-2000:]
-    lake = Lake(sink, source.slot)
+    lake = Lake(lake_root, source.slot)
     if fault == "after_commit":  # the window is committed but the slot never moved
         position = lake.position()
         assert position is not None
         assert source.hook().get_slot(source.slot).confirmed_flush_lsn < position
-    done = summary(drain_app(source, sink, *args))
+    done = summary(drain_app(source, lake_root, *args))
     assert done["spark_start_s"] is None  # the drain itself never started Spark
     materialize(spark, lake)
     ref = TableRef("public", "t")
-    keys = all_changelog_keys(sink, [ref])
+    keys = all_changelog_keys(lake_root, [ref])
     assert len(keys) == len(set(keys)) == 3300
-    assert lake_rows(sink, ref) == source_rows(source.cluster, source.db, "t")
+    assert lake_rows(lake_root, ref) == source_rows(source.cluster, source.db, "t")
     assert done["lag_bytes_left"] < 100_000
     assert lake.position() == source.hook().get_slot(source.slot).confirmed_flush_lsn
 
@@ -803,15 +803,15 @@ def test_transaction_larger_than_window_drains_whole_in_flat_memory(
     source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE t")
     args = ("--max-window-bytes", str(1 << 20), "--batch-rows", "5000", "--no-materialize")
     fill = "INSERT INTO t SELECT g, repeat(md5(g::text), 10) FROM generate_series(%s::int, %s) g"
-    sink = str(tmp_path / "lake")
+    lake_root = str(tmp_path / "lake")
     source.sql(fill, (1, 20_000))  # one transaction of 20,000 rows, about 7 MB of WAL
-    small = summary(drain_app(source, sink, *args))
+    small = summary(drain_app(source, lake_root, *args))
     source.sql(fill, (20_001, 220_000))  # one of 200,000 rows, about 70 MB: 70 windows' worth
-    big = summary(drain_app(source, sink, *args))
+    big = summary(drain_app(source, lake_root, *args))
     assert (small["changes"], big["changes"]) == (20_000, 200_000)
-    commits = [w for w in Lake(sink, source.slot).windows() if w["changes"]]
+    commits = [w for w in Lake(lake_root, source.slot).windows() if w["changes"]]
     assert [(w["transactions"], w["changes"]) for w in commits] == [(1, 20_000), (1, 200_000)]
-    rows = changelog(sink, TableRef("public", "t"))
+    rows = changelog(lake_root, TableRef("public", "t"))
     assert len({r["_commit_lsn"] for r in rows if r["id"] > 20_000}) == 1
     # Held whole, the 200,000 decoded rows alone would take well over 100 MB in the driver.
     assert big["peak_rss_mb"] < small["peak_rss_mb"] + 40, (small, big)
@@ -823,13 +823,13 @@ def test_transaction_larger_than_window_drains_whole_in_flat_memory(
 def test_refuses_before_spark_starts(
     source: Source, tmp_path: Path, pg_tool: Callable[[str], Path]
 ) -> None:
-    sink = str(tmp_path / "lake")
+    lake_root = str(tmp_path / "lake")
     missing = Source(source.cluster, source.db, "no_such_slot", "p")
-    result = drain_app(missing, sink)
+    result = drain_app(missing, lake_root)
     assert result.returncode == 1 and "'no_such_slot' does not exist" in result.stderr
     source.sql("SELECT pg_create_logical_replication_slot('td_slot', 'test_decoding')")
     try:
-        wrong = drain_app(Source(source.cluster, source.db, "td_slot", "p"), sink)
+        wrong = drain_app(Source(source.cluster, source.db, "td_slot", "p"), lake_root)
         assert wrong.returncode == 1 and "uses output plugin 'test_decoding'" in wrong.stderr
     finally:
         source.sql("SELECT pg_drop_replication_slot('td_slot')")
@@ -841,14 +841,14 @@ def test_refuses_before_spark_starts(
         from airflow_pglogrepl.testing.wait import wait_until
 
         wait_until(lambda: source.hook().get_slot(source.slot).active, what="consumer attached")
-        busy = drain_app(source, sink)
+        busy = drain_app(source, lake_root)
         assert busy.returncode == 1 and "is active in backend PID" in busy.stderr
         assert "JVM" not in busy.stderr and "SparkContext" not in busy.stderr
     finally:
         consumer.terminate()
         consumer.wait(timeout=30)
         wait_until(lambda: not source.hook().get_slot(source.slot).active, what="released")
-    assert not Path(sink).exists()
+    assert not Path(lake_root).exists()
 
 
 # A commit record right after a WAL page's header, with the window's end inside that header.
@@ -959,10 +959,10 @@ def test_a_live_commit_after_a_page_header_the_window_ends_in_is_drained_once(
     start = source.hook().get_slot(source.slot).confirmed_flush_lsn
     assert start is not None
     window = (commit - PAGE_HEADER + 8) - start  # the first window ends inside the header
-    sink = str(tmp_path / "lake")
-    first = drain_only(source, sink, window=window, columnar=columnar, max_windows=1)
-    drain_only(source, sink, window=window, columnar=columnar)
-    keys = all_changelog_keys(sink, [TableRef("public", "t")])
+    lake_root = str(tmp_path / "lake")
+    first = drain_only(source, lake_root, window=window, columnar=columnar, max_windows=1)
+    drain_only(source, lake_root, window=window, columnar=columnar)
+    keys = all_changelog_keys(lake_root, [TableRef("public", "t")])
     assert sorted(keys) == sorted(set(keys)), f"stored twice: {sorted(keys)}"
     assert len(keys) == len(source.sql("SELECT id FROM t"))
     assert first.windows[0].end == commit + 1

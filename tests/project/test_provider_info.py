@@ -68,7 +68,7 @@ def test_operator_modules_do_not_pull_pyspark_or_connect() -> None:
 
 
 def test_parsing_the_shipped_dags_connects_nothing() -> None:
-    """The DAG processor builds the operators (their assets and sinks are checked then): that
+    """The DAG processor builds the operators (their assets and lakes are checked then): that
     must not pull a database driver or Spark into it."""
     for dag in sorted((REPO / "dags").glob("*.py")):
         loaded = _modules_after(f"import runpy; runpy.run_path({str(dag)!r})")

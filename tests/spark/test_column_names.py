@@ -63,11 +63,11 @@ def source_rows(src: Source) -> list[tuple[Any, ...]]:
                   for row in src.sql(f"SELECT {listed} FROM hostile"))  # fmt: skip
 
 
-def state_by_reader(spark: Any, sink: str) -> dict[str, list[tuple[Any, ...]]]:
+def state_by_reader(spark: Any, lake_root: str) -> dict[str, list[tuple[Any, ...]]]:
     """The state of ``hostile`` under its lake names, as each reader reads it."""
     import polars as pl
 
-    path = f"{sink}/state/public.hostile"
+    path = f"{lake_root}/state/public.hostile"
     wanted = list(COLUMNS.values())
 
     def rows(table: pa.Table) -> list[tuple[Any, ...]]:
@@ -99,19 +99,19 @@ def test_every_name_through_snapshot_drain_and_both_merges(
         src.sql(f"INSERT INTO plain SELECT g, 'v' || g FROM generate_series({first}, {last}) g")
 
     insert(1, 50)
-    sink = lake_uri
+    lake_root = lake_uri
     hook = DsnReplicationHook(src.dsn)
     with hook.create_slot_with_snapshot(src.slot) as exported:
         done = SnapshotCopy(
-            spark=spark, lake=Lake(sink, src.slot), reader_params=hook.connection_params(),
+            spark=spark, lake=Lake(lake_root, src.slot), reader_params=hook.connection_params(),
             point=SnapshotPoint(exported.slot, exported.consistent_point, exported.snapshot_name),
             publications=[src.publication],
         ).run()  # fmt: skip
     assert done.to_dict()["columns_stored_as"] == {
         "public.hostile": {"name": "name__2", "_op": "_op__2"}
     }
-    state = opened(f"{sink}/state/public.hostile")
-    assert is_mapped(state) and not is_mapped(opened(f"{sink}/state/public.plain"))
+    state = opened(f"{lake_root}/state/public.hostile")
+    assert is_mapped(state) and not is_mapped(opened(f"{lake_root}/state/public.plain"))
     assert [f.name for f in state.schema().fields] == list(COLUMNS.values())
 
     def changes(first: int) -> None:
@@ -122,17 +122,17 @@ def test_every_name_through_snapshot_drain_and_both_merges(
         src.sql(f"UPDATE plain SET v = 'p' WHERE id < {first}")
 
     changes(51)
-    drain_in_process(spark, src, sink, window=1 << 30)  # merged without a JVM
-    assert {k: v == source_rows(src) for k, v in state_by_reader(spark, sink).items()} == {
+    drain_in_process(spark, src, lake_root, window=1 << 30)  # merged without a JVM
+    assert {k: v == source_rows(src) for k, v in state_by_reader(spark, lake_root).items()} == {
         "spark": True, "deltalake": True, "polars": True,
     }  # fmt: skip
     changes(61)
-    drain_in_process(spark, src, sink, window=1 << 30, small_rows=0)  # merged by Spark
-    for reader, rows in state_by_reader(spark, sink).items():
+    drain_in_process(spark, src, lake_root, window=1 << 30, small_rows=0)  # merged by Spark
+    for reader, rows in state_by_reader(spark, lake_root).items():
         assert rows == source_rows(src), reader
-    plain = read_delta(f"{sink}/state/public.plain").to_pylist()
+    plain = read_delta(f"{lake_root}/state/public.plain").to_pylist()
     assert sorted((r["id"], r["v"]) for r in plain) == sorted(source_table(src, "plain"))
-    changelog = opened(f"{sink}/changes/public.hostile")
+    changelog = opened(f"{lake_root}/changes/public.hostile")
     assert is_mapped(changelog)
     assert {"name__2", "_op__2"} <= {f.name for f in changelog.schema().fields}
 
@@ -145,25 +145,25 @@ def test_a_plain_table_that_gains_such_a_name_is_mapped_in_place(
     source.sql("CREATE TABLE grows (id int PRIMARY KEY, v text)")
     source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE grows")
     source.sql("INSERT INTO grows SELECT g, 'v' || g FROM generate_series(1, 20) g")
-    sink = str(tmp_path / "lake")
-    drain_in_process(spark, source, sink, window=1 << 30)
+    lake_root = str(tmp_path / "lake")
+    drain_in_process(spark, source, lake_root, window=1 << 30)
     ref = TableRef("public", "grows")
-    assert not is_mapped(opened(f"{sink}/state/public.grows"))
+    assert not is_mapped(opened(f"{lake_root}/state/public.grows"))
     source.sql('ALTER TABLE grows ADD COLUMN "first name" text')
     source.sql("INSERT INTO grows VALUES (21, 'v21', 'f21')")
     source.sql("UPDATE grows SET \"first name\" = 'f' || id WHERE id <= 5")
-    drain_in_process(spark, source, sink, window=1 << 30, small_rows=0)
+    drain_in_process(spark, source, lake_root, window=1 << 30, small_rows=0)
     source.sql("UPDATE grows SET \"first name\" = 'g' || id WHERE id > 15")
-    drain_in_process(spark, source, sink, window=1 << 30)
+    drain_in_process(spark, source, lake_root, window=1 << 30)
     for kind in ("changes", "state"):
-        assert is_mapped(opened(f"{sink}/{kind}/public.grows")), kind
+        assert is_mapped(opened(f"{lake_root}/{kind}/public.grows")), kind
     got = sorted((r["id"], r["v"], r["first name"]) for r in
-                 read_delta(f"{sink}/state/public.grows").to_pylist())  # fmt: skip
+                 read_delta(f"{lake_root}/state/public.grows").to_pylist())  # fmt: skip
     assert got == sorted(source.sql('SELECT id, v, "first name" FROM grows'))
     # the history from before the column: still there, under the same names
-    history = read_delta(f"{sink}/changes/public.grows").to_pylist()
+    history = read_delta(f"{lake_root}/changes/public.grows").to_pylist()
     assert sum(r["_commit_lsn"] is not None and r["first name"] is None for r in history) >= 20
-    assert Lake(sink, source.slot).changes_version(ref) is not None
+    assert Lake(lake_root, source.slot).changes_version(ref) is not None
 
 
 def test_a_rename_at_the_source_is_a_rename_in_the_lake(
@@ -178,20 +178,20 @@ def test_a_rename_at_the_source_is_a_rename_in_the_lake(
     source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE r")
     source.sql("INSERT INTO r SELECT g, 'b' || g, (SELECT string_agg(md5(g::text || x::text), "
                "'') FROM generate_series(1, 200) x) FROM generate_series(1, 8) g")  # fmt: skip
-    sink = lake_uri
-    drain_in_process(spark, source, sink, window=1 << 30)
+    lake_root = lake_uri
+    drain_in_process(spark, source, lake_root, window=1 << 30)
 
     def state_equals_source(columns: str) -> None:
         names = [c.strip().strip('"') for c in columns.split(", ")]
         got = sorted(tuple(r[n] for n in names) for r in
-                     read_delta(f"{sink}/state/public.r").to_pylist())  # fmt: skip
+                     read_delta(f"{lake_root}/state/public.r").to_pylist())  # fmt: skip
         assert got == sorted(source.sql(f"SELECT {columns} FROM r")), columns
 
     # between windows (a window per transaction), merged without a JVM
     source.sql("UPDATE r SET b = 'u1' WHERE id = 1")  # big unchanged: named "big" in the row
     source.sql("ALTER TABLE r RENAME COLUMN big TO huge")
     source.sql("UPDATE r SET b = 'u2' WHERE id = 2")
-    drain_in_process(spark, source, sink, window=1)
+    drain_in_process(spark, source, lake_root, window=1)
     state_equals_source("id, b, huge")
     # inside one window, the key and a column, merged by Spark
     source.sql("UPDATE r SET b = 'u3' WHERE id = 3")
@@ -200,19 +200,19 @@ def test_a_rename_at_the_source_is_a_rename_in_the_lake(
     source.sql("ALTER TABLE r RENAME COLUMN id TO ident")
     source.sql("UPDATE r SET c = 'u4' WHERE ident = 4")
     source.sql("DELETE FROM r WHERE ident = 5")
-    drain_in_process(spark, source, sink, window=1 << 30, small_rows=0)
+    drain_in_process(spark, source, lake_root, window=1 << 30, small_rows=0)
     state_equals_source('ident, c, "hu ge"')
-    history = read_delta(f"{sink}/changes/public.r")
+    history = read_delta(f"{lake_root}/changes/public.r")
     assert {"id", "b", "big", "huge"}.isdisjoint(history.column_names)
     assert sorted(r["c"] for r in history.to_pylist() if r["ident"] == 1) == ["b1", "u1"]
-    spark_state = spark.read.format("delta").load(f"{sink}/state/public.r")
+    spark_state = spark.read.format("delta").load(f"{lake_root}/state/public.r")
     assert sorted(spark_state.columns) == ["c", "hu ge", "ident"]
     # a column added under a former name is another column
     source.sql("ALTER TABLE r ADD COLUMN big text")
     source.sql("UPDATE r SET big = 'new' WHERE ident = 6")
-    drain_in_process(spark, source, sink, window=1 << 30)
+    drain_in_process(spark, source, lake_root, window=1 << 30)
     got = {r["ident"]: (r["big__2"], len(r["hu ge"])) for r in
-           read_delta(f"{sink}/state/public.r").to_pylist()}  # fmt: skip
+           read_delta(f"{lake_root}/state/public.r").to_pylist()}  # fmt: skip
     assert got[6] == ("new", 6400) and got[7] == (None, 6400)
 
 

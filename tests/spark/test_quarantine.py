@@ -38,7 +38,7 @@ def test_a_value_the_lake_cannot_hold_quarantines_its_table_and_the_others_go_on
     for ref in TABLES:
         source.sql(f"CREATE TABLE {ref.name} (id int PRIMARY KEY, v text, at timestamp)")
     source.sql(f"CREATE PUBLICATION {source.publication} FOR ALL TABLES")
-    sink = str(tmp_path / "lake")
+    lake_root = str(tmp_path / "lake")
 
     def change_all(tag: str, first: int) -> None:
         for ref in TABLES:
@@ -47,22 +47,22 @@ def test_a_value_the_lake_cannot_hold_quarantines_its_table_and_the_others_go_on
             source.sql(f"UPDATE {ref.name} SET v = v || '+' WHERE id = {first - 5}")
 
     change_all("a", 5)
-    drain_in_process(spark, source, sink, window=1 << 30)
+    drain_in_process(spark, source, lake_root, window=1 << 30)
     # one transaction with the bad value and a change of another table, then more of each
     source.sql("BEGIN; INSERT INTO t3 VALUES (100, 'bad', '294250-01-01');"
                "UPDATE t1 SET v = 'with bad' WHERE id = 5; COMMIT")  # fmt: skip
     change_all("b", 10)
 
-    summary = _failed(drain_app(source, sink))
+    summary = _failed(drain_app(source, lake_root))
     assert summary["error"] == "QuarantinedTablesError"
     assert "public.t3" in summary["message"] and "re-snapshot" in summary["message"]
     assert "294250" in summary["message"]
-    lake = Lake(sink, source.slot)
+    lake = Lake(lake_root, source.slot)
     slot = source.hook().get_slot(source.slot)
     assert slot.confirmed_flush_lsn == lake.position()  # the slot moved on with the others
     for ref in TABLES:
         if ref != BAD:
-            assert_state_equals_source(source, sink, ref)
+            assert_state_equals_source(source, lake_root, ref)
     kept = delta.read_table(lake.paths.quarantine()).to_pylist()
     assert {r["table"] for r in kept} == {"public.t3"}
     bad = next(r for r in kept if r["op"] == "I" and json.loads(r["new"])["id"] == "100")
@@ -72,22 +72,22 @@ def test_a_value_the_lake_cannot_hold_quarantines_its_table_and_the_others_go_on
 
     # held: its later changes go to the quarantine too, the others still go on
     change_all("c", 15)
-    summary = _failed(drain_app(source, sink))
+    summary = _failed(drain_app(source, lake_root))
     assert summary["error"] == "QuarantinedTablesError" and "public.t3" in summary["message"]
     assert len(delta.read_table(lake.paths.quarantine()).to_pylist()) == first + 6
     for ref in TABLES:
         if ref != BAD:
-            assert_state_equals_source(source, sink, ref)
-    warned = drain_app(source, sink, "--on-quarantine", "warn")
+            assert_state_equals_source(source, lake_root, ref)
+    warned = drain_app(source, lake_root, "--on-quarantine", "warn")
     assert warned.returncode == 0 and "QuarantinedTablesError" in warned.stderr
     assert json.loads(warned.stdout.strip().splitlines()[-1])["quarantined"]["public.t3"]
 
     # the fix: correct the row, re-snapshot the table; every table equals its source
     source.sql("UPDATE t3 SET at = '2026-06-01' WHERE id = 100")
-    re_snapshot(spark, source, sink, [BAD])
-    assert held(Lake(sink, source.slot)) == {}
+    re_snapshot(spark, source, lake_root, [BAD])
+    assert held(Lake(lake_root, source.slot)) == {}
     change_all("d", 20)
-    result = drain_app(source, sink)
+    result = drain_app(source, lake_root)
     assert result.returncode == 0, result.stderr[-3000:]
     for ref in TABLES:
-        assert_state_equals_source(source, sink, ref)
+        assert_state_equals_source(source, lake_root, ref)

@@ -3,7 +3,7 @@ clean failure, no state visible before the snapshot commits (even when the proce
 between tables), identities without a primary key, and types identical to the drain's.
 
 Without a server: the bootstrap plan (an existing slot is dropped only on an explicit signal or on
-proof that the lake holds a killed run's snapshot of exactly that slot, never because the sink
+proof that the lake holds a killed run's snapshot of exactly that slot, never because the lake
 looks empty), block ranges, the snapshot's values stored as the drain stores them, and a staged
 copy published whole and once.
 """
@@ -24,7 +24,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from airflow_pglogrepl.exceptions import LakeError, SinkNotEmptyError
+from airflow_pglogrepl.exceptions import LakeError, LakeNotEmptyError
 from airflow_pglogrepl.hooks.pg.snapshot import SnapshotTable
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.lake import staging
@@ -39,7 +39,7 @@ from airflow_pglogrepl.spark.snapshot import (
     BlockRange,
     SnapshotCopy,
     SnapshotPoint,
-    check_empty_sink,
+    check_empty_lake,
     plan_ranges,
     resolve,
     temporary_slot_name,
@@ -82,13 +82,13 @@ def src(publisher: PgCluster) -> Iterator[Source]:
     )
 
 
-def snapshot(spark: Any, source: Source, sink: str, **options: Any) -> dict[str, Any]:
+def snapshot(spark: Any, source: Source, lake_root: str, **options: Any) -> dict[str, Any]:
     """Create ``source.slot`` with an exported snapshot and copy in this process's Spark."""
     hook = SnapHook(source.dsn)
     with hook.create_slot_with_snapshot(source.slot) as exported:
         point = SnapshotPoint(exported.slot, exported.consistent_point, exported.snapshot_name)
         result = SnapshotCopy(
-            spark=spark, lake=Lake(sink, source.slot), reader_params=hook.connection_params(),
+            spark=spark, lake=Lake(lake_root, source.slot), reader_params=hook.connection_params(),
             point=point, publications=[source.publication], **options,
         ).run()  # fmt: skip
     return result.to_dict()
@@ -162,14 +162,14 @@ def test_snapshot_under_concurrent_writes_hands_off_to_the_drain_exactly(
     src.sql("CREATE TABLE empty_e (id int PRIMARY KEY, v text)")
     src.sql("ANALYZE")
     src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE big, small, typed_a, empty_e")
-    sink = lake_uri
+    lake_root = lake_uri
 
     writer = Writer(src)
     writer.start()
     try:
         time.sleep(0.3)
         before = writer.transactions
-        result = snapshot(spark, src, sink, tasks_per_table=4, rows_per_task=10_000)
+        result = snapshot(spark, src, lake_root, tasks_per_table=4, rows_per_task=10_000)
         during = writer.transactions - before
         time.sleep(0.5)
     finally:
@@ -180,7 +180,7 @@ def test_snapshot_under_concurrent_writes_hands_off_to_the_drain_exactly(
     assert result["committed"] and result["tables"]["public.big"]["tasks"] == 4, result
     assert result["tables"]["public.empty_e"]["rows"] == 0
 
-    lake = Lake(sink, src.slot)
+    lake = Lake(lake_root, src.slot)
     (record,) = lake.windows()
     assert record["kind"] == "snapshot" and record["slot"] == src.slot
     assert record["start_lsn"] == record["end_lsn"] == result["consistent_point"]
@@ -188,14 +188,14 @@ def test_snapshot_under_concurrent_writes_hands_off_to_the_drain_exactly(
     assert lake.position() == LSN(result["consistent_point"])
     # the slot starts exactly at the snapshot: the drain reconciles without a gap or a jump
     assert src.hook().get_slot(src.slot).confirmed_flush_lsn == LSN(result["consistent_point"])
-    with pytest.raises(SinkNotEmptyError):
-        check_empty_sink(lake)
+    with pytest.raises(LakeNotEmptyError):
+        check_empty_lake(lake)
 
-    drained = drain_in_process(spark, src, sink, window=1 << 20)
+    drained = drain_in_process(spark, src, lake_root, window=1 << 20)
     assert drained["changes"] > 0
     assert drained["window_start_lsn"] == result["consistent_point"]
     for table in ("big", "small", "typed_a", "empty_e"):
-        assert lake_table(sink, table) == source_table(src, table), table
+        assert lake_table(lake_root, table) == source_table(src, table), table
         assert lake.state_version(TableRef("public", table)) is not None, table
 
 
@@ -223,12 +223,12 @@ def test_killed_snapshot_job_is_cleaned_up_and_a_rerun_is_exact(
     monkeypatch.setenv(
         "AIRFLOW_CONN_SPARK_SNAPSHOT", json.dumps({"conn_type": "spark", "host": "local[1]"})
     )
-    sink = tmp_path / "lake"
+    lake_root = tmp_path / "lake"
 
     def operator(**kwargs: Any) -> InitialSnapshotOperator:
         return InitialSnapshotOperator(
             task_id="snapshot", postgres_conn_id=conn_id, conn_id="spark_snapshot",
-            slot_name=src.slot, publications=[src.publication], sink=str(sink),
+            slot_name=src.slot, publications=[src.publication], lake=str(lake_root),
             tasks_per_table=2, rows_per_task=5000, outlets=[], **kwargs,
         )  # fmt: skip
 
@@ -240,10 +240,10 @@ def test_killed_snapshot_job_is_cleaned_up_and_a_rerun_is_exact(
                    (src.slot,)) == [(0,)]  # fmt: skip
     # Nothing is committed: the lake has no position (the state table the killed run wrote is
     # an uncommitted snapshot's, and the next snapshot overwrites it).
-    lake = Lake(str(sink), src.slot)
+    lake = Lake(str(lake_root), src.slot)
     assert lake.position() is None and lake.windows() == []  # no window, no snapshot row:
     assert (lake.identity() or {}).get("began_with") == "snapshot"  # only the lake's claim
-    assert list_tables(str(sink / "state")) == []  # the copy is staged, no reader sees it
+    assert list_tables(str(lake_root / "state")) == []  # the copy is staged, no reader sees it
 
     src.sql("UPDATE t SET v = 'between' WHERE id <= 100")  # must be in the snapshot, once
     ti = FakeTI()
@@ -258,9 +258,9 @@ def test_killed_snapshot_job_is_cleaned_up_and_a_rerun_is_exact(
 
     src.sql("UPDATE t SET v = 'after' WHERE id % 7 = 0")
     src.sql("DELETE FROM t WHERE id % 11 = 0")
-    drained = drain_in_process(spark, src, str(sink), window=1 << 20)
+    drained = drain_in_process(spark, src, str(lake_root), window=1 << 20)
     assert drained["changes"] == 20000 // 7 + 20000 // 11
-    assert lake_table(str(sink), "t") == source_table(src, "t")
+    assert lake_table(str(lake_root), "t") == source_table(src, "t")
 
 
 # -- 2b: the application killed between tables: no reader sees a snapshot that never committed --
@@ -278,13 +278,13 @@ def test_a_snapshot_killed_between_tables_leaves_no_state_and_a_rerun_is_exact(
         src.sql(f"CREATE TABLE {name} (id int PRIMARY KEY, v text)")
         src.sql(f"INSERT INTO {name} SELECT g, md5(g::text) FROM generate_series(1, {rows}) g")
     src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE a, b, c")
-    sink = lake_uri
-    state = f"{sink}/state"
-    lake = Lake(sink, src.slot)
+    lake_root = lake_uri
+    state = f"{lake_root}/state"
+    lake = Lake(lake_root, src.slot)
     # one table at a time, so the first death comes with exactly one table copied
     args = ("--parallelism", "1", "--tasks-per-table", "2", "--rows-per-task", "1000")
 
-    killed = snapshot_app(src, sink, *args, fault="table_copied")
+    killed = snapshot_app(src, lake_root, *args, fault="table_copied")
     assert killed.returncode == 137, killed.stderr[-3000:]
     left_at = src.hook().get_slot(src.slot).confirmed_flush_lsn  # the slot is left behind
     assert list_tables(state) == []
@@ -294,7 +294,7 @@ def test_a_snapshot_killed_between_tables_leaves_no_state_and_a_rerun_is_exact(
     assert staging.staged_points(state) == [left_at]  # the first table was copied, staged
     assert resolve(lake)["uncommitted_snapshots"] == [str(left_at)]
     # A drain now would leave the tables the snapshot never reached empty: refused.
-    refused = drain_app(src, sink)
+    refused = drain_app(src, lake_root)
     assert refused.returncode == 1, refused.stderr[-3000:]
     assert "LakeSnapshotUnfinishedError" in refused.stderr and str(left_at) in refused.stderr
     assert src.hook().get_slot(src.slot).confirmed_flush_lsn == left_at
@@ -302,20 +302,20 @@ def test_a_snapshot_killed_between_tables_leaves_no_state_and_a_rerun_is_exact(
 
     # Killed again after publishing its first table: that one is readable, nothing commits.
     src.sql("UPDATE b SET v = 'between' WHERE id <= 50")
-    published = snapshot_app(src, sink, *args, "--replace-slot", fault="table_published")
+    published = snapshot_app(src, lake_root, *args, "--replace-slot", fault="table_published")
     assert published.returncode == 137, published.stderr[-3000:]
     left_at = src.hook().get_slot(src.slot).confirmed_flush_lsn
     assert list_tables(state) == ["public.a"] and lake.position() is None
     assert resolve(lake)["uncommitted_snapshots"] == [str(left_at)]
 
     src.sql("DELETE FROM c WHERE id % 3 = 0")
-    done = summary(snapshot_app(src, sink, *args, "--replace-slot"))
+    done = summary(snapshot_app(src, lake_root, *args, "--replace-slot"))
     point = LSN(done["consistent_point"])
     assert done["committed"] and lake.position() == point, done
     assert list_tables(state) == ["public.a", "public.b", "public.c"]
     assert resolve(lake)["uncommitted_snapshots"] == []
     for name in ("a", "b", "c"):
-        assert lake_table(sink, name) == source_table(src, name), name
+        assert lake_table(lake_root, name) == source_table(src, name), name
         assert lake.state_version(TableRef("public", name)) == point
         # the earlier runs' copies are gone; this one's files stay where they were staged
         assert entries(f"{state}/public.{name}") == ["_delta_log", f"snapshot-{int(point):016X}"]
@@ -344,10 +344,10 @@ def test_identity_full_and_unique_index_and_types_equal_the_drains(
     for key in range(1, 81):
         src.sql(insert_sql("typed"), random_row(rng, key, big=key % 9 == 0))
 
-    snap_sink, drain_sink = str(tmp_path / "snap"), str(tmp_path / "drained")
-    result = snapshot(spark, src, snap_sink)
+    snap_lake, drain_lake = str(tmp_path / "snap"), str(tmp_path / "drained")
+    result = snapshot(spark, src, snap_lake)
     assert result["tables"]["public.nokey"]["rows"] == 5
-    (record,) = Lake(snap_sink, src.slot).windows()
+    (record,) = Lake(snap_lake, src.slot).windows()
     assert json.loads(record["tables"])["public.uidx"] == 300
 
     # after the snapshot: one of three identical rows goes, another changes; keys move
@@ -358,16 +358,16 @@ def test_identity_full_and_unique_index_and_types_equal_the_drains(
     src.sql("DELETE FROM uidx WHERE n % 17 = 0")
     src.sql("UPDATE typed SET i = 1, t = 'changed' WHERE id % 4 = 0")  # big stays unchanged
     src.sql("DELETE FROM typed WHERE id % 5 = 0")
-    drain_in_process(spark, src, snap_sink, window=1 << 20)
-    drain_in_process(spark, plain, drain_sink, window=1 << 20)  # the same rows, all drained
+    drain_in_process(spark, src, snap_lake, window=1 << 20)
+    drain_in_process(spark, plain, drain_lake, window=1 << 20)  # the same rows, all drained
     # the changelog's schema carries the identity the merge used (FULL: every column is key)
     for table, key, identity in (("uidx", ["code", "n"], "i"), ("nokey", ["a", "b"], "f")):
-        fields = read_delta(Path(snap_sink) / "changes" / f"public.{table}").schema
+        fields = read_delta(Path(snap_lake) / "changes" / f"public.{table}").schema
         described = [(f.name, _text(f.metadata)) for f in fields]
         assert described_key(described) == key and described_identity(described) == identity
     for table in ("nokey", "uidx", "typed"):
-        assert lake_table(snap_sink, table) == source_table(src, table), table
-        assert _arrow_state(snap_sink, table) == _arrow_state(drain_sink, table), table
+        assert lake_table(snap_lake, table) == source_table(src, table), table
+        assert _arrow_state(snap_lake, table) == _arrow_state(drain_lake, table), table
 
     # a table published later is re-snapshotted alone, in a temporary slot's snapshot
     src.sql("CREATE TABLE late (id int PRIMARY KEY, v text)")
@@ -378,16 +378,16 @@ def test_identity_full_and_unique_index_and_types_equal_the_drains(
     with hook.create_slot_with_snapshot(temporary_slot_name(src.slot), temporary=True) as held:
         src.sql("UPDATE late SET v = 'after snapshot' WHERE id <= 5")  # drained only
         SnapshotCopy(
-            spark=spark, lake=Lake(snap_sink, src.slot),
+            spark=spark, lake=Lake(snap_lake, src.slot),
             reader_params=hook.connection_params(), publications=[src.publication],
             point=SnapshotPoint(src.slot, held.consistent_point, held.snapshot_name),
             tables=[TableRef("public", "late")],
         ).run()  # fmt: skip
     src.sql("DELETE FROM late WHERE id > 990")
     src.sql("UPDATE uidx SET v = 'still drained' WHERE n = 1")
-    drain_in_process(spark, src, snap_sink, window=1 << 20)
+    drain_in_process(spark, src, snap_lake, window=1 << 20)
     for table in ("late", "uidx"):
-        assert lake_table(snap_sink, table) == source_table(src, table), table
+        assert lake_table(snap_lake, table) == source_table(src, table), table
 
 
 def test_a_lake_without_deletion_vectors_is_snapshotted_and_merged_without_them(
@@ -399,19 +399,19 @@ def test_a_lake_without_deletion_vectors_is_snapshotted_and_merged_without_them(
     src.sql("CREATE TABLE plain (id int PRIMARY KEY, v text)")
     src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE plain")
     src.sql("INSERT INTO plain SELECT g, 'v' || g FROM generate_series(1, 2000) g")
-    sink = str(tmp_path / "lake")
+    lake_root = str(tmp_path / "lake")
     hook = SnapHook(src.dsn)
     with hook.create_slot_with_snapshot(src.slot) as exported:
         point = SnapshotPoint(exported.slot, exported.consistent_point, exported.snapshot_name)
         SnapshotCopy(
-            spark=spark, lake=Lake(sink, src.slot, state_deletion_vectors=False),
+            spark=spark, lake=Lake(lake_root, src.slot, state_deletion_vectors=False),
             reader_params=hook.connection_params(), point=point, publications=[src.publication],
         ).run()  # fmt: skip
-    state = Path(sink, "state", "public.plain")
+    state = Path(lake_root, "state", "public.plain")
     assert DeltaTable(str(state)).protocol().reader_features is None
     src.sql("UPDATE plain SET v = 'changed' WHERE id % 3 = 0")
     src.sql("DELETE FROM plain WHERE id % 7 = 0")
-    drain_in_process(spark, src, sink, window=1 << 20, small_rows=0)  # Spark's MERGE
+    drain_in_process(spark, src, lake_root, window=1 << 20, small_rows=0)  # Spark's MERGE
     log = "".join(p.read_text() for p in sorted(Path(state, "_delta_log").glob("*.json")))
     assert '"deletionVector":{' not in log
     frame = DeltaTable(str(state)).to_pandas()
@@ -481,27 +481,27 @@ def test_the_task_reads_hostile_names_in_the_snapshot_through_adbc_and_fails_cle
     src.sql('CREATE TABLE "Sch; ema".nocols ()')
     src.sql('INSERT INTO "Sch; ema".nocols DEFAULT VALUES')
     src.sql(f'ALTER PUBLICATION {src.publication} ADD TABLE "Sch; ema".nocols')
-    sink = tmp_path / "lake"
+    lake_root = tmp_path / "lake"
     with hook.create_slot_with_snapshot(f"{src.slot}_nc", temporary=True) as held:
         point = SnapshotPoint(held.slot, held.consistent_point, held.snapshot_name)
-        copy = SnapshotCopy(spark=None, lake=Lake(str(sink), held.slot), reader_params=params,
+        copy = SnapshotCopy(spark=None, lake=Lake(str(lake_root), held.slot), reader_params=params,
                             point=point, publications=[src.publication])  # fmt: skip
         with pytest.raises(LakeError, match=r"nocols publishes no columns.*Nothing was copied"):
             copy.run()
-    assert not sink.exists() or not any(sink.rglob("*.parquet"))
+    assert not lake_root.exists() or not any(lake_root.rglob("*.parquet"))
 
 
 def _text(metadata: dict[bytes, bytes] | None) -> dict[str, str] | None:
     return {k.decode(): v.decode() for k, v in metadata.items()} if metadata else None
 
 
-def _arrow_state(sink: str, table: str) -> tuple[str, list[dict[str, Any]]]:
+def _arrow_state(lake_root: str, table: str) -> tuple[str, list[dict[str, Any]]]:
     """A table's state as Arrow sees it: exact types and values, in a stable order.
 
     Field metadata (the lake's own bookkeeping, such as each column's source type) is left
     out: the comparison is about what a reader gets.
     """
-    data = read_delta(Path(sink) / "state" / table_dir(TableRef("public", table)))
+    data = read_delta(Path(lake_root) / "state" / table_dir(TableRef("public", table)))
     rows = sorted(data.to_pylist(), key=repr)
     types = ", ".join(f"{f.name}: {f.type}" for f in data.schema)
     return types, rows

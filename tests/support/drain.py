@@ -93,11 +93,11 @@ def read_delta(path: Path | str) -> Any:
     return read_table(str(path))
 
 
-def _table(sink: str, kind: str, ref: TableRef) -> str | None:
+def _table(lake_root: str, kind: str, ref: TableRef) -> str | None:
     """The URI of a lake's table (on a path or in a bucket), None when it has none."""
     from airflow_pglogrepl.lake.delta import open_table
 
-    uri = f"{sink}/{kind}/{table_dir(ref)}"
+    uri = f"{lake_root}/{kind}/{table_dir(ref)}"
     return None if open_table(uri) is None else uri
 
 
@@ -110,8 +110,8 @@ def app_env() -> dict[str, str]:
     return {} if store is None else {storage.STORE_ENV: store.to_json()}
 
 
-def lake_rows(sink: str, ref: TableRef, kind: str = "state") -> list[tuple[Any, ...]]:
-    path = _table(sink, kind, ref)
+def lake_rows(lake_root: str, ref: TableRef, kind: str = "state") -> list[tuple[Any, ...]]:
+    path = _table(lake_root, kind, ref)
     if path is None:
         return []
     table = read_delta(path)
@@ -120,25 +120,25 @@ def lake_rows(sink: str, ref: TableRef, kind: str = "state") -> list[tuple[Any, 
     return sorted(rows, key=lambda r: r[0])
 
 
-def changelog(sink: str, ref: TableRef) -> list[dict[str, Any]]:
-    path = _table(sink, "changes", ref)
+def changelog(lake_root: str, ref: TableRef) -> list[dict[str, Any]]:
+    path = _table(lake_root, "changes", ref)
     if path is None:
         return []
     rows: list[dict[str, Any]] = read_delta(path).to_pylist()
     return rows
 
 
-def all_changelog_keys(sink: str, tables: Iterable[TableRef]) -> list[tuple[int, int]]:
+def all_changelog_keys(lake_root: str, tables: Iterable[TableRef]) -> list[tuple[int, int]]:
     keys: list[tuple[int, int]] = []
     for ref in tables:
-        keys += [(r["_commit_lsn"], r["_seq"]) for r in changelog(sink, ref)]
+        keys += [(r["_commit_lsn"], r["_seq"]) for r in changelog(lake_root, ref)]
     return keys
 
 
 def drain_in_process(
     spark: Any,
     src: Source,
-    sink: str,
+    lake_root: str,
     *,
     window: int,
     batch_rows: int = 200_000,
@@ -148,7 +148,7 @@ def drain_in_process(
     """One drain run on the session's Spark (no JVM start), then materialize, under the lock;
     ``small_rows`` as ``materialize`` takes it (0: every merge by Spark)."""
     hook = src.hook()
-    lake = Lake(sink, src.slot, origins=hook.column_origins)
+    lake = Lake(lake_root, src.slot, origins=hook.column_origins)
     with hook.writer_lock(src.slot) as lock:
         lake.writer_check = lock.check
         result = Drain(
@@ -164,12 +164,17 @@ def drain_in_process(
 
 
 def drain_only(
-    src: Source, sink: str, *, window: int, columnar: bool = True, max_windows: int | None = None
+    src: Source,
+    lake_root: str,
+    *,
+    window: int,
+    columnar: bool = True,
+    max_windows: int | None = None,
 ) -> DrainResult:
     """One drain run without the merge, under the lock: no Spark (a local lake needs none to
     drain), and the windows as the run committed them."""
     hook = src.hook()
-    lake = Lake(sink, src.slot, origins=hook.column_origins)
+    lake = Lake(lake_root, src.slot, origins=hook.column_origins)
     with hook.writer_lock(src.slot):
         return Drain(
             source=hook, lake=lake, slot=src.slot, publications=[src.publication],
@@ -177,14 +182,14 @@ def drain_only(
         ).run(time.monotonic())  # fmt: skip
 
 
-def drain_app(src: Source, sink: str, *args: str, fault: str | None = None) -> Any:
+def drain_app(src: Source, lake_root: str, *args: str, fault: str | None = None) -> Any:
     """The application as a real process (its own JVM), as spark-submit would run it."""
     env = {**os.environ, "PGLOGREPL_SOURCE_DSN": src.dsn, **app_env()}
     env.pop("PGLOGREPL_FAULT", None)
     if fault:
         env["PGLOGREPL_FAULT"] = fault
     command = [sys.executable, "-m", "airflow_pglogrepl.spark.drain_app", "--slot", src.slot,
-               "--publication", src.publication, "--sink", sink, *args]  # fmt: skip
+               "--publication", src.publication, "--lake", lake_root, *args]  # fmt: skip
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -198,9 +203,9 @@ def source_table(source: Source, table: str) -> list[tuple[Any, ...]]:
     return sorted((tuple(normalize(v) for v in row) for row in rows), key=repr)
 
 
-def lake_table(sink: str, table: str) -> list[tuple[Any, ...]]:
+def lake_table(lake_root: str, table: str) -> list[tuple[Any, ...]]:
     """``state/`` of a table as a multiset of normalized rows (NULL keys allowed)."""
-    data = read_delta(f"{sink}/state/{table_dir(TableRef('public', table))}")
+    data = read_delta(f"{lake_root}/state/{table_dir(TableRef('public', table))}")
     rows = [tuple(normalize(row[n]) for n in data.column_names) for row in data.to_pylist()]
     return sorted(rows, key=repr)
 
@@ -223,20 +228,20 @@ def source_state(src: Source, table: str) -> list[tuple[Any, ...]]:
     return [tuple(normalize(v) for v in row) for row in rows]
 
 
-def lake_state(sink: str, ref: TableRef, names: list[str]) -> list[tuple[Any, ...]]:
-    table = read_delta(f"{sink}/state/{table_dir(ref)}").to_pylist()
+def lake_state(lake_root: str, ref: TableRef, names: list[str]) -> list[tuple[Any, ...]]:
+    table = read_delta(f"{lake_root}/state/{table_dir(ref)}").to_pylist()
     return sorted((tuple(normalize(r[n]) for n in names) for r in table), key=lambda r: r[0])
 
 
-def assert_state_equals_source(src: Source, sink: str, ref: TableRef) -> None:
+def assert_state_equals_source(src: Source, lake_root: str, ref: TableRef) -> None:
     names = source_columns(src, ref.name)
-    assert lake_state(sink, ref, names) == source_state(src, ref.name), ref
-    keys = all_changelog_keys(sink, [ref])
+    assert lake_state(lake_root, ref, names) == source_state(src, ref.name), ref
+    keys = all_changelog_keys(lake_root, [ref])
     assert len(keys) == len(set(keys))
 
 
 def start_drain_app(
-    src: Source, sink: str, *args: str, pause: Path | None = None, dsn: str | None = None
+    src: Source, lake_root: str, *args: str, pause: Path | None = None, dsn: str | None = None
 ) -> Any:
     """The drain application started as a process of its own (``subprocess.Popen``); with
     ``pause``, it stops before each window's commit until a file ``go`` appears in that folder
@@ -247,7 +252,7 @@ def start_drain_app(
     if pause is not None:
         env["PGLOGREPL_PAUSE"] = f"before_commit:{pause}"
     command = [sys.executable, "-m", "airflow_pglogrepl.spark.drain_app", "--slot", src.slot,
-               "--publication", src.publication, "--sink", sink, *args]  # fmt: skip
+               "--publication", src.publication, "--lake", lake_root, *args]  # fmt: skip
     return subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

@@ -32,7 +32,7 @@ class Drains:
 
     def __init__(self, src: Source, tmp_path: Path) -> None:
         self.src = src
-        self.sink = str(tmp_path / "lake")
+        self.lake_root = str(tmp_path / "lake")
         self.calls = tmp_path / "spark-submit-calls"
         self.calls.touch()
         self.binary = tmp_path / "spark-submit"
@@ -64,7 +64,7 @@ class Drains:
         kwargs.setdefault("spark_binary", str(self.binary))  # None: no spark-submit asked for
         task = SlotDrainOperator(
             task_id="drain", postgres_conn_id=self.conn_id, slot_name=self.src.slot,
-            publications=[self.src.publication], sink=self.sink, conn_id="drain_op_spark",
+            publications=[self.src.publication], lake=self.lake_root, conn_id="drain_op_spark",
             **kwargs,
         )  # fmt: skip
         ti = FakeTI()

@@ -13,7 +13,7 @@ from tests.support.drain import app_env
 from tests.support.sources import Source
 
 
-def re_snapshot(spark: Any, src: Source, sink: str, tables: list[TableRef]) -> None:
+def re_snapshot(spark: Any, src: Source, lake_root: str, tables: list[TableRef]) -> None:
     """The fix the errors name: a one-table snapshot (here in process, on the session's Spark)."""
     from airflow_pglogrepl.spark.snapshot import SnapshotCopy, SnapshotPoint, temporary_slot_name
 
@@ -23,13 +23,13 @@ def re_snapshot(spark: Any, src: Source, sink: str, tables: list[TableRef]) -> N
         hook.create_slot_with_snapshot(temporary_slot_name(src.slot), temporary=True) as held,
     ):
         SnapshotCopy(
-            spark=spark, lake=Lake(sink, src.slot), reader_params=hook.connection_params(),
+            spark=spark, lake=Lake(lake_root, src.slot), reader_params=hook.connection_params(),
             publications=[src.publication], tables=tables,
             point=SnapshotPoint(src.slot, held.consistent_point, held.snapshot_name),
         ).run()  # fmt: skip
 
 
-def snapshot_app(src: Source, sink: str, *args: str, fault: str | None = None) -> Any:
+def snapshot_app(src: Source, lake_root: str, *args: str, fault: str | None = None) -> Any:
     """The standalone application as a real process (its own JVM and exporting session), so
     ``fault`` can kill it as SIGKILL would: nothing of it runs after that point."""
     env = {**os.environ, "PGLOGREPL_SOURCE_DSN": src.dsn, **app_env()}
@@ -37,5 +37,5 @@ def snapshot_app(src: Source, sink: str, *args: str, fault: str | None = None) -
     if fault:
         env["PGLOGREPL_FAULT"] = fault
     command = [sys.executable, "-m", "airflow_pglogrepl.spark.snapshot_app", "--slot", src.slot,
-               "--publication", src.publication, "--sink", sink, *args]  # fmt: skip
+               "--publication", src.publication, "--lake", lake_root, *args]  # fmt: skip
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)

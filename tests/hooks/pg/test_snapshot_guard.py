@@ -90,10 +90,10 @@ class _CapturingSpark:
         return self._frame
 
 
-def _copy(src: Source, sink: Path, exported: Any, spark: Any, **options: Any) -> SnapshotCopy:
+def _copy(src: Source, lake_root: Path, exported: Any, spark: Any, **options: Any) -> SnapshotCopy:
     hook = DsnReplicationHook(src.dsn)
     point = SnapshotPoint(exported.slot, exported.consistent_point, exported.snapshot_name)
-    return SnapshotCopy(spark=spark, lake=Lake(str(sink), src.slot),
+    return SnapshotCopy(spark=spark, lake=Lake(str(lake_root), src.slot),
                         reader_params=hook.connection_params(), point=point,
                         publications=[src.publication], **options)  # fmt: skip
 
