@@ -45,6 +45,13 @@ def open_table(uri: str) -> Any | None:
         return None
 
 
+def schema_of(table: Any) -> pa.Schema:
+    """The Arrow schema of an open Delta table, as its log describes it."""
+    import pyarrow as pa
+
+    return pa.schema(table.schema().to_arrow())
+
+
 def file_sizes(table: Any) -> list[int]:
     """The sizes in bytes of the live files of an open ``DeltaTable`` (its add actions): what a
     merge would rewrite, what compaction packs."""

@@ -40,14 +40,11 @@ from airflow_pglogrepl.exceptions import (
 from airflow_pglogrepl.faults import fault, pause
 from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.changelog import COMMIT_LSN
-from airflow_pglogrepl.lake.columnar import (
-    ColumnarDecoder,
-    ColumnarUnsupportedError,
-    TablePiece,
-)
-from airflow_pglogrepl.lake.lake import Lake, Window
+from airflow_pglogrepl.lake.columnar import ColumnarDecoder, ColumnarUnsupportedError, TablePiece
+from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.quarantine import TABLE_ERRORS, Cause, cause_of, held
 from airflow_pglogrepl.lake.quarantine import rows as quarantine_rows
+from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import publication_names_option
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from airflow_pglogrepl.lake.lake import Lake, Window
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 
 
