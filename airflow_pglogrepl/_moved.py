@@ -48,6 +48,19 @@ def alias(old: str) -> None:
     sys.modules[old] = importlib.import_module(new)
 
 
+def warn_caller(message: str) -> None:
+    """A ``DeprecationWarning`` attributed to the first frame outside this package and Airflow:
+    the DAG line that used an old name, however many of our and Airflow's frames (an operator's
+    ``__init__`` and its base classes, Airflow's wrappers of it) stand in between."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in (
+        "airflow_pglogrepl",
+        "airflow",
+    ):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, DeprecationWarning, stacklevel=level + 1)
+
+
 def renamed(module: str, names: dict[str, str]) -> Callable[[str], object]:
     """A module's ``__getattr__`` for names that were renamed in it: ``old`` returns the object
     now called ``names[old]``, with a ``DeprecationWarning`` naming the new name (the object is

@@ -175,6 +175,29 @@ _NO_SLOTS = re.compile(r'max_replication_slots"? > 0')
 # PostgreSQL 16+ decodes on a standby only when its primary has wal_level = logical
 _ON_PRIMARY = re.compile(WAL_LEVEL_REFUSAL.pattern + r'"?\s+on the primary')
 
+# The publisher's refusals told by a sentence of its own, the first that matches: the sentence,
+# the setting it lacks and the value wanted, the fix ({where}: the publisher's host:port), and
+# whether the same run can pass later.
+_REFUSALS = (
+    (_ON_PRIMARY, "wal_level", "logical",
+     "the publisher {where} is a standby, which decodes only when its primary logs enough: set "
+     "wal_level = logical on the primary of the publisher {where} (a standby) (ALTER SYSTEM SET "
+     "wal_level = 'logical', or in its postgresql.conf) and restart the primary; until then "
+     "every run fails alike", False),
+    (WAL_LEVEL_REFUSAL, "wal_level", "logical",
+     "set wal_level = logical on the publisher {where} (ALTER SYSTEM SET wal_level = "
+     "'logical', or in its postgresql.conf) and restart it: wal_level only changes on restart, "
+     "and until then every run fails alike", False),
+    (_NO_SLOTS, "max_replication_slots", "above 0",
+     "raise max_replication_slots on the publisher {where} (it is 0: no slot can be created) "
+     "and restart it; until then every run fails alike", False),
+    # often passing: table-sync slots hold places only while their tables copy
+    (re.compile("all replication slots are in use"), "max_replication_slots",
+     "larger than the number of slots in use",
+     "drop abandoned slots on the publisher {where} (pg_replication_slots where active is "
+     "false) or raise max_replication_slots there and restart it", True),
+)  # fmt: skip
+
 
 def publisher_refusal(
     text: str, publisher_params: Mapping[str, str]
@@ -191,40 +214,13 @@ def publisher_refusal(
     refused = f"to create replication slot {slot.group(1)!r}" if slot else "the subscription"
     # 17 quotes the settings as it quotes names: unquote those, then empty every quoted name
     said = re.sub(r'"[^"]*"', '""', _QUOTED_SETTING.sub(r"\1", text))
-    if _ON_PRIMARY.search(said):
-        return PublisherNotConfiguredError(
-            "wal_level", "logical", publisher, refused,
-            f"the publisher {where} is a standby, which decodes only when its primary logs "
-            f"enough: set wal_level = logical on the primary of the publisher {where} (a "
-            f"standby) (ALTER SYSTEM SET wal_level = 'logical', or in its postgresql.conf) and "
-            f"restart the primary; until then every run fails alike. Nothing was created on the "
-            f"subscriber",
-        )  # fmt: skip
-    if WAL_LEVEL_REFUSAL.search(said):
-        return PublisherNotConfiguredError(
-            "wal_level", "logical", publisher, refused,
-            f"set wal_level = logical on the publisher {where} (ALTER SYSTEM SET wal_level = "
-            f"'logical', or in its postgresql.conf) and restart it: wal_level only changes on "
-            f"restart, and until then every run fails alike. Nothing was created on the "
-            f"subscriber",
-        )  # fmt: skip
-    if _NO_SLOTS.search(said):
-        return PublisherNotConfiguredError(
-            "max_replication_slots", "above 0", publisher, refused,
-            f"raise max_replication_slots on the publisher {where} (it is 0: no slot can be "
-            f"created) and restart it; until then every run fails alike. Nothing was created "
-            f"on the subscriber",
-        )  # fmt: skip
-    if "all replication slots are in use" in said:
-        # often passing: table-sync slots hold places only while their tables copy
-        return PublisherNotConfiguredError(
-            "max_replication_slots", "larger than the number of slots in use", publisher,
-            refused,
-            f"drop abandoned slots on the publisher {where} (pg_replication_slots where active "
-            f"is false) or raise max_replication_slots there and restart it. Nothing was "
-            f"created on the subscriber",
-            retryable=True,
-        )  # fmt: skip
+    for sentence, setting, wanted, fix, retryable in _REFUSALS:
+        if sentence.search(said):
+            return PublisherNotConfiguredError(
+                setting, wanted, publisher, refused,
+                fix.format(where=where) + ". Nothing was created on the subscriber",
+                retryable=retryable,
+            )  # fmt: skip
     senders = _SENDERS.search(said)
     if senders:
         none = senders.group(1) == "0"

@@ -107,7 +107,8 @@ SUMMARY_KEYS = ("windows", "committed", "resolved", "error")
 
 
 class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
-    """SparkSubmitOperator for an application of this package, run with the source's DSN.
+    """SparkSubmitOperator for an application of this package that reads a slot's publications
+    into a lake, run with the source's DSN.
 
     Subclasses call ``_check_spark_connection()`` before anything reads the source's secrets,
     ``_prepare_submit(dsn)`` once, run ``_run_application(context)`` inside
@@ -124,11 +125,19 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
     # (``operators._in_worker``): the drain, which starts Spark only when a merge needs it.
     IN_WORKER_MODULE: str | None = None
 
-    def __init__(self, *, spark_log_level: str = "WARN", lake_conn_id: str | None = None,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(self, *, postgres_conn_id: str, slot_name: str, publications: Sequence[str],
+                 lake: str | None, sink: str | None, spark_log_level: str = "WARN",
+                 lake_conn_id: str | None = None, **kwargs: Any) -> None:  # fmt: skip
+        from airflow_pglogrepl.operators.arguments import lake_argument
         from airflow_pglogrepl.spark.log4j import spark_log_level as log4j_level
 
+        root = lake_argument(type(self).__name__, lake, sink)
+        kwargs.setdefault("outlets", [lake_asset(root)] if "{{" not in root else [])
         super().__init__(**kwargs)
+        self.postgres_conn_id = postgres_conn_id
+        self.slot_name = slot_name
+        self.publications = publications
+        self.lake = root
         self.lake_conn_id = lake_conn_id
         self._store: ObjectStore | None = None
         if "{{" not in str(spark_log_level):  # a typo fails the DAG's parse, not each try

@@ -50,13 +50,11 @@ def lake_argument(operator: str, lake: str | None, sink: str | None) -> str:
     """The lake root an operator was given: ``lake``, or the old name ``sink`` (with a warning
     that names the new one), never both and never neither."""
     if sink is not None:
-        import warnings
+        from airflow_pglogrepl._moved import warn_caller
 
-        warnings.warn(
+        warn_caller(
             f"{operator}: sink= is now lake= (the same lake root); the old name goes in a later "
-            "release",
-            DeprecationWarning,
-            stacklevel=3,
+            "release"
         )
         if lake is not None and lake != sink:
             raise TypeError(

@@ -27,7 +27,7 @@ from airflow_pglogrepl.operators._spark import (
     lake_asset,
     state_vectors_args,
 )
-from airflow_pglogrepl.operators.arguments import lake_argument, lake_keys
+from airflow_pglogrepl.operators.arguments import lake_keys
 from airflow_pglogrepl.operators.task_reports import drain_paragraph
 
 if TYPE_CHECKING:
@@ -133,13 +133,9 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         if on_quarantine not in ON_QUARANTINE:
             raise ValueError(f"on_quarantine must be one of {ON_QUARANTINE}, not {on_quarantine!r}")
         kwargs.setdefault("name", "pglogrepl-drain")
-        lake_root = lake_argument(type(self).__name__, lake, sink)
-        kwargs.setdefault("outlets", [lake_asset(lake_root)] if "{{" not in lake_root else [])
-        super().__init__(application=DRAIN_APP, conn_id=conn_id, **kwargs)
-        self.postgres_conn_id = postgres_conn_id
-        self.slot_name = slot_name
-        self.publications = publications
-        self.lake = lake_root
+        super().__init__(application=DRAIN_APP, conn_id=conn_id, postgres_conn_id=postgres_conn_id,
+                         slot_name=slot_name, publications=publications, lake=lake, sink=sink,
+                         **kwargs)  # fmt: skip
         self.max_window_bytes = max_window_bytes
         self.max_windows = max_windows
         self.materialize = materialize

@@ -22,10 +22,9 @@ from airflow_pglogrepl.hooks.for_connection import replication_hook
 from airflow_pglogrepl.operators._spark import (
     PACKAGE_DIR,
     PackageSparkSubmitOperator,
-    lake_asset,
     state_vectors_args,
 )
-from airflow_pglogrepl.operators.arguments import lake_argument, lake_keys
+from airflow_pglogrepl.operators.arguments import lake_keys
 from airflow_pglogrepl.operators.task_reports import snapshot_paragraph
 
 if TYPE_CHECKING:
@@ -112,13 +111,9 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", "pglogrepl-snapshot")
-        lake_root = lake_argument(type(self).__name__, lake, sink)
-        kwargs.setdefault("outlets", [lake_asset(lake_root)] if "{{" not in lake_root else [])
-        super().__init__(application=SNAPSHOT_APP, conn_id=conn_id, **kwargs)
-        self.postgres_conn_id = postgres_conn_id
-        self.slot_name = slot_name
-        self.publications = publications
-        self.lake = lake_root
+        super().__init__(application=SNAPSHOT_APP, conn_id=conn_id,
+                         postgres_conn_id=postgres_conn_id, slot_name=slot_name,
+                         publications=publications, lake=lake, sink=sink, **kwargs)  # fmt: skip
         self.tables = tables
         self.tasks_per_table = tasks_per_table
         self.rows_per_task = rows_per_task

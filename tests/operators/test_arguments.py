@@ -74,8 +74,9 @@ def test_each_lake_operator_takes_sink_as_lake_and_templates_lake(operator: str)
     common: dict[str, Any] = {"postgres_conn_id": "pg", "slot_name": "s"}
     if operator != "upkeep":
         common["publications"] = ["p"]
-    with pytest.warns(DeprecationWarning, match=rf"{kind.__name__}: sink= is now lake="):
+    with pytest.warns(DeprecationWarning, match=rf"{kind.__name__}: sink= is now lake=") as told:
         task = kind(task_id="old", sink="/data/lake", **common)
+    assert [w.filename for w in told] == [__file__]  # the DAG's line, past Airflow's wrappers
     assert task.lake == "/data/lake"
     assert "lake" in kind.template_fields and "sink" not in kind.template_fields
     assert kind(task_id="new", lake="/data/lake", **common).lake == "/data/lake"
