@@ -188,7 +188,7 @@ def _judge(
 def idle_summary(slot: str, idle: Idle, *, materialize: bool, started: float) -> dict[str, Any]:
     """The summary an idle run reports: the application's keys, with nothing drained or merged
     and no Spark started."""
-    from airflow_pglogrepl.pipeline.drain import DrainResult
+    from airflow_pglogrepl.pipeline.results import DrainResult
 
     result = DrainResult(
         slot=slot,

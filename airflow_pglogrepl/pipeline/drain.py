@@ -10,7 +10,7 @@ WAL. A transaction bigger than a window comes back whole in the window holding i
 One exception: an ``end`` inside a WAL page's header lets the peek return the commit right after
 that header, and the window then ends just past it (``window_end``).
 
-Each window is written through the lake's window API (``airflow_pglogrepl.lake.lake``, where
+Each window is written through the lake's window API (``airflow_pglogrepl.lake.window``, where
 the crash-safety argument is written down): batches as they fill, one Delta commit per touched
 table and one for the window at its end. Only after that commit returns is the slot advanced
 (``pg_replication_slot_advance``).
@@ -27,7 +27,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_pglogrepl.exceptions import (
@@ -49,6 +48,7 @@ from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import publication_names_option
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
 from airflow_pglogrepl.pipeline.overlap import Behind, prefetched
+from airflow_pglogrepl.pipeline.results import DrainResult, WindowStats, log_window
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
@@ -91,85 +91,6 @@ log = logging.getLogger("airflow_pglogrepl.drain")
 # (spilled to a temporary file past work_mem) before it sends the first row: a few windows'
 # worth, not a whole backlog.
 PEEK_WINDOWS = 4
-
-
-@dataclass
-class WindowStats:
-    """One committed window."""
-
-    start: LSN
-    end: LSN
-    transactions: int = 0
-    changes: int = 0
-    seconds: float = 0.0
-    tables: dict[str, int] = field(default_factory=dict)
-    decoder: str = "reference"  # or "columnar": which path decoded the window
-    quarantined: dict[str, int] = field(default_factory=dict)  # held tables' changes
-
-
-@dataclass
-class DrainResult:
-    """What a run did; ``to_dict`` is the JSON line the application prints last."""
-
-    slot: str
-    windows: list[WindowStats]
-    confirmed_before: LSN | None
-    confirmed_after: LSN | None
-    run_end: LSN
-    startup_s: float
-    lag_bytes_left: int
-    # tables in the lake's quarantine after the run (``lake.quarantine``): table -> its cause
-    quarantined: dict[str, dict[str, str]] = field(default_factory=dict)
-    # table -> {source name: lake name}: columns first stored this run under another name
-    # (``lake.names``: Delta would take them for another column's)
-    stored_as: dict[str, dict[str, str]] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        changes = sum(w.changes for w in self.windows)
-        window_s = sum(w.seconds for w in self.windows)
-        first = self.windows[0].start if self.windows else self.confirmed_after
-        last = self.windows[-1].end if self.windows else self.confirmed_after
-        return {
-            "slot": self.slot,
-            "windows": len(self.windows),
-            "window_start_lsn": str(first) if first else None,
-            "window_end_lsn": str(last) if last else None,
-            "confirmed_flush_lsn_before": str(self.confirmed_before)
-            if self.confirmed_before
-            else None,
-            "confirmed_flush_lsn_after": str(self.confirmed_after)
-            if self.confirmed_after
-            else None,
-            "transactions": sum(w.transactions for w in self.windows),
-            "changes": changes,
-            "wal_bytes": (last - first) if first and last else 0,
-            "lag_bytes_left": self.lag_bytes_left,
-            "startup_s": round(self.startup_s, 3),
-            "changes_per_s": round(changes / window_s, 1) if window_s > 0 else 0.0,
-            "tables": _sum_tables(self.windows),
-            "columnar_windows": sum(w.decoder == "columnar" for w in self.windows),
-            "peak_rss_mb": peak_rss_mb(),
-            "columns_stored_as": self.stored_as,
-            "quarantined": {
-                table: {**cause, "changes": sum(w.quarantined.get(table, 0) for w in self.windows)}
-                for table, cause in self.quarantined.items()
-            },
-        }
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory so far (Linux reports ``ru_maxrss`` in KiB)."""
-    import resource
-
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-
-def _sum_tables(windows: Sequence[WindowStats]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for window in windows:
-        for name, count in window.tables.items():
-            total[name] = total.get(name, 0) + count
-    return total
 
 
 def window_end(end: LSN | int, commit_lsns: Iterable[int]) -> LSN:
@@ -280,7 +201,7 @@ class Drain:
             end = run_end if next_commit else min(run_end, start + self.max_window_bytes)
             stats = self._held_window(start, end, next_commit=next_commit)
             windows.append(stats)
-            _log_window(stats, run_end)
+            log_window(stats, run_end)
             # A window without a single commit means the next commit is further away: a big
             # transaction still being written at the window's end, or only unpublished traffic.
             # Every peek decodes again from the slot's restart_lsn, which an open transaction
@@ -550,14 +471,6 @@ def _naming(ref: TableRef) -> Iterator[None]:
         raise
 
 
-def _log_window(stats: WindowStats, run_end: LSN) -> None:
-    log.info(
-        "window %s..%s (%s): %d transactions, %d changes, %d WAL bytes, %.2fs, lag left %d",
-        stats.start, stats.end, stats.decoder, stats.transactions, stats.changes,
-        stats.end - stats.start, stats.seconds, run_end - stats.end,
-    )  # fmt: skip
-
-
 class _OpenWindow:
     """A columnar window being filled: its queued pieces per table, its writer, its boundary
     (the LSN its transactions' commit records start before)."""
@@ -612,7 +525,7 @@ class _OpenWindow:
         self.stats.transactions = held
         self.stats.end = LSN(self.boundary)
         stats = self.drain._commit(self.window, self.stats, self.began)
-        _log_window(stats, self.drain.run_end)
+        log_window(stats, self.drain.run_end)
         return stats
 
     def abandon(self) -> None:

@@ -79,7 +79,8 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     from airflow_pglogrepl.hooks.pg.source import PgSource
     from airflow_pglogrepl.lake import storage
     from airflow_pglogrepl.lake.lake import Lake
-    from airflow_pglogrepl.pipeline.drain import Drain, check_slot, peak_rss_mb
+    from airflow_pglogrepl.pipeline.drain import Drain, check_slot
+    from airflow_pglogrepl.pipeline.results import peak_rss_mb
 
     storage.use_for_lake(args.lake_root)
     source = PgSource(dsn)

@@ -16,7 +16,6 @@ LONG_MODULES = {
     "airflow_pglogrepl.pgoutput.decoder": 611,
     "airflow_pglogrepl.pgoutput.stream": 668,
     "airflow_pglogrepl.pgoutput.values": 719,
-    "airflow_pglogrepl.pipeline.drain": 650,
     "airflow_pglogrepl.spark.snapshot": 687,
 }
 

@@ -20,7 +20,8 @@ from typing import Any
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import table_dir
 from airflow_pglogrepl.merge.materialize import materialize
-from airflow_pglogrepl.pipeline.drain import Drain, DrainResult
+from airflow_pglogrepl.pipeline.drain import Drain
+from airflow_pglogrepl.pipeline.results import DrainResult
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 from tests.support.sources import Source
