@@ -142,6 +142,15 @@ class Lake:
             self._covered[name] = max(bounds) if bounds else None
         return self._covered[name]
 
+    def floor(self, table: TableRef | str, start: LSN) -> int:
+        """The commit LSN below which ``table``'s changes read from ``start`` on are in the lake
+        already (0: none are): the rule by which a window drained again after a crash between
+        two tables' commits, or changes a re-snapshot of the table includes, are never written
+        twice. The drain applies it before it converts rows, the window again before it writes
+        (``lake.window.at_or_after``)."""
+        held = self.covered(table)
+        return int(held) if held is not None and held > start else 0
+
     def known_schema(self, table: TableRef | str) -> pa.Schema | None:
         """What the lake knows of a table's columns: its changelog's schema, else its state's
         (a snapshot made before the first change), else None."""

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from airflow_pglogrepl.lake.mapping import MappedSchema
     from airflow_pglogrepl.models.records import ColumnOrigins
 
-__all__ = ["CHANGES_CONFIG", "Window"]
+__all__ = ["CHANGES_CONFIG", "Window", "at_or_after"]
 
 log = logging.getLogger("airflow_pglogrepl.lake")
 
@@ -106,11 +106,9 @@ class Window:
         known = pending.schema if pending is not None else self.lake.known_schema(table)
         batch, lake_names = names.to_lake(batch, known)
         readded = self._check_order(table, known, lake_names)
-        held = self.lake.covered(name)
-        if held is not None and held > self.start:
-            import pyarrow.compute as pc
-
-            batch = batch.filter(pc.greater_equal(batch.column(COMMIT_LSN), int(held)))
+        floor = self.lake.floor(name, self.start)
+        if floor:
+            batch = at_or_after(batch, floor)
         if batch.num_rows == 0:
             return 0
         evolution = evolve.evolve(str(table), known, batch.schema, first=evolve.first_row(batch))
@@ -308,6 +306,13 @@ def _origins_by_lake_name(origins: Origins, table: TableRef, asked: Sequence[str
     found = origins(table, [source_of.get(n, n) for n in asked])
     by_lake = {lake_names.get(s, s): origin for s, origin in found.columns.items()}
     return dataclasses.replace(found, columns=by_lake)
+
+
+def at_or_after(rows: pa.Table, floor: int) -> pa.Table:
+    """The changelog rows whose commit LSN is at or after ``floor`` (``Lake.floor``)."""
+    import pyarrow.compute as pc
+
+    return rows.filter(pc.greater_equal(rows.column(COMMIT_LSN), floor))
 
 
 def _covers(current: pa.Schema, wanted: pa.Schema) -> bool:

@@ -43,7 +43,7 @@ from airflow_pglogrepl.lake.columnar import ColumnarDecoder, ColumnarUnsupported
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.quarantine import TABLE_ERRORS, Cause, cause_of, held
 from airflow_pglogrepl.lake.quarantine import rows as quarantine_rows
-from airflow_pglogrepl.lake.window import Window
+from airflow_pglogrepl.lake.window import Window, at_or_after
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import publication_names_option
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
@@ -107,13 +107,6 @@ def window_end(end: LSN | int, commit_lsns: Iterable[int]) -> LSN:
     """
     last = max(commit_lsns, default=-1)
     return LSN(last + 1) if last >= int(end) else LSN(end)
-
-
-def _at_or_after(rows: Any, floor: int) -> Any:
-    """The changelog rows whose commit LSN is at or after ``floor``."""
-    import pyarrow.compute as pc
-
-    return rows.filter(pc.greater_equal(rows.column(COMMIT_LSN), floor))
 
 
 class Drain:
@@ -332,7 +325,7 @@ class Drain:
                     rows = piece.rows
                     floor = self._floor(floors, piece.table, start)
                     if floor:  # rows the table's state already holds (a re-snapshot after them)
-                        rows = _at_or_after(rows, floor)
+                        rows = at_or_after(rows, floor)
                     if rows.num_rows:
                         pieces.append((piece.table, rows, rows.column(COMMIT_LSN).to_numpy()))
                 while pieces:
@@ -435,12 +428,12 @@ class Drain:
         return stats
 
     def _floor(self, floors: dict[int, int], table: TableInfo, start: LSN) -> int:
-        """The commit LSN below which ``table``'s changes are already in the lake (0: none),
-        looked up once per table description and window (``floors``)."""
+        """``Lake.floor`` of ``table`` (0: nothing of it is in the lake yet), looked up once per
+        table description and window (``floors``): applied here before the rows are converted
+        and counted, and again by the window before it writes."""
         floor = floors.get(id(table))
         if floor is None:
-            held = self.lake.covered(TableRef(table.schema, table.table))
-            floor = floors[id(table)] = int(held) if held is not None and held > start else 0
+            floor = floors[id(table)] = self.lake.floor(TableRef(table.schema, table.table), start)
         return floor
 
     def _write(

@@ -34,7 +34,7 @@ from tests.support.drain import (
     source_rows,
     summary,
 )
-from tests.support.lake_batches import A, batch, columns_of, rows_of
+from tests.support.lake_batches import A, B, batch, columns_of, rows_of
 from tests.support.sources import Source
 
 
@@ -358,3 +358,14 @@ def test_a_re_snapshot_after_a_key_column_was_renamed_restarts_the_changelog(
     assert lake.restart_changes(A, renamed.schema, LSN(0x500)) == "restarted"
     names = columns_of(lake, A)
     assert "id" not in names and names["ident"].metadata[b"pglogrepl.key"] == b"0"
+
+
+def test_the_floor_is_what_a_table_holds_past_the_start_and_nothing_else(lake: Lake) -> None:
+    """``Lake.floor``: rows of a window from ``start`` below it are in the lake already."""
+    assert lake.floor(A, LSN(0x100)) == 0  # nothing yet
+    window = lake.open_window(LSN(0x100))
+    window.write(A, batch((1, 0x110, 1)))
+    window.commit(LSN(0x200), transactions=1, changes=1)
+    assert lake.floor(A, LSN(0x100)) == 0x200  # a window from 0x100 again: a replay
+    assert lake.floor(A, LSN(0x200)) == 0  # the next window: all of it is new
+    assert lake.floor(B, LSN(0x100)) == 0  # a table the lake never held

@@ -181,3 +181,11 @@ def test_a_column_delta_cannot_store_is_named_before_anything_is_written(lake: L
     with pytest.raises(UnsupportedColumnTypeError, match=r"public\.a .*opens \(time64\[us\]\)"):
         lake.open_window(LSN(0x100)).write(A, opening)
     assert not Path(lake.paths.changes(A)).exists() and lake.position() is None
+
+
+def test_rows_at_or_after_the_floor_are_kept_and_only_those() -> None:
+    from airflow_pglogrepl.lake.window import at_or_after
+
+    rows = batch((1, 0x100, 1), (2, 0x1FF, 1), (3, 0x200, 1), (4, 0x300, 2))
+    assert at_or_after(rows, 0x200).column("id").to_pylist() == [3, 4]
+    assert at_or_after(rows, 0).num_rows == 4
