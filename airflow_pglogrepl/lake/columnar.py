@@ -1,7 +1,7 @@
 """A columnar pgoutput decoder: a batch of messages in one Arrow ``binary`` column in, one
 changelog Arrow table per table out, with no Python object per value on the common path.
 
-The per-message decoder (``PgOutputStream``, then ``lake.batch.ChangelogBatch``) spends most of
+The per-message decoder (``PgOutputStream``, then ``changelog.rows.ChangelogBatch``) spends most of
 its time in CPython: a ``bytes`` object per message, a Python value per column, then those
 values gathered back into Arrow columns. Here the messages stay in the column's single buffer
 and its offsets. Everything is read with numpy over whole batches:
@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.lake import changelog as cl
-from airflow_pglogrepl.lake.batch import ChangelogBatch
-from airflow_pglogrepl.lake.types import arrow_from_text_array
+from airflow_pglogrepl.changelog import columns as cl
+from airflow_pglogrepl.changelog.rows import ChangelogBatch
+from airflow_pglogrepl.changelog.types import arrow_from_text_array
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput.stream import PgOutputStream
 

@@ -45,6 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_pglogrepl.changelog.columns import COMMIT_LSN
 from airflow_pglogrepl.exceptions import (
     IncompatibleSchemaChangeError,
     LakeOfAnotherSlotError,
@@ -52,7 +53,6 @@ from airflow_pglogrepl.exceptions import (
     UnsupportedColumnTypeError,
 )
 from airflow_pglogrepl.lake import delta, evolve, mapping, names
-from airflow_pglogrepl.lake.changelog import COMMIT_LSN
 from airflow_pglogrepl.lake.layout import LAKE_APP, LakePaths, app_id, table_dir
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef

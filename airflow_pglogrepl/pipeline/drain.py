@@ -30,6 +30,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from airflow_pglogrepl.changelog.columns import COMMIT_LSN
+from airflow_pglogrepl.changelog.rows import ChangelogBatch
 from airflow_pglogrepl.exceptions import (
     ArrowPeekError,
     LakeSnapshotUnfinishedError,
@@ -38,8 +40,6 @@ from airflow_pglogrepl.exceptions import (
     SlotAheadOfSinkError,
 )
 from airflow_pglogrepl.faults import fault, pause
-from airflow_pglogrepl.lake.batch import ChangelogBatch
-from airflow_pglogrepl.lake.changelog import COMMIT_LSN
 from airflow_pglogrepl.lake.columnar import (
     ColumnarDecoder,
     ColumnarUnsupportedError,

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pytest
 
-from airflow_pglogrepl.lake.types import (
+from airflow_pglogrepl.changelog.types import (
     arrow_schema,
     arrow_type,
     arrow_value,
