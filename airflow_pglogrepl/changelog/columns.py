@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from airflow_pglogrepl.pgoutput.changes import TableInfo
+
 OP = "_op"
 COMMIT_LSN = "_commit_lsn"
 SEQ = "_seq"
@@ -50,6 +52,32 @@ INSERT, UPDATE, DELETE, TRUNCATE = "I", "U", "D", "T"
 
 KEY_META = "pglogrepl.key"
 IDENTITY_META = "pglogrepl.replica_identity"
+
+
+def changelog_schema(table: TableInfo) -> pa.Schema:
+    """The changelog's schema for a table description: its columns (typed by the decoder's
+    mapping, the key marked), then the metadata columns.
+
+    Every field is nullable, the metadata columns too: Delta on Spark reads a NOT NULL column
+    as an invariant, a table feature the protocol delta-rs writes does not list, and would
+    refuse the table.
+    """
+    import pyarrow as pa
+
+    from airflow_pglogrepl.changelog.types import arrow_schema
+
+    base = arrow_schema(table)
+    return pa.schema(
+        [*mark_keys(base, table.key_names), *meta_fields(base, table.replica_identity)]
+    )
+
+
+def old_type(schema: pa.Schema) -> pa.DataType:
+    """The type of a changelog schema's ``_old``, its last column: taken by place, as a column
+    of the table may be called ``_old`` too."""
+    field = schema.field(len(schema) - 1)
+    assert field.name == OLD, schema
+    return field.type
 
 
 def mark_keys(fields: pa.Schema | Sequence[pa.Field], key: Sequence[str]) -> list[pa.Field]:

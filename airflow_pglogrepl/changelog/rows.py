@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.changelog import columns as cl
-from airflow_pglogrepl.changelog.types import arrow_schema, arrow_value
+from airflow_pglogrepl.changelog.types import arrow_value
 from airflow_pglogrepl.exceptions import UnstorableValueError
 from airflow_pglogrepl.pgoutput.values import OID
 from airflow_pglogrepl.tables import TableRef
@@ -95,21 +95,8 @@ class ChangelogBatch:
         self._seq.append(seq)
 
     def schema(self) -> pa.Schema:
-        """The table's columns (typed by the decoder's mapping) plus the metadata columns.
-
-        Every field is nullable, the metadata columns too: Delta on Spark reads a NOT NULL column
-        as an invariant, a table feature the protocol delta-rs writes does not list, and would
-        refuse the table.
-        """
-        import pyarrow as pa
-
-        base = arrow_schema(self.table)
-        return pa.schema(
-            [
-                *cl.mark_keys(base, self.table.key_names),
-                *cl.meta_fields(base, self.table.replica_identity),
-            ]
-        )
+        """The table's changelog schema (``columns.changelog_schema``)."""
+        return cl.changelog_schema(self.table)
 
     def to_arrow(self) -> pa.Table:
         """The gathered rows as one Arrow table (then the batch can be dropped)."""
@@ -130,17 +117,17 @@ class ChangelogBatch:
         for index, (first, end) in enumerate(zip(self._run_first, ends, strict=False)):
             run_of += [index] * (end - first)
         runs = pa.array(run_of, pa.int64())
-        arrays += [
-            pa.array(self._op, pa.string()),
-            pa.array(self._run_lsn, pa.int64()).take(runs),
-            pa.array(self._seq, pa.int64()),
-            pa.array(self._run_xid, pa.int64()).take(runs),
-            pa.array(self._run_ts, pa.timestamp("us", tz="UTC")).take(runs),
-            pa.array(self._unchanged, pa.list_(pa.string())),
-            self._old_array(schema.field(len(schema) - 1).type),  # (by place: a column of the
-            # table may be called _old too)
-        ]
-        return pa.Table.from_arrays(arrays, schema=schema)
+        return assemble(
+            schema,
+            arrays,
+            op=pa.array(self._op, pa.string()),
+            lsn=pa.array(self._run_lsn, pa.int64()).take(runs),
+            seq=pa.array(self._seq, pa.int64()),
+            xid=pa.array(self._run_xid, pa.int64()).take(runs),
+            ts=pa.array(self._run_ts, pa.timestamp("us", tz="UTC")).take(runs),
+            unchanged=pa.array(self._unchanged, pa.list_(pa.string())),
+            old=self._old_array(cl.old_type(schema)),
+        )
 
     def _column(
         self, values: Sequence[Any], oid: int | None, modifier: int, field: pa.Field
@@ -190,6 +177,57 @@ class ChangelogBatch:
                     raise error from None
             raise
         return pa.array(olds, old_type)
+
+
+def assemble(
+    schema: pa.Schema,
+    columns: Sequence[pa.Array],
+    *,
+    op: pa.Array,
+    lsn: pa.Array,
+    seq: pa.Array,
+    xid: pa.Array,
+    ts: pa.Array,
+    unchanged: pa.Array | None,
+    old: pa.Array | None,
+) -> pa.Table:
+    """One changelog table of ``schema`` (``columns.changelog_schema``): the table's
+    ``columns``, then the metadata columns in the contract's order, from ready arrays.
+
+    ``ts`` may be ``int64`` microseconds since 1970 (UTC): it is cast to the commit time's type.
+    ``unchanged`` or ``old`` None: NULL in every row.
+    """
+    import pyarrow as pa
+
+    count = len(op)
+    stamp = schema.field(len(columns) + cl.META_COLUMNS.index(cl.COMMIT_TS)).type
+    if ts.type != stamp:
+        ts = ts.cast(stamp)
+    if unchanged is None:
+        unchanged = pa.nulls(count, pa.list_(pa.string()))
+    if old is None:
+        old = pa.nulls(count, cl.old_type(schema))
+    arrays = [*columns, op, lsn, seq, xid, ts, unchanged, old]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def truncate_row(table: TableInfo, lsn: int, seq: int, xid: int, ts_us: int) -> pa.Table:
+    """The changelog row of a Truncate of ``table``: every table column NULL. ``lsn`` is the
+    transaction's commit LSN, ``ts_us`` its commit time in microseconds since 1970 (UTC)."""
+    import pyarrow as pa
+
+    schema = cl.changelog_schema(table)
+    return assemble(
+        schema,
+        [pa.nulls(1, schema.field(k).type) for k in range(len(table.names))],
+        op=pa.array([cl.TRUNCATE], pa.string()),
+        lsn=pa.array([lsn], pa.int64()),
+        seq=pa.array([seq], pa.int64()),
+        xid=pa.array([xid], pa.int64()),
+        ts=pa.array([ts_us], pa.int64()),
+        unchanged=None,
+        old=None,
+    )
 
 
 def _convert(value: Any, oid: int | None, modifier: int) -> Any:

@@ -43,7 +43,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.changelog.rows import ChangelogBatch
+from airflow_pglogrepl.changelog.columns import changelog_schema
 from airflow_pglogrepl.changelog.types import (
     UnconvertibleTextError,
     arrow_from_text_array,
@@ -614,9 +614,8 @@ class SnapshotCopy:
         """Only once the state of the consistent point is committed may the changelog let go of
         what came before it: it takes the table's columns as they are now (a re-snapshot is the
         fix for a change the lake could not follow)."""
-        schema = numbered(
-            ChangelogBatch(table_info(table)).schema(), {c.name: c.attnum for c in table.columns}
-        )
+        attnums = {c.name: c.attnum for c in table.columns}
+        schema = numbered(changelog_schema(table_info(table)), attnums)
         restarted = self.lake.restart_changes(table.table, schema, self.point.consistent_point)
         if restarted != "kept":
             log.info("changelog of %s %s at %s", table.table, restarted,

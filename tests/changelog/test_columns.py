@@ -49,3 +49,22 @@ def test_the_key_and_the_identity_read_back_from_the_schema() -> None:
     assert cl.described_identity(pairs) == "i"
     assert cl.described_key([("a", None)]) == []
     assert cl.described_identity([("a", None), (cl.OP, None)]) == "d"  # nothing recorded
+
+
+def test_a_tables_changelog_schema_is_its_typed_columns_key_marked_then_the_metadata() -> None:
+    from airflow_pglogrepl.changelog.types import arrow_schema
+    from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
+    from airflow_pglogrepl.pgoutput.values import OID
+
+    table = TableInfo("public", "t", [ColumnInfo("id", OID.INT8, -1, True, OID.INT8),
+                                      ColumnInfo(cl.OLD, OID.TEXT, -1, False, OID.TEXT)],
+                      replica_identity="f")  # fmt: skip
+    schema = cl.changelog_schema(table)
+    base = arrow_schema(table)
+    want = pa.schema([*cl.mark_keys(base, ["id"]), *cl.meta_fields(base, "f")])
+    assert schema.equals(want, check_metadata=True)
+    assert schema.names == ["id", cl.OLD, *cl.META_COLUMNS]
+    # a table column called _old too: the changelog's own is the last
+    assert cl.old_type(schema) == pa.struct([pa.field("id", pa.int64()), (cl.OLD, pa.string())])
+    with pytest.raises(AssertionError):
+        cl.old_type(pa.schema([base.field("id")]))  # no changelog schema

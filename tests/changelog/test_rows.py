@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_pglogrepl.changelog import columns as cl
-from airflow_pglogrepl.changelog.rows import ChangelogBatch
+from airflow_pglogrepl.changelog.rows import ChangelogBatch, assemble, truncate_row
 from airflow_pglogrepl.changelog.types import arrow_schema
 from airflow_pglogrepl.exceptions import UnstorableValueError
 from airflow_pglogrepl.lsn import LSN
@@ -119,3 +119,42 @@ def test_a_value_the_lake_cannot_hold_is_refused_naming_its_column(
         batch_of(changes(body, identity="f")).to_arrow()
     assert (caught.value.table, caught.value.column) == ("public.t", column)
     assert "Infinity" in str(caught.value)
+
+
+def test_assemble_puts_the_metadata_columns_after_the_tables_in_the_contracts_order() -> None:
+    (change,) = changes([InsertMessage(None, 1, ("1", "a", "1.50"))])
+    schema = cl.changelog_schema(change.table)
+    columns = [pa.array([1, 2], pa.int64()), pa.array(["a", None]),
+               pa.array([Decimal("1.50"), None], pa.decimal128(38, 2))]  # fmt: skip
+    micros = int((T0 - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) / dt.timedelta(microseconds=1))
+    table = assemble(
+        schema,
+        columns,
+        op=pa.array([cl.INSERT, cl.UPDATE]),
+        lsn=pa.array([5, 6], pa.int64()),
+        seq=pa.array([0, 1], pa.int64()),
+        xid=pa.array([7, 7], pa.int64()),
+        ts=pa.array([micros, micros], pa.int64()),  # microseconds: cast to the commit time
+        unchanged=None,
+        old=None,
+    )
+    assert table.schema.equals(schema, check_metadata=True)
+    assert table.to_pylist()[1] == {
+        "id": 2, "v": None, "n": None, cl.OP: cl.UPDATE, cl.COMMIT_LSN: 6, cl.SEQ: 1,
+        cl.XID: 7, cl.COMMIT_TS: T0, cl.UNCHANGED: None, cl.OLD: None,
+    }  # fmt: skip
+    meta = {name: table[name].chunk(0) for name in cl.META_COLUMNS}
+    again = assemble(schema, columns, op=meta[cl.OP], lsn=meta[cl.COMMIT_LSN], seq=meta[cl.SEQ],
+                     xid=meta[cl.XID], ts=pa.array([T0, T0], pa.timestamp("us", tz="UTC")),
+                     unchanged=meta[cl.UNCHANGED], old=meta[cl.OLD])  # fmt: skip
+    assert again.equals(table)  # timestamps as they are, and arrays of NULLs, taken as given
+
+
+def test_a_truncates_row_is_the_reference_decoders() -> None:
+    found = changes([TruncateMessage(None, 0, (1,))])
+    (change,) = found
+    micros = int((T0 - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) / dt.timedelta(microseconds=1))
+    row = truncate_row(change.table, 0x1000, change.seq, 100, micros)
+    want = batch_of(found).to_arrow()
+    assert row.schema.equals(want.schema, check_metadata=True)
+    assert row.equals(want)
