@@ -22,6 +22,10 @@ from collections.abc import Callable
 MOVED = {
     "airflow_pglogrepl.spark.drain": "airflow_pglogrepl.pipeline.drain",
     "airflow_pglogrepl.spark.overlap": "airflow_pglogrepl.pipeline.overlap",
+    "airflow_pglogrepl.lake.batch": "airflow_pglogrepl.changelog.rows",
+    "airflow_pglogrepl.lake.changelog": "airflow_pglogrepl.changelog.columns",
+    "airflow_pglogrepl.lake.temporal": "airflow_pglogrepl.changelog.temporal",
+    "airflow_pglogrepl.lake.types": "airflow_pglogrepl.changelog.types",
     "airflow_pglogrepl.lake.arrow_merge": "airflow_pglogrepl.merge.arrow",
     "airflow_pglogrepl.lake.materialize": "airflow_pglogrepl.merge.materialize",
     "airflow_pglogrepl.lake.reduce": "airflow_pglogrepl.merge.reduce",

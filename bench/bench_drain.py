@@ -41,8 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from airflow_pglogrepl.changelog.rows import ChangelogBatch
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
-from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.columnar import ColumnarDecoder
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def former_merge_state() -> Any:
     """``merge_state`` as the Parquet lake had it, loaded from git beside today's modules."""
-    import airflow_pglogrepl.lake.changelog as changelog
+    import airflow_pglogrepl.changelog.columns as changelog
 
     sys.modules.setdefault("airflow_pglogrepl.spark.changelog", changelog)
     source = subprocess.run(
@@ -59,7 +59,7 @@ def state_frame(spark: Any, rows: int) -> Any:
 
 
 def changes_frame(spark: Any, rows: int, count: int, seed: int = 7) -> Any:
-    from airflow_pglogrepl.lake.changelog import (
+    from airflow_pglogrepl.changelog.columns import (
         COMMIT_LSN,
         COMMIT_TS,
         OLD,

@@ -35,7 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_pglogrepl.lake import changelog as cl
+from airflow_pglogrepl.changelog import columns as cl
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge import arrow as arrow_merge

@@ -155,7 +155,7 @@ SLOWEST_MODULES = (
     "tests/lake/test_replay.py",
     "tests/merge/test_arrow.py",
     "tests/pipeline/test_drain.py",
-    "tests/lake/test_types.py",
+    "tests/changelog/test_types.py",
     "tests/operators/test_drain_in_worker.py",
 )
 

@@ -1,7 +1,7 @@
 """A columnar pgoutput decoder: a batch of messages in one Arrow ``binary`` column in, one
 changelog Arrow table per table out, with no Python object per value on the common path.
 
-The per-message decoder (``PgOutputStream``, then ``lake.batch.ChangelogBatch``) spends most of
+The per-message decoder (``PgOutputStream``, then ``changelog.rows.ChangelogBatch``) spends most of
 its time in CPython: a ``bytes`` object per message, a Python value per column, then those
 values gathered back into Arrow columns. Here the messages stay in the column's single buffer
 and its offsets. Everything is read with numpy over whole batches:
@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.lake import changelog as cl
-from airflow_pglogrepl.lake.batch import ChangelogBatch
-from airflow_pglogrepl.lake.types import arrow_from_text_array
+from airflow_pglogrepl.changelog import columns as cl
+from airflow_pglogrepl.changelog.rows import assemble, truncate_row
+from airflow_pglogrepl.changelog.types import arrow_from_text_array
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput.stream import PgOutputStream
 
@@ -158,8 +158,9 @@ class ColumnarDecoder:
         for index, tables in truncates.items():
             txn = txns[int(txn_of[index])]
             for offset, table in enumerate(tables):
-                add(table, _truncate_rows(table, txn, int(seq[index]) + offset),
-                    np.array([index]))  # fmt: skip
+                row = truncate_row(table, txn.commit_lsn, int(seq[index]) + offset, txn.xid,
+                                   txn.commit_ts_us)  # fmt: skip
+                add(table, row, np.array([index]))
         pieces = []
         for table, parts, orders in groups.values():
             order = np.concatenate(orders)
@@ -331,32 +332,32 @@ class _Rows:
         columns = []
         deletes = np.flatnonzero(kinds == _D)
         old_index = np.cumsum(has_old) - 1  # row -> its place among the rows with an old tuple
-        schema = ChangelogBatch(self.table).schema()
+        schema = cl.changelog_schema(self.table)
         for k, column in enumerate(self.table.columns):
             values = _Column.combine(count, new_rows, new_cols[k],
                                      deletes, _pick(old_cols, k, old_index, deletes))  # fmt: skip
             columns.append(values.to_arrow(buf, column, schema.field(k).type, self.table))
-        op = np.full(count, ord("I"), dtype=np.uint8)
-        op[kinds == _U] = ord("U")
-        op[kinds == _D] = ord("D")
+        op = np.full(count, ord(cl.INSERT), dtype=np.uint8)
+        op[kinds == _U] = ord(cl.UPDATE)
+        op[kinds == _D] = ord(cl.DELETE)
         txn_index = txn_of[self.rows]
         lsn = np.array([t.commit_lsn for t in txns], dtype=np.uint64)[txn_index]
         xid = np.array([t.xid for t in txns], dtype=np.int64)[txn_index]
         stamp = np.array([t.commit_ts_us for t in txns], dtype=np.int64)[txn_index]
         unchanged = _unchanged(count, new_rows, new_cols, names, kinds)
         old = _old_struct(count, has_old, old_index, kinds == _U, old_cols, buf, self.table,
-                          _old_type(schema))  # fmt: skip
-        arrays = [
-            *columns,
-            pa.array(op.view("S1").astype(str), pa.string()),
-            pa.array(lsn.astype(np.int64), pa.int64()),
-            pa.array(seq[self.rows], pa.int64()),
-            pa.array(xid, pa.int64()),
-            pa.array(stamp, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-            unchanged,
-            old,
-        ]
-        return pa.Table.from_arrays(arrays, schema=schema)
+                          cl.old_type(schema))  # fmt: skip
+        return assemble(
+            schema,
+            columns,
+            op=pa.array(op.view("S1").astype(str), pa.string()),
+            lsn=pa.array(lsn.astype(np.int64), pa.int64()),
+            seq=pa.array(seq[self.rows], pa.int64()),
+            xid=pa.array(xid, pa.int64()),
+            ts=pa.array(stamp, pa.int64()),
+            unchanged=unchanged,
+            old=old,
+        )
 
 
 @dataclass
@@ -522,32 +523,6 @@ def _old_struct(
         values = _Column.combine(count, rows, part, rows[:0], None)
         fields.append(values.to_arrow(buf, column, old_type.field(k).type, table))
     return pa.StructArray.from_arrays(fields, fields=list(old_type), mask=pa.array(~with_old))
-
-
-def _old_type(schema: pa.Schema) -> pa.DataType:
-    """The type of a changelog batch's ``_old``, its last column: taken by place, as a column
-    of the table may be called ``_old`` too."""
-    field = schema.field(len(schema) - 1)
-    assert field.name == cl.OLD, schema
-    return field.type
-
-
-def _truncate_rows(table: TableInfo, txn: _Txn, seq: int) -> pa.Table:
-    import pyarrow as pa
-
-    schema = ChangelogBatch(table).schema()
-    width = len(table.names)
-    arrays = [pa.nulls(1, schema.field(k).type) for k in range(width)]
-    arrays += [
-        pa.array(["T"], pa.string()),
-        pa.array([txn.commit_lsn], pa.int64()),
-        pa.array([seq], pa.int64()),
-        pa.array([txn.xid], pa.int64()),
-        pa.array([txn.commit_ts_us], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-        pa.nulls(1, pa.list_(pa.string())),
-        pa.nulls(1, _old_type(schema)),
-    ]
-    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 # -- the message buffer ---------------------------------------------------------------------

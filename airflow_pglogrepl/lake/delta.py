@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.lake.changelog import COMMIT_LSN
+from airflow_pglogrepl.changelog.columns import COMMIT_LSN
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lake.mapping import FEATURE, mapped_of, physical_names
 from airflow_pglogrepl.lake.storage import delta_options, filesystem

@@ -18,7 +18,7 @@ table, the *union* of every column it has seen, in the order it saw them:
   the drop hold NULL there;
 * **a type change that keeps the lake type** needs nothing: every integer type is ``int64``,
   every ``numeric(p, s)`` is ``decimal(38, s)`` and ``varchar(n)`` and ``text`` are both
-  ``string`` (``lake.types``), so ``int -> bigint``, ``numeric`` precision up and
+  ``string`` (``changelog.types``), so ``int -> bigint``, ``numeric`` precision up and
   ``varchar(n) -> text`` keep the lake's files as they are;
 * **anything else** (another lake type, another key, another replica identity) cannot be applied
   to rows already written: ``IncompatibleSchemaChangeError``, before anything is written. The
@@ -31,8 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.exceptions import ColumnBackfillError, IncompatibleSchemaChangeError
-from airflow_pglogrepl.lake.changelog import (
+from airflow_pglogrepl.changelog.columns import (
     COMMIT_LSN,
     KEY_META,
     META_COLUMNS,
@@ -42,8 +41,9 @@ from airflow_pglogrepl.lake.changelog import (
     described_identity,
     described_key,
 )
+from airflow_pglogrepl.changelog.types import TYPE_META, arrow_value, column_type
+from airflow_pglogrepl.exceptions import ColumnBackfillError, IncompatibleSchemaChangeError
 from airflow_pglogrepl.lake.names import FORMER_META, SOURCE_META
-from airflow_pglogrepl.lake.types import TYPE_META, arrow_value, column_type
 
 if TYPE_CHECKING:
     import pyarrow as pa

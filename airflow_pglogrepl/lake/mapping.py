@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.lake.changelog import META_COLUMNS, OLD
+from airflow_pglogrepl.changelog.columns import META_COLUMNS, OLD
 from airflow_pglogrepl.lake.names import needs_mapping, same_without_case
 
 if TYPE_CHECKING:

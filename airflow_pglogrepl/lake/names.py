@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from airflow_pglogrepl.lake.changelog import META_COLUMNS, OLD, OP, UNCHANGED
+from airflow_pglogrepl.changelog.columns import META_COLUMNS, OLD, OP, UNCHANGED
 
 if TYPE_CHECKING:
     import pyarrow as pa

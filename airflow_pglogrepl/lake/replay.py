@@ -49,8 +49,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from airflow_pglogrepl.changelog.columns import COMMIT_LSN, META_COLUMNS, SEQ, meta_fields
 from airflow_pglogrepl.exceptions import ReplayRangeError, TableNotInLakeError
-from airflow_pglogrepl.lake.changelog import COMMIT_LSN, META_COLUMNS, SEQ, meta_fields
 from airflow_pglogrepl.lake.cut import consistent_cut, only_slot
 from airflow_pglogrepl.lake.layout import LakePaths, app_id, table_dir, table_from_dir
 from airflow_pglogrepl.lake.txnlog import HistoryExpiredError, TxnLog

@@ -42,9 +42,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from airflow_pglogrepl.changelog.columns import COMMIT_LSN
 from airflow_pglogrepl.exceptions import IncompatibleSchemaChangeError, UnsupportedColumnTypeError
 from airflow_pglogrepl.lake import delta, evolve, mapping, names
-from airflow_pglogrepl.lake.changelog import COMMIT_LSN
 from airflow_pglogrepl.lake.layout import table_dir
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef

@@ -41,10 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.exceptions import LakeCommitConflictError, LakeError, PgLogReplError
-from airflow_pglogrepl.faults import fault
-from airflow_pglogrepl.lake import delta
-from airflow_pglogrepl.lake.changelog import (
+from airflow_pglogrepl.changelog.columns import (
     COMMIT_LSN,
     DELETE,
     INSERT,
@@ -58,6 +55,9 @@ from airflow_pglogrepl.lake.changelog import (
     described_identity,
     described_key,
 )
+from airflow_pglogrepl.exceptions import LakeCommitConflictError, LakeError, PgLogReplError
+from airflow_pglogrepl.faults import fault
+from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.evolve import added_at, base_fields, fill_value
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lake.mapping import (

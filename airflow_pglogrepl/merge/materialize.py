@@ -33,9 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.faults import fault
-from airflow_pglogrepl.lake import delta, evolve
-from airflow_pglogrepl.lake.changelog import (
+from airflow_pglogrepl.changelog.columns import (
     COMMIT_LSN,
     META_COLUMNS,
     OLD,
@@ -44,6 +42,8 @@ from airflow_pglogrepl.lake.changelog import (
     described_identity,
     described_key,
 )
+from airflow_pglogrepl.faults import fault
+from airflow_pglogrepl.lake import delta, evolve
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.names import former_names
 from airflow_pglogrepl.lsn import LSN

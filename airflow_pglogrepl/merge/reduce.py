@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from airflow_pglogrepl.lake.changelog import (
+from airflow_pglogrepl.changelog.columns import (
     COMMIT_LSN,
     DELETE,
     INSERT,
@@ -144,8 +144,8 @@ def net_changes(
 ) -> NetChanges:
     """The net effect of ``changes`` on ``target`` (the table's current state; None: empty).
 
-    ``changes`` follows the changelog contract (``airflow_pglogrepl.lake.changelog``); it may hold
-    any number of transactions, in any physical order: commit order is ``(_commit_lsn, _seq)``.
+    ``changes`` follows the changelog contract (``airflow_pglogrepl.changelog.columns``); it may
+    hold any number of transactions, in any physical order: commit order is ``(_commit_lsn, _seq)``.
     ``key`` is the replica identity's columns; ``full_identity`` means REPLICA IDENTITY FULL
     (``key`` is then ignored: the whole row is the identity). ``table`` only names the table in
     errors. ``target`` is only read: for the rows that moved to another key and for copy

@@ -126,7 +126,7 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
     IN_WORKER_MODULE: str | None = None
 
     def __init__(self, *, postgres_conn_id: str, slot_name: str, publications: Sequence[str],
-                 lake: str | None, sink: str | None, spark_log_level: str = "WARN",
+                 lake: str | None = None, sink: str | None = None, spark_log_level: str = "WARN",
                  lake_conn_id: str | None = None, **kwargs: Any) -> None:  # fmt: skip
         from airflow_pglogrepl.operators.arguments import lake_argument
         from airflow_pglogrepl.spark.log4j import spark_log_level as log4j_level

@@ -71,8 +71,8 @@ def lake_lineage(hook: PgLogicalReplicationHook, publications: Sequence[str], la
     part of them)."""
     from airflow.providers.openlineage.extractors import OperatorLineage
 
-    from airflow_pglogrepl.lake.changelog import META_COLUMNS
-    from airflow_pglogrepl.lake.types import arrow_type
+    from airflow_pglogrepl.changelog.columns import META_COLUMNS
+    from airflow_pglogrepl.changelog.types import arrow_type
 
     namespace, database, tables = published(hook, publications)
     if only is not None:

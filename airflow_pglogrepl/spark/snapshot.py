@@ -9,7 +9,7 @@ Spark task per range. A task runs on an executor, opens its own session, imports
 reads its range through ADBC, which parses the rows in C into Arrow record batches of about
 ``CHUNK_BYTES``. Integers, floats, booleans and text-like columns are read in their binary form,
 already the lake's values; every other column is read as its type's text output (what pgoutput
-sends) and converted by the drain's own mapping (``lake.types.arrow_from_text_array``): one
+sends) and converted by the drain's own mapping (``changelog.types.arrow_from_text_array``): one
 conversion, so a snapshot and a drain store every value alike. Tables are copied side by side.
 
 How it becomes visible: an initial snapshot's tables must not appear one by one while others
@@ -43,6 +43,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_pglogrepl.changelog.columns import changelog_schema
+from airflow_pglogrepl.changelog.types import (
+    UnconvertibleTextError,
+    arrow_from_text_array,
+    arrow_schema,
+)
 from airflow_pglogrepl.exceptions import (
     LakeError,
     LakeMismatchError,
@@ -52,7 +58,6 @@ from airflow_pglogrepl.exceptions import (
 )
 from airflow_pglogrepl.faults import fault, pause
 from airflow_pglogrepl.lake import mapping, names, staging
-from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.evolve import ATTNUM_META, numbered
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.quarantine import release
@@ -66,7 +71,6 @@ from airflow_pglogrepl.lake.snapshots import (
     snapshot_committed,
     temporary_slot_name,
 )
-from airflow_pglogrepl.lake.types import UnconvertibleTextError, arrow_from_text_array, arrow_schema
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
 from airflow_pglogrepl.pgoutput.values import OID, value_type
@@ -288,7 +292,7 @@ def mark_keys(frame: Any, key: Sequence[str], *, sources: Mapping[str, str] | No
     the columns of ``sources`` (lake name -> source name) with their source name
     (``lake.names.SOURCE_META``), and each column of ``attnums`` with its attribute number
     (``pglogrepl.attnum``: how the drain tells a later rename from a drop and an add)."""
-    from airflow_pglogrepl.lake.changelog import KEY_META
+    from airflow_pglogrepl.changelog.columns import KEY_META
     from airflow_pglogrepl.merge.reduce import column
 
     position = {name: index for index, name in enumerate(key)}
@@ -610,9 +614,8 @@ class SnapshotCopy:
         """Only once the state of the consistent point is committed may the changelog let go of
         what came before it: it takes the table's columns as they are now (a re-snapshot is the
         fix for a change the lake could not follow)."""
-        schema = numbered(
-            ChangelogBatch(table_info(table)).schema(), {c.name: c.attnum for c in table.columns}
-        )
+        attnums = {c.name: c.attnum for c in table.columns}
+        schema = numbered(changelog_schema(table_info(table)), attnums)
         restarted = self.lake.restart_changes(table.table, schema, self.point.consistent_point)
         if restarted != "kept":
             log.info("changelog of %s %s at %s", table.table, restarted,

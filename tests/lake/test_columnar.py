@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airflow_pglogrepl.lake.batch import ChangelogBatch
+from airflow_pglogrepl.changelog.rows import ChangelogBatch
 from airflow_pglogrepl.lake.columnar import ColumnarDecoder, ColumnarUnsupportedError
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream

@@ -105,7 +105,7 @@ def test_every_table_the_lake_creates_leaves_log_cleanup_to_the_upkeep(tmp_path:
     import pyarrow as pa
     from deltalake import DeltaTable
 
-    from airflow_pglogrepl.lake.changelog import COMMIT_LSN, KEY_META, OLD, OP, SEQ, UNCHANGED
+    from airflow_pglogrepl.changelog.columns import COMMIT_LSN, KEY_META, OLD, OP, SEQ, UNCHANGED
     from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.lsn import LSN
     from airflow_pglogrepl.merge import arrow as arrow_merge

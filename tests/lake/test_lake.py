@@ -346,7 +346,7 @@ def test_a_re_snapshot_after_a_key_column_was_renamed_restarts_the_changelog(
 ) -> None:
     """A key the changelog no longer matches (its column renamed while the table was held, say)
     cannot be evolved into: the re-snapshot restarts the changelog with the new key."""
-    from airflow_pglogrepl.lake.changelog import mark_keys
+    from airflow_pglogrepl.changelog.columns import mark_keys
 
     first = lake.open_window(LSN(0x100))
     keyed = batch((1, 0x110, 1))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from airflow_pglogrepl.changelog.columns import META_COLUMNS
 from airflow_pglogrepl.lake import delta
-from airflow_pglogrepl.lake.changelog import META_COLUMNS
 from airflow_pglogrepl.lake.mapping import PHYSICAL_KEY, is_mapped, mapped_schema, to_physical
 
 HOSTILE = ["sp ace", "a=b", "x(y)", "tab\there", "naïve✓", "é" * 31 + "x", "Name", "name__2"]

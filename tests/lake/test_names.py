@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_pglogrepl.lake.changelog import META_COLUMNS
+from airflow_pglogrepl.changelog.columns import META_COLUMNS
 from airflow_pglogrepl.lake.names import (
     assign,
     needs_mapping,

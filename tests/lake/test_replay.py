@@ -22,15 +22,15 @@ import pyarrow as pa
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from airflow_pglogrepl.exceptions import ReplayRangeError, TableNotInLakeError
-from airflow_pglogrepl.lake import delta, storage
-from airflow_pglogrepl.lake.changelog import (
+from airflow_pglogrepl.changelog.columns import (
     COMMIT_LSN,
     OP,
     SEQ,
     mark_keys,
     meta_fields,
 )
+from airflow_pglogrepl.exceptions import ReplayRangeError, TableNotInLakeError
+from airflow_pglogrepl.lake import delta, storage
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import app_id, table_dir
 from airflow_pglogrepl.lake.replay import (

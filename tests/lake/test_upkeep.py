@@ -333,7 +333,7 @@ def _changes(names: list[str], rows: list[dict[str, Any]]) -> Any:
     """A full changelog batch (the table's columns, then the changelog's own)."""
     import pyarrow as pa
 
-    from airflow_pglogrepl.lake import changelog as cl
+    from airflow_pglogrepl.changelog import columns as cl
 
     base = cl.mark_keys([pa.field(n, pa.int64() if i == 0 else pa.string())
                          for i, n in enumerate(names)], [names[0]])  # fmt: skip

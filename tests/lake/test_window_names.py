@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from airflow_pglogrepl.lake import changelog as cl
+from airflow_pglogrepl.changelog import columns as cl
 from airflow_pglogrepl.lake.delta import open_table, read_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.mapping import PHYSICAL_KEY, is_mapped
@@ -249,7 +249,7 @@ def test_a_sliced_batch_with_null_unchanged_lists_is_renamed() -> None:
 
 @pytest.mark.parametrize("name", ["_op", "_old", "_unchanged", "_commit_lsn"])
 def test_the_decoders_take_a_source_column_named_like_the_changelogs_own(name: str) -> None:
-    from airflow_pglogrepl.lake.batch import ChangelogBatch
+    from airflow_pglogrepl.changelog.rows import ChangelogBatch
     from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
     from airflow_pglogrepl.pgoutput.values import OID
 

@@ -12,8 +12,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from airflow_pglogrepl.changelog.columns import IDENTITY_META, KEY_META
 from airflow_pglogrepl.exceptions import LakeError
-from airflow_pglogrepl.lake.changelog import IDENTITY_META, KEY_META
 from airflow_pglogrepl.lake.delta import read_table, txn_version
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN

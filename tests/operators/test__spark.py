@@ -14,6 +14,7 @@ import inspect
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -36,10 +37,16 @@ def test_the_provider_still_has_the_private_methods_we_override() -> None:
     assert not hasattr(SparkSubmitHook, "__slots__")
 
 
+# what every lake operator is given: the slot, its publications, the lake
+LAKE_TASK: dict[str, Any] = {"postgres_conn_id": "pg", "slot_name": "s", "publications": ["p"],
+                             "lake": "/lake"}  # fmt: skip
+
+
 def test_the_capturing_hook_keeps_the_lines_and_the_providers_state() -> None:
     operator = PackageSparkSubmitOperator(
-        task_id="t", application="app.py", conn_id="spark_local", name="pinned", verbose=True
-    )
+        task_id="t", application="app.py", conn_id="spark_local", name="pinned", verbose=True,
+        **LAKE_TASK,
+    )  # fmt: skip
     base = SparkSubmitOperator._get_hook(operator)
     hook = operator._get_hook()
     assert isinstance(hook, CapturingSparkSubmitHook)
@@ -78,8 +85,9 @@ def test_the_drivers_log_configuration_keeps_the_users_spark_defaults(
         "-Dlog4j2.configurationFile=file:/etc/theirs.properties\n"
     )
     operator = PackageSparkSubmitOperator(
-        task_id="t", application="app.py", conn_id="spark_local", spark_log_level="ERROR"
-    )
+        task_id="t", application="app.py", conn_id="spark_local", spark_log_level="ERROR",
+        **LAKE_TASK,
+    )  # fmt: skip
     operator._prepare_submit("host=localhost dbname=probe")
     with operator._shipping_package():
         hook = operator._get_hook()
@@ -100,8 +108,9 @@ def test_the_drivers_log_configuration_keeps_the_users_spark_defaults(
 def test_a_misspelt_spark_log_level_fails_the_dags_parse() -> None:
     """Not each try of the task: a ValueError at run time is retried like a network fault."""
     with pytest.raises(ValueError, match="not a log4j level"):
-        PackageSparkSubmitOperator(task_id="t", application="a.py", spark_log_level="WARNN")
+        PackageSparkSubmitOperator(task_id="t", application="a.py", spark_log_level="WARNN",
+                                   **LAKE_TASK)  # fmt: skip
     templated = "{{ params.spark_log_level }}"
     operator = PackageSparkSubmitOperator(task_id="t", application="a.py",
-                                          spark_log_level=templated)  # fmt: skip
+                                          spark_log_level=templated, **LAKE_TASK)  # fmt: skip
     assert operator.spark_log_level == templated  # checked once rendered, when the task runs

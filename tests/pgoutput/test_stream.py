@@ -27,9 +27,9 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
+from airflow_pglogrepl.changelog.types import arrow_schema, arrow_type, arrow_value
 from airflow_pglogrepl.exceptions import DecodeError, UnknownRelationError
 from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
-from airflow_pglogrepl.lake.types import arrow_schema, arrow_type, arrow_value
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import (
     UNCHANGED_TOAST,

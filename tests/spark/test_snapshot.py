@@ -24,11 +24,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from airflow_pglogrepl.changelog.columns import described_identity, described_key
 from airflow_pglogrepl.exceptions import LakeError, LakeNotEmptyError
 from airflow_pglogrepl.hooks.pg.snapshot import SnapshotTable
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.lake import staging
-from airflow_pglogrepl.lake.changelog import described_identity, described_key
 from airflow_pglogrepl.lake.delta import list_tables, open_table, read_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import table_dir

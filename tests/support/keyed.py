@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from airflow_pglogrepl.lake import changelog as cl
+from airflow_pglogrepl.changelog import columns as cl
 from airflow_pglogrepl.lake.delta import read_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN

@@ -15,9 +15,11 @@ PACKAGE = REPO / "airflow_pglogrepl"
 
 # The layers, bottom to top: a module may import its own layer and those below it. The plain
 # records (models) sit under everything that uses them, the statements (hooks.pg) under the
-# lake and the Spark applications, the roles (hooks, triggers, sensors, operators) on top.
-LAYERS = ("root", "models", "preflight", "hooks.pg", "pgoutput", "lake", "merge", "pipeline",
-          "spark", "hooks", "triggers", "sensors", "operators", "testing")  # fmt: skip
+# lake and the Spark applications, the changelog's contract and row builder (changelog) between
+# the decoder (pgoutput) and the storage (lake), the roles (hooks, triggers, sensors, operators)
+# on top.
+LAYERS = ("root", "models", "preflight", "hooks.pg", "pgoutput", "changelog", "lake", "merge",
+          "pipeline", "spark", "hooks", "triggers", "sensors", "operators", "testing")  # fmt: skip
 
 
 def modules() -> Iterator[tuple[str, Path]]:

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pytest
 
-from airflow_pglogrepl.lake.types import (
+from airflow_pglogrepl.changelog.types import (
     arrow_schema,
     arrow_type,
     arrow_value,
@@ -374,11 +374,11 @@ def expected(src: Source, columns: list[Col]) -> dict[int, dict[str, Any]]:
     return {row[0]: dict(zip(names, row, strict=True)) for row in rows}
 
 
-def lake_state(sink: str, columns: list[Col]) -> dict[int, dict[str, Any]]:
+def lake_state(lake_root: str, columns: list[Col]) -> dict[int, dict[str, Any]]:
     """The state as plain values: dates and timestamps as the integers Delta stores."""
     import pyarrow as pa
 
-    table = read_delta(Path(sink, "state", "public.every"))
+    table = read_delta(Path(lake_root, "state", "public.every"))
     fields = []
     for field in table.schema:
         kind = field.type.value_type if pa.types.is_list(field.type) else field.type
@@ -408,8 +408,8 @@ def same(lake: Any, source: Any) -> bool:
     return bool(lake == source) and type(lake) is type(source)
 
 
-def assert_lake_equals_source(src: Source, sink: str, columns: list[Col]) -> None:
-    want, got = expected(src, columns), lake_state(sink, columns)
+def assert_lake_equals_source(src: Source, lake_root: str, columns: list[Col]) -> None:
+    want, got = expected(src, columns), lake_state(lake_root, columns)
     assert sorted(got) == sorted(want)
     wrong = [
         (row_id, name, got[row_id][name], value)
@@ -425,7 +425,7 @@ def assert_lake_equals_source(src: Source, sink: str, columns: list[Col]) -> Non
 def test_every_type_through_snapshot_drain_and_merge_equals_the_source(
     spark: Any, source: Source, tmp_path: Path
 ) -> None:
-    sink = str(tmp_path / "lake")
+    lake_root = str(tmp_path / "lake")
     for name, value in DATABASE_DEFAULTS.items():
         source.sql(f'ALTER DATABASE "{source.db}" SET "{name}" = \'{value}\'')
     for statement in USER_TYPES:
@@ -434,12 +434,12 @@ def test_every_type_through_snapshot_drain_and_merge_equals_the_source(
     ddl = ", ".join(f"{c.name} {c.type}" for c in columns)
     source.sql(f"CREATE TABLE every (id int PRIMARY KEY, {ddl})")
     source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE every")
-    drain_in_process(spark, source, sink, window=ONE_WINDOW)  # the lake starts empty
+    drain_in_process(spark, source, lake_root, window=ONE_WINDOW)  # the lake starts empty
 
     # Through the snapshot: COPY text, parsed on the executors.
     insert_rows(source, columns, (1, 2, 3, 4))
-    re_snapshot(spark, source, sink, [EVERY])
-    assert_lake_equals_source(source, sink, columns)
+    re_snapshot(spark, source, lake_root, [EVERY])
+    assert_lake_equals_source(source, lake_root, columns)
 
     # Through the drain: the same values decoded from pgoutput, inserted, updated and deleted.
     insert_rows(source, columns, (11, 12, 13, 14))
@@ -449,8 +449,8 @@ def test_every_type_through_snapshot_drain_and_merge_equals_the_source(
     source.sql(f"UPDATE every SET ({names}) = (SELECT {names} FROM every WHERE id = 3) "
                "WHERE id = 14")  # fmt: skip
     source.sql("DELETE FROM every WHERE id = 4")
-    drain_in_process(spark, source, sink, window=ONE_WINDOW)
-    assert_lake_equals_source(source, sink, columns)
+    drain_in_process(spark, source, lake_root, window=ONE_WINDOW)
+    assert_lake_equals_source(source, lake_root, columns)
 
 
 @pytest.mark.usefixtures("spark")
@@ -459,7 +459,7 @@ def test_every_type_in_a_first_state_written_without_a_jvm_then_merged_by_spark(
 ) -> None:
     """A lake begun by a drain (no snapshot): its first state is an Arrow append through
     delta-rs (``merge.arrow``), then Spark merges a key change into that table."""
-    sink = str(tmp_path / "lake")
+    lake_root = str(tmp_path / "lake")
     for name, value in DATABASE_DEFAULTS.items():
         source.sql(f'ALTER DATABASE "{source.db}" SET "{name}" = \'{value}\'')
     for statement in USER_TYPES:
@@ -473,13 +473,13 @@ def test_every_type_in_a_first_state_written_without_a_jvm_then_merged_by_spark(
     source.sql(f"UPDATE every SET ({names}) = (SELECT {names} FROM every WHERE id = 2) "
                "WHERE id = 1")  # fmt: skip
     source.sql("DELETE FROM every WHERE id = 4")
-    first = drain_in_process(spark, source, sink, window=ONE_WINDOW)
+    first = drain_in_process(spark, source, lake_root, window=ONE_WINDOW)
     assert first["materialized"] == {"public.every": first["window_end_lsn"]}
-    assert_lake_equals_source(source, sink, columns)
+    assert_lake_equals_source(source, lake_root, columns)
 
     source.sql("UPDATE every SET id = id + 100 WHERE id IN (2, 3)")  # key changes: Spark's
-    drain_in_process(spark, source, sink, window=ONE_WINDOW)
-    assert_lake_equals_source(source, sink, columns)
+    drain_in_process(spark, source, lake_root, window=ONE_WINDOW)
+    assert_lake_equals_source(source, lake_root, columns)
 
 
 def test_a_value_the_lake_cannot_hold_quarantines_its_table_and_the_fix_it_names_works(
@@ -487,25 +487,25 @@ def test_a_value_the_lake_cannot_hold_quarantines_its_table_and_the_fix_it_names
 ) -> None:
     from airflow_pglogrepl.lake.lake import Lake
 
-    sink = str(tmp_path / "lake")
+    lake_root = str(tmp_path / "lake")
     source.sql("CREATE TABLE t (id int PRIMARY KEY, ts timestamp)")
     source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE t")
     source.sql("INSERT INTO t VALUES (1, '2024-01-01')")
-    drain_in_process(spark, source, sink, window=ONE_WINDOW)
+    drain_in_process(spark, source, lake_root, window=ONE_WINDOW)
 
     # In PostgreSQL's range, past a 64-bit count of microseconds since 1970: the table goes to
     # the lake's quarantine (tests/spark/test_quarantine.py), the slot moves on
     source.sql("INSERT INTO t VALUES (2, '294250-01-01 00:00:00')")
-    held = drain_in_process(spark, source, sink, window=ONE_WINDOW)["quarantined"]["public.t"]
+    held = drain_in_process(spark, source, lake_root, window=ONE_WINDOW)["quarantined"]["public.t"]
     assert held["error"] == "UnstorableValueError"
     assert held["what"].startswith(
         "column 'ts': the value '294250-01-01 00:00:00' cannot be stored in the lake"
     )
-    position = Lake(sink, source.slot).position()
+    position = Lake(lake_root, source.slot).position()
     assert source.hook().get_slot(source.slot).confirmed_flush_lsn == position
 
     source.sql("UPDATE t SET ts = '2025-01-01' WHERE id = 2")
-    re_snapshot(spark, source, sink, [TableRef("public", "t")])
+    re_snapshot(spark, source, lake_root, [TableRef("public", "t")])
     source.sql("INSERT INTO t VALUES (3, '2026-01-01')")
-    drain_in_process(spark, source, sink, window=ONE_WINDOW)
-    assert_state_equals_source(source, sink, TableRef("public", "t"))
+    drain_in_process(spark, source, lake_root, window=ONE_WINDOW)
+    assert_state_equals_source(source, lake_root, TableRef("public", "t"))

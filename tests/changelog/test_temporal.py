@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_pglogrepl.lake import temporal
+from airflow_pglogrepl.changelog import temporal
 
 OFFSETS = st.integers(-15 * 3600, 15 * 3600).map(lambda s: dt.timezone(dt.timedelta(seconds=s)))
 
