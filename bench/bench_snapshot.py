@@ -57,8 +57,9 @@ def main() -> None:
     from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader
     from airflow_pglogrepl.hooks.replication import DsnReplicationHook
     from airflow_pglogrepl.lake.lake import Lake
+    from airflow_pglogrepl.spark.range_copy import BlockRange, CopyTask
     from airflow_pglogrepl.spark.session import local_session
-    from airflow_pglogrepl.spark.snapshot import BlockRange, CopyTask, SnapshotCopy, SnapshotPoint
+    from airflow_pglogrepl.spark.snapshot import SnapshotCopy, SnapshotPoint
 
     Hook = DsnReplicationHook  # noqa: N806 (it includes the snapshot statements)
 

@@ -15,7 +15,6 @@ LONG_MODULES = {
     "airflow_pglogrepl.pgoutput.decoder": 611,
     "airflow_pglogrepl.pgoutput.stream": 668,
     "airflow_pglogrepl.pgoutput.values": 719,
-    "airflow_pglogrepl.spark.snapshot": 690,
 }
 
 # Imports that go up the layers (tests/support/layout.py: LAYERS) today: errors and adapters

@@ -26,21 +26,16 @@ from deltalake import DeltaTable
 
 from airflow_pglogrepl.changelog.columns import described_identity, described_key
 from airflow_pglogrepl.exceptions import LakeError, LakeNotEmptyError
-from airflow_pglogrepl.hooks.pg.snapshot import SnapshotTable
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.lake import staging
 from airflow_pglogrepl.lake.delta import list_tables, open_table, read_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import table_dir
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
-from airflow_pglogrepl.pgoutput.values import OID
 from airflow_pglogrepl.spark.snapshot import (
-    BlockRange,
     SnapshotCopy,
     SnapshotPoint,
     check_empty_lake,
-    plan_ranges,
     resolve,
     temporary_slot_name,
 )
@@ -430,7 +425,7 @@ def test_the_task_reads_hostile_names_in_the_snapshot_through_adbc_and_fails_cle
     from airflow_pglogrepl.exceptions import ConnectionFailedError, LakeError, SnapshotReadError
     from airflow_pglogrepl.hooks.pg.passfile import travelling_params
     from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader
-    from airflow_pglogrepl.spark.snapshot import CopyTask
+    from airflow_pglogrepl.spark.range_copy import BlockRange, CopyTask
 
     table = '"Sch; ema"."Tab ""le"" é"'
     src.sql('CREATE SCHEMA "Sch; ema"')
@@ -505,73 +500,6 @@ def _arrow_state(lake_root: str, table: str) -> tuple[str, list[dict[str, Any]]]
     rows = sorted(data.to_pylist(), key=repr)
     types = ", ".join(f"{f.name}: {f.type}" for f in data.schema)
     return types, rows
-
-
-# -- planning (no server) ------------------------------
-
-
-def _table(blocks: int, reltuples: float, relpages: int, relkind: str = "r") -> SnapshotTable:
-    return SnapshotTable(
-        table=TableRef("public", "t"), relid=1, relkind=relkind, replica_identity="d",
-        columns=(), row_filter=None, blocks=blocks, reltuples=reltuples, relpages=relpages,
-        publications=("p",),
-    )  # fmt: skip
-
-
-def test_plan_ranges_cover_every_block_once() -> None:
-    ranges = plan_ranges(_table(1000, 100_000, 1000), max_tasks=4, rows_per_task=30_000)
-    assert ranges == [BlockRange(0, 250), BlockRange(250, 500), BlockRange(500, 750),
-                      BlockRange(750, None)]  # fmt: skip
-    assert plan_ranges(_table(1000, 100_000, 1000), max_tasks=8, rows_per_task=60_000) == [
-        BlockRange(0, 500), BlockRange(500, None)
-    ]  # fmt: skip
-    # never analyzed: sized from blocks; tiny and partitioned tables: one open range
-    assert len(plan_ranges(_table(100, -1, 0), max_tasks=8, rows_per_task=1000)) == 6
-    assert plan_ranges(_table(3, 300, 3), max_tasks=8, rows_per_task=1) == [
-        BlockRange(0, 1), BlockRange(1, 2), BlockRange(2, None)
-    ]  # fmt: skip
-    assert plan_ranges(_table(0, 0, 0), max_tasks=8, rows_per_task=1) == [BlockRange(0, None)]
-    assert plan_ranges(_table(0, 5e6, 0, "p"), max_tasks=8, rows_per_task=1) == [
-        BlockRange(0, None)
-    ]
-
-
-def test_the_snapshot_stores_what_the_drain_stores_and_names_what_neither_can() -> None:
-    from airflow_pglogrepl.exceptions import UnstorableValueError
-    from airflow_pglogrepl.spark.snapshot import _plain_schema, _read_plan, lake_batch
-
-    info = TableInfo(
-        "public",
-        "t",
-        [
-            ColumnInfo("id", OID.INT4, -1, True, OID.INT4),
-            ColumnInfo("ts", OID.TIMESTAMP, -1, False, OID.TIMESTAMP),
-            ColumnInfo("tm", OID.TIME, -1, False, OID.TIME),
-        ],
-    )
-    plan, schema = _read_plan(info), _plain_schema(info)
-    assert [c.cast for c in plan] == ["int8", None, None]
-
-    def fetched(ids: list[int], stamps: list[str | None], times: list[str | None]) -> Any:
-        columns = [pa.array(ids, pa.int64()), pa.array(stamps), pa.array(times, pa.string())]
-        return pa.record_batch(columns, names=["id", "ts", "tm"])
-
-    copied = lake_batch(
-        fetched([1, 2, 3], ["infinity", "0001-01-01 00:00:00 BC", None],
-                ["24:00:00", "00:00:01", None]),
-        plan, schema, "public.t",
-    )  # fmt: skip
-    assert copied.column("ts").cast(pa.int64()).to_pylist() == [
-        2**63 - 1,
-        -62_167_219_200_000_000,
-        None,
-    ]
-    assert copied.column("tm").to_pylist() == [86_400_000_000, 1_000_000, None]
-    with pytest.raises(
-        UnstorableValueError,
-        match=r"table public\.t, column 'ts': the value '294250-01-01 00:00:00' cannot be stored",
-    ):
-        lake_batch(fetched([1], ["294250-01-01 00:00:00"], [None]), plan, schema, "public.t")
 
 
 def test_a_staged_copy_is_no_table_until_published_whole_and_once(tmp_path: Path) -> None:
