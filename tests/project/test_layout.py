@@ -101,16 +101,13 @@ def test_the_architecture_page_names_modules_that_exist() -> None:
 # through others today. A test module at the mirrored path takes its module off this list.
 UNMIRRORED = {
     "get_provider_info.py",
-    "hooks/catalog.py",
     "hooks/conflicts.py",
     "hooks/fence.py",
-    "hooks/parity.py",
     "hooks/pg/arrow_peek.py",
     "hooks/pg/fence_guard.py",
     "hooks/pg/snapshot.py",
     "hooks/pg/source.py",
     "hooks/publications.py",
-    "hooks/sequences.py",
     "lake/batch.py",
     "lake/changelog.py",
     "lake/mapped_compaction.py",
