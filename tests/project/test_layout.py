@@ -107,7 +107,6 @@ UNMIRRORED = {
     "hooks/pg/fence_guard.py",
     "hooks/pg/snapshot.py",
     "hooks/pg/source.py",
-    "hooks/publications.py",
     "lake/batch.py",
     "lake/changelog.py",
     "lake/mapped_compaction.py",
