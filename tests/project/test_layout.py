@@ -104,7 +104,6 @@ UNMIRRORED = {
     "hooks/fence.py",
     "hooks/pg/arrow_peek.py",
     "hooks/pg/fence_guard.py",
-    "hooks/pg/snapshot.py",
     "hooks/pg/source.py",
     "lake/batch.py",
     "lake/changelog.py",
