@@ -102,9 +102,7 @@ def test_the_architecture_page_names_modules_that_exist() -> None:
 UNMIRRORED = {
     "get_provider_info.py",
     "hooks/fence.py",
-    "hooks/pg/arrow_peek.py",
     "hooks/pg/fence_guard.py",
-    "hooks/pg/source.py",
     "lake/batch.py",
     "lake/changelog.py",
     "lake/mapped_compaction.py",
