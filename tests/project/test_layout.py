@@ -102,7 +102,6 @@ def test_the_architecture_page_names_modules_that_exist() -> None:
 UNMIRRORED = {
     "get_provider_info.py",
     "hooks/fence.py",
-    "hooks/pg/fence_guard.py",
     "lake/batch.py",
     "lake/changelog.py",
     "lake/mapped_compaction.py",
