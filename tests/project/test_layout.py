@@ -101,7 +101,6 @@ def test_the_architecture_page_names_modules_that_exist() -> None:
 # through others today. A test module at the mirrored path takes its module off this list.
 UNMIRRORED = {
     "get_provider_info.py",
-    "hooks/fence.py",
     "lake/batch.py",
     "lake/changelog.py",
     "lake/mapped_compaction.py",
