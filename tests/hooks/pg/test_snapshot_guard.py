@@ -1,14 +1,14 @@
 """The snapshot under DDL, under hostile server timeouts, and with its secrets kept home.
 
 Live publisher; real local Spark where the copy runs. Each test failed before the guard
-(``hooks.pg.snapshot_guard``) and the travelling parameters (``hooks.pg.passfile``) existed.
+(``hooks.pg.snapshot_guard``) and the travelling parameters (``hooks.pg.passfile``, whose own
+tests are in ``test_passfile.py``) existed.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -117,25 +117,6 @@ def test_the_task_shipped_to_executors_holds_no_password(src: Source, tmp_path: 
     passfile = Path(task.params["passfile"])
     assert not passfile.exists(), "the passfile outlived the snapshot"
     assert task.params["application_name"].startswith("pglogrepl snapshot ")
-
-
-def test_the_passfile_is_private_and_libpq_reads_it(src: Source) -> None:
-    from airflow_pglogrepl.hooks.pg.passfile import travelling_params
-
-    params = DsnReplicationHook(src.dsn).connection_params()
-    params["password"] = "p:a\\ss" + params["password"]  # what libpq must unescape
-    with travelling_params(params) as travelling:
-        path = Path(travelling["passfile"])
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600
-        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-        assert "p\\:a\\\\ss" in path.read_text()
-    real = DsnReplicationHook(src.dsn).connection_params()
-    with travelling_params(real) as travelling:
-        from airflow_pglogrepl.conninfo import make_dsn
-
-        with psycopg.connect(make_dsn(travelling)) as conn:
-            assert conn.execute("SELECT 1").fetchone() == (1,)
-    assert not path.exists()
 
 
 def _run(copy: SnapshotCopy, results: dict[str, Any]) -> None:
