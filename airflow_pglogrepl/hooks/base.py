@@ -107,6 +107,7 @@ class PgSessionHook(PostgresHook):
             yield conn
 
     def _source_label(self) -> str:
+        """How errors and logs name where this hook's server came from (never its secrets)."""
         return f"Airflow connection {self.get_conn_id()!r}"
 
     @contextmanager

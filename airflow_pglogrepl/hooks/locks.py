@@ -16,5 +16,5 @@ class WriterLockMixin(PgSessionHook):
     ) -> AbstractContextManager[locks.WriterLock]:
         """Hold the writer lock of ``slot``'s lake, or raise ``LakeWriterBusyError`` at once;
         the block gets the ``WriterLock`` whose ``check`` proves it is still held."""
-        label = f"Airflow connection {self.get_conn_id()!r}"
+        label = self._source_label()
         return locks.writer_lock(self.connection_params(), slot, role=role, label=label)

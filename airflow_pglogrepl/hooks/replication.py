@@ -75,3 +75,6 @@ class DsnReplicationHook(PgLogicalReplicationHook):
 
     def get_conn_id(self) -> str:
         return self._label
+
+    def _source_label(self) -> str:
+        return self._label  # a DSN, not an Airflow connection: named as given

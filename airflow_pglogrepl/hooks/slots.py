@@ -92,7 +92,7 @@ class SlotsMixin(PgSessionHook):
     ) -> Iterator[tuple[LSN, int | None, Any]]:
         """Stream the slot's changes without consuming it (``hooks.pg.slots.peek_changes``)."""
         return slots.peek_changes(
-            self.connection_params(), slot, label=f"Airflow connection {self.get_conn_id()!r}",
+            self.connection_params(), slot, label=self._source_label(),
             upto_lsn=upto_lsn, options=options, binary=binary, upto_nchanges=upto_nchanges,
             batch_rows=batch_rows,
         )  # fmt: skip
@@ -102,6 +102,6 @@ class SlotsMixin(PgSessionHook):
     ) -> Iterator[Any]:
         """The slot's messages as Arrow batches (``hooks.pg.arrow_peek.peek_arrow``)."""
         return arrow_peek.peek_arrow(
-            self.connection_params(), slot, label=f"Airflow connection {self.get_conn_id()!r}",
+            self.connection_params(), slot, label=self._source_label(),
             upto_lsn=upto_lsn, options=options,
         )  # fmt: skip

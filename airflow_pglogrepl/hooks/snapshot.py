@@ -20,5 +20,5 @@ class SnapshotMixin(PgSessionHook):
         ``hooks.pg.snapshot.create_slot_with_snapshot``); the result holds the session."""
         return create_slot_with_snapshot(
             self.connection_params(), name, plugin=plugin, temporary=temporary,
-            label=f"Airflow connection {self.get_conn_id()!r}",
+            label=self._source_label(),
         )  # fmt: skip

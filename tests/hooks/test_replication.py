@@ -58,4 +58,5 @@ def test_a_dsn_hook_reaches_its_server_and_a_failed_login_names_the_label_not_th
     wrong = make_dsn({**publisher.params(), "password": "wr0ng-pw"})
     with pytest.raises(ConnectionFailedError, match="password authentication failed") as caught:
         DsnReplicationHook(wrong, label="THE_SOURCE_DSN").database_name()
-    assert "THE_SOURCE_DSN" in str(caught.value) and "wr0ng-pw" not in str(caught.value)
+    assert "(THE_SOURCE_DSN)" in str(caught.value) and "wr0ng-pw" not in str(caught.value)
+    assert "Airflow connection" not in str(caught.value)  # it is a DSN, named as given
