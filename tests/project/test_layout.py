@@ -100,7 +100,6 @@ def test_the_architecture_page_names_modules_that_exist() -> None:
 # Modules with logic and no test module at their mirrored path (tests/README.md): tested only
 # through others today. A test module at the mirrored path takes its module off this list.
 UNMIRRORED = {
-    "get_provider_info.py",
     "hooks/base.py",
     "hooks/catalog.py",
     "hooks/conflicts.py",
