@@ -122,7 +122,6 @@ UNMIRRORED = {
     "lake/mapped_compaction.py",
     "lake/staging.py",
     "merge/materialize.py",
-    "models/facts.py",
     "operators/_idle.py",
     "operators/_in_worker.py",
     "operators/snapshot.py",
