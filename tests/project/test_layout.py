@@ -131,8 +131,6 @@ UNMIRRORED = {
     "sensors/progress.py",
     "sensors/subscription.py",
     "spark/app.py",
-    "spark/drain_app.py",
-    "spark/snapshot_app.py",
     "testing/pgcluster.py",
     "testing/s3.py",
 }
