@@ -127,10 +127,8 @@ UNMIRRORED = {
     "operators/snapshot.py",
     "pgoutput/changes.py",
     "pgoutput/messages.py",
-    "sensors/_base.py",
     "sensors/progress.py",
     "sensors/subscription.py",
-    "spark/app.py",
     "testing/pgcluster.py",
     "testing/s3.py",
 }
