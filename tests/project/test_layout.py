@@ -123,7 +123,6 @@ UNMIRRORED = {
     "lake/staging.py",
     "merge/materialize.py",
     "operators/_idle.py",
-    "operators/_in_worker.py",
     "operators/snapshot.py",
     "pgoutput/changes.py",
     "pgoutput/messages.py",
