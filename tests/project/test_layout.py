@@ -120,7 +120,6 @@ UNMIRRORED = {
     "lake/batch.py",
     "lake/changelog.py",
     "lake/mapped_compaction.py",
-    "lake/staging.py",
     "merge/materialize.py",
     "operators/_idle.py",
     "operators/snapshot.py",

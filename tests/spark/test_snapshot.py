@@ -4,15 +4,14 @@ between tables), identities without a primary key, and types identical to the dr
 
 Without a server: the bootstrap plan (an existing slot is dropped only on an explicit signal or on
 proof that the lake holds a killed run's snapshot of exactly that slot, never because the lake
-looks empty), block ranges, the snapshot's values stored as the drain stores them, and a staged
-copy published whole and once.
+looks empty), block ranges, and the snapshot's values stored as the drain stores them (a staged
+copy published whole and once: tests/lake/test_staging.py).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import os
 import random
 import threading
 import time
@@ -29,7 +28,7 @@ from airflow_pglogrepl.hooks.pg.snapshot import SnapshotTable
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.lake import staging
 from airflow_pglogrepl.lake.changelog import described_identity, described_key
-from airflow_pglogrepl.lake.delta import list_tables, open_table, read_table
+from airflow_pglogrepl.lake.delta import list_tables, open_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import table_dir
 from airflow_pglogrepl.lsn import LSN
@@ -427,7 +426,7 @@ def test_the_task_reads_hostile_names_in_the_snapshot_through_adbc_and_fails_cle
     the schema, table and column names and the row filter; ranges of heap blocks that add up to
     the table; rows written after the snapshot unseen. A snapshot that is gone, or a wrong
     password, is ``SnapshotReadError`` naming the table, and never the password."""
-    from airflow_pglogrepl.exceptions import ConnectionFailedError, LakeError, SnapshotReadError
+    from airflow_pglogrepl.exceptions import ConnectionFailedError, SnapshotReadError
     from airflow_pglogrepl.hooks.pg.passfile import travelling_params
     from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader
     from airflow_pglogrepl.spark.snapshot import CopyTask
@@ -572,45 +571,6 @@ def test_the_snapshot_stores_what_the_drain_stores_and_names_what_neither_can() 
         match=r"table public\.t, column 'ts': the value '294250-01-01 00:00:00' cannot be stored",
     ):
         lake_batch(fetched([1], ["294250-01-01 00:00:00"], [None]), plan, schema, "public.t")
-
-
-def test_a_staged_copy_is_no_table_until_published_whole_and_once(tmp_path: Path) -> None:
-    from deltalake import CommitProperties, Transaction, write_deltalake
-
-    state, app, point = str(tmp_path / "state"), "airflow-pglogrepl/s", LSN("0/3000060")
-    table = f"{state}/public.t"
-    staged = staging.staged_uri(table, point)
-    commit = CommitProperties(app_transactions=[Transaction(app, int(point))])
-    rows = pa.table({"id": pa.array([1, 2, 3], pa.int64())})
-    write_deltalake(staged, rows, commit_properties=commit,
-                    configuration={"delta.enableDeletionVectors": "true"})  # fmt: skip
-    assert staged == f"{table}/snapshot-0000000003000060"
-    assert list_tables(state) == []  # a folder without a log: no table
-    assert staging.staged_points(state) == [point]
-    assert staging.leftovers(state, app) == [staged]
-    written = DeltaTable(staged)
-
-    assert staging.publish(table, staged) == 1
-    published = DeltaTable(table)
-    assert published.version() == 0 and published.transaction_version(app) == int(point)
-    assert published.protocol() == written.protocol()  # the writer's own commit, moved
-    assert published.metadata().configuration == {"delta.enableDeletionVectors": "true"}
-    assert read_table(table).column("id").to_pylist() == [1, 2, 3]
-    assert not os.path.exists(f"{staged}/_delta_log") and os.path.isdir(staged)
-    assert [p for p in os.listdir(f"{table}/_delta_log") if not p.endswith(".json")] == []
-    # a published table is a killed run's only if it is this slot's; its files are never loose
-    assert staging.leftovers(state, app) == [table]
-    assert staging.leftovers(state, "airflow-pglogrepl/other") == []
-
-    again = staging.staged_uri(table, LSN("0/4000000"))
-    write_deltalake(again, rows)
-    with pytest.raises(LakeError, match=r"already holds a Delta table"):
-        staging.publish(table, again)  # put-if-absent: the table stays as it was
-    assert read_table(table).column("id").to_pylist() == [1, 2, 3]
-    write_deltalake(again, rows, mode="append")
-    with pytest.raises(LakeError, match=r"not one first write"):
-        staging.publish(f"{state}/public.u", again)
-    assert list_tables(state) == ["public.t"]
 
 
 def test_a_snapshot_into_another_slots_lake_is_refused_before_it_is_judged_or_cleaned(
