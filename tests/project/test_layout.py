@@ -123,8 +123,6 @@ UNMIRRORED = {
     "operators/snapshot.py",
     "pgoutput/changes.py",
     "pgoutput/messages.py",
-    "sensors/progress.py",
-    "sensors/subscription.py",
     "testing/pgcluster.py",
     "testing/s3.py",
 }
