@@ -119,7 +119,6 @@ UNMIRRORED = {
     "hooks/snapshot.py",
     "lake/batch.py",
     "lake/changelog.py",
-    "operators/snapshot.py",
     "pgoutput/changes.py",
     "pgoutput/messages.py",
     "testing/pgcluster.py",

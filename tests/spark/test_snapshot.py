@@ -1,6 +1,7 @@
 """The initial snapshot against a live cluster and real Spark: exact hand-off to the drain,
-clean failure, no state visible before the snapshot commits (even when the process is killed
-between tables), identities without a primary key, and types identical to the drain's.
+no state visible before the snapshot commits (even when the process is killed between tables),
+identities without a primary key, and types identical to the drain's (a job killed under the
+operator: tests/operators/test_snapshot.py).
 
 Without a server: the bootstrap plan (an existing slot is dropped only on an explicit signal or on
 proof that the lake holds a killed run's snapshot of exactly that slot, never because the lake
@@ -45,7 +46,6 @@ from airflow_pglogrepl.spark.snapshot import (
 )
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import PgCluster
-from tests.support.airflow import set_airflow_connection
 from tests.support.drain import (
     TYPED_TABLE,
     drain_app,
@@ -196,70 +196,6 @@ def test_snapshot_under_concurrent_writes_hands_off_to_the_drain_exactly(
     for table in ("big", "small", "typed_a", "empty_e"):
         assert lake_table(lake_root, table) == source_table(src, table), table
         assert lake.state_version(TableRef("public", table)) is not None, table
-
-
-# -- 2: the job killed midway, through the operator --------------------------------------------
-
-
-class FakeTI:
-    def __init__(self) -> None:
-        self.xcom: dict[str, Any] = {}
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcom[key] = value
-
-
-def test_killed_snapshot_job_is_cleaned_up_and_a_rerun_is_exact(
-    spark: Any, src: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from airflow_pglogrepl.operators.snapshot import InitialSnapshotOperator
-
-    src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    src.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 20000) g")
-    src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE t")
-    conn_id = f"pg_{src.db}"
-    set_airflow_connection(conn_id, src.cluster.airflow_uri(src.db))
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_SPARK_SNAPSHOT", json.dumps({"conn_type": "spark", "host": "local[1]"})
-    )
-    lake_root = tmp_path / "lake"
-
-    def operator(**kwargs: Any) -> InitialSnapshotOperator:
-        return InitialSnapshotOperator(
-            task_id="snapshot", postgres_conn_id=conn_id, conn_id="spark_snapshot",
-            slot_name=src.slot, publications=[src.publication], lake=str(lake_root),
-            tasks_per_table=2, rows_per_task=5000, outlets=[], **kwargs,
-        )  # fmt: skip
-
-    # The application dies abruptly after Spark wrote every table, before the commit point.
-    killed = operator(env_vars={"PGLOGREPL_FAULT": "after_copy"})
-    with pytest.raises(Exception, match=r"(?i)error code|spark"):
-        killed.execute({"ti": FakeTI()})  # type: ignore[arg-type]
-    assert src.sql("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
-                   (src.slot,)) == [(0,)]  # fmt: skip
-    # Nothing is committed: the lake has no position (the state table the killed run wrote is
-    # an uncommitted snapshot's, and the next snapshot overwrites it).
-    lake = Lake(str(lake_root), src.slot)
-    assert lake.position() is None and lake.windows() == []  # no window, no snapshot row:
-    assert (lake.identity() or {}).get("began_with") == "snapshot"  # only the lake's claim
-    assert list_tables(str(lake_root / "state")) == []  # the copy is staged, no reader sees it
-
-    src.sql("UPDATE t SET v = 'between' WHERE id <= 100")  # must be in the snapshot, once
-    ti = FakeTI()
-    result = operator().execute({"ti": ti})  # type: ignore[arg-type]
-    assert result["committed"] and result["rows"] == 20000, result
-    assert ti.xcom["consistent_point"] == result["consistent_point"]
-    slot = src.hook().get_slot(src.slot)
-    assert slot.confirmed_flush_lsn == LSN(result["consistent_point"])
-    # running it again is a no-op
-    again = operator().execute({"ti": FakeTI()})  # type: ignore[arg-type]
-    assert again["status"] == "exists" and again["consistent_point"] == result["consistent_point"]
-
-    src.sql("UPDATE t SET v = 'after' WHERE id % 7 = 0")
-    src.sql("DELETE FROM t WHERE id % 11 = 0")
-    drained = drain_in_process(spark, src, str(lake_root), window=1 << 20)
-    assert drained["changes"] == 20000 // 7 + 20000 // 11
-    assert lake_table(str(lake_root), "t") == source_table(src, "t")
 
 
 # -- 2b: the application killed between tables: no reader sees a snapshot that never committed --
