@@ -121,8 +121,6 @@ UNMIRRORED = {
     "lake/changelog.py",
     "pgoutput/changes.py",
     "pgoutput/messages.py",
-    "testing/pgcluster.py",
-    "testing/s3.py",
 }
 
 
