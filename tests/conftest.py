@@ -157,6 +157,7 @@ SLOWEST_MODULES = (
     "tests/pipeline/test_drain.py",
     "tests/changelog/test_types.py",
     "tests/operators/test_drain_in_worker.py",
+    "tests/operators/test_snapshot.py",
 )
 
 

@@ -1,16 +1,14 @@
 """The task boundary: a non-retryable error of ours fails the task at once, with its message;
 retryable and foreign errors reach Airflow unchanged; every operator and sensor has the boundary;
-a Spark application's error crosses spark-submit with its class and retry decision."""
+a Spark application's error crosses spark-submit with its class and retry decision (the
+application's side: tests/spark/test_app.py; a sensor's own loop: tests/sensors/test_base.py)."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
 import json
-import os
 import pkgutil
-import subprocess
-import sys
 import traceback
 from pathlib import Path
 from typing import Any
@@ -18,18 +16,14 @@ from typing import Any
 import pytest
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 import airflow_pglogrepl.operators
 import airflow_pglogrepl.sensors
 from airflow_pglogrepl import exceptions
 from airflow_pglogrepl._moved import MOVED
 from airflow_pglogrepl.boundary import BOUNDARY_METHODS, TaskBoundary, at_boundary, raised_error
-from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
-from airflow_pglogrepl.models.verdicts import Verdict
 from airflow_pglogrepl.operators.drain import SlotDrainOperator
-from airflow_pglogrepl.sensors._base import VerdictSensor
-from tests.support.airflow import context
 
 
 def _raising(exc: BaseException) -> Any:
@@ -189,35 +183,6 @@ def test_the_boundary_is_outside_airflows_own_execute_wrapper() -> None:
     assert not hasattr(safeguard.__wrapped__, "__wrapped__")  # the operator's own execute
 
 
-def _app_failing_with(error: str) -> subprocess.CompletedProcess[str]:
-    program = (
-        "from airflow_pglogrepl.spark.app import run_app\n"
-        "from airflow_pglogrepl import exceptions\n"
-        f"def run(dsn):\n    raise {error}\n"
-        "raise SystemExit(run_app('test_app', 'TestOperator', run, logger='test'))\n"
-    )
-    return subprocess.run(
-        [sys.executable, "-c", program],
-        env={**os.environ, SOURCE_DSN_ENV: "host=/nonexistent password=secret-pw"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
-def test_a_failed_application_names_its_error_and_retry_decision_last() -> None:
-    lost = _app_failing_with("exceptions.SlotLostError('orders')")
-    assert lost.returncode == 1, lost.stderr[-2000:]
-    reported = json.loads(lost.stdout.strip().splitlines()[-1])
-    assert reported["error"] == "SlotLostError" and reported["retryable"] is False
-    assert "drop it and start again" in reported["message"]
-    crashed = _app_failing_with("MemoryError('executor lost')")
-    reported = json.loads(crashed.stdout.strip().splitlines()[-1])
-    assert (reported["error"], reported["retryable"]) == ("MemoryError", True)
-    assert "secret-pw" not in lost.stdout + lost.stderr + crashed.stdout + crashed.stderr
-
-
 def _operator_whose_submit_prints(
     monkeypatch: pytest.MonkeyPatch, lines: list[str]
 ) -> SlotDrainOperator:
@@ -252,57 +217,6 @@ def test_a_crash_without_a_report_stays_the_providers_error(
         operator._run_application({})  # type: ignore[arg-type]
 
 
-# -- sensors: their own loop sees our errors first ---------------------------------------------
-
-
-class _Gate(VerdictSensor):
-    """A sensor whose verdicts (or errors) are given: ``script`` is consumed poke by poke."""
-
-    def __init__(self, *, script: list[Any], **kwargs: Any) -> None:
-        super().__init__(deferrable=False, poke_interval=0, timeout=60, **kwargs)
-        self.script = script
-
-    def verdict(self) -> Verdict:
-        step = self.script.pop(0)
-        if isinstance(step, Exception):
-            raise step
-        return step
-
-
-def _gate(*script: Any, **kwargs: Any) -> _Gate:
-    return _Gate(task_id="gate", script=list(script), **kwargs)
-
-
-FAILED = Verdict(False, "subscription 'sub' is disabled. Fix: ENABLE it", failed=True)
-DONE = Verdict(True, "every table ready", data={"ready": 1})
-
-
-def test_a_failed_gate_fails_the_sensor_at_once_and_soft_fail_skips_it() -> None:
-    with pytest.raises(AirflowFailException, match="is disabled") as failure:
-        _gate(FAILED).execute(context())
-    assert isinstance(raised_error(failure.value), exceptions.GateFailedError)
-    with pytest.raises(AirflowSkipException):
-        _gate(FAILED, soft_fail=True).execute(context())
-
-
-def test_an_error_in_poke_goes_through_the_sensors_loop_then_the_boundary() -> None:
-    missing = exceptions.SlotNotFoundError("lake_orders")
-    with pytest.raises(AirflowFailException, match="does not exist") as failure:
-        _gate(missing, soft_fail=True).execute(context())  # a typo is no skip
-    assert raised_error(failure.value) is missing
-    # silent_fail: the sensor logs it and pokes on, as Airflow documents
-    assert _gate(missing, DONE, silent_fail=True).execute(context()) == {"ready": 1}
-
-
-def test_a_deferred_gates_broken_check_retries_as_it_would_in_poke_mode() -> None:
-    gate = _gate()
-    broken = {"status": "error", "message": "ConnectionFailedError: refused", "retryable": True}
-    with pytest.raises(exceptions.GateFailedError, match="refused"):
-        gate.execute_complete(context(), broken)
-    with pytest.raises(AirflowFailException, match="is disabled"):
-        gate.execute_complete(context(), {"status": "failed", "message": FAILED.message})
-
-
 # -- errors whose retry decision depends on their cause -----------------------------------------
 
 
@@ -321,13 +235,6 @@ def test_a_lock_or_an_unreachable_publisher_lets_a_subscription_statement_retry(
     assert failing(psycopg.OperationalError("could not connect to the publisher")).retryable
     refused = failing(pgerr.InsufficientPrivilege("must be superuser; password pw"))
     assert not refused.retryable and "pw" not in str(refused)
-
-
-def test_an_applications_error_line_carries_no_secret_and_no_kilobytes() -> None:
-    leaky = _app_failing_with("RuntimeError('java.sql.SQLException: secret-pw ' + 'x' * 50000)")
-    reported = json.loads(leaky.stdout.strip().splitlines()[-1])
-    assert "secret-pw" not in reported["message"] and len(reported["message"]) < 4200
-    assert reported["message"].endswith("(cut; the application's log has it whole)")
 
 
 def test_a_publisher_short_of_a_setting_is_named_with_its_fix_and_retry_decision() -> None:

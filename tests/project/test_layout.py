@@ -97,24 +97,8 @@ def test_the_architecture_page_names_modules_that_exist() -> None:
 # Modules with logic and no test module at their mirrored path (tests/README.md): tested only
 # through others today. A test module at the mirrored path takes its module off this list.
 UNMIRRORED = {
-    "get_provider_info.py",
-    "lake/mapped_compaction.py",
-    "lake/staging.py",
-    "merge/materialize.py",
-    "models/facts.py",
-    "operators/_idle.py",
-    "operators/_in_worker.py",
-    "operators/snapshot.py",
     "pgoutput/changes.py",
     "pgoutput/messages.py",
-    "sensors/_base.py",
-    "sensors/progress.py",
-    "sensors/subscription.py",
-    "spark/app.py",
-    "spark/drain_app.py",
-    "spark/snapshot_app.py",
-    "testing/pgcluster.py",
-    "testing/s3.py",
 }
 
 

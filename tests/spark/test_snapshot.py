@@ -1,18 +1,18 @@
 """The initial snapshot against a live cluster and real Spark: exact hand-off to the drain,
-clean failure, no state visible before the snapshot commits (even when the process is killed
-between tables), identities without a primary key, and types identical to the drain's.
+no state visible before the snapshot commits (even when the process is killed between tables),
+identities without a primary key, and types identical to the drain's (a job killed under the
+operator: tests/operators/test_snapshot.py).
 
 Without a server: the bootstrap plan (an existing slot is dropped only on an explicit signal or on
 proof that the lake holds a killed run's snapshot of exactly that slot, never because the lake
-looks empty), block ranges, the snapshot's values stored as the drain stores them, and a staged
-copy published whole and once.
+looks empty), block ranges, and the snapshot's values stored as the drain stores them (a staged
+copy published whole and once: tests/lake/test_staging.py).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import os
 import random
 import threading
 import time
@@ -28,7 +28,7 @@ from airflow_pglogrepl.changelog.columns import described_identity, described_ke
 from airflow_pglogrepl.exceptions import LakeError, LakeNotEmptyError
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.lake import staging
-from airflow_pglogrepl.lake.delta import list_tables, open_table, read_table
+from airflow_pglogrepl.lake.delta import list_tables, open_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import table_dir
 from airflow_pglogrepl.lsn import LSN
@@ -41,7 +41,6 @@ from airflow_pglogrepl.spark.snapshot import (
 )
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import PgCluster
-from tests.support.airflow import set_airflow_connection
 from tests.support.drain import (
     TYPED_TABLE,
     drain_app,
@@ -192,70 +191,6 @@ def test_snapshot_under_concurrent_writes_hands_off_to_the_drain_exactly(
     for table in ("big", "small", "typed_a", "empty_e"):
         assert lake_table(lake_root, table) == source_table(src, table), table
         assert lake.state_version(TableRef("public", table)) is not None, table
-
-
-# -- 2: the job killed midway, through the operator --------------------------------------------
-
-
-class FakeTI:
-    def __init__(self) -> None:
-        self.xcom: dict[str, Any] = {}
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcom[key] = value
-
-
-def test_killed_snapshot_job_is_cleaned_up_and_a_rerun_is_exact(
-    spark: Any, src: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from airflow_pglogrepl.operators.snapshot import InitialSnapshotOperator
-
-    src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    src.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 20000) g")
-    src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE t")
-    conn_id = f"pg_{src.db}"
-    set_airflow_connection(conn_id, src.cluster.airflow_uri(src.db))
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_SPARK_SNAPSHOT", json.dumps({"conn_type": "spark", "host": "local[1]"})
-    )
-    lake_root = tmp_path / "lake"
-
-    def operator(**kwargs: Any) -> InitialSnapshotOperator:
-        return InitialSnapshotOperator(
-            task_id="snapshot", postgres_conn_id=conn_id, conn_id="spark_snapshot",
-            slot_name=src.slot, publications=[src.publication], lake=str(lake_root),
-            tasks_per_table=2, rows_per_task=5000, outlets=[], **kwargs,
-        )  # fmt: skip
-
-    # The application dies abruptly after Spark wrote every table, before the commit point.
-    killed = operator(env_vars={"PGLOGREPL_FAULT": "after_copy"})
-    with pytest.raises(Exception, match=r"(?i)error code|spark"):
-        killed.execute({"ti": FakeTI()})  # type: ignore[arg-type]
-    assert src.sql("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
-                   (src.slot,)) == [(0,)]  # fmt: skip
-    # Nothing is committed: the lake has no position (the state table the killed run wrote is
-    # an uncommitted snapshot's, and the next snapshot overwrites it).
-    lake = Lake(str(lake_root), src.slot)
-    assert lake.position() is None and lake.windows() == []  # no window, no snapshot row:
-    assert (lake.identity() or {}).get("began_with") == "snapshot"  # only the lake's claim
-    assert list_tables(str(lake_root / "state")) == []  # the copy is staged, no reader sees it
-
-    src.sql("UPDATE t SET v = 'between' WHERE id <= 100")  # must be in the snapshot, once
-    ti = FakeTI()
-    result = operator().execute({"ti": ti})  # type: ignore[arg-type]
-    assert result["committed"] and result["rows"] == 20000, result
-    assert ti.xcom["consistent_point"] == result["consistent_point"]
-    slot = src.hook().get_slot(src.slot)
-    assert slot.confirmed_flush_lsn == LSN(result["consistent_point"])
-    # running it again is a no-op
-    again = operator().execute({"ti": FakeTI()})  # type: ignore[arg-type]
-    assert again["status"] == "exists" and again["consistent_point"] == result["consistent_point"]
-
-    src.sql("UPDATE t SET v = 'after' WHERE id % 7 = 0")
-    src.sql("DELETE FROM t WHERE id % 11 = 0")
-    drained = drain_in_process(spark, src, str(lake_root), window=1 << 20)
-    assert drained["changes"] == 20000 // 7 + 20000 // 11
-    assert lake_table(str(lake_root), "t") == source_table(src, "t")
 
 
 # -- 2b: the application killed between tables: no reader sees a snapshot that never committed --
@@ -422,7 +357,7 @@ def test_the_task_reads_hostile_names_in_the_snapshot_through_adbc_and_fails_cle
     the schema, table and column names and the row filter; ranges of heap blocks that add up to
     the table; rows written after the snapshot unseen. A snapshot that is gone, or a wrong
     password, is ``SnapshotReadError`` naming the table, and never the password."""
-    from airflow_pglogrepl.exceptions import ConnectionFailedError, LakeError, SnapshotReadError
+    from airflow_pglogrepl.exceptions import ConnectionFailedError, SnapshotReadError
     from airflow_pglogrepl.hooks.pg.passfile import travelling_params
     from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader
     from airflow_pglogrepl.spark.range_copy import BlockRange, CopyTask
@@ -502,43 +437,6 @@ def _arrow_state(lake_root: str, table: str) -> tuple[str, list[dict[str, Any]]]
     return types, rows
 
 
-def test_a_staged_copy_is_no_table_until_published_whole_and_once(tmp_path: Path) -> None:
-    from deltalake import CommitProperties, Transaction, write_deltalake
-
-    state, app, point = str(tmp_path / "state"), "airflow-pglogrepl/s", LSN("0/3000060")
-    table = f"{state}/public.t"
-    staged = staging.staged_uri(table, point)
-    commit = CommitProperties(app_transactions=[Transaction(app, int(point))])
-    rows = pa.table({"id": pa.array([1, 2, 3], pa.int64())})
-    write_deltalake(staged, rows, commit_properties=commit,
-                    configuration={"delta.enableDeletionVectors": "true"})  # fmt: skip
-    assert staged == f"{table}/snapshot-0000000003000060"
-    assert list_tables(state) == []  # a folder without a log: no table
-    assert staging.staged_points(state) == [point]
-    assert staging.leftovers(state, app) == [staged]
-    written = DeltaTable(staged)
-
-    assert staging.publish(table, staged) == 1
-    published = DeltaTable(table)
-    assert published.version() == 0 and published.transaction_version(app) == int(point)
-    assert published.protocol() == written.protocol()  # the writer's own commit, moved
-    assert published.metadata().configuration == {"delta.enableDeletionVectors": "true"}
-    assert read_table(table).column("id").to_pylist() == [1, 2, 3]
-    assert not os.path.exists(f"{staged}/_delta_log") and os.path.isdir(staged)
-    assert [p for p in os.listdir(f"{table}/_delta_log") if not p.endswith(".json")] == []
-    # a published table is a killed run's only if it is this slot's; its files are never loose
-    assert staging.leftovers(state, app) == [table]
-    assert staging.leftovers(state, "airflow-pglogrepl/other") == []
-
-    again = staging.staged_uri(table, LSN("0/4000000"))
-    write_deltalake(again, rows)
-    with pytest.raises(LakeError, match=r"already holds a Delta table"):
-        staging.publish(table, again)  # put-if-absent: the table stays as it was
-    assert read_table(table).column("id").to_pylist() == [1, 2, 3]
-    write_deltalake(again, rows, mode="append")
-    with pytest.raises(LakeError, match=r"not one first write"):
-        staging.publish(f"{state}/public.u", again)
-    assert list_tables(state) == ["public.t"]
 
 
 def test_a_snapshot_into_another_slots_lake_is_refused_before_it_is_judged_or_cleaned(
@@ -546,7 +444,6 @@ def test_a_snapshot_into_another_slots_lake_is_refused_before_it_is_judged_or_cl
 ) -> None:
     """Review finding: the snapshot judged the lake by its contents first, and its advice
     ("move changes/ away") would have destroyed the other slot's lake."""
-    import pyarrow as pa
 
     from airflow_pglogrepl.exceptions import LakeOfAnotherSlotError
 

@@ -1,0 +1,158 @@
+"""``InitialSnapshotOperator`` (``operators.snapshot``): a job killed before its commit leaves no
+slot and no state, and a rerun is exact (real spark-submit and Spark); the application's
+arguments built from templated text parse to what the operator was given; the tables of a
+re-snapshot read from a templated value; after a failed job, a snapshot not committed drops the
+slot it created, and a lake whose log cannot be read keeps it (the next run's checks decide)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_pglogrepl.lake.delta import list_tables
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.operators.snapshot import InitialSnapshotOperator
+from airflow_pglogrepl.spark import snapshot_app
+from airflow_pglogrepl.testing.pgcluster import PgCluster
+from tests.support.airflow import FakeTI, set_airflow_connection
+from tests.support.drain import drain_in_process, lake_table, source_table
+from tests.support.sources import Source
+
+_ids = itertools.count(1)
+COMMON: dict[str, Any] = {"postgres_conn_id": "pg", "slot_name": "s", "publications": ["p", "q"]}
+
+
+@pytest.fixture
+def src(publisher: PgCluster) -> Iterator[Source]:
+    """A database of its own; slots are created by the tests (dropped afterwards)."""
+    n = next(_ids)
+    db = f"snap_op_{n}"
+    publisher.create_database(db)
+    source = Source(publisher, db, f"snap_op_slot_{n}", "snap_pub")
+    yield source
+    source.sql(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+        " WHERE database = current_database() AND NOT active"
+    )
+
+
+def _slots(src: Source) -> list[tuple[Any, ...]]:
+    return src.sql("SELECT slot_name FROM pg_replication_slots WHERE slot_name = %s",
+                   (src.slot,))  # fmt: skip
+
+
+def test_killed_snapshot_job_is_cleaned_up_and_a_rerun_is_exact(
+    spark: Any, src: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    src.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 20000) g")
+    src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE t")
+    conn_id = f"pg_{src.db}"
+    set_airflow_connection(conn_id, src.cluster.airflow_uri(src.db))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_SNAPSHOT", json.dumps({"conn_type": "spark", "host": "local[1]"})
+    )
+    lake_root = tmp_path / "lake"
+
+    def operator(**kwargs: Any) -> InitialSnapshotOperator:
+        return InitialSnapshotOperator(
+            task_id="snapshot", postgres_conn_id=conn_id, conn_id="spark_snapshot",
+            slot_name=src.slot, publications=[src.publication], lake=str(lake_root),
+            tasks_per_table=2, rows_per_task=5000, outlets=[], **kwargs,
+        )  # fmt: skip
+
+    # The application dies abruptly after Spark wrote every table, before the commit point.
+    killed = operator(env_vars={"PGLOGREPL_FAULT": "after_copy"})
+    with pytest.raises(Exception, match=r"(?i)error code|spark"):
+        killed.execute({"ti": FakeTI()})  # type: ignore[arg-type]
+    assert src.sql("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
+                   (src.slot,)) == [(0,)]  # fmt: skip
+    # Nothing is committed: the lake has no position (the state table the killed run wrote is
+    # an uncommitted snapshot's, and the next snapshot overwrites it).
+    lake = Lake(str(lake_root), src.slot)
+    assert lake.position() is None and lake.windows() == []  # no window, no snapshot row:
+    assert (lake.identity() or {}).get("began_with") == "snapshot"  # only the lake's claim
+    assert list_tables(str(lake_root / "state")) == []  # the copy is staged, no reader sees it
+
+    src.sql("UPDATE t SET v = 'between' WHERE id <= 100")  # must be in the snapshot, once
+    ti = FakeTI()
+    result = operator().execute({"ti": ti})  # type: ignore[arg-type]
+    assert result["committed"] and result["rows"] == 20000, result
+    assert ti.pushed["consistent_point"] == result["consistent_point"]
+    slot = src.hook().get_slot(src.slot)
+    assert slot.confirmed_flush_lsn == LSN(result["consistent_point"])
+    # running it again is a no-op
+    again = operator().execute({"ti": FakeTI()})  # type: ignore[arg-type]
+    assert again["status"] == "exists" and again["consistent_point"] == result["consistent_point"]
+
+    src.sql("UPDATE t SET v = 'after' WHERE id % 7 = 0")
+    src.sql("DELETE FROM t WHERE id % 11 = 0")
+    drained = drain_in_process(spark, src, str(lake_root), window=1 << 20)
+    assert drained["changes"] == 20000 // 7 + 20000 // 11
+    assert lake_table(str(lake_root), "t") == source_table(src, "t")
+
+
+class _Exported:
+    snapshot_name = "00000003-00000002-1"
+    consistent_point = LSN("0/16B3748")
+
+
+def test_the_applications_arguments_are_what_the_operator_was_given() -> None:
+    """Templated fields arrive as text: the arguments parse to the numbers all the same."""
+    task = InitialSnapshotOperator(task_id="t", lake="/data/lake", tasks_per_table="8",
+                                   rows_per_task="5000", parallelism=2, lock_timeout=1.5,
+                                   **COMMON)  # type: ignore[arg-type]  # fmt: skip
+    args = snapshot_app.parse_args(task._copy_args(_Exported()))  # type: ignore[arg-type]
+    assert (args.slot, args.lake_root, args.publication) == ("s", "/data/lake", ["p", "q"])
+    assert (args.snapshot_name, args.consistent_point) == ("00000003-00000002-1", "0/16B3748")
+    assert (args.tasks_per_table, args.rows_per_task, args.parallelism) == (8, 5000, 2)
+    assert args.lock_timeout == 1.5 and args.state_deletion_vectors is None
+    for unset in (None, "None", ""):
+        task.tasks_per_table = unset  # type: ignore[assignment]
+        copied = snapshot_app.parse_args(task._copy_args(_Exported()))  # type: ignore[arg-type]
+        assert copied.tasks_per_table is None  # Spark's default parallelism
+
+
+@pytest.mark.parametrize(
+    ("tables", "listed"),
+    [(None, []), ("None", []), ("", []), ("[]", []), (["public.a", "s.b"], ["public.a", "s.b"]),
+     ('["public.a", "s.b"]', ["public.a", "s.b"]), ("public.a", ["public.a"])],
+)  # fmt: skip
+def test_the_tables_of_a_re_snapshot_are_read_from_a_templated_value(
+    tables: Any, listed: list[str]
+) -> None:
+    task = InitialSnapshotOperator(task_id="t", lake="/l", tables=tables, **COMMON)
+    assert task._table_list() == listed
+
+
+def test_a_templated_lake_declares_no_asset_until_it_is_rendered() -> None:
+    plain = InitialSnapshotOperator(task_id="a", lake="/data/lake", **COMMON)
+    assert len(plain.outlets) == 1
+    templated = InitialSnapshotOperator(task_id="b", lake="{{ var.value.lake }}", **COMMON)
+    assert templated.outlets == []
+
+
+def test_after_a_failed_job_an_uncommitted_snapshot_drops_its_slot(
+    src: Source, tmp_path: Path
+) -> None:
+    conn_id = f"pg_{src.db}"
+    set_airflow_connection(conn_id, src.cluster.airflow_uri(src.db))
+    src.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (src.slot,))
+    task = InitialSnapshotOperator(task_id="t", postgres_conn_id=conn_id, slot_name=src.slot,
+                                   publications=["p"], lake=str(tmp_path / "lake"))  # fmt: skip
+    unreadable = Lake(str(tmp_path / "unreadable"), src.slot).paths.windows()
+    Path(unreadable, "_delta_log").mkdir(parents=True)
+    Path(unreadable, "_delta_log", f"{0:020d}.json").write_text("{not json\n")
+    task.lake = str(tmp_path / "unreadable")
+    assert task._settle({}, "0/1000000") is False  # type: ignore[arg-type]
+    assert _slots(src) == [(src.slot,)]  # cannot tell: kept
+    task.lake = str(tmp_path / "lake")
+    assert task._settle({}, "0/1000000") is False  # type: ignore[arg-type]
+    assert _slots(src) == []  # nothing committed: dropped
+    assert task._settle({}, "0/1000000") is False  # type: ignore[arg-type]  # gone already
