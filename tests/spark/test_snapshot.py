@@ -437,8 +437,6 @@ def _arrow_state(lake_root: str, table: str) -> tuple[str, list[dict[str, Any]]]
     return types, rows
 
 
-
-
 def test_a_snapshot_into_another_slots_lake_is_refused_before_it_is_judged_or_cleaned(
     tmp_path: Path,
 ) -> None:
