@@ -48,16 +48,15 @@ from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.names import former_names
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge import arrow as arrow_merge
+from airflow_pglogrepl.merge.lineage import column, value_column
 from airflow_pglogrepl.merge.reduce import (
     DELETE_ROW,
     FILL,
     MATCH,
     NetChanges,
-    column,
     key_column,
     net_changes,
     row_column,
-    value_column,
 )
 
 if TYPE_CHECKING:
@@ -160,14 +159,14 @@ def merge_reduced(spark: Any, lake: Lake, batch: arrow_merge.Reduced) -> LSN:
                                       None if found is None else int(found), int(end))  # fmt: skip
     session = spark.newSession()
     source = session.createDataFrame(batch.rows).alias("s")
-    deleting = _s(arrow_merge.DELETE_COLUMN)
-    on = _all([_t(k) == _s(_name(k)) for k in batch.keys])
+    deleting = _in_source(arrow_merge.DELETE_COLUMN)
+    on = _all([_in_target(k) == _in_source(_name(k)) for k in batch.keys])
     update: dict[str, str | Column] = {}
-    insert: dict[str, str | Column] = {_name(k): _s(_name(k)) for k in batch.keys}
+    insert: dict[str, str | Column] = {_name(k): _in_source(_name(k)) for k in batch.keys}
     for i, column_name in enumerate(batch.values):
-        sent = _s(arrow_merge.sent_column(i))
-        value = _s(_name(column_name))
-        update[_name(column_name)] = sf.when(sent, value).otherwise(_t(column_name))
+        sent = _in_source(arrow_merge.sent_column(i))
+        value = _in_source(_name(column_name))
+        update[_name(column_name)] = sf.when(sent, value).otherwise(_in_target(column_name))
         insert[_name(column_name)] = sf.when(sent, value).otherwise(_unsent(column_name))
     fault("merge_created")
     session.conf.set(TXN_APP_CONF, lake.app)
@@ -259,16 +258,18 @@ def _merge_upserts(target: Any, net: NetChanges) -> None:
     from pyspark.sql import functions as sf
 
     source = net.rows.alias("s")
-    on = _all([_t(k) == _s(key_column(j)) for j, k in enumerate(net.keys)])
-    deleting = _s(DELETE_ROW)
+    on = _all([_in_target(k) == _in_source(key_column(j)) for j, k in enumerate(net.keys)])
+    deleting = _in_source(DELETE_ROW)
     update: dict[str, Column] = {}
-    insert: dict[str, Column] = {_name(k): _s(key_column(j)) for j, k in enumerate(net.keys)}
+    insert: dict[str, Column] = {
+        _name(k): _in_source(key_column(j)) for j, k in enumerate(net.keys)
+    }
     for i, name in enumerate(net.values):
-        sent = _s(value_column(i))
+        sent = _in_source(value_column(i))
         unsent = _unsent(name)
         update[_name(name)] = (
             sf.when(sent.isNotNull(), sent.getField("v"))
-            .when(_s(FILL) == "target", _t(name))
+            .when(_in_source(FILL) == "target", _in_target(name))
             .otherwise(unsent)
         )
         insert[_name(name)] = sf.when(sent.isNotNull(), sent.getField("v")).otherwise(unsent)
@@ -280,12 +281,14 @@ def _merge_upserts(target: Any, net: NetChanges) -> None:
 
 def _merge_multiset(target: Any, net: NetChanges) -> None:
     source = net.rows.alias("s")
-    on = _s(MATCH) & _all([_t(c).eqNullSafe(_s(row_column(i))) for i, c in enumerate(net.columns)])
-    values = {_name(c): _s(row_column(i)) for i, c in enumerate(net.columns)}
+    on = _in_source(MATCH) & _all(
+        [_in_target(c).eqNullSafe(_in_source(row_column(i))) for i, c in enumerate(net.columns)]
+    )
+    values = {_name(c): _in_source(row_column(i)) for i, c in enumerate(net.columns)}
     (
         target.merge(source, on)
         .whenMatchedDelete()
-        .whenNotMatchedInsert(condition=~_s(MATCH), values=values)
+        .whenNotMatchedInsert(condition=~_in_source(MATCH), values=values)
         .execute()
     )
 
@@ -418,13 +421,15 @@ def _name(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def _t(name: str) -> Column:
+def _in_target(name: str) -> Column:
+    """The MERGE target's column ``name`` (a table column: quoted)."""
     from pyspark.sql import functions as sf
 
     return sf.col("t." + _name(name))
 
 
-def _s(name: str) -> Column:
+def _in_source(name: str) -> Column:
+    """The MERGE source's column ``name``, as given (a table column's name comes quoted)."""
     from pyspark.sql import functions as sf
 
     return sf.col("s." + name)

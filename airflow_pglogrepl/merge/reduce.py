@@ -19,7 +19,8 @@ How a keyed table's batch is reduced, and why this way:
   values (``_unchanged``) must come from the row's latest earlier version, which may sit under
   another key several key changes back, so values are resolved per lineage. Chaining segments is
   pointer jumping over the (usually tiny) set of key changes: O(log chain length) small joins,
-  run only when the batch has key changes at all.
+  run only when the batch has key changes at all. Events, segments and lineages are built in
+  ``merge.lineage``; the net change below is built from their outcome here.
 * Per lineage, each column's value is the latest one actually sent (``max_by`` over commit
   order, skipping unchanged markers). The lineage's last event says whether the row still
   exists and under which key.
@@ -57,59 +58,48 @@ from airflow_pglogrepl.changelog.columns import (
     UNCHANGED,
     UPDATE,
 )
+from airflow_pglogrepl.merge.lineage import (
+    INTERNAL,
+    LAST,
+    ROOT_KEY,
+    ROOT_START,
+    alive,
+    column,
+    is_unchanged,
+    lineages,
+    value_column,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-# Event kinds of a key-changing update, besides the changelog's own I/U/D.
-_ARRIVE = "A"  # the row now lives under this (new) key
-_EXIT = "X"  # the row left this (old) key
-
 # Copies of one row under REPLICA IDENTITY FULL are expanded this many at a time.
 _CHUNK = 4096
 
-# Internal columns: every intermediate DataFrame holds only these, so no table column name (they
-# are arbitrary PostgreSQL identifiers) can collide with them or need quoting past the first step.
-_P = "__pglr_"
-_KEY, _KIND, _LSN, _SEQ, _SUB = f"{_P}key", f"{_P}kind", f"{_P}lsn", f"{_P}seq", f"{_P}sub"
-_NEW, _OLDKEY, _MOVES, _DEST = f"{_P}new", f"{_P}oldkey", f"{_P}moves", f"{_P}dest"
-_START, _LATEST, _FIRST, _MARKER = f"{_P}start", f"{_P}latest", f"{_P}first", f"{_P}marker"
-_CHILD, _PARENT, _JUMPED = f"{_P}child", f"{_P}parent", f"{_P}jumped"
-_ROOTKEY, _ROOTSTART = f"{_P}rootkey", f"{_P}rootstart"
-_LAST, _ALIVE, _JOIN, _FINAL = f"{_P}last", f"{_P}alive", f"{_P}join", f"{_P}final"
-_SKEY, _PRESENT, _DELTA, _ROW, _COUNT = (
-    f"{_P}skey",
-    f"{_P}present",
-    f"{_P}delta",
-    f"{_P}row",
-    f"{_P}count",
-)
-_OLDCOUNT = f"{_P}oldcount"
+# Internal columns of the steps below (named under ``lineage.INTERNAL``, as no table column is).
+_JOIN, _FINAL, _SKEY = f"{INTERNAL}join", f"{INTERNAL}final", f"{INTERNAL}skey"
+_PRESENT, _DELTA, _ROW = f"{INTERNAL}present", f"{INTERNAL}delta", f"{INTERNAL}row"
+_COUNT, _OLDCOUNT = f"{INTERNAL}count", f"{INTERNAL}oldcount"
 # Columns of the MERGE source (``NetChanges.rows`` in the "upsert" and "multiset" modes).
-FILL = f"{_P}fill"  # "target": keep the target's value where none was sent; "none": all sent
-DELETE_ROW = f"{_P}delete"  # this source row deletes the target row(s) it matches
-MATCH = f"{_P}match"  # multiset: this source row matches (and deletes) every copy of its row
+FILL = f"{INTERNAL}fill"  # "target": keep the target's value where none was sent; "none": all sent
+DELETE_ROW = f"{INTERNAL}delete"  # this source row deletes the target row(s) it matches
+MATCH = f"{INTERNAL}match"  # multiset: this source row matches (and deletes) every copy of its row
 
 Mode = Literal["upsert", "multiset", "append", "replace"]
 
 
 def key_column(j: int) -> str:
     """Source column of the ``j``-th key column (upsert mode)."""
-    return f"{_P}k{j}"
-
-
-def value_column(i: int) -> str:
-    """Source column of the ``i``-th non-key column: ``struct(v)`` when sent, NULL when not."""
-    return f"{_P}v{i}"
+    return f"{INTERNAL}k{j}"
 
 
 def row_column(i: int) -> str:
     """Source column of the ``i``-th column (multiset mode)."""
-    return f"{_P}c{i}"
+    return f"{INTERNAL}c{i}"
 
 
-def _state_val(i: int) -> str:
-    return f"{_P}s{i}"
+def _state_value_column(i: int) -> str:
+    return f"{INTERNAL}s{i}"
 
 
 @dataclass(frozen=True)
@@ -175,20 +165,6 @@ def net_changes(
 
 
 # -- shared steps ------------------------------------------------------------------------------
-
-
-def column(name: str) -> Column:
-    """A table column by its exact name (PostgreSQL names may contain dots or backticks)."""
-    from pyspark.sql import functions as sf
-
-    return sf.col("`" + name.replace("`", "``") + "`")
-
-
-def _is_unchanged(column: str) -> Column:
-    """True where the row's ``column`` is an unchanged TOAST value, not a value (or real NULL)."""
-    from pyspark.sql import functions as sf
-
-    return sf.coalesce(sf.array_contains(sf.col(UNCHANGED), column), sf.lit(False))
 
 
 def _check_schema(
@@ -257,7 +233,7 @@ def _multiset(
     old = sf.col(OLD)
     current = row(column)
     before = row(old.getField)
-    after = row(lambda c: sf.when(_is_unchanged(c), old.getField(c)).otherwise(column(c)))
+    after = row(lambda c: sf.when(is_unchanged(c), old.getField(c)).otherwise(column(c)))
     op = sf.col(OP)
     entries = (
         sf.when(op == INSERT, sf.array(entry(1, current)))
@@ -349,29 +325,8 @@ def _keyed(
     truncated: bool,
 ) -> NetChanges:
     """Reduce by replica identity key; see the module docstring for the plan."""
-    from pyspark.sql import functions as sf
-
     values = [c for c in cols if c not in keys]
-    has_moves = not changes.filter(_key_change(keys)[2]).isEmpty()
-    located = _segments(_keyed_events(changes, keys, values))
-    if has_moves:
-        start = sf.struct(sf.col(_LSN).alias("l"), sf.col(_SEQ).alias("s"))
-        links = located.filter(sf.col(_KIND) == _EXIT).select(
-            sf.struct(sf.col(_DEST).alias("key"), start.alias("start")).alias(_CHILD),
-            sf.struct(sf.col(_KEY).alias("key"), sf.col(_START).alias("start")).alias(_PARENT),
-        )
-        segment = sf.struct(sf.col(_KEY).alias("key"), sf.col(_START).alias("start"))
-        linked = sf.col(_CHILD).isNotNull()
-        located = located.join(_roots(links), segment == sf.col(_CHILD), "left").select(
-            "*",
-            sf.when(linked, sf.col(_PARENT).getField("key"))
-            .otherwise(sf.col(_KEY))
-            .alias(_ROOTKEY),
-            sf.when(linked, sf.col(_PARENT).getField("start"))
-            .otherwise(sf.col(_START))
-            .alias(_ROOTSTART),
-        )
-    outcome = _per_lineage(located, len(values), moved=has_moves)
+    outcome, has_moves = lineages(changes, keys, values)
     if truncated or state is None:
         return NetChanges(
             "replace" if truncated else "upsert",
@@ -395,20 +350,11 @@ def _unsent_error(column: str) -> Column:
     )
 
 
-def _alive() -> Column:
-    from pyspark.sql import functions as sf
-
-    last = sf.col(_LAST)
-    return sf.coalesce(
-        last.getField("kind").isin(INSERT, UPDATE, _ARRIVE) & last.getField("latest"), sf.lit(False)
-    )
-
-
 def _rebuilt(outcome: DataFrame, keys: list[str], cols: list[str], values: list[str]) -> DataFrame:
     """The whole state after a TRUNCATE: every live lineage, all of its values sent."""
     from pyspark.sql import functions as sf
 
-    final = sf.col(_LAST).getField("key")
+    final = sf.col(LAST).getField("key")
     out = []
     for c in cols:
         if c in keys:
@@ -417,7 +363,7 @@ def _rebuilt(outcome: DataFrame, keys: list[str], cols: list[str], values: list[
             sent = sf.col(value_column(values.index(c)))
             out.append(sf.when(sent.isNotNull(), sent.getField("v")).otherwise(
                 _unsent_error(c)).alias(c))  # fmt: skip
-    return outcome.filter(_alive()).select(*out)
+    return outcome.filter(alive()).select(*out)
 
 
 def _upserts(
@@ -432,7 +378,7 @@ def _upserts(
     """One MERGE source row per touched key: an upsert where a live lineage ends, else a delete
     where a state row left.
 
-    A lineage that began with a state row (``_ROOTSTART`` NULL) and ends alive at the same key
+    A lineage that began with a state row (``ROOT_START`` NULL) and ends alive at the same key
     keeps the target's values for columns it never sent (``FILL`` "target", done by the MERGE).
     One that moved to another key takes them from the state row it began at, read here (only
     when the batch moved some key at all). The state row a lineage left is deleted unless a live
@@ -440,29 +386,29 @@ def _upserts(
     """
     from pyspark.sql import functions as sf
 
-    final = sf.col(_LAST).getField("key")
-    from_state = sf.col(_ROOTSTART).isNull()
-    live = outcome.filter(_alive()).select(
+    final = sf.col(LAST).getField("key")
+    from_state = sf.col(ROOT_START).isNull()
+    live = outcome.filter(alive()).select(
         final.alias(_FINAL),
-        sf.col(_ROOTKEY),
+        sf.col(ROOT_KEY),
         from_state.alias(_PRESENT),
         *(sf.col(value_column(i)) for i in range(len(values))),
     )
-    fill = sf.when(sf.col(_PRESENT) & (sf.col(_ROOTKEY) == sf.col(_FINAL)), sf.lit("target"))
+    fill = sf.when(sf.col(_PRESENT) & (sf.col(ROOT_KEY) == sf.col(_FINAL)), sf.lit("target"))
     if moved and state is not None:
         previous = state.select(
             sf.struct(*(column(k).alias(f"k{j}") for j, k in enumerate(keys))).alias(_SKEY),
-            *(column(c).alias(_state_val(i)) for i, c in enumerate(values)),
+            *(column(c).alias(_state_value_column(i)) for i, c in enumerate(values)),
         )
-        moving = sf.col(_PRESENT) & (sf.col(_ROOTKEY) != sf.col(_FINAL))
-        live = live.join(previous, moving & (sf.col(_ROOTKEY) == sf.col(_SKEY)), "left").select(
+        moving = sf.col(_PRESENT) & (sf.col(ROOT_KEY) != sf.col(_FINAL))
+        live = live.join(previous, moving & (sf.col(ROOT_KEY) == sf.col(_SKEY)), "left").select(
             _FINAL,
-            _ROOTKEY,
+            ROOT_KEY,
             _PRESENT,
             *(
                 sf.when(
                     sf.col(value_column(i)).isNull() & sf.col(_SKEY).isNotNull(),
-                    sf.struct(sf.col(_state_val(i)).alias("v")),
+                    sf.struct(sf.col(_state_value_column(i)).alias("v")),
                 )
                 .otherwise(sf.col(value_column(i)))
                 .alias(value_column(i))
@@ -477,7 +423,7 @@ def _upserts(
     )
     if state is None:
         return upserts
-    left = outcome.filter(sf.col(_ROOTSTART).isNull()).select(sf.col(_ROOTKEY).alias(_JOIN))
+    left = outcome.filter(sf.col(ROOT_START).isNull()).select(sf.col(ROOT_KEY).alias(_JOIN))
     replaced = upserts.select(sf.struct(*(sf.col(key_column(j)).alias(f"k{j}")
                                           for j in range(len(keys)))).alias(_JOIN))  # fmt: skip
     types = {f.name: f.dataType for f in upserts.schema.fields}
@@ -497,175 +443,3 @@ def _key_fields(struct_column: str, keys: list[str]) -> list[tuple[int, Column]]
     from pyspark.sql import functions as sf
 
     return [(j, sf.col(struct_column).getField(f"k{j}")) for j in range(len(keys))]
-
-
-def _key_change(keys: list[str]) -> tuple[Column, Column, Column]:
-    """The new key, the old key, and whether this change is an update that changes the key.
-
-    A key column can itself be an unchanged TOAST value; PostgreSQL then sends the old key, and
-    the new key's value is the old one.
-    """
-    from pyspark.sql import functions as sf
-
-    old = sf.col(OLD)
-    new_key = sf.struct(
-        *(
-            sf.when(_is_unchanged(k) & old.isNotNull(), old.getField(k))
-            .otherwise(column(k))
-            .alias(f"k{j}")
-            for j, k in enumerate(keys)
-        )
-    )
-    old_key = sf.struct(*(old.getField(k).alias(f"k{j}") for j, k in enumerate(keys)))
-    moves = (sf.col(OP) == UPDATE) & old.isNotNull() & ~old_key.eqNullSafe(new_key)
-    return new_key, old_key, moves
-
-
-def _keyed_events(changes: DataFrame, keys: list[str], values: list[str]) -> DataFrame:
-    """One event per change, two per key-changing update (exit the old key, arrive at the new).
-
-    ``_KEY`` is the key the event happens at, ``_DEST`` (exits only) the key the row moves to,
-    and ``value_column(i)`` the ``i``-th non-key column as ``struct(v)`` when sent, NULL when
-    the change did not send it (unchanged TOAST, or a delete/exit): a real NULL is
-    ``struct(NULL)``.
-    """
-    from pyspark.sql import functions as sf
-
-    new_key, old_key, moves = _key_change(keys)
-    rows = changes.select(
-        sf.col(OP).alias(_KIND),
-        sf.col(COMMIT_LSN).cast("long").alias(_LSN),
-        sf.col(SEQ).cast("long").alias(_SEQ),
-        new_key.alias(_NEW),
-        old_key.alias(_OLDKEY),
-        moves.alias(_MOVES),
-        *(
-            sf.when(~_is_unchanged(c), sf.struct(column(c).alias("v"))).alias(value_column(i))
-            for i, c in enumerate(values)
-        ),
-        sf.explode(
-            sf.when(moves, sf.array(sf.lit(0), sf.lit(1))).otherwise(sf.array(sf.lit(1)))
-        ).alias(_SUB),
-    )
-    exiting = sf.col(_SUB) == 0
-    kind = (
-        sf.when(exiting, sf.lit(_EXIT))
-        .when(sf.col(_MOVES), sf.lit(_ARRIVE))
-        .otherwise(sf.col(_KIND))
-    )
-    carries_values = kind.isin(INSERT, UPDATE, _ARRIVE)
-    return rows.select(
-        sf.when(exiting, sf.col(_OLDKEY)).otherwise(sf.col(_NEW)).alias(_KEY),
-        kind.alias(_KIND),
-        sf.col(_LSN),
-        sf.col(_SEQ),
-        sf.col(_SUB),
-        sf.when(exiting, sf.col(_NEW)).alias(_DEST),
-        *(
-            sf.when(carries_values, sf.col(value_column(i))).alias(value_column(i))
-            for i in range(len(values))
-        ),
-    )
-
-
-def _segments(events: DataFrame) -> DataFrame:
-    """Tag each event with its segment at its key, and whether that segment is the key's last.
-
-    A segment is identified by ``(key, start)``: ``_START`` is the commit position of the insert
-    or arrival that began it, NULL for the previous state's row at that key. ``_FIRST`` marks
-    each key's first event in the batch.
-    """
-    from pyspark.sql import Window
-    from pyspark.sql import functions as sf
-
-    by_key = Window.partitionBy(_KEY).orderBy(_LSN, _SEQ, _SUB)
-    starts = sf.when(
-        sf.col(_KIND).isin(INSERT, _ARRIVE),
-        sf.struct(sf.col(_LSN).alias("l"), sf.col(_SEQ).alias("s")),
-    )
-    so_far = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    whole = by_key.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-    start = sf.last(starts, ignorenulls=True).over(so_far)
-    last_start = sf.last(starts, ignorenulls=True).over(whole)
-    return events.select(
-        "*",
-        start.alias(_START),
-        start.eqNullSafe(last_start).alias(_LATEST),
-        (sf.row_number().over(by_key) == 1).alias(_FIRST),
-    )
-
-
-def _roots(links: DataFrame) -> DataFrame:
-    """For each segment a key change began (``_CHILD``), the segment its lineage began with.
-
-    Pointer jumping: each round replaces every segment's parent by its grandparent and notes
-    whether that is still a child, so chains of length n resolve in about log2(n) rounds (one
-    round for chains of one or two key changes, the usual case). Parents always start before
-    their children, so there are no cycles and the loop ends. Each round is checkpointed to keep
-    plans small; the links are only the batch's key changes.
-    """
-    from pyspark.sql import functions as sf
-
-    current = links
-    while True:
-        a, b, c = current.alias("a"), current.alias("b"), current.alias("c")
-        parent = sf.coalesce(sf.col(f"b.{_PARENT}"), sf.col(f"a.{_PARENT}"))
-        step = (
-            a.join(b, sf.col(f"a.{_PARENT}") == sf.col(f"b.{_CHILD}"), "left")
-            .select(sf.col(f"a.{_CHILD}").alias(_CHILD), parent.alias(_PARENT))
-            .alias("n")
-            .join(c, sf.col(f"n.{_PARENT}") == sf.col(f"c.{_CHILD}"), "left")
-            .select(
-                sf.col(f"n.{_CHILD}").alias(_CHILD),
-                sf.col(f"n.{_PARENT}").alias(_PARENT),
-                sf.col(f"c.{_CHILD}").isNotNull().alias(_JUMPED),
-            )
-            .localCheckpoint(eager=True)
-        )
-        current = step.drop(_JUMPED)
-        if step.filter(sf.col(_JUMPED)).isEmpty():
-            return current
-
-
-def _per_lineage(located: DataFrame, n: int, *, moved: bool) -> DataFrame:
-    """Each lineage's outcome: its last event (kind, key, still the key's last segment?) and
-    each of the ``n`` non-key columns' latest sent value.
-
-    A lineage is named by the segment it began with, ``(_ROOTKEY, _ROOTSTART)``: the root columns
-    ``located`` has when some key ``moved``, else the event's own segment. A key whose
-    first event in the batch is an insert or arrival replaces whatever the previous state held
-    there; a marker copy of that event (with no commit position, so it never wins ``max_by``)
-    gives that previous row an empty lineage, which is dead, so the previous row is dropped.
-    """
-    from pyspark.sql import functions as sf
-
-    opens_key = sf.col(_FIRST) & sf.col(_KIND).isin(INSERT, _ARRIVE)
-    marker = sf.col(_MARKER)
-    tagged = located.select(
-        "*",
-        sf.explode(
-            sf.when(opens_key, sf.array(sf.lit(False), sf.lit(True))).otherwise(
-                sf.array(sf.lit(False))
-            )
-        ).alias(_MARKER),
-    )
-    order = sf.when(~marker, sf.struct(sf.col(_LSN), sf.col(_SEQ), sf.col(_SUB)))
-    last = sf.struct(
-        sf.col(_KIND).alias("kind"), sf.col(_KEY).alias("key"), sf.col(_LATEST).alias("latest")
-    )
-    if moved:
-        root_key = sf.when(marker, sf.col(_KEY)).otherwise(sf.col(_ROOTKEY))
-        root_start = sf.when(~marker, sf.col(_ROOTSTART))
-    else:
-        # A lineage is a segment: grouping by the window's own key column (not an expression of
-        # it) lets Spark reuse the window's partitioning instead of shuffling the changes again.
-        root_key, root_start = sf.col(_KEY), sf.when(~marker, sf.col(_START))
-    return tagged.groupBy(root_key.alias(_ROOTKEY), root_start.alias(_ROOTSTART)).agg(
-        sf.max_by(last, order).alias(_LAST),
-        *(
-            sf.max_by(
-                sf.col(value_column(i)), sf.when(sf.col(value_column(i)).isNotNull(), order)
-            ).alias(value_column(i))
-            for i in range(n)
-        ),
-    )

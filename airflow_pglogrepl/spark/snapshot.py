@@ -99,7 +99,7 @@ def mark_keys(frame: Any, key: Sequence[str], *, sources: Mapping[str, str] | No
     (``lake.names.SOURCE_META``), and each column of ``attnums`` with its attribute number
     (``pglogrepl.attnum``: how the drain tells a later rename from a drop and an add)."""
     from airflow_pglogrepl.changelog.columns import KEY_META
-    from airflow_pglogrepl.merge.reduce import column
+    from airflow_pglogrepl.merge.lineage import column
 
     position = {name: index for index, name in enumerate(key)}
     sources, attnums = sources or {}, attnums or {}
