@@ -70,6 +70,7 @@ from airflow_pglogrepl.lake.mapping import (
 )
 from airflow_pglogrepl.lake.names import former_names, with_current_names
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.merge.lineage import INTERNAL
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -84,19 +85,18 @@ log = logging.getLogger("airflow_pglogrepl.lake")
 MAX_ROWS = 100_000
 MAX_STATE_BYTES = 256 << 20
 # A table's first state is one append, with no files to rewrite: only memory bounds the batch
-# (the benchmark's 1,250,000 changes of a 4-column table peak at about ... MB here).
+# (the benchmark's 1,250,000 changes of a 4-column table peak at about 785 MiB: docs/benchmarks.md).
 APPEND_ROWS = 2_000_000
 FILE_ROWS = 1_000_000  # rows of one file of a first state
 # keys per IN list when the rows of unchanged values are looked up (``_updates_of_missing_rows``)
 IN_LIST_KEYS = 1_000
 
-_P = "__pglr_"
-DELETE_COLUMN, _FILL = f"{_P}delete", f"{_P}fill_target"
+DELETE_COLUMN, _FILL = f"{INTERNAL}delete", f"{INTERNAL}fill_target"
 
 
 def sent_column(i: int) -> str:
     """The column of a net change that says whether its ``i``-th value was sent at all."""
-    return f"{_P}sent{i}"
+    return f"{INTERNAL}sent{i}"
 
 
 def net_upserts(batch: pa.Table, keys: Sequence[str], values: Sequence[str]) -> pa.Table | None:
@@ -131,28 +131,28 @@ def net_upserts(batch: pa.Table, keys: Sequence[str], values: Sequence[str]) -> 
     names = pc.list_flatten(unchanged)
     owners = pc.list_parent_indices(unchanged).to_numpy(zero_copy_only=False)
     work: dict[str, Any] = {key: pc.take(batch.column(key), order) for key in keys}
-    work[f"{_P}pos"] = position
-    work[f"{_P}ins"] = pc.equal(op, INSERT)
+    work[f"{INTERNAL}pos"] = position
+    work[f"{INTERNAL}ins"] = pc.equal(op, INSERT)
     for i, name in enumerate(values):
         sent = carries.copy()
         if len(names):
             hits = pc.equal(names, name).to_numpy(zero_copy_only=False)
             sent[owners[hits]] = False
-        work[f"{_P}sp{i}"] = pa.array(np.where(sent, np.arange(rows), -1), pa.int64())
+        work[f"{INTERNAL}sp{i}"] = pa.array(np.where(sent, np.arange(rows), -1), pa.int64())
     grouped = (
         pa.table(work)
         .group_by(list(keys), use_threads=False)
         .aggregate(
-            [(f"{_P}pos", "max"), (f"{_P}ins", "any")]
-            + [(f"{_P}sp{i}", "max") for i in range(len(values))]
+            [(f"{INTERNAL}pos", "max"), (f"{INTERNAL}ins", "any")]
+            + [(f"{INTERNAL}sp{i}", "max") for i in range(len(values))]
         )
     )
     out: dict[str, Any] = {key: grouped.column(key) for key in keys}
-    last = grouped.column(f"{_P}pos_max")
+    last = grouped.column(f"{INTERNAL}pos_max")
     out[DELETE_COLUMN] = pc.equal(pc.take(op, last), DELETE)
-    out[_FILL] = pc.invert(grouped.column(f"{_P}ins_any"))
+    out[_FILL] = pc.invert(grouped.column(f"{INTERNAL}ins_any"))
     for i, name in enumerate(values):
-        at = grouped.column(f"{_P}sp{i}_max")
+        at = grouped.column(f"{INTERNAL}sp{i}_max")
         valid = pc.greater_equal(at, 0)
         sorted_at = pc.if_else(valid, at, pa.scalar(None, pa.int64()))
         out[name] = pc.take(batch.column(name), pc.take(order, sorted_at))
@@ -244,8 +244,8 @@ def merge_table(
     if any(added_at(f) is not None and fill_value(f) is not None for f in base_fields(schema)):
         return "a column added with a value for older rows"
     columns = [n for n, _ in fields if n not in META_COLUMNS]
-    if any(c.startswith(_P) for c in columns):
-        return f"a column named like this path's own ({_P}...)"
+    if any(c.startswith(INTERNAL) for c in columns):
+        return f"a column named like this path's own ({INTERNAL}...)"
     if any(pa.types.is_nested(schema.field(k).type) for k in keys):
         return "a key of a nested type (Arrow groups only by plain values)"
     if any(pa.types.is_floating(schema.field(k).type) for k in keys):
