@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 from airflow_pglogrepl.exceptions import DecodeError
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.pgoutput.decoder import row_parser, tuple_parser
 from airflow_pglogrepl.pgoutput.messages import UNCHANGED_TOAST, Binary
+from airflow_pglogrepl.pgoutput.tuples import row_parser, tuple_parser
 from airflow_pglogrepl.pgoutput.values import (
     Converter,
     binary_converter,

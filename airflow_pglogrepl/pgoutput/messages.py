@@ -45,6 +45,7 @@ __all__ = [
     "TypeMessage",
     "UnchangedToast",
     "UpdateMessage",
+    "message_type_name",
 ]
 
 
@@ -77,6 +78,11 @@ class MessageType(IntEnum):
     def char(self) -> str:
         """The byte as the character the documentation names it by (``'B'``)."""
         return chr(self.value)
+
+
+def message_type_name(byte: int) -> str:
+    """The message type as a character for error messages (``'I'``), or its code if unknown."""
+    return chr(byte) if 0x20 < byte < 0x7F else f"\\x{byte:02x}"
 
 
 class ColumnKind:

@@ -40,11 +40,7 @@ from airflow_pglogrepl.pgoutput.changes import (
     TransactionBegin,
     TransactionCommit,
 )
-from airflow_pglogrepl.pgoutput.decoder import (
-    check_protocol_version,
-    decode_message,
-    message_type_name,
-)
+from airflow_pglogrepl.pgoutput.decoder import check_protocol_version, decode_message
 from airflow_pglogrepl.pgoutput.messages import (
     BeginMessage,
     BeginPrepareMessage,
@@ -63,7 +59,9 @@ from airflow_pglogrepl.pgoutput.messages import (
     StreamStartMessage,
     TruncateMessage,
     TypeMessage,
+    message_type_name,
 )
+from airflow_pglogrepl.pgoutput.tuples import as_bytes
 from airflow_pglogrepl.pgoutput.values import value_type
 
 __all__ = ["PgOutputStream"]
@@ -218,7 +216,7 @@ class PgOutputStream:
                 if lsn.__class__ is not LSN:
                     lsn = LSN(lsn)
                 if data.__class__ is not bytes:
-                    data = _as_bytes(data)
+                    data = as_bytes(data)
                 if txn is not None:
                     table = fast.get(data[1:6])
                     if table is not None:
@@ -655,14 +653,4 @@ def _column_count(mtype: str, table: TableInfo, count: int) -> DecodeError:
         0,
         f"tuple has {count} columns, the Relation message for {table.schema}.{table.table} "
         f"(OID {table.relation_id}) described {len(table.names)}",
-    )
-
-
-def _as_bytes(data: object) -> bytes:
-    if isinstance(data, bytearray | memoryview):
-        return bytes(data)
-    raise TypeError(
-        f"pgoutput rows carry bytes (pg_logical_slot_peek_binary_changes), got "
-        f"{type(data).__name__}: is this a text plugin's slot (test_decoding)? The drain reads "
-        f"pgoutput slots only"
     )
