@@ -15,7 +15,6 @@ LONG_MODULES = {
     "airflow_pglogrepl.lake.lake": 813,
     "airflow_pglogrepl.merge.reduce": 671,
     "airflow_pglogrepl.pgoutput.stream": 656,
-    "airflow_pglogrepl.pgoutput.values": 719,
     "airflow_pglogrepl.pipeline.drain": 653,
     "airflow_pglogrepl.spark.snapshot": 687,
 }
