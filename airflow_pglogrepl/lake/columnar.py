@@ -17,8 +17,8 @@ and its offsets. Everything is read with numpy over whole batches:
   refuses a value (``infinity``, ``NaN`` in a decimal), go through the reference converters
   value by value, so they come out the same.
 
-Relation and Type messages are rare and go through the reference decoder's own handlers, which
-keep the table descriptions. Anything else this decoder does not take (streamed or two-phase
+Relation and Type messages are rare and go through the reference decoder's relation cache,
+which keeps the table descriptions. Anything else this decoder does not take (streamed or two-phase
 transactions, logical messages, binary tuple data, and every malformed message) raises
 ``ColumnarUnsupportedError``: the caller decodes that window again with the reference decoder,
 which produces the same rows or the error the message deserves. The property tests hold the
@@ -34,8 +34,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_pglogrepl.lake import changelog as cl
 from airflow_pglogrepl.lake.batch import ChangelogBatch
 from airflow_pglogrepl.lake.types import arrow_from_text_array
-from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.pgoutput.stream import PgOutputStream
+from airflow_pglogrepl.pgoutput.relations import RelationCache
 
 if TYPE_CHECKING:
     import numpy as np
@@ -80,7 +79,7 @@ class ColumnarDecoder:
             "binary", "false"
         ) not in ("false", "off"):
             raise ColumnarUnsupportedError("streamed transactions and binary tuples")
-        self._ref = PgOutputStream.from_options(options)
+        self._relations = RelationCache(proto_version=int(options.get("proto_version", "1")))
         self._txn: _Txn | None = None
         self.transactions = 0
         # the commit record LSN (a row's ``_commit_lsn``) of each transaction committed so far,
@@ -125,7 +124,7 @@ class ColumnarDecoder:
         special = np.flatnonzero((kinds == _R) | (kinds == _Y) | (kinds == _T) | (kinds == _O))
         truncates: dict[int, list[TableInfo]] = {}
         versions: dict[int, list[tuple[int, TableInfo]]] = {}
-        self._before = dict(self._ref.tables)
+        self._before = dict(self._relations.tables)
         for index in special.tolist():
             raw = buf[starts[index] : ends[index]].tobytes()
             kind = kinds[index]
@@ -134,10 +133,10 @@ class ColumnarDecoder:
             elif kind == _O:
                 continue  # the origin of the transaction: not part of the changelog
             else:
-                self._ref.feed(LSN(0), raw)
+                self._relations.feed(raw)
                 if kind == _R:
                     relid = int.from_bytes(raw[1:5], "big")
-                    versions.setdefault(relid, []).append((index, self._ref.tables[relid]))
+                    versions.setdefault(relid, []).append((index, self._relations.tables[relid]))
         seq, txn_of, txns = self._transactions(buf, starts, ends, kinds, truncates)
         # per table description: its parts and the message index of each of their rows
         groups: dict[int, tuple[TableInfo, list[pa.Table], list[np.ndarray]]] = {}
@@ -238,7 +237,7 @@ class ColumnarDecoder:
         tables = []
         for i in range(count):
             relid = int.from_bytes(raw[6 + 4 * i : 10 + 4 * i], "big")
-            table = self._ref.tables.get(relid)
+            table = self._relations.tables.get(relid)
             if table is None:
                 raise ColumnarUnsupportedError(f"a Truncate of unknown relation {relid}")
             tables.append(table)
@@ -251,7 +250,7 @@ class ColumnarDecoder:
         import numpy as np
 
         described = versions.get(relid, [])
-        current = self._ref.tables.get(relid)
+        current = self._relations.tables.get(relid)
         if current is None:
             raise ColumnarUnsupportedError(f"a change of unknown relation {relid}")
         if not described:
