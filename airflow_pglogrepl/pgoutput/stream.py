@@ -45,6 +45,7 @@ from airflow_pglogrepl.pgoutput.changes import (
     TransactionCommit,
 )
 from airflow_pglogrepl.pgoutput.decoder import check_protocol_version, decode_message
+from airflow_pglogrepl.pgoutput.layouts import NEW_TUPLE, OLD_KEY, OLD_ROW
 from airflow_pglogrepl.pgoutput.messages import (
     BeginMessage,
     BeginPrepareMessage,
@@ -72,7 +73,6 @@ __all__ = ["PgOutputStream"]
 
 _U32 = struct.Struct("!I").unpack_from
 _MULTI: Final = (list, tuple, GeneratorType)
-_N, _K, _O = ord("N"), ord("K"), ord("O")
 
 
 class PgOutputStream:
@@ -522,9 +522,9 @@ class PgOutputStream:
         marker = data[pos]
         old = new = None
         flags = 0
-        if op != "I" and marker in (_K, _O):
+        if op != "I" and marker in (OLD_KEY, OLD_ROW):
             old, pos = table.parse(data, pos + 1, op)
-            if marker == _K:
+            if marker == OLD_KEY:
                 flags = FLAG_OLD_IS_KEY
             if op == "U":
                 if len(old) != len(table.names):
@@ -536,7 +536,7 @@ class PgOutputStream:
                 _check_end(data, pos, op, table, old)
                 return self._emit(op, table, lsn, None, old, flags, subxid)
         expected = "'K' or 'O'" if op == "D" else "'N'"
-        if marker != _N or op == "D":
+        if marker != NEW_TUPLE or op == "D":
             raise DecodeError(op, pos, f"expected {expected}, got {message_type_name(marker)!r}")
         new, pos = table.parse(data, pos + 1, op)
         _check_end(data, pos, op, table, new)

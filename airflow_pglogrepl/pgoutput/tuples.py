@@ -15,6 +15,13 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 
 from airflow_pglogrepl.exceptions import DecodeError
+from airflow_pglogrepl.pgoutput.layouts import (
+    KIND_BINARY,
+    KIND_NULL,
+    KIND_TEXT,
+    KIND_TOAST,
+    ROW_TUPLE,
+)
 from airflow_pglogrepl.pgoutput.messages import UNCHANGED_TOAST, Binary, message_type_name
 
 __all__ = [
@@ -28,8 +35,6 @@ __all__ = [
 
 _U16 = struct.Struct("!H").unpack_from
 _U32 = struct.Struct("!I").unpack_from
-
-_N, _U, _T, _B = ord("n"), ord("u"), ord("t"), ord("b")
 
 
 class BinaryRow(list[Any]):
@@ -58,7 +63,7 @@ def parse_tuple(data: bytes, pos: int, mtype: str) -> tuple[list[Any], int]:
         binary = False
         for column in range(natts):
             kind = data[pos]
-            if kind == _T:
+            if kind == KIND_TEXT:
                 (size,) = _U32(data, pos + 1)
                 pos += 5
                 stop = pos + size
@@ -68,12 +73,12 @@ def parse_tuple(data: bytes, pos: int, mtype: str) -> tuple[list[Any], int]:
                     )
                 values[column] = data[pos:stop]
                 pos = stop
-            elif kind == _N:
+            elif kind == KIND_NULL:
                 pos += 1
-            elif kind == _U:
+            elif kind == KIND_TOAST:
                 values[column] = UNCHANGED_TOAST
                 pos += 1
-            elif kind == _B:
+            elif kind == KIND_BINARY:
                 (size,) = _U32(data, pos + 1)
                 pos += 5
                 stop = pos + size
@@ -127,14 +132,14 @@ def tuple_parser(natts: int) -> TupleParser:
     for name in names:
         lines += [
             "        kind = data[pos]",
-            "        if kind == 116:",
+            f"        if kind == {KIND_TEXT}:",
             "            stop = pos + 5 + _U32(data, pos + 1)[0]",
             f"            {name} = data[pos + 5 : stop]",
             "            pos = stop",
-            "        elif kind == 110:",
+            f"        elif kind == {KIND_NULL}:",
             f"            {name} = None",
             "            pos += 1",
-            "        elif kind == 117:",
+            f"        elif kind == {KIND_TOAST}:",
             f"            {name} = UNCHANGED_TOAST",
             "            pos += 1",
             "        else:",
@@ -177,21 +182,21 @@ def row_parser(natts: int) -> Callable[[bytes], list[Any] | None]:
     lines = [
         "def parse(data):",
         "    try:",
-        f"        if data[6] != {natts >> 8} or data[7] != {natts & 0xFF}:",
+        f"        if data[{ROW_TUPLE}] != {natts >> 8} or data[{ROW_TUPLE + 1}] != {natts & 0xFF}:",
         "            return None",
-        "        pos = 8",
+        f"        pos = {ROW_TUPLE + 2}",
     ]
     names = [f"v{i}" for i in range(natts)]
     for name in names:
         lines += [
-            "        if data[pos] == 116:",
+            f"        if data[pos] == {KIND_TEXT}:",
             "            stop = pos + 5 + _U32(data, pos + 1)[0]",
             f"            {name} = data[pos + 5 : stop]",
             "            pos = stop",
-            "        elif data[pos] == 110:",
+            f"        elif data[pos] == {KIND_NULL}:",
             f"            {name} = None",
             "            pos += 1",
-            "        elif data[pos] == 117:",
+            f"        elif data[pos] == {KIND_TOAST}:",
             f"            {name} = UNCHANGED_TOAST",
             "            pos += 1",
             "        else:",
