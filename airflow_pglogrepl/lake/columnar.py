@@ -17,8 +17,8 @@ and its offsets. Everything is read with numpy over whole batches:
   refuses a value (``infinity``, ``NaN`` in a decimal), go through the reference converters
   value by value, so they come out the same.
 
-Relation and Type messages are rare and go through the reference decoder's own handlers, which
-keep the table descriptions. Anything else this decoder does not take (streamed or two-phase
+Relation and Type messages are rare and go through the reference decoder's relation cache,
+which keeps the table descriptions. Anything else this decoder does not take (streamed or two-phase
 transactions, logical messages, binary tuple data, and every malformed message) raises
 ``ColumnarUnsupportedError``: the caller decodes that window again with the reference decoder,
 which produces the same rows or the error the message deserves. The property tests hold the
@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 from airflow_pglogrepl.changelog import columns as cl
 from airflow_pglogrepl.changelog.rows import assemble, truncate_row
 from airflow_pglogrepl.changelog.types import arrow_from_text_array
-from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.pgoutput.stream import PgOutputStream
+from airflow_pglogrepl.pgoutput import layouts as lay
+from airflow_pglogrepl.pgoutput.relations import RelationCache
 
 if TYPE_CHECKING:
     import numpy as np
@@ -44,11 +44,6 @@ if TYPE_CHECKING:
     from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
 
 __all__ = ["ColumnarDecoder", "ColumnarUnsupportedError", "TablePiece"]
-
-_B, _C, _I, _U, _D, _R, _Y, _T, _O = (ord(c) for c in "BCIUDRYTO")
-_N, _K, _OLD = ord("N"), ord("K"), ord("O")
-_TEXT_MARK, _NULL_MARK, _TOAST_MARK = ord("t"), ord("n"), ord("u")
-_PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since 1970
 
 
 class ColumnarUnsupportedError(Exception):
@@ -80,7 +75,7 @@ class ColumnarDecoder:
             "binary", "false"
         ) not in ("false", "off"):
             raise ColumnarUnsupportedError("streamed transactions and binary tuples")
-        self._ref = PgOutputStream.from_options(options)
+        self._relations = RelationCache(proto_version=int(options.get("proto_version", "1")))
         self._txn: _Txn | None = None
         self.transactions = 0
         # the commit record LSN (a row's ``_commit_lsn``) of each transaction committed so far,
@@ -114,30 +109,33 @@ class ColumnarDecoder:
             return []
         buf, starts, ends = _buffers(data)
         kinds = buf[starts]
-        known = np.isin(kinds, np.array([_B, _C, _I, _U, _D, _R, _Y, _T, _O], dtype=np.uint8))
+        taken = [lay.BEGIN, lay.COMMIT, lay.INSERT, lay.UPDATE, lay.DELETE, lay.RELATION, lay.TYPE,
+                 lay.TRUNCATE, lay.ORIGIN]  # fmt: skip
+        known = np.isin(kinds, np.array(taken, dtype=np.uint8))
         if not known.all():
             raise ColumnarUnsupportedError(f"message type {chr(kinds[~known][0])!r}")
         if (ends - starts < 1).any():
             raise ColumnarUnsupportedError("an empty message")
-        is_change = (kinds == _I) | (kinds == _U) | (kinds == _D)
+        is_change = (kinds == lay.INSERT) | (kinds == lay.UPDATE) | (kinds == lay.DELETE)
         # Relations, Types, Truncates and Origins: in order, through the reference handlers;
         # each change then belongs to the description current at its position.
-        special = np.flatnonzero((kinds == _R) | (kinds == _Y) | (kinds == _T) | (kinds == _O))
+        special = np.flatnonzero((kinds == lay.RELATION) | (kinds == lay.TYPE)
+                                 | (kinds == lay.TRUNCATE) | (kinds == lay.ORIGIN))  # fmt: skip
         truncates: dict[int, list[TableInfo]] = {}
         versions: dict[int, list[tuple[int, TableInfo]]] = {}
-        self._before = dict(self._ref.tables)
+        self._before = dict(self._relations.tables)
         for index in special.tolist():
             raw = buf[starts[index] : ends[index]].tobytes()
             kind = kinds[index]
-            if kind == _T:
+            if kind == lay.TRUNCATE:
                 truncates[index] = self._truncated(raw)
-            elif kind == _O:
+            elif kind == lay.ORIGIN:
                 continue  # the origin of the transaction: not part of the changelog
             else:
-                self._ref.feed(LSN(0), raw)
-                if kind == _R:
+                self._relations.feed(raw)
+                if kind == lay.RELATION:
                     relid = int.from_bytes(raw[1:5], "big")
-                    versions.setdefault(relid, []).append((index, self._ref.tables[relid]))
+                    versions.setdefault(relid, []).append((index, self._relations.tables[relid]))
         seq, txn_of, txns = self._transactions(buf, starts, ends, kinds, truncates)
         # per table description: its parts and the message index of each of their rows
         groups: dict[int, tuple[TableInfo, list[pa.Table], list[np.ndarray]]] = {}
@@ -149,7 +147,7 @@ class ColumnarDecoder:
 
         change_index = np.flatnonzero(is_change)
         if len(change_index):
-            relids = _be_u32(buf, starts[change_index] + 1)
+            relids = _be_u32(buf, starts[change_index] + lay.ROW_RELID)
             for relid in np.unique(relids).tolist():
                 rows = change_index[relids == relid]
                 for table, chosen in self._by_version(relid, rows, versions):
@@ -185,18 +183,18 @@ class ColumnarDecoder:
         the returned list (index 0: the one open when the batch began, if any)."""
         import numpy as np
 
-        begins = np.flatnonzero(kinds == _B)
-        commits = np.flatnonzero(kinds == _C)
-        if ((ends[begins] - starts[begins]) != 21).any() or (
-            (ends[commits] - starts[commits]) != 26
+        begins = np.flatnonzero(kinds == lay.BEGIN)
+        commits = np.flatnonzero(kinds == lay.COMMIT)
+        if ((ends[begins] - starts[begins]) != lay.BEGIN_SIZE).any() or (
+            (ends[commits] - starts[commits]) != lay.COMMIT_SIZE
         ).any():
             raise ColumnarUnsupportedError("a Begin or Commit of unexpected length")
         txns: list[_Txn] = [self._txn or _Txn(0, 0, 0, 0)]
-        lsns = _be_u64(buf, starts[begins] + 1)
-        stamps = _be_i64(buf, starts[begins] + 9)
-        xids = _be_u32(buf, starts[begins] + 17)
+        lsns = _be_u64(buf, starts[begins] + lay.BEGIN_LSN)
+        stamps = _be_i64(buf, starts[begins] + lay.BEGIN_TS)
+        xids = _be_u32(buf, starts[begins] + lay.BEGIN_XID)
         for lsn, stamp, xid in zip(lsns.tolist(), stamps.tolist(), xids.tolist(), strict=True):
-            txns.append(_Txn(xid, lsn, stamp + _PG_EPOCH_US, 0))
+            txns.append(_Txn(xid, lsn, stamp + lay.PG_EPOCH_US, 0))
         # which transaction each message belongs to, and whether one is open there
         txn_of = np.searchsorted(begins, np.arange(len(kinds)), side="right")
         opened = np.zeros(len(kinds), dtype=np.int64)
@@ -205,11 +203,12 @@ class ColumnarDecoder:
         closed[commits] = 1
         # open transactions after each message: 1 from a Begin to its Commit (exclusive)
         depth = np.cumsum(opened) - np.cumsum(closed) + (1 if self._txn is not None else 0)
-        data_kinds = (kinds == _I) | (kinds == _U) | (kinds == _D) | (kinds == _T)
+        is_change = (kinds == lay.INSERT) | (kinds == lay.UPDATE) | (kinds == lay.DELETE)
+        data_kinds = is_change | (kinds == lay.TRUNCATE)
         if (depth[data_kinds] != 1).any() or (depth < 0).any() or (depth > 1).any():
             raise ColumnarUnsupportedError("a change outside a transaction, or nested Begins")
         # _seq: changes before this one since its Begin (a Truncate counts once per table)
-        step = ((kinds == _I) | (kinds == _U) | (kinds == _D)).astype(np.int64)
+        step = is_change.astype(np.int64)
         for index, tables in truncates.items():
             step[index] = len(tables)
         before = np.cumsum(step) - step
@@ -226,7 +225,7 @@ class ColumnarDecoder:
             self._txn = None
         self.transactions += len(commits)
         if len(commits):
-            self.commit_lsns.extend(_be_u64(buf, starts[commits] + 2).tolist())
+            self.commit_lsns.extend(_be_u64(buf, starts[commits] + lay.COMMIT_LSN).tolist())
         return seq, txn_of, txns
 
     def _truncated(self, raw: bytes) -> list[TableInfo]:
@@ -239,7 +238,7 @@ class ColumnarDecoder:
         tables = []
         for i in range(count):
             relid = int.from_bytes(raw[6 + 4 * i : 10 + 4 * i], "big")
-            table = self._ref.tables.get(relid)
+            table = self._relations.tables.get(relid)
             if table is None:
                 raise ColumnarUnsupportedError(f"a Truncate of unknown relation {relid}")
             tables.append(table)
@@ -252,7 +251,7 @@ class ColumnarDecoder:
         import numpy as np
 
         described = versions.get(relid, [])
-        current = self._ref.tables.get(relid)
+        current = self._relations.tables.get(relid)
         if current is None:
             raise ColumnarUnsupportedError(f"a change of unknown relation {relid}")
         if not described:
@@ -299,14 +298,14 @@ class _Rows:
         import pyarrow as pa
 
         buf, kinds, starts = self.buf, self.kinds, self.starts
-        marker = buf[starts + 5]
-        has_old = (kinds != _I) & ((marker == _K) | (marker == _OLD))
-        plain = (kinds == _I) | ((kinds == _U) & ~has_old)
-        if (plain & (marker != _N)).any():
+        marker = buf[starts + lay.ROW_MARKER]
+        has_old = (kinds != lay.INSERT) & ((marker == lay.OLD_KEY) | (marker == lay.OLD_ROW))
+        plain = (kinds == lay.INSERT) | ((kinds == lay.UPDATE) & ~has_old)
+        if (plain & (marker != lay.NEW_TUPLE)).any():
             raise ColumnarUnsupportedError("an unexpected tuple marker")
-        if ((kinds == _D) & ~has_old).any():
+        if ((kinds == lay.DELETE) & ~has_old).any():
             raise ColumnarUnsupportedError("a Delete without its old tuple")
-        tuple_at = starts + 6
+        tuple_at = starts + lay.ROW_TUPLE
         names = self.table.names
         width = len(names)
         old_cols: list[_Column] | None = None
@@ -314,23 +313,23 @@ class _Rows:
             old_rows = np.flatnonzero(has_old)
             old_cols, old_end = _parse_tuple(buf, tuple_at[old_rows], width)
             # an Update's new tuple follows its old one after an 'N'
-            update_old = kinds[old_rows] == _U
+            update_old = kinds[old_rows] == lay.UPDATE
             delete_end = old_end[~update_old]
             if (delete_end != self.ends[old_rows][~update_old]).any():
                 raise ColumnarUnsupportedError("bytes after a Delete's tuple")
             new_at = old_end[update_old]
-            if (buf[np.minimum(new_at, len(buf) - 1)] != _N).any():
+            if (buf[np.minimum(new_at, len(buf) - 1)] != lay.NEW_TUPLE).any():
                 raise ColumnarUnsupportedError("an Update without its new tuple")
             tuple_at = tuple_at.copy()
             tuple_at[old_rows[update_old]] = new_at + 1
-        new_rows = np.flatnonzero(kinds != _D)
+        new_rows = np.flatnonzero(kinds != lay.DELETE)
         new_cols, new_end = _parse_tuple(buf, tuple_at[new_rows], width)
         if (new_end != self.ends[new_rows]).any():
             raise ColumnarUnsupportedError("bytes after a tuple")
         count = len(self.rows)
         # the row's columns: the new tuple (Insert, Update), or the old one (Delete)
         columns = []
-        deletes = np.flatnonzero(kinds == _D)
+        deletes = np.flatnonzero(kinds == lay.DELETE)
         old_index = np.cumsum(has_old) - 1  # row -> its place among the rows with an old tuple
         schema = cl.changelog_schema(self.table)
         for k, column in enumerate(self.table.columns):
@@ -338,14 +337,14 @@ class _Rows:
                                      deletes, _pick(old_cols, k, old_index, deletes))  # fmt: skip
             columns.append(values.to_arrow(buf, column, schema.field(k).type, self.table))
         op = np.full(count, ord(cl.INSERT), dtype=np.uint8)
-        op[kinds == _U] = ord(cl.UPDATE)
-        op[kinds == _D] = ord(cl.DELETE)
+        op[kinds == lay.UPDATE] = ord(cl.UPDATE)
+        op[kinds == lay.DELETE] = ord(cl.DELETE)
         txn_index = txn_of[self.rows]
         lsn = np.array([t.commit_lsn for t in txns], dtype=np.uint64)[txn_index]
         xid = np.array([t.xid for t in txns], dtype=np.int64)[txn_index]
         stamp = np.array([t.commit_ts_us for t in txns], dtype=np.int64)[txn_index]
         unchanged = _unchanged(count, new_rows, new_cols, names, kinds)
-        old = _old_struct(count, has_old, old_index, kinds == _U, old_cols, buf, self.table,
+        old = _old_struct(count, has_old, old_index, kinds == lay.UPDATE, old_cols, buf, self.table,
                           cl.old_type(schema))  # fmt: skip
         return assemble(
             schema,
@@ -374,7 +373,7 @@ class _Column:
     ) -> _Column:
         import numpy as np
 
-        marks = np.full(count, _NULL_MARK, dtype=np.uint8)
+        marks = np.full(count, lay.KIND_NULL, dtype=np.uint8)
         at = np.zeros(count, dtype=np.int64)
         size = np.zeros(count, dtype=np.int64)
         for rows, part in ((rows_a, a), (rows_b, b)):
@@ -395,7 +394,7 @@ class _Column:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        valid = self.marks == _TEXT_MARK
+        valid = self.marks == lay.KIND_TEXT
         count = len(valid)
         size = np.where(valid, self.size, 0)
         ends = np.where(valid, self.at + size, 0)
@@ -426,7 +425,7 @@ class _Column:
         """The column's lake values, as the reference converters give them."""
         import pyarrow as pa
 
-        if (self.marks == ord("b")).any():
+        if (self.marks == lay.KIND_BINARY).any():
             raise ColumnarUnsupportedError("binary tuple data")
         try:
             texts = self.texts(buf)
@@ -460,8 +459,8 @@ def _parse_tuple(buf: np.ndarray, at: np.ndarray, width: int) -> tuple[list[_Col
         if (position >= limit).any():
             raise ColumnarUnsupportedError("a tuple past the end of its message")
         marks = buf[position]
-        text = (marks == _TEXT_MARK) | (marks == ord("b"))
-        if not (text | (marks == _NULL_MARK) | (marks == _TOAST_MARK)).all():
+        text = (marks == lay.KIND_TEXT) | (marks == lay.KIND_BINARY)
+        if not (text | (marks == lay.KIND_NULL) | (marks == lay.KIND_TOAST)).all():
             raise ColumnarUnsupportedError("an unknown column marker")
         size = np.zeros(len(position), dtype=np.int64)
         if text.any():
@@ -489,8 +488,8 @@ def _unchanged(
 
     toast = np.zeros((count, len(names)), dtype=bool)
     for k, column in enumerate(new_cols):
-        toast[new_rows, k] = column.marks == _TOAST_MARK
-    toast[kinds != _U] = False
+        toast[new_rows, k] = column.marks == lay.KIND_TOAST
+    toast[kinds != lay.UPDATE] = False
     if not toast.any():
         return pa.nulls(count, pa.list_(pa.string()))
     lists: list[list[str] | None] = [None] * count

@@ -4,15 +4,42 @@ Changes of a streamed transaction arrive before anyone knows whether it commits,
 transaction's changes arrive before its COMMIT PREPARED; test_decoding prints a transaction's
 commit time only after its changes. All of them wait here, behind a small interface, so that a
 later implementation can spill to disk without touching the decoders. Items are opaque to the
-buffer (small tuples the decoder builds); they are picklable, for such a spilling buffer.
+buffer (small tuples the decoder builds, ``Pending``); they are picklable, for such a spilling
+buffer. ``deliver`` turns a committed transaction's items into its events.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["InMemoryTransactionBuffer", "TransactionBuffer"]
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pgoutput.changes import (
+    Change,
+    Event,
+    LogicalMessage,
+    TableInfo,
+    TransactionBegin,
+    TransactionCommit,
+)
+
+__all__ = ["InMemoryTransactionBuffer", "Pending", "Prepared", "TransactionBuffer", "deliver"]
+
+# The items the stream keeps here are tuples:
+#   (op, table, lsn, new, old, flags) for I/U/D/T, and ("M", None, lsn, prefix, content, 1).
+Pending = tuple[str, TableInfo | None, LSN, Any, Any, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A prepared transaction waiting for COMMIT or ROLLBACK PREPARED."""
+
+    xid: int
+    gid: str
+    prepare_lsn: LSN
+    end_lsn: LSN
+    origin: str | None
 
 
 class TransactionBuffer(Protocol):
@@ -102,3 +129,25 @@ class InMemoryTransactionBuffer:
 
     def total_items(self) -> int:
         return sum(len(items) for items in self._items.values())
+
+
+def deliver(
+    begin: TransactionBegin,
+    items: Iterable[Pending],
+    end_lsn: LSN,
+    origin: str | None,
+) -> Iterator[Event]:
+    """A committed transaction's events: its Begin, its waiting items as ``Change`` and
+    ``LogicalMessage`` records numbered from 0, then its Commit."""
+    yield begin
+    seq = 0
+    for op, table, lsn, new, old, flags in items:
+        if op == "M":
+            yield LogicalMessage(lsn, True, new, old, begin, seq)
+        else:
+            assert table is not None
+            yield Change(op, table, begin, lsn, seq, new, old, flags)  # type: ignore[arg-type]
+        seq += 1
+    yield TransactionCommit(
+        begin.xid, begin.commit_lsn, end_lsn, begin.commit_ts, seq, begin.gid, origin
+    )

@@ -20,14 +20,11 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 from airflow_pglogrepl.exceptions import DecodeError
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.pgoutput.decoder import row_parser, tuple_parser
+from airflow_pglogrepl.pgoutput.binary import binary_converter
 from airflow_pglogrepl.pgoutput.messages import UNCHANGED_TOAST, Binary
-from airflow_pglogrepl.pgoutput.values import (
-    Converter,
-    binary_converter,
-    text_converter,
-    text_converter_for_bytes,
-)
+from airflow_pglogrepl.pgoutput.oids import Converter
+from airflow_pglogrepl.pgoutput.tuples import row_parser, tuple_parser
+from airflow_pglogrepl.pgoutput.values import text_converter, text_converter_for_bytes
 
 if TYPE_CHECKING:
     pass

@@ -16,6 +16,7 @@ from enum import IntEnum
 from typing import Final, Literal, TypeAlias
 
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pgoutput import layouts
 
 __all__ = [
     "UNCHANGED_TOAST",
@@ -45,6 +46,7 @@ __all__ = [
     "TypeMessage",
     "UnchangedToast",
     "UpdateMessage",
+    "message_type_name",
 ]
 
 
@@ -79,13 +81,18 @@ class MessageType(IntEnum):
         return chr(self.value)
 
 
+def message_type_name(byte: int) -> str:
+    """The message type as a character for error messages (``'I'``), or its code if unknown."""
+    return chr(byte) if 0x20 < byte < 0x7F else f"\\x{byte:02x}"
+
+
 class ColumnKind:
     """Per-column markers of TupleData: the byte before each column's value."""
 
-    NULL: Final = ord("n")
-    UNCHANGED_TOAST: Final = ord("u")
-    TEXT: Final = ord("t")
-    BINARY: Final = ord("b")
+    NULL: Final = layouts.KIND_NULL
+    UNCHANGED_TOAST: Final = layouts.KIND_TOAST
+    TEXT: Final = layouts.KIND_TEXT
+    BINARY: Final = layouts.KIND_BINARY
 
 
 class UnchangedToast:

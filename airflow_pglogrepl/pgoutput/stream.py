@@ -23,28 +23,29 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from types import GeneratorType
 from typing import Any, Final, Literal
 
-from airflow_pglogrepl.exceptions import DecodeError, UnknownRelationError
+from airflow_pglogrepl.exceptions import DecodeError
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.pgoutput.buffer import InMemoryTransactionBuffer, TransactionBuffer
+from airflow_pglogrepl.pgoutput.buffer import (
+    InMemoryTransactionBuffer,
+    Pending,
+    Prepared,
+    TransactionBuffer,
+    deliver,
+)
 from airflow_pglogrepl.pgoutput.changes import (
     FLAG_OLD_IS_KEY,
     Change,
-    ColumnInfo,
     Event,
     LogicalMessage,
     TableInfo,
     TransactionBegin,
     TransactionCommit,
 )
-from airflow_pglogrepl.pgoutput.decoder import (
-    check_protocol_version,
-    decode_message,
-    message_type_name,
-)
+from airflow_pglogrepl.pgoutput.decoder import check_protocol_version, decode_message
+from airflow_pglogrepl.pgoutput.layouts import NEW_TUPLE, OLD_KEY, OLD_ROW
 from airflow_pglogrepl.pgoutput.messages import (
     BeginMessage,
     BeginPrepareMessage,
@@ -63,28 +64,15 @@ from airflow_pglogrepl.pgoutput.messages import (
     StreamStartMessage,
     TruncateMessage,
     TypeMessage,
+    message_type_name,
 )
-from airflow_pglogrepl.pgoutput.values import value_type
+from airflow_pglogrepl.pgoutput.relations import RelationCache
+from airflow_pglogrepl.pgoutput.tuples import as_bytes
 
 __all__ = ["PgOutputStream"]
 
 _U32 = struct.Struct("!I").unpack_from
-_U32_PACK = struct.Struct("!I").pack
 _MULTI: Final = (list, tuple, GeneratorType)
-_N, _K, _O = ord("N"), ord("K"), ord("O")
-
-# Pending items (buffered, not yet committed) are tuples:
-#   (op, table, lsn, new, old, flags) for I/U/D/T, and ("M", None, lsn, prefix, content, 1).
-_Pending = tuple[str, TableInfo | None, LSN, Any, Any, int]
-
-
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    xid: int
-    gid: str
-    prepare_lsn: LSN
-    end_lsn: LSN
-    origin: str | None
 
 
 class PgOutputStream:
@@ -115,10 +103,10 @@ class PgOutputStream:
         self._buffer: TransactionBuffer = buffer if buffer is not None else (
             InMemoryTransactionBuffer()
         )  # fmt: skip
-        self._tables: dict[int, TableInfo] = {}
-        # the same tables keyed by their OID's 4 bytes and the 'N' marker, for decode()'s probe
-        self._fast_tables: dict[bytes, TableInfo] = {}
-        self._types: dict[int, TypeMessage] = {}
+        self._relations = RelationCache(proto_version=proto_version)
+        # the cache's dicts (changed in place, never replaced), bound for the inline paths
+        self._tables = self._relations.tables
+        self._fast_tables = self._relations.fast_tables
         # the ordinary transaction being passed through, and its record counter
         self._txn: TransactionBegin | None = None
         self._seq = 0
@@ -129,7 +117,7 @@ class PgOutputStream:
         # own Relation messages (applied to the cache when it commits, like the apply worker)
         self._stream_xid: int | None = None
         self._streams: dict[int, dict[int, TableInfo]] = {}
-        self._prepared: dict[str, _Prepared] = {}
+        self._prepared: dict[str, Prepared] = {}
         handlers: dict[int, Callable[[LSN, bytes], Any]] = {
             MessageType.BEGIN: self._on_begin,
             MessageType.COMMIT: self._on_commit,
@@ -218,7 +206,7 @@ class PgOutputStream:
                 if lsn.__class__ is not LSN:
                     lsn = LSN(lsn)
                 if data.__class__ is not bytes:
-                    data = _as_bytes(data)
+                    data = as_bytes(data)
                 if txn is not None:
                     table = fast.get(data[1:6])
                     if table is not None:
@@ -339,7 +327,7 @@ class PgOutputStream:
         if begin is None or begin.gid != message.gid or begin.xid != message.xid:
             raise DecodeError("P", 0, f"Prepare of {message.gid!r} without its Begin Prepare")
         self._preparing = None
-        self._prepared[message.gid] = _Prepared(
+        self._prepared[message.gid] = Prepared(
             message.xid, message.gid, message.prepare_lsn, message.end_lsn, self._origin
         )
 
@@ -358,7 +346,7 @@ class PgOutputStream:
             )
         items = self._buffer.pop(("prepared", message.gid))
         begin = TransactionBegin(message.xid, message.commit_lsn, message.commit_ts, message.gid)
-        return self._deliver(begin, items, message.end_lsn, prepared.origin)
+        return deliver(begin, items, message.end_lsn, prepared.origin)
 
     def _on_rollback_prepared(self, lsn: LSN, data: bytes) -> None:
         message = self._parse(data)
@@ -366,26 +354,6 @@ class PgOutputStream:
         self._require_idle("r")
         self._prepared.pop(message.gid, None)
         self._buffer.discard(("prepared", message.gid))
-
-    def _deliver(
-        self,
-        begin: TransactionBegin,
-        items: Iterable[_Pending],
-        end_lsn: LSN,
-        origin: str | None,
-    ) -> Iterator[Event]:
-        yield begin
-        seq = 0
-        for op, table, lsn, new, old, flags in items:
-            if op == "M":
-                yield LogicalMessage(lsn, True, new, old, begin, seq)
-            else:
-                assert table is not None
-                yield Change(op, table, begin, lsn, seq, new, old, flags)  # type: ignore[arg-type]
-            seq += 1
-        yield TransactionCommit(
-            begin.xid, begin.commit_lsn, end_lsn, begin.commit_ts, seq, begin.gid, origin
-        )
 
     # -- streaming ------------------------------------------------------------------------
 
@@ -429,10 +397,10 @@ class PgOutputStream:
         message = self._parse(data)
         assert isinstance(message, StreamCommitMessage)
         for table in self._closed_stream("c", message.xid).values():
-            self._describe(table)
+            self._relations.describe(table)
         items = self._buffer.pop(("stream", message.xid))
         begin = TransactionBegin(message.xid, message.commit_lsn, message.commit_ts)
-        return self._deliver(begin, items, message.end_lsn, None)
+        return deliver(begin, items, message.end_lsn, None)
 
     def _on_stream_abort(self, lsn: LSN, data: bytes) -> None:
         message = self._parse(data)
@@ -451,11 +419,11 @@ class PgOutputStream:
         message = self._parse(data)
         assert isinstance(message, StreamPrepareMessage)
         for table in self._closed_stream("p", message.xid).values():
-            self._describe(table)
+            self._relations.describe(table)
         if message.gid in self._prepared:
             raise DecodeError("p", 0, f"transaction {message.gid!r} is already prepared")
         self._buffer.rename(("stream", message.xid), ("prepared", message.gid))
-        self._prepared[message.gid] = _Prepared(
+        self._prepared[message.gid] = Prepared(
             message.xid, message.gid, message.prepare_lsn, message.end_lsn, None
         )
 
@@ -465,58 +433,16 @@ class PgOutputStream:
         stream_xid = self._stream_xid
         message = self._parse(data, in_stream=stream_xid is not None)
         assert isinstance(message, RelationMessage)
-        columns = [
-            ColumnInfo(
-                c.name,
-                c.type_oid,
-                c.type_modifier,
-                c.is_key,
-                self._value_type(c.type_oid),
-                self._type_name(c.type_oid),
-            )
-            for c in message.columns
-        ]
-        table = TableInfo(
-            message.namespace,
-            message.name,
-            columns,
-            relation_id=message.relation_id,
-            replica_identity=message.replica_identity,
-        )
+        table = self._relations.relation(message)
         if stream_xid is None:
-            self._describe(table)
+            self._relations.describe(table)
         else:
             self._streams[stream_xid][message.relation_id] = table
-
-    def _describe(self, table: TableInfo) -> None:
-        assert table.relation_id is not None
-        self._tables[table.relation_id] = table
-        self._fast_tables[_U32_PACK(table.relation_id) + b"N"] = table
 
     def _on_type(self, lsn: LSN, data: bytes) -> None:
         message = self._parse(data, in_stream=self._stream_xid is not None)
         assert isinstance(message, TypeMessage)
-        self._types[message.type_oid] = message
-
-    def _value_type(self, type_oid: int) -> int | None:
-        described = self._types.get(type_oid)  # a domain's: its base type
-        base = None if described is None else (described.namespace, described.name)
-        return value_type(type_oid, base)
-
-    def _type_name(self, type_oid: int) -> str | None:
-        described = self._types.get(type_oid)
-        return None if described is None else f"{described.namespace}.{described.name}"
-
-    def _table(self, relation_id: int, mtype: str) -> TableInfo:
-        stream_xid = self._stream_xid
-        if stream_xid is not None:
-            table = self._streams[stream_xid].get(relation_id)
-            if table is not None:
-                return table
-        table = self._tables.get(relation_id)
-        if table is None:
-            raise UnknownRelationError(mtype, 1 if stream_xid is None else 5, relation_id)
-        return table
+        self._relations.add_type(message)
 
     # -- data -----------------------------------------------------------------------------
 
@@ -548,7 +474,7 @@ class PgOutputStream:
         self._pend(op, (op, table, lsn, new, old, flags), subxid)
         return None
 
-    def _pend(self, mtype: str, item: _Pending, subxid: int) -> None:
+    def _pend(self, mtype: str, item: Pending, subxid: int) -> None:
         stream_xid = self._stream_xid
         if stream_xid is not None:
             self._buffer.append(("stream", stream_xid), subxid, item)
@@ -587,15 +513,18 @@ class PgOutputStream:
     def _row(self, op: str, lsn: LSN, data: bytes) -> Change | None:
         """Insert, Update or Delete in any context, every field checked."""
         subxid, relation_id, pos = self._header(data, op)
-        table = self._table(relation_id, op)
+        # inside a stream block, the transaction's own descriptions come first
+        stream_xid = self._stream_xid
+        overlay = None if stream_xid is None else self._streams[stream_xid]
+        table = self._relations.table(relation_id, op, overlay)
         if pos >= len(data):
             raise DecodeError(op, pos, "message ends before the tuple marker")
         marker = data[pos]
         old = new = None
         flags = 0
-        if op != "I" and marker in (_K, _O):
+        if op != "I" and marker in (OLD_KEY, OLD_ROW):
             old, pos = table.parse(data, pos + 1, op)
-            if marker == _K:
+            if marker == OLD_KEY:
                 flags = FLAG_OLD_IS_KEY
             if op == "U":
                 if len(old) != len(table.names):
@@ -607,18 +536,19 @@ class PgOutputStream:
                 _check_end(data, pos, op, table, old)
                 return self._emit(op, table, lsn, None, old, flags, subxid)
         expected = "'K' or 'O'" if op == "D" else "'N'"
-        if marker != _N or op == "D":
+        if marker != NEW_TUPLE or op == "D":
             raise DecodeError(op, pos, f"expected {expected}, got {message_type_name(marker)!r}")
         new, pos = table.parse(data, pos + 1, op)
         _check_end(data, pos, op, table, new)
         return self._emit(op, table, lsn, new, old, flags, subxid)
 
     def _on_truncate(self, lsn: LSN, data: bytes) -> list[Event] | None:
-        in_stream = self._stream_xid is not None
-        message = self._parse(data, in_stream=in_stream)
+        stream_xid = self._stream_xid
+        message = self._parse(data, in_stream=stream_xid is not None)
         assert isinstance(message, TruncateMessage)
         subxid = message.xid or 0
-        tables = [self._table(oid, "T") for oid in message.relation_ids]
+        overlay = None if stream_xid is None else self._streams[stream_xid]
+        tables = [self._relations.table(oid, "T", overlay) for oid in message.relation_ids]
         out: list[Event] = []
         for table in tables:
             change = self._emit("T", table, lsn, None, None, message.flags & 3, subxid)
@@ -637,7 +567,7 @@ class PgOutputStream:
             seq = self._seq
             self._seq = seq + 1
             return LogicalMessage(message.lsn, True, message.prefix, message.content, txn, seq)
-        item: _Pending = ("M", None, message.lsn, message.prefix, message.content, 1)
+        item: Pending = ("M", None, message.lsn, message.prefix, message.content, 1)
         self._pend("M", item, message.xid or 0)
         return None
 
@@ -655,14 +585,4 @@ def _column_count(mtype: str, table: TableInfo, count: int) -> DecodeError:
         0,
         f"tuple has {count} columns, the Relation message for {table.schema}.{table.table} "
         f"(OID {table.relation_id}) described {len(table.names)}",
-    )
-
-
-def _as_bytes(data: object) -> bytes:
-    if isinstance(data, bytearray | memoryview):
-        return bytes(data)
-    raise TypeError(
-        f"pgoutput rows carry bytes (pg_logical_slot_peek_binary_changes), got "
-        f"{type(data).__name__}: is this a text plugin's slot (test_decoding)? The drain reads "
-        f"pgoutput slots only"
     )

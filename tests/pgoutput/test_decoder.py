@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from airflow_pglogrepl.exceptions import DecodeError
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.pgoutput.decoder import decode_message, parse_tuple, tuple_parser
+from airflow_pglogrepl.pgoutput.decoder import decode_message
 from airflow_pglogrepl.pgoutput.messages import (
     UNCHANGED_TOAST,
     BeginMessage,
@@ -283,39 +283,6 @@ def test_rollback_prepared() -> None:
     assert decode_message(data, proto_version=3) == RollbackPreparedMessage(
         0, LSN(0x300), LSN(0x400), T1, T2, 900, "it's"
     )
-
-
-# -- tuples -----------------------------------------------------------------------------------
-
-
-def test_fast_tuple_parser_matches_the_checked_one() -> None:
-    data = b"xx" + u16(3) + b"t" + u32(2) + b"ab" + b"n" + b"u"
-    assert (
-        tuple_parser(3)(data, 2, "I")
-        == parse_tuple(data, 2, "I")
-        == (
-            [b"ab", None, UNCHANGED_TOAST],
-            len(data),
-        )
-    )
-    # another column count or a binary column: same answer, through the checked parser
-    assert tuple_parser(2)(data, 2, "I") == parse_tuple(data, 2, "I")
-    binary = u16(1) + b"b" + u32(1) + b"\x01"
-    assert tuple_parser(1)(binary, 0, "I") == ([Binary(b"\x01")], len(binary))
-
-
-@pytest.mark.parametrize("natts", [0, 1, 3])
-def test_fast_tuple_parser_reports_truncation_like_the_checked_one(natts: int) -> None:
-    data = u16(natts) + (b"t" + u32(3) + b"abc") * natts
-    for cut in range(len(data)):
-        with pytest.raises(DecodeError) as fast:
-            tuple_parser(natts)(data[:cut], 0, "I")
-        with pytest.raises(DecodeError) as checked:
-            parse_tuple(data[:cut], 0, "I")
-        assert (fast.value.offset, fast.value.reason) == (
-            checked.value.offset,
-            checked.value.reason,
-        )
 
 
 # -- errors -----------------------------------------------------------------------------------
