@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from airflow_pglogrepl._moved import MOVED
+from airflow_pglogrepl.lsn import LSN
 from tests.support.layout import PACKAGE, modules
 
 
@@ -77,16 +78,21 @@ def test_every_old_path_is_listed_and_leads_where_it_says() -> None:
 
 def test_a_renamed_object_answers_to_its_old_name_with_a_warning() -> None:
     from airflow_pglogrepl import exceptions
+    from airflow_pglogrepl.exceptions import lake
     from airflow_pglogrepl.hooks import object_store
+    from airflow_pglogrepl.lake import snapshots
     from airflow_pglogrepl.operators import _spark, drain
-    from airflow_pglogrepl.spark import session
+    from airflow_pglogrepl.spark import session, snapshot
 
     olds = [(exceptions, "SinkError", "LakeMismatchError"),
             (exceptions, "SinkFromAnotherSourceError", "LakeFromAnotherSourceError"),
             (exceptions, "SinkNotEmptyError", "LakeNotEmptyError"),
             (exceptions, "SinkNotSnapshottedError", "LakeNotSnapshottedError"),
             (exceptions, "SlotAheadOfSinkError", "SlotAheadOfLakeError"),
-            (drain, "sink_asset", "lake_asset"),
+            (lake, "SinkError", "LakeMismatchError"), (drain, "sink_asset", "lake_asset"),
+            (snapshot, "SinkNotEmptyError", "LakeNotEmptyError"),
+            (snapshot, "check_empty_sink", "check_empty_lake"),
+            (snapshots, "check_empty_sink", "check_empty_lake"),
             (_spark, "sink_asset", "lake_asset"), (object_store, "check_sink", "check_lake_uri"),
             (session, "SINK_CONF", "LAKE_CONF")]  # fmt: skip
     for module, old, new in olds:
@@ -97,3 +103,6 @@ def test_a_renamed_object_answers_to_its_old_name_with_a_warning() -> None:
     # an error raised under its new name is caught under its old one
     with pytest.warns(DeprecationWarning), pytest.raises(exceptions.SinkError):
         raise exceptions.LakeNotEmptyError("the lake holds commits")
+    ahead = exceptions.SlotAheadOfLakeError("s", LSN(2), LSN(1), "/lake")
+    with pytest.warns(DeprecationWarning, match=r"\.sink_lsn is now \.lake_lsn"):
+        assert ahead.sink_lsn == LSN(1)

@@ -22,6 +22,7 @@ from airflow_pglogrepl.exceptions.base import (
     PgLogReplError,
 )
 from airflow_pglogrepl.exceptions.lake import (
+    OLD_NAMES,
     ColumnBackfillError,
     IncompatibleSchemaChangeError,
     LakeCommitConflictError,
@@ -168,10 +169,4 @@ __all__ = [
 
 
 # The lake was once also called the sink; the old names still reach the same classes.
-__getattr__ = renamed(__name__, {
-    "SinkError": "LakeMismatchError",
-    "SinkFromAnotherSourceError": "LakeFromAnotherSourceError",
-    "SinkNotEmptyError": "LakeNotEmptyError",
-    "SinkNotSnapshottedError": "LakeNotSnapshottedError",
-    "SlotAheadOfSinkError": "SlotAheadOfLakeError",
-})  # fmt: skip
+__getattr__ = renamed(__name__, OLD_NAMES)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_pglogrepl._moved import renamed
+
 if TYPE_CHECKING:
     from airflow_pglogrepl.lsn import LSN
 
@@ -88,6 +90,15 @@ class SlotAheadOfLakeError(LakeMismatchError):
             f"Nothing was drained. Fix: find what advanced the slot; rebuild the lake from a new "
             f"initial snapshot, or accept the gap explicitly by recording it"
         )
+
+    @property
+    def sink_lsn(self) -> LSN:
+        """``lake_lsn`` under its old name (handlers written before the lake's one name)."""
+        from airflow_pglogrepl._moved import warn_caller
+
+        warn_caller("SlotAheadOfLakeError: .sink_lsn is now .lake_lsn; the old name goes in a "
+                    "later release")  # fmt: skip
+        return self.lake_lsn
 
 
 class LakeFromAnotherSourceError(LakeMismatchError):
@@ -327,3 +338,15 @@ class LakeSnapshotUnfinishedError(LakeMismatchError):
             f"snapshot again (InitialSnapshotOperator, or snapshot_app with --replace-slot when "
             f"the killed run left its slot), then drain"
         )
+
+
+# The lake was once also called the sink: the classes' old names (``exceptions`` and this module
+# answer to them, with a warning, and they are the same classes).
+OLD_NAMES = {
+    "SinkError": "LakeMismatchError",
+    "SinkFromAnotherSourceError": "LakeFromAnotherSourceError",
+    "SinkNotEmptyError": "LakeNotEmptyError",
+    "SinkNotSnapshottedError": "LakeNotSnapshottedError",
+    "SlotAheadOfSinkError": "SlotAheadOfLakeError",
+}
+__getattr__ = renamed(__name__, OLD_NAMES)

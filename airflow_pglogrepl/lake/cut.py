@@ -4,7 +4,7 @@ Delta Lake has no transaction across tables. One source transaction that wrote t
 reaches the lake as one Delta commit per table, so a reader who opens each table at its latest
 version can see it half-applied: ``changes/a``'s window committed and ``changes/b``'s not yet,
 or ``state/a`` merged and ``state/b`` not yet. Every version the drain writes carries the app
-transaction ``(app_id(slot), LSN)`` (see ``lake.lake``), so the versions that belong together can
+transaction ``(app_id(slot), LSN)`` (see ``lake.window``), so the versions that belong together can
 be found from the logs alone: ``consistent_cut`` finds them, ``read_cut`` reads them (no JVM) and
 ``read_cut_spark`` does the same with ``versionAsOf``.
 

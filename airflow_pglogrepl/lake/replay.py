@@ -2,7 +2,7 @@
 position, read at the Delta versions that hold them.
 
 Why no bookkeeping of its own: every version the drain writes carries the LSN it holds up to
-(the app transaction ``(app_id(slot), end)``, see ``lake.lake``), so "which version holds the
+(the app transaction ``(app_id(slot), end)``, see ``lake.window``), so "which version holds the
 commits below b" and "which version is the table at P" are questions for the Delta logs, which
 ``lake.txnlog`` and ``lake.cut`` already answer. What this module adds is where each answer
 stops being exact, so a caller gets the rows asked for or a refusal that says what the lake can

@@ -34,6 +34,7 @@ from airflow_pglogrepl._moved import renamed
 from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV, SUBMITTED_ENV
 from airflow_pglogrepl.exceptions import SparkApplicationError
+from airflow_pglogrepl.operators.arguments import OldSinkName, lake_argument
 from airflow_pglogrepl.spark.submit_output import QuietSubmitOutput
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def shown(text: str, quiet: QuietSubmitOutput | None, say: Callable[..., None]) 
 SUMMARY_KEYS = ("windows", "committed", "resolved", "error")
 
 
-class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
+class PackageSparkSubmitOperator(OldSinkName, TaskBoundary, SparkSubmitOperator):
     """SparkSubmitOperator for an application of this package that reads a slot's publications
     into a lake, run with the source's DSN.
 
@@ -128,7 +129,6 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
     def __init__(self, *, postgres_conn_id: str, slot_name: str, publications: Sequence[str],
                  lake: str | None = None, sink: str | None = None, spark_log_level: str = "WARN",
                  lake_conn_id: str | None = None, **kwargs: Any) -> None:  # fmt: skip
-        from airflow_pglogrepl.operators.arguments import lake_argument
         from airflow_pglogrepl.spark.log4j import spark_log_level as log4j_level
 
         root = lake_argument(type(self).__name__, lake, sink)

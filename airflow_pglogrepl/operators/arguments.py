@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
     from airflow_pglogrepl.tables import TableRef
 
-__all__ = ["lake_argument", "lake_keys", "names", "resolve_tables"]
+__all__ = ["OldSinkName", "lake_argument", "lake_keys", "names", "resolve_tables"]
 
 
 def names(value: str | Sequence[str] | None) -> list[str]:
@@ -47,23 +47,53 @@ def resolve_tables(
 
 
 def lake_argument(operator: str, lake: str | None, sink: str | None) -> str:
-    """The lake root an operator was given: ``lake``, or the old name ``sink`` (with a warning
-    that names the new one), never both and never neither."""
+    """The lake root an operator was given: ``lake``, or its old name ``sink`` (with a warning
+    that names the new one); never neither.
+
+    Both, and different, is a DAG moving to the new name with ``sink`` still in its
+    ``default_args``: ``lake``, the explicit argument, wins, as an explicit argument wins over
+    ``default_args``, and the warning says ``sink`` was ignored. No message repeats either
+    value: a lake URI may carry a secret (``hooks.object_store.check_lake_uri`` refuses it
+    later, without repeating it either)."""
     if sink is not None:
         from airflow_pglogrepl._moved import warn_caller
 
-        warn_caller(
-            f"{operator}: sink= is now lake= (the same lake root); the old name goes in a later "
-            "release"
-        )
-        if lake is not None and lake != sink:
-            raise TypeError(
-                f"{operator} got lake={lake!r} and sink={sink!r}: give the lake root once, as lake="
+        if lake is None or lake == sink:
+            warn_caller(
+                f"{operator}: sink= is now lake= (the same lake root); the old name goes in a "
+                "later release"
             )
-        lake = sink
+            return sink
+        warn_caller(
+            f"{operator}: got lake= and sink= (lake's old name, from the task or default_args) "
+            "with different lake roots: lake= is used and sink= ignored; remove sink="
+        )
     if lake is None:
         raise TypeError(f"{operator} needs lake=: the lake root, a path or s3://bucket/prefix")
     return lake
+
+
+class OldSinkName:
+    """``task.sink``: an operator's lake root under its old name, for templates
+    (``{{ task.sink }}``) and subclasses that read or set it; warns, as ``sink=`` does."""
+
+    lake: str
+
+    @property
+    def sink(self) -> str:
+        self._old_name_used()
+        return self.lake
+
+    @sink.setter
+    def sink(self, value: str) -> None:
+        self._old_name_used()
+        self.lake = value
+
+    def _old_name_used(self) -> None:
+        from airflow_pglogrepl._moved import warn_caller
+
+        warn_caller(f"{type(self).__name__}: .sink is now .lake; the old name goes in a later "
+                    "release")  # fmt: skip
 
 
 def lake_keys(root: str) -> dict[str, str]:

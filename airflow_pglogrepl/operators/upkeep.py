@@ -20,12 +20,12 @@ from airflow.sdk import BaseOperator, Context
 from airflow_pglogrepl import metrics
 from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.hooks.for_connection import replication_hook
-from airflow_pglogrepl.operators.arguments import lake_argument
+from airflow_pglogrepl.operators.arguments import OldSinkName, lake_argument
 
 DAY_HOURS = 24.0
 
 
-class LakeUpkeepOperator(TaskBoundary, BaseOperator):
+class LakeUpkeepOperator(OldSinkName, TaskBoundary, BaseOperator):
     """Compact, vacuum and checkpoint every table of a slot's lake (``changes/``, ``state/``,
     ``_pglogrepl/windows``), under the lake's writer lock.
 
