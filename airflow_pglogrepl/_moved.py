@@ -20,6 +20,7 @@ from collections.abc import Callable
 # Old path -> new path of every module that moved. Code that walks the package's modules skips
 # the old paths (each is the module at its new path again).
 MOVED = {
+    "airflow_pglogrepl.lake.columnar": "airflow_pglogrepl.changelog.columnar",
     "airflow_pglogrepl.spark.drain": "airflow_pglogrepl.pipeline.drain",
     "airflow_pglogrepl.spark.overlap": "airflow_pglogrepl.pipeline.overlap",
     "airflow_pglogrepl.lake.batch": "airflow_pglogrepl.changelog.rows",

@@ -29,7 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_pglogrepl.lake.columnar import ColumnarDecoder
+from airflow_pglogrepl.changelog.columnar import ColumnarDecoder
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, local_cluster

@@ -41,9 +41,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from airflow_pglogrepl.changelog.columnar import ColumnarDecoder
 from airflow_pglogrepl.changelog.rows import ChangelogBatch
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
-from airflow_pglogrepl.lake.columnar import ColumnarDecoder
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream

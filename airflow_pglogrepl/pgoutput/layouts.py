@@ -2,7 +2,7 @@
 fixed fields sit in the messages the decoders read by position.
 
 One definition for the per-message decoder (``decoder``, ``tuples``, ``stream``) and the columnar
-one (``lake.columnar``). The values are plain ``int``: hot loops compare against them at the speed
+one (``columnar``). The values are plain ``int``: hot loops compare against them at the speed
 of a literal, and numpy takes them as they are (``messages.MessageType`` names the same message
 bytes as an ``IntEnum``, ``messages.ColumnKind`` the column kinds).
 See https://www.postgresql.org/docs/15/protocol-logicalrep-message-formats.html

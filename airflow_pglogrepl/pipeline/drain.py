@@ -29,6 +29,11 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from airflow_pglogrepl.changelog.columnar import (
+    ColumnarDecoder,
+    ColumnarUnsupportedError,
+    TablePiece,
+)
 from airflow_pglogrepl.changelog.columns import COMMIT_LSN
 from airflow_pglogrepl.changelog.rows import ChangelogBatch
 from airflow_pglogrepl.exceptions import (
@@ -39,7 +44,6 @@ from airflow_pglogrepl.exceptions import (
     SlotAheadOfLakeError,
 )
 from airflow_pglogrepl.faults import fault, pause
-from airflow_pglogrepl.lake.columnar import ColumnarDecoder, ColumnarUnsupportedError, TablePiece
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.quarantine import TABLE_ERRORS, Cause, cause_of, held
 from airflow_pglogrepl.lake.quarantine import rows as quarantine_rows

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from airflow_pglogrepl.changelog.columnar import ColumnarDecoder, ColumnarUnsupportedError
 from airflow_pglogrepl.changelog.rows import ChangelogBatch
-from airflow_pglogrepl.lake.columnar import ColumnarDecoder, ColumnarUnsupportedError
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream
 from airflow_pglogrepl.pgoutput.messages import (
