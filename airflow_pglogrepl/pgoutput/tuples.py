@@ -63,7 +63,7 @@ def parse_tuple(data: bytes, pos: int, mtype: str) -> tuple[list[Any], int]:
         binary = False
         for column in range(natts):
             kind = data[pos]
-            if kind == KIND_TEXT:
+            if kind in (KIND_TEXT, KIND_BINARY):
                 (size,) = _U32(data, pos + 1)
                 pos += 5
                 stop = pos + size
@@ -71,24 +71,17 @@ def parse_tuple(data: bytes, pos: int, mtype: str) -> tuple[list[Any], int]:
                     raise DecodeError(
                         mtype, end, f"column {column} claims {size} bytes, {end - pos} remain"
                     )
-                values[column] = data[pos:stop]
+                if kind == KIND_TEXT:
+                    values[column] = data[pos:stop]
+                else:
+                    values[column] = Binary(data[pos:stop])
+                    binary = True
                 pos = stop
             elif kind == KIND_NULL:
                 pos += 1
             elif kind == KIND_TOAST:
                 values[column] = UNCHANGED_TOAST
                 pos += 1
-            elif kind == KIND_BINARY:
-                (size,) = _U32(data, pos + 1)
-                pos += 5
-                stop = pos + size
-                if stop > end:
-                    raise DecodeError(
-                        mtype, end, f"column {column} claims {size} bytes, {end - pos} remain"
-                    )
-                values[column] = Binary(data[pos:stop])
-                binary = True
-                pos = stop
             else:
                 raise DecodeError(
                     mtype, pos, f"column {column} has unknown kind {message_type_name(kind)!r}"
