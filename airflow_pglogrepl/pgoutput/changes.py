@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
 from airflow_pglogrepl.exceptions import DecodeError
 from airflow_pglogrepl.lsn import LSN
@@ -25,9 +25,6 @@ from airflow_pglogrepl.pgoutput.messages import UNCHANGED_TOAST, Binary
 from airflow_pglogrepl.pgoutput.oids import Converter
 from airflow_pglogrepl.pgoutput.tuples import row_parser, tuple_parser
 from airflow_pglogrepl.pgoutput.values import text_converter, text_converter_for_bytes
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "ABSENT",

@@ -101,6 +101,8 @@ class ColumnarParser:
         # the commit record LSN (a row's ``_commit_lsn``) of each transaction committed so far,
         # in order; the drain takes them off as it cuts windows
         self.commit_lsns: list[int] = []
+        # the table descriptions as the batch being parsed found them (before its Relations)
+        self._before: dict[int, TableInfo] = {}
 
     def parse(self, data: pa.Array) -> ParsedBatch | None:
         """One batch of messages (a ``binary`` or ``large_binary`` array, in slot order);
@@ -252,8 +254,6 @@ class ColumnarParser:
                 table = described[v - 1][1]
             out.append((table, chosen))
         return out
-
-    _before: dict[int, TableInfo]
 
 
 def parse_rows(
