@@ -20,6 +20,8 @@ from collections.abc import Callable
 # Old path -> new path of every module that moved. Code that walks the package's modules skips
 # the old paths (each is the module at its new path again).
 MOVED = {
+    "airflow_pglogrepl.hooks.errors": "airflow_pglogrepl.hooks.pg.errors",
+    "airflow_pglogrepl.hooks.lsn_adapters": "airflow_pglogrepl.hooks.pg.lsn_adapters",
     "airflow_pglogrepl.lake.columnar": "airflow_pglogrepl.changelog.columnar",
     "airflow_pglogrepl.spark.drain": "airflow_pglogrepl.pipeline.drain",
     "airflow_pglogrepl.spark.overlap": "airflow_pglogrepl.pipeline.overlap",

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from airflow_pglogrepl import conninfo
 from airflow_pglogrepl.exceptions import DefinitionConflictError
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl, show
-from airflow_pglogrepl.hooks.errors import WAL_LEVEL_FIX
 from airflow_pglogrepl.hooks.pg import publications
+from airflow_pglogrepl.hooks.pg.errors import WAL_LEVEL_FIX
 from airflow_pglogrepl.hooks.pg.publications import PUBLISH_OPERATIONS
 from airflow_pglogrepl.models.records import PublicationInfo, PublishedTable, Reconciled
 from airflow_pglogrepl.tables import TableRef

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
-from airflow_pglogrepl.hooks.errors import wal_level_error
 from airflow_pglogrepl.hooks.pg import server
+from airflow_pglogrepl.hooks.pg.errors import wal_level_error
 from airflow_pglogrepl.hooks.pg.server import CURRENT_LSN
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import ServerFacts

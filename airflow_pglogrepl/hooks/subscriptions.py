@@ -23,8 +23,8 @@ from airflow_pglogrepl.exceptions import (
     PrivilegeError,
 )
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
-from airflow_pglogrepl.hooks.errors import publisher_unreachable, subscription_statement_errors
 from airflow_pglogrepl.hooks.pg import subscriptions
+from airflow_pglogrepl.hooks.pg.errors import publisher_unreachable, subscription_statement_errors
 from airflow_pglogrepl.hooks.pg.secret_statements import quiet_secret_statements
 from airflow_pglogrepl.hooks.pg.subscriptions import (
     CREATE_OPTIONS,

@@ -12,7 +12,7 @@ from psycopg.rows import dict_row
 
 from airflow_pglogrepl import conninfo
 from airflow_pglogrepl.exceptions import ConnectionFailedError
-from airflow_pglogrepl.hooks.lsn_adapters import register_lsn_adapters
+from airflow_pglogrepl.hooks.pg.lsn_adapters import register_lsn_adapters
 from airflow_pglogrepl.versions import Features
 
 Conn: TypeAlias = psycopg.Connection[dict[str, Any]]

@@ -19,8 +19,6 @@ from airflow_pglogrepl.exceptions import (
     SlotNotFoundError,
     WrongPluginError,
 )
-from airflow_pglogrepl.hooks.errors import slot_errors
-from airflow_pglogrepl.hooks.lsn_adapters import PG_LSN_OID
 from airflow_pglogrepl.hooks.pg import server
 from airflow_pglogrepl.hooks.pg.connect import (
     TEXT_OUTPUT,
@@ -32,6 +30,8 @@ from airflow_pglogrepl.hooks.pg.connect import (
     set_session,
     show,
 )
+from airflow_pglogrepl.hooks.pg.errors import slot_errors
+from airflow_pglogrepl.hooks.pg.lsn_adapters import PG_LSN_OID
 from airflow_pglogrepl.hooks.pg.server import CURRENT_LSN
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import SlotCreated, SlotInfo, SlotSpill

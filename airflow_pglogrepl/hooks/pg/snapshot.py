@@ -29,7 +29,6 @@ from psycopg import sql
 
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
 from airflow_pglogrepl.exceptions import SnapshotReadError
-from airflow_pglogrepl.hooks.errors import slot_errors
 from airflow_pglogrepl.hooks.pg.adbc import AdbcError, adbc_session
 from airflow_pglogrepl.hooks.pg.columns import columns_from_json, columns_json
 from airflow_pglogrepl.hooks.pg.connect import (
@@ -40,6 +39,7 @@ from airflow_pglogrepl.hooks.pg.connect import (
     set_session,
     show,
 )
+from airflow_pglogrepl.hooks.pg.errors import slot_errors
 from airflow_pglogrepl.hooks.pg.passfile import PASSFILE_HINT
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import validate_slot_name

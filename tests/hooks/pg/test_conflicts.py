@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from psycopg.rows import dict_row
 
-from airflow_pglogrepl.hooks.lsn_adapters import register_lsn_adapters
 from airflow_pglogrepl.hooks.pg import conflicts
+from airflow_pglogrepl.hooks.pg.lsn_adapters import register_lsn_adapters
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 from airflow_pglogrepl.versions import Features

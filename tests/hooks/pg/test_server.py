@@ -68,7 +68,7 @@ def test_a_slot_found_on_an_async_connection(conn: Any, publisher: PgCluster) ->
     import psycopg
 
     from airflow_pglogrepl.conninfo import make_dsn
-    from airflow_pglogrepl.hooks.lsn_adapters import register_lsn_adapters
+    from airflow_pglogrepl.hooks.pg.lsn_adapters import register_lsn_adapters
 
     async def find(name: str) -> Any:
         dsn = make_dsn(publisher.params("postgres"))

@@ -12,9 +12,9 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from airflow_pglogrepl.hooks.lsn_adapters import register_lsn_adapters
 from airflow_pglogrepl.hooks.pg import subscriptions
 from airflow_pglogrepl.hooks.pg.connect import run_ddl
+from airflow_pglogrepl.hooks.pg.lsn_adapters import register_lsn_adapters
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 
 pytestmark = pytest.mark.pgversion  # pg_subscription gains columns with each major

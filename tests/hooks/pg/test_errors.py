@@ -13,7 +13,7 @@ from airflow_pglogrepl.exceptions import (
     SlotInUseError,
     SlotNotFoundError,
 )
-from airflow_pglogrepl.hooks.errors import slot_errors
+from airflow_pglogrepl.hooks.pg.errors import slot_errors
 
 
 def _raise_in_mapper(error: Exception, settings: dict[str, str] | None = None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from airflow_pglogrepl.hooks.lsn_adapters import register_lsn_adapters
+from airflow_pglogrepl.hooks.pg.lsn_adapters import register_lsn_adapters
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 
