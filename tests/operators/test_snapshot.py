@@ -6,7 +6,6 @@ slot it created, and a lake whose log cannot be read keeps it (the next run's ch
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,24 +21,16 @@ from airflow_pglogrepl.spark import snapshot_app
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 from tests.support.airflow import FakeTI, set_airflow_connection
 from tests.support.drain import drain_in_process, lake_table, source_table
-from tests.support.sources import Source
+from tests.support.sources import Source, database_of_its_own
 
-_ids = itertools.count(1)
 COMMON: dict[str, Any] = {"postgres_conn_id": "pg", "slot_name": "s", "publications": ["p", "q"]}
 
 
 @pytest.fixture
 def src(publisher: PgCluster) -> Iterator[Source]:
     """A database of its own; slots are created by the tests (dropped afterwards)."""
-    n = next(_ids)
-    db = f"snap_op_{n}"
-    publisher.create_database(db)
-    source = Source(publisher, db, f"snap_op_slot_{n}", "snap_pub")
-    yield source
-    source.sql(
-        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
-        " WHERE database = current_database() AND NOT active"
-    )
+    with database_of_its_own(publisher, "snap_op", "snap_pub") as source:
+        yield source
 
 
 def _slots(src: Source) -> list[tuple[Any, ...]]:

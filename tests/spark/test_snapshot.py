@@ -53,10 +53,7 @@ from tests.support.drain import (
     summary,
 )
 from tests.support.snapshot import snapshot_app
-from tests.support.sources import Source
-
-_ids = itertools.count(1)
-
+from tests.support.sources import Source, database_of_its_own
 
 # The replication hook includes the snapshot statements (SnapshotMixin) itself.
 SnapHook = DsnReplicationHook
@@ -65,15 +62,8 @@ SnapHook = DsnReplicationHook
 @pytest.fixture
 def src(publisher: PgCluster) -> Iterator[Source]:
     """A database of its own; slots are created by the tests (dropped afterwards)."""
-    n = next(_ids)
-    db = f"snap_{n}"
-    publisher.create_database(db)
-    source = Source(publisher, db, f"snap_slot_{n}", "snap_pub")
-    yield source
-    source.sql(
-        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
-        " WHERE database = current_database() AND NOT active"
-    )
+    with database_of_its_own(publisher, "snap", "snap_pub") as source:
+        yield source
 
 
 def snapshot(spark: Any, source: Source, lake_root: str, **options: Any) -> dict[str, Any]:

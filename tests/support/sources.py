@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,3 +28,22 @@ class Source:
 
     def hook(self) -> DsnReplicationHook:
         return DsnReplicationHook(self.dsn)
+
+
+_ids = itertools.count(1)
+
+
+@contextlib.contextmanager
+def database_of_its_own(publisher: PgCluster, prefix: str, publication: str) -> Iterator[Source]:
+    """A new database on ``publisher`` named ``<prefix>_<n>`` and a slot name for it (the test
+    creates the slot); its slots no session holds are dropped afterwards, so a slot left by a
+    failed test pins no WAL for the tests after it."""
+    n = next(_ids)
+    db = f"{prefix}_{n}"
+    publisher.create_database(db)
+    source = Source(publisher, db, f"{prefix}_slot_{n}", publication)
+    yield source
+    source.sql(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+        " WHERE database = current_database() AND NOT active"
+    )

@@ -7,7 +7,6 @@ tests are in ``test_passfile.py``) existed.
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 import time
@@ -26,32 +25,23 @@ from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.spark.snapshot import SnapshotCopy, SnapshotPoint
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 from tests.support.drain import lake_table, source_table
-from tests.support.sources import Source
+from tests.support.sources import Source, database_of_its_own
 
 # Behaviour here depends on the server's major version: make test runs it on 15 to 18.
 pytestmark = pytest.mark.pgversion
 
-_ids = itertools.count(1)
-
 
 @pytest.fixture
 def src(publisher: PgCluster) -> Iterator[Source]:
-    n = next(_ids)
-    db = f"guard_{n}"
-    publisher.create_database(db)
-    source = Source(publisher, db, f"guard_slot_{n}", "guard_pub")
-    source.sql(
-        "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, pad text NOT NULL);"
-        "INSERT INTO t SELECT g, g, repeat('x', 200) FROM generate_series(1, 6000) g;"
-        # holes at the start of the heap: VACUUM FULL moves the later rows into them
-        "DELETE FROM t WHERE id <= 3000 AND id % 3 <> 0;"
-        "CREATE PUBLICATION guard_pub FOR TABLE t"
-    )
-    yield source
-    source.sql(
-        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
-        " WHERE database = current_database() AND NOT active"
-    )
+    with database_of_its_own(publisher, "guard", "guard_pub") as source:
+        source.sql(
+            "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, pad text NOT NULL);"
+            "INSERT INTO t SELECT g, g, repeat('x', 200) FROM generate_series(1, 6000) g;"
+            # holes at the start of the heap: VACUUM FULL moves the later rows into them
+            "DELETE FROM t WHERE id <= 3000 AND id % 3 <> 0;"
+            "CREATE PUBLICATION guard_pub FOR TABLE t"
+        )
+        yield source
 
 
 class _CapturedError(Exception):
