@@ -60,6 +60,14 @@ def test_site_builds_strictly(site: Path) -> None:
         assert (site / page).is_file(), f"{page} was not built"
 
 
+def test_the_architecture_picture_is_a_diagram_the_theme_draws(site: Path) -> None:
+    """Material draws a ``<pre class="mermaid">`` block as a diagram (mermaid.js, loaded when
+    the page opens); a plain code block would show its source instead."""
+    page = (site / "architecture" / "index.html").read_text()
+    assert '<pre class="mermaid"><code>flowchart LR' in page
+    assert "pipeline/drain.py" in page and "changelog/columnar.py" in page
+
+
 def public_modules(package: str) -> list[str]:
     directory = REPO / "airflow_pglogrepl" / package
     return sorted(
