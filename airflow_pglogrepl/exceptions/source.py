@@ -190,6 +190,40 @@ class SlotAdvanceError(SlotError):
     """A slot could not be moved to the requested LSN (for example, behind its current position)."""
 
 
+class SlotStreamError(SlotError):
+    """The replication stream of a slot ended before the drain did: the walsender was
+    terminated, the server restarted, the network dropped. What the lake committed was
+    confirmed and stays; the next run streams again from the slot's confirmed position."""
+
+    retryable = True
+
+    def __init__(self, slot: str, server: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(
+            slot,
+            f"the replication stream of slot {slot!r} on {server} ended: {reason}. Every window "
+            f"committed before it is in the lake and confirmed; nothing after it was. Fix: run "
+            f"the task again (it resumes there); if it keeps ending, see the server's log for "
+            f"the walsender's exit and wal_sender_timeout",
+        )
+
+
+class SlotStreamUnavailableError(SlotError):
+    """The server refused a replication connection for the slot (the role lacks REPLICATION,
+    pg_hba.conf has no ``replication`` line for it, every walsender is taken): the drain can
+    still peek the slot (``source="peek"``, or ``"auto"``, which falls back by itself)."""
+
+    def __init__(self, slot: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(
+            slot,
+            f"slot {slot!r} cannot be streamed: {reason}. Fix: ALTER ROLE <drain role> "
+            f"REPLICATION, and a pg_hba.conf line for database 'replication' or this database "
+            f"with replication connections, and max_wal_senders with one free; or drain with "
+            f"source='peek' (or 'auto', which falls back to it)",
+        )
+
+
 class DecodeError(PgLogReplError):
     """A logical decoding message could not be decoded (truncated, corrupt, or out of context).
 
@@ -216,3 +250,11 @@ class UnknownRelationError(DecodeError):
             f"must start at a transaction boundary of the slot (its confirmed_flush_lsn), where "
             f"pgoutput resends Relation messages",
         )
+
+
+class StreamProtocolError(DecodeError):
+    """A frame the streaming replication protocol does not allow: the stream cannot be
+    trusted past it, and nothing of the window it was in is committed."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("CopyData", 0, reason)

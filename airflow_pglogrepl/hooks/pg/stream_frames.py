@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from psycopg import sql
 
+from airflow_pglogrepl.exceptions import StreamProtocolError
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import validate_slot_name
 
@@ -42,7 +43,6 @@ __all__ = [
     "XLOG_HEADER",
     "FrameBatch",
     "Keepalive",
-    "ProtocolError",
     "frames",
     "keepalive",
     "pg_now_us",
@@ -60,10 +60,6 @@ _XLOG = struct.Struct("!cQQq")
 
 # PostgreSQL's clock counts microseconds from 2000-01-01 00:00 UTC.
 _PG_EPOCH_S = 946_684_800
-
-
-class ProtocolError(Exception):
-    """A frame the protocol does not allow: the stream cannot be trusted past it."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +84,7 @@ class FrameBatch:
     messages: pa.Array
     starts: np.ndarray
     keepalives: tuple[Keepalive, ...]
-    wal_end: int
+    wal_end: LSN
 
     @property
     def reply_requested(self) -> bool:
@@ -116,7 +112,7 @@ def keepalive(frame: bytes | memoryview) -> Keepalive:
     """Parse one primary keepalive frame (``'k'``)."""
     if len(frame) != KEEPALIVE_SIZE or frame[0] != KEEPALIVE:
         got = f"{len(frame)} bytes starting with {bytes(frame[:1])!r}"
-        raise ProtocolError(f"a keepalive frame is {KEEPALIVE_SIZE} bytes starting with 'k', "
+        raise StreamProtocolError(f"a keepalive frame is {KEEPALIVE_SIZE} bytes starting with 'k', "
                             f"got {got}")  # fmt: skip
     _, wal_end, sent, reply = _KEEPALIVE.unpack(frame)
     return Keepalive(LSN(wal_end), sent, bool(reply))
@@ -146,7 +142,7 @@ def start_replication(
 def frames(chunks: Sequence[bytes | memoryview]) -> FrameBatch:
     """Split received frames into plugin messages and keepalives (see ``FrameBatch``).
 
-    :raises ProtocolError: a frame neither XLogData nor keepalive, or one too short for its
+    :raises StreamProtocolError: a frame neither XLogData nor keepalive, or one too short for its
         header.
     """
     import numpy as np
@@ -158,16 +154,16 @@ def frames(chunks: Sequence[bytes | memoryview]) -> FrameBatch:
     starts = ends - lengths
     buf = np.frombuffer(b"".join(chunks), dtype=np.uint8)
     if count and int(lengths.min()) == 0:
-        raise ProtocolError("an empty CopyData frame in the replication stream")
+        raise StreamProtocolError("an empty CopyData frame in the replication stream")
     kinds = buf[starts] if count else np.zeros(0, np.uint8)
     is_data = kinds == XLOG_DATA
     is_keepalive = kinds == KEEPALIVE
     if not bool(np.all(is_data | is_keepalive)):
         bad = int(kinds[~(is_data | is_keepalive)][0])
-        raise ProtocolError(f"a replication frame of unknown kind {bytes([bad])!r}")
+        raise StreamProtocolError(f"a replication frame of unknown kind {bytes([bad])!r}")
     data_starts, data_ends = starts[is_data], ends[is_data]
     if data_starts.size and int((data_ends - data_starts).min()) < XLOG_HEADER:
-        raise ProtocolError(f"an XLogData frame shorter than its {XLOG_HEADER}-byte header")
+        raise StreamProtocolError(f"an XLogData frame shorter than its {XLOG_HEADER}-byte header")
     # Every byte outside a message is dropped in one pass: +1 where a header or keepalive
     # begins, -1 where it ends, and the running sum marks what to drop.
     marks = np.zeros(buf.size + 1, dtype=np.int8)
@@ -191,5 +187,5 @@ def frames(chunks: Sequence[bytes | memoryview]) -> FrameBatch:
         messages=messages,
         starts=positions[:, 0] if positions.size else np.zeros(0, np.uint64),
         keepalives=keeps,
-        wal_end=wal_end,
+        wal_end=LSN(wal_end),
     )

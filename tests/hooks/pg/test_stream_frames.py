@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
 
+from airflow_pglogrepl.changelog.columnar import ColumnarDecoder
+from airflow_pglogrepl.exceptions import StreamProtocolError
 from airflow_pglogrepl.hooks.pg.stream_frames import (
     XLOG_HEADER,
-    ProtocolError,
     frames,
     keepalive,
     pg_now_us,
@@ -17,6 +19,8 @@ from airflow_pglogrepl.hooks.pg.stream_frames import (
     xlog_data,
 )
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pgoutput import Change, PgOutputStream
+from tests.support.recorded_frames import load
 
 pytestmark = pytest.mark.unit
 
@@ -47,9 +51,9 @@ def test_a_keepalive_is_parsed_and_a_wrong_one_refused() -> None:
     parsed = keepalive(_keepalive(0x1_0000_0001, reply=True, now_us=-5))
     assert parsed.wal_end == LSN("1/1") and parsed.server_time_us == -5
     assert parsed.reply_requested
-    with pytest.raises(ProtocolError, match="18 bytes"):
+    with pytest.raises(StreamProtocolError, match="18 bytes"):
         keepalive(_keepalive(1)[:-1])
-    with pytest.raises(ProtocolError, match="starting with 'k'"):
+    with pytest.raises(StreamProtocolError, match="starting with 'k'"):
         keepalive(b"w" + _keepalive(1)[1:])
 
 
@@ -67,25 +71,26 @@ def test_frames_split_messages_from_headers_and_keepalives() -> None:
     assert batch.starts.tolist() == [100, 110, 120]
     assert [int(k.wal_end) for k in batch.keepalives] == [50, 300]
     assert batch.reply_requested
-    assert batch.wal_end == 300
+    assert int(batch.wal_end) == 300
 
 
 def test_frames_take_memoryviews_and_an_empty_batch() -> None:
     batch = frames([memoryview(xlog_data(1, 2, b"R" * 3))])
-    assert batch.messages.to_pylist() == [b"RRR"] and batch.wal_end == 2
+    assert batch.messages.to_pylist() == [b"RRR"] and int(batch.wal_end) == 2
     empty = frames([])
-    assert len(empty.messages) == 0 and empty.wal_end == 0 and not empty.reply_requested
+    assert len(empty.messages) == 0 and int(empty.wal_end) == 0
+    assert not empty.reply_requested
 
 
 def test_a_message_may_be_empty_but_no_frame_may_be_shorter_than_its_header() -> None:
     assert frames([xlog_data(1, 1, b"")]).messages.to_pylist() == [b""]
-    with pytest.raises(ProtocolError, match="shorter than its 25-byte header"):
+    with pytest.raises(StreamProtocolError, match="shorter than its 25-byte header"):
         frames([xlog_data(1, 1, b"")[: XLOG_HEADER - 1]])
 
 
 @pytest.mark.parametrize("frame", [b"", b"x123", b"r" + bytes(33)])
 def test_a_frame_of_another_kind_stops_the_stream(frame: bytes) -> None:
-    with pytest.raises(ProtocolError):
+    with pytest.raises(StreamProtocolError):
         frames([xlog_data(1, 1, b"B"), frame])
 
 
@@ -103,3 +108,46 @@ def test_the_start_command_quotes_the_slot_and_binds_option_values() -> None:
 def test_a_slot_name_the_server_would_refuse_is_refused_here() -> None:
     with pytest.raises(ValueError):
         start_replication('x" LOGICAL 0/0; DROP', 0, {}, None)
+
+
+# -- frames a walsender sent (tests/support/recorded_frames.py; PostgreSQL 15) ----------------
+
+RECORDED = Path(__file__).parent / "recorded" / "pgoutput_v1.frames"
+
+
+def test_recorded_frames_give_the_messages_and_pings_the_server_sent() -> None:
+    chunks = load(RECORDED)
+    batch = frames(chunks)
+    assert len(batch.messages) + len(batch.keepalives) == len(chunks) == 21
+    assert [m[:1] for m in batch.messages.to_pylist()] == [m.encode() for m in "BRIIRIICBUUDCBRTC"]
+    assert len(batch.keepalives) == 4
+    # a message's position: its change's WAL record (none for a Relation), a Commit's end
+    assert batch.starts.tolist()[:3] == [0x19293A0, 0, 0x19293A0]
+    assert batch.wal_end == max(k.wal_end for k in batch.keepalives)
+    # split anywhere, the batches give the same messages in order
+    halves = [frames(chunks[:9]), frames(chunks[9:])]
+    assert [m for b in halves for m in b.messages.to_pylist()] == batch.messages.to_pylist()
+
+
+def test_recorded_frames_decode_to_the_changes_that_were_made() -> None:
+    messages = frames(load(RECORDED)).messages.to_pylist()
+    events = PgOutputStream.from_options({"proto_version": "1"}).decode(
+        (LSN(0), None, m) for m in messages
+    )
+    changes = [(str(c.table.table), c.op, c.new) for c in events if isinstance(c, Change)]
+    assert [(table, op) for table, op, _ in changes] == [
+        ('Odd "T"', "I"), ('Odd "T"', "I"), ("plain", "I"), ("plain", "I"),
+        ('Odd "T"', "U"), ("plain", "U"), ('Odd "T"', "D"), ("plain", "T"),
+    ]  # fmt: skip
+    first = changes[0][2]
+    assert first["note"] == "zürich" and first["tags"] == ["a", "b c"]
+    assert str(first["amount"]) == "12.50"
+    assert changes[4][2]["note"] == "n'2"
+
+
+def test_the_columnar_decoder_reads_recorded_frames_as_one_column() -> None:
+    pieces = ColumnarDecoder({"proto_version": "1"}).feed(frames(load(RECORDED)).messages)
+    rows: dict[str, int] = {}
+    for piece in pieces:  # a piece per table description (a Relation message each)
+        rows[piece.table.table] = rows.get(piece.table.table, 0) + piece.rows.num_rows
+    assert rows == {'Odd "T"': 4, "plain": 4}

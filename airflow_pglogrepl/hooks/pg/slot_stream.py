@@ -1,0 +1,351 @@
+"""A logical slot read through the streaming replication protocol (``START_REPLICATION``).
+
+A peek (``pg_logical_slot_peek_binary_changes``) decodes from the slot's ``restart_lsn`` on
+every call and sends nothing until its whole result is materialized. A stream decodes each WAL
+record once and sends every transaction as soon as its commit is decoded, so the server
+decodes while the drain writes. psycopg has no replication API; its ``pq`` layer has the
+COPY BOTH calls this needs, and the frames are ``stream_frames``' work.
+
+One reader thread owns the connection: it reads frames, hands them over in batches through a
+bounded queue (``batches``), answers the walsender's keepalives and sends status updates. The
+flushed position it reports is only ever what ``confirm`` was given, the lake's committed
+position, so the slot's ``confirmed_flush_lsn`` never passes what the lake holds. While the
+consumer is busy and the queue full, the reader stops reading but still reports on time: a
+walsender ends a client it has not heard from within ``wal_sender_timeout``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import select
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import psycopg
+from psycopg import pq
+
+from airflow_pglogrepl import conninfo
+from airflow_pglogrepl.exceptions import (
+    ConnectionFailedError,
+    PgLogReplError,
+    SlotStreamError,
+    SlotStreamUnavailableError,
+)
+from airflow_pglogrepl.hooks.pg.connect import (
+    TEXT_OUTPUT,
+    Conn,
+    connect,
+    long_work_settings,
+    server_of,
+    set_session,
+)
+from airflow_pglogrepl.hooks.pg.errors import slot_errors
+from airflow_pglogrepl.hooks.pg.stream_frames import (
+    FrameBatch,
+    frames,
+    start_replication,
+    status_update,
+)
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.names import validate_slot_name
+
+__all__ = ["BATCH_BYTES", "SlotStream"]
+
+log = logging.getLogger("airflow_pglogrepl.stream")
+
+BATCH_BYTES = 4 << 20  # frames handed over at a time, as a peek's Arrow batches
+QUEUED_BATCHES = 4  # batches read ahead of the consumer
+# Seconds between status updates when nothing else makes us send one; shorter when the server's
+# wal_sender_timeout is (a third of it), so two may be lost before it gives up on us.
+STATUS_INTERVAL_S = 10.0
+# Seconds to wait for the server to end the stream after our CopyDone before cutting it off.
+CLOSE_TIMEOUT_S = 30.0
+
+
+class _StoppedError(Exception):
+    """The consumer closed the stream."""
+
+
+class SlotStream:
+    """``START_REPLICATION SLOT slot LOGICAL start`` with pgoutput's ``options``, read in a
+    thread of its own (see the module's docstring). Use as a context manager, or ``close``.
+
+    :raises SlotStreamUnavailableError: the server refused the replication connection.
+    Errors on the slot (missing, in use, a publication missing) are raised as the peek raises
+    them, from the constructor or from ``batches``; a stream that ends early raises
+    ``SlotStreamError``.
+    """
+
+    def __init__(
+        self,
+        params: dict[str, str],
+        slot: str,
+        *,
+        label: str,
+        start: LSN | int,
+        options: Mapping[str, str],
+        batch_bytes: int = BATCH_BYTES,
+    ) -> None:
+        validate_slot_name(slot)
+        self.slot = slot
+        self.start = LSN(start)
+        self.batch_bytes = batch_bytes
+        self._flushed = int(self.start)  # what ``confirm`` was given: the lake's position
+        self._received = int(self.start)
+        self._sent_flush = -1
+        self._sent_at = 0.0
+        self._queue: queue.Queue[FrameBatch | BaseException | None] = queue.Queue(QUEUED_BATCHES)
+        self._stop = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        self._conn = _open(params, slot, label=label)
+        self._secrets = conninfo.secrets_of(params)
+        try:
+            self._server = server_of(self._conn)
+            self._interval = _status_interval(self._conn)
+            command = start_replication(slot, self.start, options, self._conn)
+            self._begin(command)
+        except BaseException:
+            self._conn.close()
+            self._close_pipe()
+            raise
+        self._thread = threading.Thread(target=self._run, name=f"slot-stream-{slot}", daemon=True)
+        self._thread.start()
+
+    # -- the consumer's side ------------------------------------------------------------------
+
+    def batches(self) -> Iterator[FrameBatch]:
+        """The frames as they come, a batch at a time, until ``close`` (or an error, raised)."""
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def confirm(self, lsn: LSN | int) -> None:
+        """The lake holds every transaction that commits before ``lsn``: the slot may forget
+        them. Sent to the server at once; never lowered."""
+        self._flushed = max(self._flushed, int(lsn))
+        self._wake()
+
+    def close(self) -> None:
+        """Report the confirmed position a last time and end the stream; the slot is free
+        again when this returns (unless the server did not answer in time)."""
+        self._stop.set()
+        self._wake()
+        self._thread.join()
+        self._close_pipe()
+
+    def __enter__(self) -> SlotStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the reader thread ----------------------------------------------------------------------
+
+    def _begin(self, command: bytes) -> None:
+        """Send START_REPLICATION and wait for the server to enter COPY BOTH."""
+        pg = self._conn.pgconn
+        pg.send_query(command)
+        self._flush_out()
+        result = self._result()
+        if result is None or result.status != pq.ExecStatus.COPY_BOTH:
+            self._raise_result(result)
+
+    def _run(self) -> None:
+        try:
+            try:
+                self._read()
+            except _StoppedError:
+                pass
+            except psycopg.OperationalError as exc:  # the connection itself broke
+                raise self._ended(exc) from None
+            self._finish()
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._put_final(exc)
+        else:
+            self._put_final(None)
+        finally:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+
+    def _read(self) -> None:
+        pg = self._conn.pgconn
+        chunks: list[Any] = []
+        size = 0
+        while not self._stop.is_set():
+            self._report()
+            nbytes, data = pg.get_copy_data(1)
+            if nbytes > 0:
+                chunks.append(data)
+                size += nbytes
+                if size >= self.batch_bytes:
+                    self._deliver(chunks)
+                    chunks, size = [], 0
+            elif nbytes == 0:
+                if chunks:
+                    self._deliver(chunks)
+                    chunks, size = [], 0
+                    continue
+                self._wait(readable=True)
+                pg.consume_input()
+            else:  # the server ended the stream: an error, or its own shutdown
+                if chunks:
+                    self._deliver(chunks)
+                self._raise_result(self._result())
+
+    def _deliver(self, chunks: list[Any]) -> None:
+        batch = frames(chunks)
+        self._received = max(self._received, int(batch.wal_end))
+        if batch.keepalives:
+            self._report(force=True)  # every ping answered, at once when a reply is asked
+        while True:
+            try:
+                self._queue.put(batch, timeout=min(self._interval, 1.0))
+                return
+            except queue.Full:
+                if self._stop.is_set():
+                    raise _StoppedError from None
+                self._report()
+
+    def _report(self, *, force: bool = False) -> None:
+        """A status update when the confirmed position moved, when forced, or when one is due."""
+        flushed = self._flushed
+        now = time.monotonic()
+        if not force and flushed == self._sent_flush and now - self._sent_at < self._interval:
+            return
+        received = max(self._received, flushed)
+        self._conn.pgconn.put_copy_data(status_update(received=received, flushed=flushed))
+        self._flush_out()
+        self._sent_flush, self._sent_at = flushed, now
+
+    def _finish(self) -> None:
+        """Confirm a last time, end our side of the COPY and wait for the server's end."""
+        pg = self._conn.pgconn
+        if pg.status != pq.ConnStatus.OK:
+            return
+        self._report(force=True)
+        pg.put_copy_end()
+        self._flush_out()
+        deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            nbytes, _ = pg.get_copy_data(1)
+            if nbytes > 0:
+                continue  # what the server sent before it read our end: not wanted
+            if nbytes == 0:
+                self._wait(readable=True, until=deadline)
+                pg.consume_input()
+                continue
+            while pg.is_busy():
+                self._wait(readable=True, until=deadline)
+                pg.consume_input()
+            while pg.get_result() is not None:
+                pass
+            return
+        log.warning("slot %s: the server did not end the stream within %.0f s of our end; "
+                    "closing the connection", self.slot, CLOSE_TIMEOUT_S)  # fmt: skip
+
+    def _put_final(self, item: BaseException | None) -> None:
+        """Hand the end (None) or the error to the consumer, making room if it stopped reading."""
+        while True:
+            try:
+                self._queue.put_nowait(item)
+                return
+            except queue.Full:
+                with contextlib.suppress(queue.Empty):
+                    self._queue.get_nowait()
+
+    # -- libpq, nonblocking ---------------------------------------------------------------------
+
+    def _wait(self, *, readable: bool, until: float | None = None) -> None:
+        """Until the socket is ready (or a status update is due, or the consumer wakes us)."""
+        timeout = max(0.0, self._interval - (time.monotonic() - self._sent_at))
+        if until is not None:
+            timeout = min(timeout, max(0.0, until - time.monotonic()))
+        sock = self._conn.pgconn.socket
+        ready, _, _ = select.select(
+            [sock, self._wake_r] if readable else [self._wake_r],
+            [] if readable else [sock], [], timeout,
+        )  # fmt: skip
+        if self._wake_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 4096)
+
+    def _flush_out(self) -> None:
+        pg = self._conn.pgconn
+        while pg.flush() == 1:
+            self._wait(readable=False)
+
+    def _result(self) -> pq.abc.PGresult | None:
+        pg = self._conn.pgconn
+        while pg.is_busy():
+            select.select([pg.socket], [], [], 1.0)
+            pg.consume_input()
+        return pg.get_result()
+
+    def _raise_result(self, result: pq.abc.PGresult | None) -> None:
+        """Raise the server's error as the peek's statements raise it."""
+        if result is not None and result.status in (
+            pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK,
+        ):  # fmt: skip
+            raise SlotStreamError(self.slot, self._server, "the server ended it (a shutdown?)")
+        encoding = self._conn.info.encoding
+        error: Exception
+        if result is None:
+            message = self._conn.pgconn.error_message.decode(encoding, "replace").strip()
+            error = psycopg.OperationalError(message or "the connection was lost")
+        else:
+            error = psycopg.errors.error_from_result(result, encoding=encoding)
+        try:
+            with slot_errors(self.slot, setting=lambda name: "unknown", server=self._server):
+                raise error
+        except PgLogReplError:
+            raise
+        except psycopg.Error as exc:
+            raise self._ended(exc) from None
+
+    def _ended(self, exc: Exception) -> SlotStreamError:
+        reason = conninfo.redact(str(exc).strip().rstrip("."), self._secrets)
+        return SlotStreamError(self.slot, self._server, reason)
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def _close_pipe(self) -> None:
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _open(params: dict[str, str], slot: str, *, label: str) -> Conn:
+    """A replication connection with the session the decoder expects (``TEXT_OUTPUT``)."""
+    try:
+        conn = connect(params, label=label, replication=True)
+    except ConnectionFailedError as exc:
+        raise SlotStreamUnavailableError(slot, str(exc)) from None
+    try:
+        set_session(conn, TEXT_OUTPUT)  # pgoutput prints values with this session's settings
+        set_session(conn, long_work_settings(conn.info.server_version))
+        conn.pgconn.nonblocking = 1
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _status_interval(conn: Conn) -> float:
+    """Seconds between status updates: ``STATUS_INTERVAL_S``, or a third of the server's
+    ``wal_sender_timeout`` when that is shorter (0 means the server never times out)."""
+    row = conn.execute(
+        "SELECT setting::float8 AS ms FROM pg_settings WHERE name = %s", ("wal_sender_timeout",)
+    ).fetchone()
+    timeout_ms = float(row["ms"]) if row else 0.0
+    return STATUS_INTERVAL_S if timeout_ms <= 0 else min(STATUS_INTERVAL_S, timeout_ms / 3000)

@@ -1,0 +1,173 @@
+"""A slot read through START_REPLICATION, on a live server: the same messages a peek gives,
+the slot confirmed exactly where we say and never further, the walsender kept alive while we
+are busy, and every way the stream can end named (a missing or busy slot, no replication
+privilege, a terminated walsender)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from collections.abc import Iterator
+
+import pytest
+from psycopg import sql
+
+from airflow_pglogrepl.exceptions import (
+    SlotInUseError,
+    SlotNotFoundError,
+    SlotStreamError,
+    SlotStreamUnavailableError,
+)
+from airflow_pglogrepl.hooks.pg.slot_stream import SlotStream
+from airflow_pglogrepl.hooks.pg.source import PgSource
+from airflow_pglogrepl.hooks.pg.stream_frames import FrameBatch
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pgoutput import PgOutputStream
+from tests.support.databases import Database
+
+OPTIONS = {"proto_version": "1", "publication_names": '"pub"', "messages": "false"}
+_roles = itertools.count(1)
+
+
+def _until(stream: SlotStream, end: LSN) -> Iterator[FrameBatch]:
+    """The stream's batches until the server has sent everything before ``end``."""
+    for batch in stream.batches():
+        yield batch
+        if batch.wal_end >= end:
+            return
+
+
+def _messages(stream: SlotStream, end: LSN) -> list[bytes]:
+    return [m for batch in _until(stream, end) for m in batch.messages.to_pylist()]
+
+
+@pytest.fixture
+def slot(database: Database, slot_name: str) -> Iterator[tuple[PgSource, str]]:
+    database.sql("CREATE TABLE t (id int PRIMARY KEY, at timestamptz, pad text);"
+                 "CREATE PUBLICATION pub FOR TABLE t")  # fmt: skip
+    source = PgSource(database.cluster.dsn(database.name))
+    database.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot_name,))
+    yield source, slot_name
+    source.drop_slot(slot_name, missing_ok=True)
+
+
+def test_the_stream_sends_what_a_peek_gives_and_confirms_exactly_what_we_say(
+    database: Database, slot: tuple[PgSource, str]
+) -> None:
+    source, name = slot
+    start = source.get_slot(name).confirmed_flush_lsn
+    for setting in ("TimeZone TO 'Asia/Kolkata'", "DateStyle TO 'SQL, DMY'"):
+        database.sql(sql.SQL("ALTER DATABASE {} SET " + setting).format(
+            sql.Identifier(database.name)))  # fmt: skip
+    database.sql("INSERT INTO t SELECT g, '2026-01-02 03:04:05+00', repeat('x', g)"
+                 " FROM generate_series(1, 300) g")  # fmt: skip
+    first_end = source.flush_lsn()
+    database.sql("UPDATE t SET pad = 'y' WHERE id <= 10")
+    end = source.flush_lsn()
+    peeked = [bytes(d) for _, _, d in source.peek_changes(name, upto_lsn=end, options=OPTIONS)]
+    with SlotStream(source.connection_params(), name, label="L", start=start, options=OPTIONS,
+                    batch_bytes=4096) as stream:  # fmt: skip
+        batches = list(_until(stream, end))
+        assert len(batches) > 1
+        streamed = [m for b in batches for m in b.messages.to_pylist()]
+        assert streamed == peeked
+        changes = [c for c in PgOutputStream.from_options(OPTIONS).decode(
+            (LSN(0), None, m) for m in streamed) if c.__class__.__name__ == "Change"]  # fmt: skip
+        # values print as the decoder reads them, whatever the database's settings say
+        assert changes[0].new["at"] == dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+        first_commit = first_end  # the first transaction commits before this
+        stream.confirm(first_commit)
+    assert source.get_slot(name).confirmed_flush_lsn == first_commit
+    # The slot is free once closed, and the rest comes again from where we confirmed.
+    with SlotStream(source.connection_params(), name, label="L", start=start,
+                    options=OPTIONS) as again:  # fmt: skip
+        rest = _messages(again, end)
+    assert rest[0][:1] == b"B" and len(rest) == 1 + 10 + 1 + 1  # Begin, Relation, 10 U, Commit
+    assert source.get_slot(name).confirmed_flush_lsn == first_commit  # nothing confirmed
+
+
+def test_a_slot_that_is_missing_or_busy_is_named(
+    database: Database, slot: tuple[PgSource, str]
+) -> None:
+    source, name = slot
+    params = source.connection_params()
+    with pytest.raises(SlotNotFoundError, match="no_such_slot"):
+        SlotStream(params, "no_such_slot", label="L", start=0, options=OPTIONS)
+    with (
+        SlotStream(params, name, label="L", start=0, options=OPTIONS),
+        pytest.raises(SlotInUseError, match=name),
+    ):
+        SlotStream(params, name, label="L", start=0, options=OPTIONS)
+
+
+def test_a_role_without_replication_cannot_stream_and_is_told_how_to_fix_it(
+    database: Database, slot: tuple[PgSource, str]
+) -> None:
+    source, name = slot
+    role = f"no_repl_{next(_roles)}"
+    database.sql(f"CREATE ROLE {role} LOGIN PASSWORD 'Secr3t-pw'")
+    params = {**source.connection_params(), "user": role, "password": "Secr3t-pw"}
+    with pytest.raises(SlotStreamUnavailableError) as caught:
+        SlotStream(params, name, label="SRC", start=0, options=OPTIONS)
+    assert "REPLICATION" in str(caught.value) and "source='peek'" in str(caught.value)
+    assert "Secr3t-pw" not in str(caught.value)
+
+
+def test_a_terminated_walsender_ends_the_stream_with_a_retryable_error_and_keeps_the_confirm(
+    database: Database, slot: tuple[PgSource, str]
+) -> None:
+    source, name = slot
+    database.sql("INSERT INTO t VALUES (1, now(), 'a')")
+    confirmed = source.flush_lsn()
+    database.sql("INSERT INTO t VALUES (2, now(), 'b')")
+    end = source.flush_lsn()
+    with SlotStream(source.connection_params(), name, label="L", start=0,
+                    options=OPTIONS) as stream:  # fmt: skip
+        batches = stream.batches()
+        seen = LSN(0)
+        for batch in batches:
+            seen = max(seen, batch.wal_end)
+            if seen >= end:
+                break
+        stream.confirm(confirmed)
+        # the confirm has reached the server once it shows; then its walsender is ended
+        _wait_for(lambda: source.get_slot(name).confirmed_flush_lsn == confirmed)
+        database.sql("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                     "WHERE slot_name = %s", (name,))  # fmt: skip
+        with pytest.raises(SlotStreamError) as caught:
+            for _ in batches:
+                pass
+    assert caught.value.retryable and name in str(caught.value)
+    assert source.get_slot(name).confirmed_flush_lsn == confirmed
+
+
+def test_a_consumer_busy_longer_than_the_senders_timeout_is_not_cut_off(
+    database: Database, slot: tuple[PgSource, str]
+) -> None:
+    """The reader answers for a consumer that stopped reading: the queue full, wal_sender_timeout
+    at one second (a user setting), and the consumer away for three."""
+    import time
+
+    source, name = slot
+    database.sql("INSERT INTO t SELECT g, now(), repeat('z', 2000) FROM generate_series(1, 4000) g")
+    end = source.flush_lsn()
+    params = {**source.connection_params(), "options": "-c wal_sender_timeout=1000"}
+    with SlotStream(params, name, label="L", start=0, options=OPTIONS,
+                    batch_bytes=64 << 10) as stream:  # fmt: skip
+        batches = stream.batches()
+        next(batches)
+        time.sleep(3)  # the stimulus: three timeouts' worth of silence from the consumer
+        for batch in batches:  # a SlotStreamError here: the server gave up on us
+            if batch.wal_end >= end:
+                break
+        else:
+            pytest.fail("the stream ended before the last change")
+
+
+def _wait_for(condition: object, timeout: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.05)
