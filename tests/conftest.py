@@ -39,6 +39,11 @@ if TYPE_CHECKING:  # imported in the fixture: the hook imports Airflow, configur
 _AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="pglogrepl-airflow-"))
 _CLUSTER_BASE = Path(tempfile.mkdtemp(prefix="pglogrepl-clusters-"))
 os.chmod(_CLUSTER_BASE, 0o755)
+# Spark's scratch space (each driver's copy of its jars, shuffle blocks) for every JVM the tests
+# start, spark-submit's included: removed with the session, also what a killed application
+# (several tests kill one on purpose) leaves, which Spark removes only at a clean exit.
+_SPARK_LOCAL = Path(tempfile.mkdtemp(prefix="pglogrepl-spark-"))
+os.environ["SPARK_LOCAL_DIRS"] = str(_SPARK_LOCAL)
 os.environ.update(airflow_environment(_AIRFLOW_HOME))
 
 
@@ -50,7 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for path in (_AIRFLOW_HOME, _CLUSTER_BASE):
+    for path in (_AIRFLOW_HOME, _CLUSTER_BASE, _SPARK_LOCAL):
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -297,8 +302,11 @@ def spark() -> Iterator[object]:
     Hadoop's S3A among its jars for the lakes on the S3 server (``lake_uri``)."""
     from airflow_pglogrepl.spark.session import delta_jars, local_session
 
-    s3a = delta_jars(object_store=True)
-    session = local_session("pglogrepl-tests", **({"spark.jars": ",".join(s3a)} if s3a else {}))
+    s3a = [jar for jar in delta_jars(object_store=True) if jar not in delta_jars()]
+    # S3A's jars on the driver's class path: in local mode the executors are in the driver's
+    # JVM, and spark.jars would have each session copy the AWS SDK's 650 MiB to its scratch.
+    extra = {"spark.driver.extraClassPath": os.pathsep.join(s3a)} if s3a else {}
+    session = local_session("pglogrepl-tests", **extra)
     yield session
     session.stop()
 
