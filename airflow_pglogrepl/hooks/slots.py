@@ -6,11 +6,12 @@ hook's own short one, or ``conn=``) and the hook's logger.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
 from airflow_pglogrepl.hooks.pg import arrow_peek, slots
+from airflow_pglogrepl.hooks.pg.slot_stream import SlotStream
 from airflow_pglogrepl.hooks.pg.slots import OUTPUT_PLUGINS
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import SlotCreated, SlotInfo, SlotSpill
@@ -95,6 +96,20 @@ class SlotsMixin(PgSessionHook):
             self.connection_params(), slot, label=self._source_label(),
             upto_lsn=upto_lsn, options=options, binary=binary, upto_nchanges=upto_nchanges,
             batch_rows=batch_rows,
+        )  # fmt: skip
+
+    def stream_slot(
+        self,
+        slot: str,
+        *,
+        start: LSN,
+        options: Mapping[str, str],
+        alive: Callable[[], object] | None = None,
+    ) -> SlotStream:
+        """The slot through the replication protocol (``hooks.pg.slot_stream.SlotStream``)."""
+        return SlotStream(
+            self.connection_params(), slot, label=self._source_label(), start=start,
+            options=options, alive=alive,
         )  # fmt: skip
 
     def peek_arrow(

@@ -37,6 +37,7 @@ __all__ = ["DRAIN_APP", "DSN_ENV", "PACKAGE_DIR", "SlotDrainOperator", "lake_ass
 
 DRAIN_APP = str(PACKAGE_DIR / "spark" / "drain_app.py")
 ON_QUARANTINE = ("fail", "warn")
+READERS = ("auto", "stream", "peek")  # pipeline.results.READERS, without importing the pipeline
 
 # Kept importable from here under its former name (the DAG tests find Spark's home with it).
 
@@ -90,6 +91,13 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         fails naming each table, its error and the fix, every run until the tables are
         re-snapshotted) or ``"warn"`` (it logs that and succeeds; the summary's
         ``quarantined`` names them).
+    :param reader: how the slot is read. ``"stream"``: the streaming replication protocol
+        (``START_REPLICATION``), which decodes each WAL record once and overlaps the server's
+        decoding with the lake's writes; the connection's role needs ``REPLICATION`` and
+        pg_hba.conf a replication line for it. ``"peek"``: ``pg_logical_slot_peek_*``, which
+        any role that may read the slot can use, but which decodes again from the slot's
+        ``restart_lsn`` on every call. ``"auto"`` (default): the stream, and the peek where
+        the stream is refused; the summary's ``reader`` and ``reader_note`` say which, and why.
     :param database: the slot's database, when not the connection's.
     :param conn_id: the Spark connection; it must exist (the provider would otherwise silently
         submit to YARN).
@@ -104,7 +112,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         *SparkSubmitOperator.template_fields,
         "postgres_conn_id", "slot_name", "publications", "lake", "database",
         "max_window_bytes", "max_windows", "small_merge_rows", "idle_wal_bytes", "spark_log_level",
-        "lake_conn_id",
+        "lake_conn_id", "reader",
     )  # fmt: skip
     ui_color = "#fdebd0"
     IN_WORKER_MODULE = "airflow_pglogrepl.spark.drain_app"
@@ -127,11 +135,14 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         idle_wal_bytes: int = 16 * 1024 * 1024,
         state_deletion_vectors: bool | None = None,
         on_quarantine: str = "fail",
+        reader: str = "auto",
         sink: str | None = None,  # lake's old name
         **kwargs: Any,
     ) -> None:
         if on_quarantine not in ON_QUARANTINE:
             raise ValueError(f"on_quarantine must be one of {ON_QUARANTINE}, not {on_quarantine!r}")
+        if "{" not in reader and reader not in READERS:  # a template is checked once rendered
+            raise ValueError(f"reader must be one of {READERS}, not {reader!r}")
         kwargs.setdefault("name", "pglogrepl-drain")
         super().__init__(application=DRAIN_APP, conn_id=conn_id, postgres_conn_id=postgres_conn_id,
                          slot_name=slot_name, publications=publications, lake=lake, sink=sink,
@@ -146,6 +157,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         self.idle_wal_bytes = idle_wal_bytes
         self.state_deletion_vectors = state_deletion_vectors
         self.on_quarantine = on_quarantine
+        self.reader = reader
 
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         from airflow_pglogrepl.conninfo import make_dsn
@@ -257,6 +269,9 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
             args.append("--no-materialize")
         args += ["--small-merge-rows", str(int(str(self.small_merge_rows)))]
         args += ["--on-quarantine", self.on_quarantine]
+        if self.reader not in READERS:
+            raise ValueError(f"reader must be one of {READERS}, not {self.reader!r}")
+        args += ["--reader", self.reader]
         return args + state_vectors_args(self.state_deletion_vectors)
 
 

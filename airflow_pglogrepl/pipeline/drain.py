@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_pglogrepl.changelog.columnar import (
@@ -40,8 +40,10 @@ from airflow_pglogrepl.exceptions import (
     ArrowPeekError,
     LakeFromAnotherSourceError,
     LakeSnapshotUnfinishedError,
+    PgLogReplError,
     PublicationNotFoundError,
     SlotAheadOfLakeError,
+    SlotStreamUnavailableError,
 )
 from airflow_pglogrepl.faults import fault, pause
 from airflow_pglogrepl.lake.lake import Lake
@@ -52,10 +54,11 @@ from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import publication_names_option
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
 from airflow_pglogrepl.pipeline.overlap import Behind, prefetched
-from airflow_pglogrepl.pipeline.results import DrainResult, WindowStats, log_window
+from airflow_pglogrepl.pipeline.results import READERS, DrainResult, WindowStats, log_window
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
+    from airflow_pglogrepl.hooks.pg.slot_stream import SlotStream
     from airflow_pglogrepl.models.records import SlotInfo
     from airflow_pglogrepl.pgoutput import TableInfo
 
@@ -87,6 +90,15 @@ class DrainSource(Protocol):
     def peek_arrow(
         self, slot: str, *, upto_lsn: LSN | str, options: Mapping[str, str]
     ) -> Iterator[Any]: ...
+
+    def stream_slot(
+        self,
+        slot: str,
+        *,
+        start: LSN,
+        options: Mapping[str, str],
+        alive: Callable[[], object] | None = None,
+    ) -> SlotStream: ...
 
 
 log = logging.getLogger("airflow_pglogrepl.drain")
@@ -129,9 +141,18 @@ class Drain:
         columnar: bool = True,
         accept_source_change: bool = False,
         quarantine: bool = True,
+        reader: str = "auto",
     ) -> None:
         if max_window_bytes <= 0:
             raise ValueError("max_window_bytes must be positive")
+        if reader not in READERS:
+            raise ValueError(f"reader must be one of {', '.join(READERS)}, got {reader!r}")
+        # How the slot is read: "stream" (START_REPLICATION), "peek", or "auto": the stream
+        # where it can be used, else the peek (``reader_note`` says why, in the summary).
+        self.reader = reader
+        self.reader_used = "peek"
+        self.reader_note: str | None = None
+        self._stream: SlotStream | None = None  # while streaming: where windows are confirmed
         self.columnar = columnar
         # A table whose changes cannot be stored goes to the lake's quarantine, the others on
         # (``lake.quarantine``); False: the run fails on it, nothing of the window committed.
@@ -169,6 +190,10 @@ class Drain:
         run_end = self.run_end = self.source.flush_lsn()
         startup = time.monotonic() - started
         windows: list[WindowStats] = []
+        if start < run_end:
+            start = self._streamed(start, run_end, windows)
+        else:
+            self.reader_used = "none"  # nothing to read: neither was opened
         next_commit = False
         while start < run_end and (self.max_windows is None or len(windows) < self.max_windows):
             if self.columnar and not next_commit and not self.held:
@@ -219,7 +244,80 @@ class Drain:
             lag_bytes_left=max(0, self.source.flush_lsn() - (after or run_end)),
             quarantined={str(table): cause.to_dict() for table, cause in self.held.items()},
             stored_as=dict(self.lake.stored_as),
+            reader=self.reader_used,
+            reader_note=self.reader_note,
         )
+
+    def _streamed(self, start: LSN, run_end: LSN, windows: list[WindowStats]) -> LSN:
+        """Drain what the stream can (``hooks.pg.slot_stream``) from ``start``: the windows of
+        ``[start, run_end)``, up to ``max_windows``, appended to ``windows``; returns where the
+        peek goes on (``run_end`` when the stream took all of it).
+
+        One stream decodes each WAL record once, where every peek decodes again from the
+        slot's ``restart_lsn``. A window is confirmed to the server as the slot's flushed
+        position once committed, as the peek path advances the slot then.
+        """
+        refusal = self._stream_refusal()
+        if refusal is not None:
+            if self.reader == "stream":
+                raise ValueError(f"reader='stream' cannot be used here: {refusal}. Fix: "
+                                 f"reader='auto' (or 'peek')")  # fmt: skip
+            self.reader_note = refusal
+            return start
+        span_end = run_end
+        if self.max_windows is not None:
+            span_end = min(run_end, LSN(int(start) + self.max_window_bytes * self.max_windows))
+        try:
+            stream = self.source.stream_slot(
+                self.slot, start=start, options=self.options, alive=self.lake.check_writer
+            )
+        except SlotStreamUnavailableError as exc:
+            if self.reader == "stream":
+                raise
+            self.reader_note = f"the stream was refused, so the slot was peeked: {exc.reason}"
+            log.warning("slot %s: %s", self.slot, self.reader_note)
+            return start
+        self.reader_used = "stream"
+        done: list[WindowStats] = []
+        try:
+            self._stream = stream
+            self._columnar_span(start, span_end, done, _until(stream, span_end), exact_end=True)
+        except (ColumnarUnsupportedError, *TABLE_ERRORS) as exc:
+            self.reader_note = (f"from {done[-1].end if done else start} the windows were "
+                                f"peeked and decoded per message ({exc})")  # fmt: skip
+            log.info("slot %s: %s", self.slot, self.reader_note)
+        finally:
+            self._stream = None
+            # the last confirm reaches the server; the slot is free again
+            if not stream.close() and done:
+                self._confirm_after_stream(done[-1].end)
+        windows.extend(done)
+        return done[-1].end if done else start
+
+    def _confirm_after_stream(self, end: LSN) -> None:
+        """The stream ended on its own (its walsender terminated) after the windows up to
+        ``end`` were committed, so their confirm may not have reached the server: advance the
+        slot there the peek path's way. If that fails too, the next run's reconcile does it
+        (the lake ahead of the slot), so it is only logged."""
+        try:
+            slot = self.source.get_slot(self.slot)
+            if slot.confirmed_flush_lsn is None or slot.confirmed_flush_lsn < end:
+                self.lake.check_writer()
+                self.source.advance_slot(self.slot, end)
+        except PgLogReplError as exc:
+            log.warning("slot %s: its stream ended before the confirm of %s could be seen, and "
+                        "advancing it failed (%s: %s); the next run advances it to the lake",
+                        self.slot, end, type(exc).__name__, exc)  # fmt: skip
+
+    def _stream_refusal(self) -> str | None:
+        """Why this run cannot stream (None: it can)."""
+        if self.reader == "peek":
+            return "reader='peek' was asked for"
+        if not self.columnar:
+            return "the per-message decoder was asked for (columnar off), which reads peeks"
+        if self.held:
+            return "tables in quarantine are drained through the per-message decoder"
+        return None
 
     def _held_window(self, start: LSN, end: LSN, *, next_commit: bool) -> WindowStats:
         """A window on the per-message path; a table whose changes cannot be stored is put in
@@ -297,9 +395,22 @@ class Drain:
             raise SlotAheadOfLakeError(self.slot, slot_lsn, lake_lsn, self.lake.root)
         return slot_lsn
 
-    def _columnar_span(self, start: LSN, span_end: LSN, done: list[WindowStats]) -> None:
-        """The windows of ``[start, span_end)`` from one peek, on the columnar path; each is
-        appended to ``done`` once committed (and the slot advanced past it).
+    def _columnar_span(
+        self,
+        start: LSN,
+        span_end: LSN,
+        done: list[WindowStats],
+        batches: Iterator[Any] | None = None,
+        *,
+        exact_end: bool = False,
+    ) -> None:
+        """The windows of ``[start, span_end)`` from one peek (or from ``batches`` of messages
+        the stream sent), on the columnar path; each is appended to ``done`` once committed
+        (and the slot advanced, or the stream confirmed, past it).
+
+        ``exact_end``: the last window ends at ``span_end`` exactly, and rows that commit at
+        or past it are left to the next run. A stream sends on past the span's end: the
+        transactions there may be incomplete, and are sent again from the confirmed position.
 
         Every peek has the server decode from the slot's ``restart_lsn``, which moves only at
         the server's running-transactions records (every 15 s under load), so one peek per
@@ -317,9 +428,12 @@ class Drain:
         floors: dict[int, int] = {}
         last = int(span_end)
         current = _OpenWindow(self, start, min(last, int(start) + self.max_window_bytes))
-        fetched = prefetched(
-            self.source.peek_arrow(self.slot, upto_lsn=span_end, options=self.options)
-        )
+        if batches is None:
+            fetched: Any = prefetched(
+                self.source.peek_arrow(self.slot, upto_lsn=span_end, options=self.options)
+            )
+        else:
+            fetched = batches
         try:
             for data in fetched:
                 # A batch holds one piece per table, each with its rows of every transaction in
@@ -330,6 +444,9 @@ class Drain:
                     floor = self._floor(floors, piece.table, start)
                     if floor:  # rows the table's state already holds (a re-snapshot after them)
                         rows = at_or_after(rows, floor)
+                    if exact_end and rows.num_rows:  # rows past the span: the next run's
+                        past = rows.column(COMMIT_LSN).to_numpy()
+                        rows = rows.slice(0, int(np.searchsorted(past, last)))
                     if rows.num_rows:
                         pieces.append((piece.table, rows, rows.column(COMMIT_LSN).to_numpy()))
                 while pieces:
@@ -351,7 +468,11 @@ class Drain:
                             rest.append((table, rows.slice(split), lsns[split:]))
                     pieces = rest
             # past a commit read past the end even when the table floors left none of its rows
-            current.boundary = int(window_end(max(current.boundary, last), decoder.commit_lsns))
+            if exact_end:
+                current.boundary = last
+            else:
+                current.boundary = int(window_end(max(current.boundary, last),
+                                                  decoder.commit_lsns))  # fmt: skip
             done.append(current.commit(decoder.commit_lsns))
         except BaseException:
             fetched.close()
@@ -427,7 +548,10 @@ class Drain:
         # The window is durable in the lake: only now may the slot forget it, and only while
         # this run still holds the lake (another writer may have drained on from here).
         self.lake.check_writer()
-        self.source.advance_slot(self.slot, stats.end)
+        if self._stream is not None:
+            self._stream.confirm(stats.end)  # the slot's flushed position, sent at once
+        else:
+            self.source.advance_slot(self.slot, stats.end)
         stats.seconds = time.monotonic() - began
         return stats
 
@@ -558,3 +682,14 @@ def check_slot(source: DrainSource, slot_name: str) -> SlotInfo:
 
 def _events(stream: PgOutputStream, rows: Iterator[Any]) -> Iterator[Any]:
     yield from stream.decode(rows)
+
+
+def _until(stream: SlotStream, end: LSN) -> Iterator[Any]:
+    """The stream's messages, a batch at a time, until the server has sent every transaction
+    that commits before ``end``: once a frame reports a WAL position at or past ``end``
+    (transactions are sent in commit order, each as its commit is decoded)."""
+    for batch in stream.batches():
+        if len(batch.messages):
+            yield batch.messages
+        if batch.wal_end >= end:
+            return

@@ -10,7 +10,11 @@ from typing import Any
 
 from airflow_pglogrepl.lsn import LSN
 
-__all__ = ["DrainResult", "WindowStats", "log_window", "peak_rss_mb"]
+__all__ = ["READERS", "DrainResult", "WindowStats", "log_window", "peak_rss_mb"]
+
+# How a run may read its slot (``Drain``'s ``reader``): the stream, the peek, or the stream where
+# the server allows it. A run's summary says which it used (``DrainResult.reader``).
+READERS = ("auto", "stream", "peek")
 
 log = logging.getLogger("airflow_pglogrepl.drain")
 
@@ -45,6 +49,10 @@ class DrainResult:
     # table -> {source name: lake name}: columns first stored this run under another name
     # (``lake.names``: Delta would take them for another column's)
     stored_as: dict[str, dict[str, str]] = field(default_factory=dict)
+    # how the slot was read: "stream" (START_REPLICATION), "peek", or "none" (nothing to read),
+    # and why it was not streamed
+    reader: str = "peek"
+    reader_note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         changes = sum(w.changes for w in self.windows)
@@ -70,6 +78,8 @@ class DrainResult:
             "changes_per_s": round(changes / window_s, 1) if window_s > 0 else 0.0,
             "tables": _sum_tables(self.windows),
             "columnar_windows": sum(w.decoder == "columnar" for w in self.windows),
+            "reader": self.reader,
+            "reader_note": self.reader_note,
             "peak_rss_mb": peak_rss_mb(),
             "columns_stored_as": self.stored_as,
             "quarantined": {

@@ -60,6 +60,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "lake's quarantine (their changes could not be stored; every other table went on): "
         "exit failed naming them (fail), or only say so (warn)",
     )  # fmt: skip
+    parser.add_argument(
+        "--reader", choices=("auto", "stream", "peek"), default="auto", help="read the slot "
+        "through the replication protocol (stream: the role needs REPLICATION), through "
+        "pg_logical_slot_peek_* (peek), or the stream where the server allows it (auto)",
+    )  # fmt: skip
     app.add_state_vectors_argument(parser)
     return parser.parse_args(argv)
 
@@ -84,10 +89,12 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
 
     storage.use_for_lake(args.lake_root)
     source = PgSource(dsn)
-    check_slot(source, args.slot)  # refuse early: nothing started yet
     spark = app.LazySpark("pglogrepl-drain")
     try:
         with source.writer_lock(args.slot, role="drain") as lock:
+            # Refused early, nothing started yet; after the lock, so that a run that finds
+            # another streaming the slot names that run (LakeWriterBusyError), not its PID.
+            check_slot(source, args.slot)
             lake = Lake(
                 args.lake_root, args.slot, origins=source.column_origins, writer_check=lock.check,
                 state_deletion_vectors=args.state_deletion_vectors,
@@ -101,6 +108,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                 max_windows=args.max_windows,
                 accept_source_change=args.accept_source_change,
                 batch_rows=args.batch_rows,
+                reader=args.reader,
             )
             result = drain.run(started).to_dict()
             if not args.no_materialize:

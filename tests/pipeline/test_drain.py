@@ -30,6 +30,7 @@ from airflow_pglogrepl.exceptions import (
     SlotAheadOfLakeError,
     SlotInUseError,
     SlotLostError,
+    SlotStreamUnavailableError,
     WriterLockLostError,
 )
 from airflow_pglogrepl.lake.delta import open_table, read_table
@@ -120,6 +121,10 @@ class FakeSource:
 
     arrow_fails = False
     batch_messages = 2
+
+    def stream_slot(self, slot: str, *, start: LSN, options: Mapping[str, str],
+                    alive: Any = None) -> Any:  # fmt: skip
+        raise SlotStreamUnavailableError(slot, "this fake is peeked (the stream: live tests)")
 
 
 def two_transactions() -> Session:
@@ -540,6 +545,49 @@ def test_a_run_that_loses_its_lock_stops_before_its_next_commit(
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("still_sending", [False, True])
+def test_a_walsender_terminated_mid_window_loses_and_repeats_nothing(
+    spark: Any, source: Source, tmp_path: Path, still_sending: bool
+) -> None:
+    """The stream's server end is killed while a window is read but not committed. When the
+    server had more to send, or had not yet said it sent everything, the run fails (retryable)
+    and the next one resumes from what the lake holds; when it had, the run ends well and
+    advances the slot itself, since its last confirm went nowhere. Either way every change is
+    in the lake once."""
+    tables = two_tables_written_together(source)
+    if still_sending:  # more than the reader's queue and the sockets hold: 40 MB of rows
+        for step in range(40):
+            source.sql("INSERT INTO t SELECT g, repeat('y', 200) FROM generate_series(%s::int, "
+                       "%s) g", (1000 + step * 4000, 1000 + step * 4000 + 3999))  # fmt: skip
+    lake_root = str(tmp_path / "lake")
+    paused = tmp_path / "pause"
+    paused.mkdir()
+    run = start_drain_app(source, lake_root, "--no-materialize", "--max-window-bytes", "8192",
+                          "--reader", "stream", pause=paused)  # fmt: skip
+    try:
+        wait_until(lambda: any(paused.glob("before_commit.*")), what="the first window's commit")
+        killed = source.sql(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+            "WHERE slot_name = %s AND active_pid IS NOT NULL", (source.slot,),
+        )  # fmt: skip
+        assert killed == [(True,)], "the stream's walsender was not found"
+        (paused / "go").touch()
+        _, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    if still_sending or run.returncode == 1:  # the server's position past the end not seen
+        assert run.returncode == 1 and "SlotStreamError" in err, err[-3000:]
+    else:  # its last confirm went nowhere: the slot is advanced the peek's way
+        position = Lake(lake_root, source.slot).position()
+        assert source.hook().get_slot(source.slot).confirmed_flush_lsn == position
+    result = drain_in_process(spark, source, lake_root, window=1 << 20)
+    assert result["reader"] in ("stream", "none")
+    for ref in tables:
+        assert_state_equals_source(source, lake_root, ref)  # equal, no (_commit_lsn, _seq) twice
+
+
+@pytest.mark.spark
 def test_a_second_drain_is_refused_while_the_roles_idle_timeout_passes(
     spark: Any, source: Source, tmp_path: Path
 ) -> None:
@@ -727,16 +775,21 @@ def test_hostile_names_go_through_the_columnar_path(
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("reader", ["stream", "peek"])
 def test_idle_publication_still_advances_the_slot(
-    spark: Any, source: Source, tmp_path: Path
+    spark: Any, source: Source, tmp_path: Path, reader: str
 ) -> None:
+    """An empty window commits too; the peek cuts one per window's bytes, the stream only at
+    the run's end (a window is cut by the commits it holds)."""
     source.sql("CREATE TABLE published (id int PRIMARY KEY)")
     source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE published")
     source.sql("CREATE TABLE busy (x text)")
     before = source.hook().get_slot(source.slot).confirmed_flush_lsn
     source.sql("INSERT INTO busy SELECT repeat('w', 200) FROM generate_series(1, 5000)")
-    result = drain_in_process(spark, source, str(tmp_path / "lake"), window=256 * 1024)
-    assert result["changes"] == 0 and result["windows"] >= 2
+    result = drain_in_process(spark, source, str(tmp_path / "lake"), window=256 * 1024,
+                              reader=reader)  # fmt: skip
+    assert result["reader"] == reader
+    assert result["changes"] == 0 and result["windows"] >= (2 if reader == "peek" else 1)
     after = source.hook().get_slot(source.slot).confirmed_flush_lsn
     assert before is not None and after is not None and after - before > 1_000_000
 
@@ -945,14 +998,16 @@ def test_up_to_the_next_commit_ends_past_a_commit_read_past_the_run_end(tmp_path
     assert source.advances == [LSN(n) for n in (0x1A00, 0x2019, 0x2819, 0x2908, 0x3000)]
 
 
-@pytest.mark.parametrize("columnar", [False, True])
+@pytest.mark.parametrize(("columnar", "reader"), [(False, "peek"), (True, "peek"),
+                                                  (True, "stream")])  # fmt: skip
 def test_a_live_commit_after_a_page_header_the_window_ends_in_is_drained_once(
-    source: Source, tmp_path: Path, columnar: bool
+    source: Source, tmp_path: Path, columnar: bool, reader: str
 ) -> None:
     """The server's own straddle: a transaction whose commit record starts at page offset 24,
     and a first window ending at the page's start + 8, inside the header. The peek up to there
     returns the transaction; the window must end past its commit, or the next run decodes the
-    transaction again and its row lands twice in changes/."""
+    transaction again and its row lands twice in changes/. The stream ends the window at its
+    bound and leaves the transaction, which the server sends again, to the next run."""
     source.sql("CREATE TABLE t (id serial PRIMARY KEY, v text)")
     source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE t")
     commit = commit_after_page_header(source, "INSERT INTO t (v) VALUES ('straddles')")
@@ -960,10 +1015,12 @@ def test_a_live_commit_after_a_page_header_the_window_ends_in_is_drained_once(
     assert start is not None
     window = (commit - PAGE_HEADER + 8) - start  # the first window ends inside the header
     lake_root = str(tmp_path / "lake")
-    first = drain_only(source, lake_root, window=window, columnar=columnar, max_windows=1)
-    drain_only(source, lake_root, window=window, columnar=columnar)
+    first = drain_only(source, lake_root, window=window, columnar=columnar, max_windows=1,
+                       reader=reader)  # fmt: skip
+    drain_only(source, lake_root, window=window, columnar=columnar, reader=reader)
     keys = all_changelog_keys(lake_root, [TableRef("public", "t")])
     assert sorted(keys) == sorted(set(keys)), f"stored twice: {sorted(keys)}"
     assert len(keys) == len(source.sql("SELECT id FROM t"))
-    assert first.windows[0].end == commit + 1
-    assert first.confirmed_after == commit + 1
+    end = commit + 1 if reader == "peek" else start + window
+    assert first.reader == reader and first.windows[0].end == end
+    assert first.confirmed_after == end

@@ -145,6 +145,7 @@ def drain_in_process(
     batch_rows: int = 200_000,
     columnar: bool = True,
     small_rows: int | None = None,
+    reader: str = "auto",
 ) -> dict[str, Any]:
     """One drain run on the session's Spark (no JVM start), then materialize, under the lock;
     ``small_rows`` as ``materialize`` takes it (0: every merge by Spark)."""
@@ -154,7 +155,7 @@ def drain_in_process(
         lake.writer_check = lock.check
         result = Drain(
             source=hook, lake=lake, slot=src.slot, publications=[src.publication],
-            max_window_bytes=window, batch_rows=batch_rows, columnar=columnar,
+            max_window_bytes=window, batch_rows=batch_rows, columnar=columnar, reader=reader,
         ).run(time.monotonic()).to_dict()  # fmt: skip
         result["materialized"] = (
             materialize(spark, lake)
@@ -171,6 +172,7 @@ def drain_only(
     window: int,
     columnar: bool = True,
     max_windows: int | None = None,
+    reader: str = "auto",
 ) -> DrainResult:
     """One drain run without the merge, under the lock: no Spark (a local lake needs none to
     drain), and the windows as the run committed them."""
@@ -179,7 +181,7 @@ def drain_only(
     with hook.writer_lock(src.slot):
         return Drain(
             source=hook, lake=lake, slot=src.slot, publications=[src.publication],
-            max_window_bytes=window, max_windows=max_windows, columnar=columnar,
+            max_window_bytes=window, max_windows=max_windows, columnar=columnar, reader=reader,
         ).run(time.monotonic())  # fmt: skip
 
 

@@ -23,7 +23,7 @@ import queue
 import select
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import psycopg
@@ -75,6 +75,12 @@ class SlotStream:
     """``START_REPLICATION SLOT slot LOGICAL start`` with pgoutput's ``options``, read in a
     thread of its own (see the module's docstring). Use as a context manager, or ``close``.
 
+    ``alive`` is called in the reader's thread while a busy consumer leaves the queue full,
+    once per status interval; when it raises, the stream ends with its error. The drain passes
+    its writer lock's check: a fast shutdown of the server ends that lock's session at once,
+    while the walsender waits, before it exits, for a confirm the lake cannot give yet and
+    for us to read what it still has to send (which a full queue stops us from doing).
+
     :raises SlotStreamUnavailableError: the server refused the replication connection.
     Errors on the slot (missing, in use, a publication missing) are raised as the peek raises
     them, from the constructor or from ``batches``; a stream that ends early raises
@@ -90,8 +96,10 @@ class SlotStream:
         start: LSN | int,
         options: Mapping[str, str],
         batch_bytes: int = BATCH_BYTES,
+        alive: Callable[[], object] | None = None,
     ) -> None:
         validate_slot_name(slot)
+        self._alive = alive
         self.slot = slot
         self.start = LSN(start)
         self.batch_bytes = batch_bytes
@@ -99,6 +107,8 @@ class SlotStream:
         self._received = int(self.start)
         self._sent_flush = -1
         self._sent_at = 0.0
+        self._asked_at = -1e9  # when the server last asked us to reply at once
+        self._ended_cleanly = False
         self._queue: queue.Queue[FrameBatch | BaseException | None] = queue.Queue(QUEUED_BATCHES)
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
@@ -134,13 +144,15 @@ class SlotStream:
         self._flushed = max(self._flushed, int(lsn))
         self._wake()
 
-    def close(self) -> None:
+    def close(self) -> bool:
         """Report the confirmed position a last time and end the stream; the slot is free
-        again when this returns (unless the server did not answer in time)."""
+        again when this returns. False: the stream had already ended (its error was not read)
+        or the server did not answer, so the last confirm may not have reached it."""
         self._stop.set()
         self._wake()
         self._thread.join()
         self._close_pipe()
+        return self._ended_cleanly
 
     def __enter__(self) -> SlotStream:
         return self
@@ -165,7 +177,8 @@ class SlotStream:
                 self._read()
             except _StoppedError:
                 pass
-            except psycopg.OperationalError as exc:  # the connection itself broke
+            except psycopg.OperationalError as exc:  # the connection broke, or the stream ended
+                self._raise_server_error()  # the server's own words, when it sent them
                 raise self._ended(exc) from None
             self._finish()
         except BaseException as exc:  # handed to the consumer, raised there
@@ -204,6 +217,7 @@ class SlotStream:
     def _deliver(self, chunks: list[Any]) -> None:
         batch = frames(chunks)
         self._received = max(self._received, int(batch.wal_end))
+        self._check_stopping(batch)
         if batch.keepalives:
             self._report(force=True)  # every ping answered, at once when a reply is asked
         while True:
@@ -214,6 +228,26 @@ class SlotStream:
                 if self._stop.is_set():
                     raise _StoppedError from None
                 self._report()
+                if self._alive is not None:
+                    self._alive()
+
+    def _check_stopping(self, batch: FrameBatch) -> None:
+        """End the stream when the server is shutting down.
+
+        A walsender asks for a reply at once only after half its ``wal_sender_timeout``
+        without one (we report more often than that), or when its server is shutting down:
+        then it asks again after every reply, and it exits only once the client has confirmed
+        everything it sent. The lake has not committed all of that, so we may not confirm it:
+        the stream ends here instead (the server goes down, nothing is lost, the next run
+        resumes from the confirmed position).
+        """
+        for ping in batch.keepalives:
+            if not ping.reply_requested:
+                continue
+            now = time.monotonic()
+            if now - self._asked_at < self._interval / 2:
+                raise SlotStreamError(self.slot, self._server, "the server is shutting down")
+            self._asked_at = now
 
     def _report(self, *, force: bool = False) -> None:
         """A status update when the confirmed position moved, when forced, or when one is due."""
@@ -248,19 +282,21 @@ class SlotStream:
                 pg.consume_input()
             while pg.get_result() is not None:
                 pass
+            self._ended_cleanly = True
             return
         log.warning("slot %s: the server did not end the stream within %.0f s of our end; "
                     "closing the connection", self.slot, CLOSE_TIMEOUT_S)  # fmt: skip
 
     def _put_final(self, item: BaseException | None) -> None:
-        """Hand the end (None) or the error to the consumer, making room if it stopped reading."""
-        while True:
+        """Hand the end (None) or the error to the consumer after every batch before it: never
+        in place of one (a consumer that stops at a position must have had all before it).
+        Given up only once the consumer has closed the stream."""
+        while not self._stop.is_set():
             try:
-                self._queue.put_nowait(item)
+                self._queue.put(item, timeout=1.0)
                 return
             except queue.Full:
-                with contextlib.suppress(queue.Empty):
-                    self._queue.get_nowait()
+                continue
 
     # -- libpq, nonblocking ---------------------------------------------------------------------
 
@@ -310,6 +346,17 @@ class SlotStream:
             raise
         except psycopg.Error as exc:
             raise self._ended(exc) from None
+
+    def _raise_server_error(self) -> None:
+        """Raise the error the server ended the stream with, if it sent one."""
+        pg = self._conn.pgconn
+        with contextlib.suppress(psycopg.Error):
+            pg.consume_input()
+        result = None
+        with contextlib.suppress(psycopg.Error):
+            result = None if pg.is_busy() else pg.get_result()
+        if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
+            self._raise_result(result)
 
     def _ended(self, exc: Exception) -> SlotStreamError:
         reason = conninfo.redact(str(exc).strip().rstrip("."), self._secrets)

@@ -8,13 +8,14 @@ the same functions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
 from airflow_pglogrepl.hooks.pg import arrow_peek, columns, locks, server, slots
 from airflow_pglogrepl.hooks.pg.connect import Conn, connect, dsn_params
+from airflow_pglogrepl.hooks.pg.slot_stream import SlotStream
 from airflow_pglogrepl.hooks.pg.snapshot import ExportedSnapshot, create_slot_with_snapshot
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import ColumnOrigins, SlotInfo
@@ -80,6 +81,18 @@ class PgSource:
     ) -> Iterator[Any]:
         return arrow_peek.peek_arrow(
             self._params, slot, label=self.label, upto_lsn=upto_lsn, options=options
+        )
+
+    def stream_slot(
+        self,
+        slot: str,
+        *,
+        start: LSN,
+        options: Mapping[str, str],
+        alive: Callable[[], object] | None = None,
+    ) -> SlotStream:
+        return SlotStream(
+            self._params, slot, label=self.label, start=start, options=options, alive=alive
         )
 
     def column_origins(self, table: TableRef, names: Sequence[str]) -> ColumnOrigins:

@@ -127,16 +127,27 @@ def start_replication(
     slot: str, start: LSN | int, options: Mapping[str, str], context: AdaptContext | None
 ) -> bytes:
     """The ``START_REPLICATION SLOT ... LOGICAL`` command for ``slot`` from ``start``, with the
-    output plugin's ``options``: names quoted, values as literals, nothing pasted in."""
+    output plugin's ``options``: names quoted as identifiers, values as the replication
+    grammar's string constants (``replication_literal``). Nothing is pasted in."""
     validate_slot_name(slot)
     pairs = sql.SQL(", ").join(
-        sql.SQL("{} {}").format(sql.Identifier(name), sql.Literal(value))
+        sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(replication_literal(value)))
         for name, value in options.items()
     )
     command = sql.SQL("START_REPLICATION SLOT {} LOGICAL {} ({})").format(
         sql.Identifier(slot), sql.SQL(str(LSN(start))), pairs
     )
     return command.as_bytes(context)
+
+
+def replication_literal(value: str) -> str:
+    """``value`` as a string constant of the replication commands' grammar, which knows only
+    ``'...'`` with ``''`` for a quote: a backslash is an ordinary character there, so
+    ``sql.Literal``'s ``E'...'`` form (what psycopg writes for a value with a backslash) is a
+    syntax error. Values cannot be bound in a replication command."""
+    if "\x00" in value:
+        raise ValueError("a replication command's value cannot hold a NUL character")
+    return "'" + value.replace("'", "''") + "'"
 
 
 def frames(chunks: Sequence[bytes | memoryview]) -> FrameBatch:

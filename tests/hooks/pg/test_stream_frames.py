@@ -14,6 +14,7 @@ from airflow_pglogrepl.hooks.pg.stream_frames import (
     frames,
     keepalive,
     pg_now_us,
+    replication_literal,
     start_replication,
     status_update,
     xlog_data,
@@ -151,3 +152,10 @@ def test_the_columnar_decoder_reads_recorded_frames_as_one_column() -> None:
     for piece in pieces:  # a piece per table description (a Relation message each)
         rows[piece.table.table] = rows.get(piece.table.table, 0) + piece.rows.num_rows
     assert rows == {'Odd "T"': 4, "plain": 4}
+
+
+def test_values_are_the_replication_grammars_strings_even_with_backslashes() -> None:
+    """The replication scanner knows no E'' strings: psycopg's Literal of a backslash is one."""
+    assert replication_literal("a\\b'c") == "'a\\b''c'"
+    with pytest.raises(ValueError, match="NUL"):
+        replication_literal("a\x00b")
