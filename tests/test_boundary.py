@@ -145,6 +145,8 @@ def test_every_error_says_whether_a_retry_can_help() -> None:
         "LakeCommitConflictError",
         # an object store that did not answer when the task looked at the lake's bucket
         "LakeStoreUnreachableError",
+        # a replication stream ended by the server (a terminated walsender, a restart)
+        "SlotStreamError",
     }
 
 

@@ -6,7 +6,7 @@ hook's own short one, or ``conn=``) and the hook's logger.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
@@ -98,19 +98,10 @@ class SlotsMixin(PgSessionHook):
             batch_rows=batch_rows,
         )  # fmt: skip
 
-    def stream_slot(
-        self,
-        slot: str,
-        *,
-        start: LSN,
-        options: Mapping[str, str],
-        alive: Callable[[], object] | None = None,
-    ) -> SlotStream:
-        """The slot through the replication protocol (``hooks.pg.slot_stream.SlotStream``)."""
-        return SlotStream(
-            self.connection_params(), slot, label=self._source_label(), start=start,
-            options=options, alive=alive,
-        )  # fmt: skip
+    def stream_slot(self, slot: str, **arguments: Any) -> SlotStream:
+        """The slot through the replication protocol (``hooks.pg.slot_stream.SlotStream``;
+        ``arguments``: its ``start``, ``options`` and ``alive``)."""
+        return SlotStream(self.connection_params(), slot, label=self._source_label(), **arguments)
 
     def peek_arrow(
         self, slot: str, *, upto_lsn: LSN | str, options: Mapping[str, str]

@@ -13,7 +13,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,6 @@ import psycopg
 import pytest
 
 from airflow_pglogrepl.exceptions import (
-    ArrowPeekError,
     LakeFromAnotherSourceError,
     LakeOfAnotherSlotError,
     LakeSnapshotUnfinishedError,
@@ -30,14 +29,12 @@ from airflow_pglogrepl.exceptions import (
     SlotAheadOfLakeError,
     SlotInUseError,
     SlotLostError,
-    SlotStreamUnavailableError,
     WriterLockLostError,
 )
 from airflow_pglogrepl.lake.delta import open_table, read_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge.materialize import materialize
-from airflow_pglogrepl.models.records import SlotInfo
 from airflow_pglogrepl.models.verdicts import drain_refusal
 from airflow_pglogrepl.pipeline.drain import Drain
 from airflow_pglogrepl.tables import TableRef
@@ -58,73 +55,12 @@ from tests.support.drain import (
     start_drain_app,
     summary,
 )
+from tests.support.fake_source import FakeSource
 from tests.support.pgoutput_encoder import Session, relation
 from tests.support.sources import Source
 from tests.support.wal import PAGE_HEADER, WAL_PAGE, commit_after_page_header
 
 INT8, TEXT = 20, 25
-
-
-class FakeSource:
-    """A slot over a fixed list of peek rows; records every advance."""
-
-    def __init__(self, rows: list[tuple[LSN, int | None, bytes]], confirmed: int, flush: int):
-        self.rows = rows
-        self.slot = SlotInfo(
-            name="s", plugin="pgoutput", slot_type="logical", database="db", temporary=False,
-            active=False, active_pid=None, restart_lsn=LSN(confirmed),
-            confirmed_flush_lsn=LSN(confirmed), wal_status="reserved", safe_wal_size=None,
-            two_phase=False, retained_bytes=0, current_lsn=LSN(flush), inactive_since=None,
-        )  # fmt: skip
-        self.flush = LSN(flush)
-        self.advances: list[LSN] = []
-        self.dropped_publications: set[str] = set()
-
-    def get_slot(self, name: str, *, plugin: str | None = None) -> SlotInfo:
-        return self.slot
-
-    def advance_slot(self, name: str, upto: LSN | str) -> LSN:
-        self.advances.append(LSN(upto))
-        self.slot = dataclasses.replace(self.slot, confirmed_flush_lsn=LSN(upto))
-        return LSN(upto)
-
-    def flush_lsn(self) -> LSN:
-        return self.flush
-
-    def missing_publications(self, names: Sequence[str]) -> list[str]:
-        return [n for n in names if n in self.dropped_publications]
-
-    def source_identity(self) -> dict[str, object]:
-        return dict(self.identity)
-
-    identity: dict[str, object] = {"system_identifier": "7", "timeline": 1, "database": "db"}
-
-    def peek_changes(
-        self, slot: str, *, upto_lsn: LSN | str | None, options: Mapping[str, str],
-        batch_rows: int = 5000, upto_nchanges: int | None = None,
-    ) -> Iterator[tuple[LSN, int | None, Any]]:  # fmt: skip
-        start = self.slot.confirmed_flush_lsn
-        assert start is not None and upto_lsn is not None
-        yield from (r for r in self.rows if start <= r[0] < LSN(upto_lsn))
-
-    def peek_arrow(
-        self, slot: str, *, upto_lsn: LSN | str, options: Mapping[str, str]
-    ) -> Iterator[Any]:
-        import pyarrow as pa
-
-        if self.arrow_fails:
-            raise ArrowPeekError("ADBC is not here")
-        rows = [r[2] for r in self.peek_changes(slot, upto_lsn=upto_lsn, options=options)]
-        step = self.batch_messages
-        for first in range(0, len(rows), step):  # small batches: transactions span them
-            yield pa.array(rows[first : first + step], pa.binary())
-
-    arrow_fails = False
-    batch_messages = 2
-
-    def stream_slot(self, slot: str, *, start: LSN, options: Mapping[str, str],
-                    alive: Any = None) -> Any:  # fmt: skip
-        raise SlotStreamUnavailableError(slot, "this fake is peeked (the stream: live tests)")
 
 
 def two_transactions() -> Session:

@@ -8,7 +8,7 @@ the same functions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -83,17 +83,9 @@ class PgSource:
             self._params, slot, label=self.label, upto_lsn=upto_lsn, options=options
         )
 
-    def stream_slot(
-        self,
-        slot: str,
-        *,
-        start: LSN,
-        options: Mapping[str, str],
-        alive: Callable[[], object] | None = None,
-    ) -> SlotStream:
-        return SlotStream(
-            self._params, slot, label=self.label, start=start, options=options, alive=alive
-        )
+    def stream_slot(self, slot: str, **arguments: Any) -> SlotStream:
+        """``SlotStream`` of ``slot``; ``arguments``: its ``start``, ``options``, ``alive``."""
+        return SlotStream(self._params, slot, label=self.label, **arguments)
 
     def column_origins(self, table: TableRef, names: Sequence[str]) -> ColumnOrigins:
         with self.session() as conn:

@@ -1,0 +1,168 @@
+"""The columnar path's windows: batches of messages (from a peek or the stream) decoded and cut
+into windows at LSN bounds, each written and committed on its own.
+
+A window holds the transactions whose commit record starts before its end. The decoder hands
+rows per table for a whole batch, so a window is cut only once every table's rows before its
+end are added; its writes run behind in a thread of their own (``overlap.Behind``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from airflow_pglogrepl.changelog.columnar import ColumnarDecoder, TablePiece
+from airflow_pglogrepl.changelog.columns import COMMIT_LSN
+from airflow_pglogrepl.lake.window import at_or_after
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pipeline.overlap import Behind
+from airflow_pglogrepl.pipeline.results import WindowStats, log_window
+from airflow_pglogrepl.tables import TableRef
+
+if TYPE_CHECKING:
+    from airflow_pglogrepl.pipeline.drain import Drain
+
+__all__ = ["OpenWindow", "columnar_windows", "window_end"]
+
+
+def window_end(end: LSN | int, commit_lsns: Iterable[int]) -> LSN:
+    """Where a window the peek read up to ``end`` ends, given the commit LSNs it holds (where
+    their commit records start): at ``end``, or just past a commit that starts at or beyond it.
+
+    The peek stops once a record ends at or past ``end``. When ``end`` lies inside a WAL page's
+    header and the record before ends exactly at the page's start, that record ends before
+    ``end``, so the record after the header is read too; a commit record there comes back
+    although it starts past ``end``. Once the slot is advanced to the window's end the server
+    skips the commits that start before it (SnapBuildXactNeedsSkip against
+    confirmed_flush_lsn): a window ended at ``end`` would leave that commit to the next window,
+    which would decode and store it again.
+    """
+    last = max(commit_lsns, default=-1)
+    return LSN(last + 1) if last >= int(end) else LSN(end)
+
+
+def columnar_windows(
+    drain: Drain,
+    start: LSN,
+    span_end: LSN,
+    done: list[WindowStats],
+    fetched: Any,
+    *,
+    exact_end: bool,
+) -> None:
+    """Cut ``fetched`` (batches of messages, in slot order) into the windows of
+    ``[start, span_end)`` for ``drain`` (``Drain._columnar_span`` says how), committing each
+    and appending it to ``done``. ``fetched`` is closed on a failure."""
+    import numpy as np
+
+    decoder = ColumnarDecoder(drain.options)
+    floors: dict[int, int] = {}
+    last = int(span_end)
+    current = OpenWindow(drain, start, min(last, int(start) + drain.max_window_bytes))
+    try:
+        for data in fetched:
+            # A batch holds one piece per table, each with its rows of every transaction in
+            # the batch: a window is cut only once all pieces' rows before it are added.
+            pieces = []
+            for piece in decoder.feed(data):
+                rows = piece.rows
+                floor = drain._floor(floors, piece.table, start)
+                if floor:  # rows the table's state already holds (a re-snapshot after them)
+                    rows = at_or_after(rows, floor)
+                if exact_end and rows.num_rows:  # rows past the span: the next run's
+                    past = rows.column(COMMIT_LSN).to_numpy()
+                    rows = rows.slice(0, int(np.searchsorted(past, last)))
+                if rows.num_rows:
+                    pieces.append((piece.table, rows, rows.column(COMMIT_LSN).to_numpy()))
+            while pieces:
+                first = min(int(lsns[0]) for _, _, lsns in pieces)
+                if first >= last:  # a commit the peek read past its end (``window_end``)
+                    current.boundary = int(window_end(last, [first]))
+                elif first >= current.boundary:
+                    if any(c < current.boundary for c in decoder.commit_lsns):
+                        done.append(current.commit(decoder.commit_lsns))
+                        current = OpenWindow(drain, LSN(current.boundary), current.boundary)
+                    while first >= current.boundary:  # never committed empty
+                        current.boundary += drain.max_window_bytes
+                    current.boundary = min(current.boundary, last)
+                rest = []
+                for table, rows, lsns in pieces:
+                    split = int(np.searchsorted(lsns, current.boundary))
+                    current.add(TablePiece(table, rows.slice(0, split)))
+                    if split < len(lsns):
+                        rest.append((table, rows.slice(split), lsns[split:]))
+                pieces = rest
+        # past a commit read past the end even when the table floors left none of its rows
+        if exact_end:
+            current.boundary = last
+        else:
+            current.boundary = int(window_end(max(current.boundary, last),
+                                              decoder.commit_lsns))  # fmt: skip
+        done.append(current.commit(decoder.commit_lsns))
+    except BaseException:
+        fetched.close()
+        current.abandon()
+        raise
+
+
+class OpenWindow:
+    """A columnar window being filled: its queued pieces per table, its writer, its boundary
+    (the LSN its transactions' commit records start before)."""
+
+    def __init__(self, drain: Drain, start: LSN, boundary: int) -> None:
+        self.drain = drain
+        self.began = time.monotonic()
+        self.stats = WindowStats(start=start, end=start, decoder="columnar")
+        self.window = drain.lake.open_window(start)
+        self.boundary = boundary
+        self.behind = Behind()
+        self.pending: dict[int, list[TablePiece]] = {}  # relation OID -> one description's
+        self.queued_rows: dict[int, int] = {}
+
+    def add(self, piece: TablePiece) -> None:
+        """Queue rows of the window; a table's queue is written once it holds ``batch_rows``,
+        or when the table's description changes (the older rows first)."""
+        rows = piece.rows.num_rows
+        if not rows:
+            return
+        self.stats.changes += rows
+        relid = piece.table.relation_id or 0
+        queued = self.pending.setdefault(relid, [])
+        if queued and queued[0].table is not piece.table:
+            self._write(queued)
+            self.queued_rows[relid] = 0
+        queued.append(piece)
+        self.queued_rows[relid] = self.queued_rows.get(relid, 0) + rows
+        if self.queued_rows[relid] >= self.drain.batch_rows:
+            self._write(queued)
+            self.queued_rows[relid] = 0
+
+    def _write(self, pieces: list[TablePiece]) -> None:
+        """Hand one table description's queued pieces to the writer (and empty the queue)."""
+        import pyarrow as pa
+
+        table = pieces[0].table
+        rows = pa.concat_tables([p.rows for p in pieces]) if len(pieces) > 1 else pieces[0].rows
+        pieces.clear()
+        ref = TableRef(table.schema, table.table)
+        self.drain._write(self.window, ref, rows, self.stats, self.behind)
+
+    def commit(self, commit_lsns: list[int]) -> WindowStats:
+        """Write what is queued, wait for the writes, commit the window up to its boundary and
+        advance the slot; ``commit_lsns`` loses the transactions the window holds."""
+        for queued in self.pending.values():
+            if queued:
+                self._write(queued)
+        self.behind.finish()
+        held = sum(1 for lsn in commit_lsns if lsn < self.boundary)
+        del commit_lsns[:held]
+        self.stats.transactions = held
+        self.stats.end = LSN(self.boundary)
+        stats = self.drain._commit(self.window, self.stats, self.began)
+        log_window(stats, self.drain.run_end)
+        return stats
+
+    def abandon(self) -> None:
+        """A failure: let the writes in flight end; nothing of the window is committed."""
+        self.behind.close()

@@ -1,0 +1,118 @@
+"""A source without a server for the drain loop's tests: a slot over encoded pgoutput rows that
+can be peeked (``peek_changes``, ``peek_arrow``) or streamed (``FakeStream``), and records
+where it was advanced or confirmed."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from airflow_pglogrepl.exceptions import ArrowPeekError, SlotStreamUnavailableError
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.models.records import SlotInfo
+
+
+class FakeSource:
+    """A slot over a fixed list of peek rows; records every advance."""
+
+    def __init__(self, rows: list[tuple[LSN, int | None, bytes]], confirmed: int, flush: int):
+        self.rows = rows
+        self.streamed: list[FakeStream] = []
+        self.slot = SlotInfo(
+            name="s", plugin="pgoutput", slot_type="logical", database="db", temporary=False,
+            active=False, active_pid=None, restart_lsn=LSN(confirmed),
+            confirmed_flush_lsn=LSN(confirmed), wal_status="reserved", safe_wal_size=None,
+            two_phase=False, retained_bytes=0, current_lsn=LSN(flush), inactive_since=None,
+        )  # fmt: skip
+        self.flush = LSN(flush)
+        self.advances: list[LSN] = []
+        self.dropped_publications: set[str] = set()
+
+    def get_slot(self, name: str, *, plugin: str | None = None) -> SlotInfo:
+        return self.slot
+
+    def advance_slot(self, name: str, upto: LSN | str) -> LSN:
+        self.advances.append(LSN(upto))
+        self.slot = dataclasses.replace(self.slot, confirmed_flush_lsn=LSN(upto))
+        return LSN(upto)
+
+    def flush_lsn(self) -> LSN:
+        return self.flush
+
+    def missing_publications(self, names: Sequence[str]) -> list[str]:
+        return [n for n in names if n in self.dropped_publications]
+
+    def source_identity(self) -> dict[str, object]:
+        return dict(self.identity)
+
+    identity: dict[str, object] = {"system_identifier": "7", "timeline": 1, "database": "db"}
+
+    def peek_changes(
+        self, slot: str, *, upto_lsn: LSN | str | None, options: Mapping[str, str],
+        batch_rows: int = 5000, upto_nchanges: int | None = None,
+    ) -> Iterator[tuple[LSN, int | None, Any]]:  # fmt: skip
+        start = self.slot.confirmed_flush_lsn
+        assert start is not None and upto_lsn is not None
+        yield from (r for r in self.rows if start <= r[0] < LSN(upto_lsn))
+
+    def peek_arrow(
+        self, slot: str, *, upto_lsn: LSN | str, options: Mapping[str, str]
+    ) -> Iterator[Any]:
+        import pyarrow as pa
+
+        if self.arrow_fails:
+            raise ArrowPeekError("ADBC is not here")
+        rows = [r[2] for r in self.peek_changes(slot, upto_lsn=upto_lsn, options=options)]
+        step = self.batch_messages
+        for first in range(0, len(rows), step):  # small batches: transactions span them
+            yield pa.array(rows[first : first + step], pa.binary())
+
+    arrow_fails = False
+    batch_messages = 2
+
+    # whether stream_slot streams (FakeStream) or is refused, as by a role without REPLICATION
+    streams = False
+
+    def stream_slot(self, slot: str, *, start: LSN, options: Mapping[str, str],
+                    alive: Any = None) -> Any:  # fmt: skip
+        if not self.streams:
+            raise SlotStreamUnavailableError(slot, "this fake is peeked")
+        return FakeStream(self, start)
+
+
+class FakeStream:
+    """A walsender over the fake's rows: every message from ``start`` on (past the run's end
+    too, as a server does), ``batch_messages`` at a time, each batch's WAL end its last row's
+    LSN, then a keepalive at the flush position. Confirms land on the slot when closed."""
+
+    def __init__(self, source: FakeSource, start: LSN) -> None:
+        self.source = source
+        self.start = start
+        self.confirms: list[LSN] = []
+        source.streamed.append(self)
+
+    def batches(self) -> Iterator[Any]:
+        import pyarrow as pa
+
+        rows = [r for r in self.source.rows if r[0] >= self.start]
+        step = self.source.batch_messages
+        for first in range(0, len(rows), step):
+            part = rows[first : first + step]
+            yield _Batch(pa.array([r[2] for r in part], pa.large_binary()), part[-1][0])
+        yield _Batch(pa.array([], pa.large_binary()), self.source.flush)
+
+    def confirm(self, lsn: LSN | int) -> None:
+        self.confirms.append(LSN(lsn))
+
+    def close(self) -> bool:
+        if self.confirms:
+            confirmed = max(self.confirms)
+            self.source.slot = dataclasses.replace(self.source.slot, confirmed_flush_lsn=confirmed)
+        return True
+
+
+@dataclasses.dataclass
+class _Batch:
+    messages: Any
+    wal_end: LSN
