@@ -15,7 +15,8 @@ measures on the same WAL:
   write, the baseline) and, instead of that, + the Delta append (the lake's window API: the
   same files, fsynced, then one Delta commit per window through delta-rs);
 - the real drain: ``python -m airflow_pglogrepl.spark.drain_app ... --no-materialize`` (a local
-  lake, so no JVM), split into its fixed start-up cost and its steady-state window rate;
+  lake, so no JVM), split into its fixed start-up cost and its steady-state window rate, once
+  per reader (``--readers``): the replication stream and the peek, side by side;
 - once each, the same with the merge into an empty ``state/``: the first state written without
   a JVM (the default) and by Spark (``--small-merge-rows 0``), for the materialize time
   (``--materialize-only`` measures just these and the server's decode).
@@ -227,6 +228,8 @@ def main() -> None:
     parser.add_argument("--window-mb", type=int, default=64, help="--max-window-bytes, in MiB")
     parser.add_argument("--batch-rows", type=int, default=200_000)
     parser.add_argument("--profile", action="store_true", help="cProfile the Delta stage")
+    parser.add_argument("--readers", default="stream,peek",
+                        help="the drain's --reader values to compare")  # fmt: skip
     parser.add_argument(
         "--materialize-only",
         action="store_true",
@@ -241,7 +244,9 @@ def main() -> None:
                                                         ("--small-merge-rows", "0")),
     }  # fmt: skip
     recv_slots = [f"bench_recv_{i}" for i in range(repeat)]
-    drain_slots = [f"bench_drain_{i}" for i in range(repeat)]
+    readers = [r.strip() for r in args.readers.split(",") if r.strip()]
+    drain_slots = {r: [f"bench_drain_{r}_{i}" for i in range(repeat)] for r in readers}
+    all_drain_slots = [slot for slots in drain_slots.values() for slot in slots]
 
     with (
         local_cluster("bench-drain", LOGICAL_SETTINGS) as cluster,
@@ -252,7 +257,8 @@ def main() -> None:
             "CREATE TABLE bench (id bigint PRIMARY KEY, qty int, label text, at timestamptz)"
         )
         conn.execute("CREATE PUBLICATION bench FOR TABLE bench")
-        for slot in [PEEK_SLOT, *recv_slots, *drain_slots, *(s for s, _ in merges.values())]:
+        for slot in [PEEK_SLOT, *recv_slots, *all_drain_slots,
+                     *(s for s, _ in merges.values())]:  # fmt: skip
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
         start_lsn = LSN(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
         started = time.perf_counter()
@@ -269,7 +275,7 @@ def main() -> None:
             " 'proto_version', '1', 'publication_names', 'bench')"
         )
         best: dict[str, float] = {}
-        drains: list[dict[str, Any]] = []
+        drains: dict[str, list[dict[str, Any]]] = {r: [] for r in readers}
         messages = changes = 0
         recv_bytes = 0
 
@@ -301,9 +307,11 @@ def main() -> None:
                     continue
                 changes = changes or counted
                 assert counted == changes, (level, counted, changes)
-            drains.append(drain_app(cluster, drain_slots[i], window, args.batch_rows,
-                                    materialize=False))  # fmt: skip
-            assert drains[-1]["changes"] == changes, (drains[-1], changes)
+            for reader in readers:
+                done = drain_app(cluster, drain_slots[reader][i], window, args.batch_rows,
+                                 materialize=False, extra=("--reader", reader))  # fmt: skip
+                assert done["changes"] == changes and done["reader"] == reader, (done, changes)
+                drains[reader].append(done)
             print(f"run {i + 1}/{repeat} done", flush=True)
         materialized = {
             label: drain_app(cluster, slot, window, args.batch_rows, materialize=True,
@@ -348,10 +356,16 @@ def main() -> None:
           f"Delta {write_now:.2f} s; Delta over the whole stage: "
           f"{(best['delta'] / best['parquet'] - 1) * 100:+.1f}%")  # fmt: skip
 
+    for reader in readers:
+        drain_table(reader, drains[reader], repeat, server_rate)
+
+
+def drain_table(reader: str, drains: list[dict[str, Any]], repeat: int, server_rate: float) -> None:
+    """The drain application's runs with one reader, as a table."""
     steady = max(drains, key=lambda d: d["changes_per_s"])
     quickest = min(drains, key=lambda d: d["wall_s"])
     window_s = steady["changes"] / steady["changes_per_s"]
-    print(f"\n| drain_app (best of {repeat}) | value |")
+    print(f"\n| drain_app --reader {reader} (best of {repeat}) | value |")
     print("|---|---:|")
     print(f"| wall time, process start to exit (--no-materialize) | {quickest['wall_s']:.2f} s |")
     print(f"| start-up inside the app (checks, lock, reconcile) | "

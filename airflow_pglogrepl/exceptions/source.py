@@ -210,17 +210,17 @@ class SlotStreamError(SlotError):
 
 class SlotStreamUnavailableError(SlotError):
     """The server refused a replication connection for the slot (the role lacks REPLICATION,
-    pg_hba.conf has no ``replication`` line for it, every walsender is taken): the drain can
-    still peek the slot (``source="peek"``, or ``"auto"``, which falls back by itself)."""
+    every walsender is taken, pg_hba.conf rejects it): the drain can still peek the slot
+    (``reader="peek"``, or ``"auto"``, which falls back by itself)."""
 
     def __init__(self, slot: str, reason: str) -> None:
         self.reason = reason
         super().__init__(
             slot,
             f"slot {slot!r} cannot be streamed: {reason}. Fix: ALTER ROLE <drain role> "
-            f"REPLICATION, and a pg_hba.conf line for database 'replication' or this database "
-            f"with replication connections, and max_wal_senders with one free; or drain with "
-            f"source='peek' (or 'auto', which falls back to it)",
+            f"REPLICATION, and a walsender free under max_wal_senders (pg_hba.conf matches a "
+            f"logical replication connection by its database, not by the 'replication' "
+            f"keyword); or drain with reader='peek' (or 'auto', which falls back to it)",
         )
 
 

@@ -89,7 +89,7 @@ def test_reader_stream_refuses_instead_of_falling_back(tmp_path: Path) -> None:
 
     source = FakeSource(three_transactions().rows, confirmed=0x1000, flush=0x2000)
     lake = Lake(str(tmp_path / "lake"), "s")
-    with pytest.raises(SlotStreamUnavailableError, match="source='peek'"):
+    with pytest.raises(SlotStreamUnavailableError, match="reader='peek'"):
         Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x1000,
               reader="stream").run(time.monotonic())  # fmt: skip
     assert lake.position() is None

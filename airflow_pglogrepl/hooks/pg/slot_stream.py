@@ -60,6 +60,11 @@ log = logging.getLogger("airflow_pglogrepl.stream")
 
 BATCH_BYTES = 4 << 20  # frames handed over at a time, as a peek's Arrow batches
 QUEUED_BATCHES = 4  # batches read ahead of the consumer
+# A batch is handed over once it holds BATCH_BYTES, or once no more frames are waiting and it
+# holds GATHER_BYTES or its first frame came GATHER_S ago: a server that sends a little at a
+# time would otherwise make a batch of every few frames, and each costs the decoder a call.
+GATHER_BYTES = 256 << 10
+GATHER_S = 0.1
 # Seconds between status updates when nothing else makes us send one; shorter when the server's
 # wal_sender_timeout is (a third of it), so two may be lost before it gives up on us.
 STATUS_INTERVAL_S = 10.0
@@ -193,21 +198,25 @@ class SlotStream:
         pg = self._conn.pgconn
         chunks: list[Any] = []
         size = 0
+        first_at = 0.0  # when the batch's first frame came
         while not self._stop.is_set():
             self._report()
             nbytes, data = pg.get_copy_data(1)
             if nbytes > 0:
+                if not chunks:
+                    first_at = time.monotonic()
                 chunks.append(data)
                 size += nbytes
                 if size >= self.batch_bytes:
                     self._deliver(chunks)
                     chunks, size = [], 0
             elif nbytes == 0:
-                if chunks:
+                due = first_at + GATHER_S
+                if chunks and (size >= GATHER_BYTES or time.monotonic() >= due):
                     self._deliver(chunks)
                     chunks, size = [], 0
                     continue
-                self._wait(readable=True)
+                self._wait(readable=True, until=due if chunks else None)
                 pg.consume_input()
             else:  # the server ended the stream: an error, or its own shutdown
                 if chunks:

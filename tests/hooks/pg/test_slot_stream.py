@@ -109,7 +109,7 @@ def test_a_role_without_replication_cannot_stream_and_is_told_how_to_fix_it(
     params = {**source.connection_params(), "user": role, "password": "Secr3t-pw"}
     with pytest.raises(SlotStreamUnavailableError) as caught:
         SlotStream(params, name, label="SRC", start=0, options=OPTIONS)
-    assert "REPLICATION" in str(caught.value) and "source='peek'" in str(caught.value)
+    assert "REPLICATION" in str(caught.value) and "reader='peek'" in str(caught.value)
     assert "Secr3t-pw" not in str(caught.value)
 
 
