@@ -40,6 +40,7 @@ from airflow_pglogrepl.exceptions import (
     PgLogReplError,
     PublicationNotFoundError,
     SlotAheadOfLakeError,
+    SlotStreamError,
     SlotStreamUnavailableError,
 )
 from airflow_pglogrepl.faults import fault, pause
@@ -261,6 +262,7 @@ class Drain:
             return start
         self.reader_used = "stream"
         done: list[WindowStats] = []
+        confirmed = True
         try:
             self._stream = stream
             self._columnar_span(start, span_end, done, _until(stream, span_end), exact_end=True)
@@ -272,24 +274,32 @@ class Drain:
             self._stream = None
             # the last confirm reaches the server; the slot is free again
             if not stream.close() and done:
-                self._confirm_after_stream(done[-1].end)
+                confirmed = self._confirm_after_stream(done[-1].end)
         windows.extend(done)
-        return done[-1].end if done else start
+        position = done[-1].end if done else start
+        if not confirmed and position < run_end:
+            # The peek reads from the slot's position, which is behind the lake's: what lies
+            # between would be stored twice. The next run's reconcile moves the slot first.
+            raise SlotStreamError(self.slot, "the source", f"it ended before the slot could be "
+                                  f"confirmed at {position}, the lake's position")  # fmt: skip
+        return position
 
-    def _confirm_after_stream(self, end: LSN) -> None:
+    def _confirm_after_stream(self, end: LSN) -> bool:
         """The stream ended on its own (its walsender terminated) after the windows up to
         ``end`` were committed, so their confirm may not have reached the server: advance the
-        slot there the peek path's way. If that fails too, the next run's reconcile does it
-        (the lake ahead of the slot), so it is only logged."""
+        slot there the peek path's way. False: that failed too (the next run's reconcile does
+        it: the lake ahead of the slot)."""
         try:
             slot = self.source.get_slot(self.slot)
             if slot.confirmed_flush_lsn is None or slot.confirmed_flush_lsn < end:
                 self.lake.check_writer()
                 self.source.advance_slot(self.slot, end)
+            return True
         except PgLogReplError as exc:
             log.warning("slot %s: its stream ended before the confirm of %s could be seen, and "
                         "advancing it failed (%s: %s); the next run advances it to the lake",
                         self.slot, end, type(exc).__name__, exc)  # fmt: skip
+            return False
 
     def _stream_refusal(self) -> str | None:
         """Why this run cannot stream (None: it can)."""
@@ -553,12 +563,11 @@ def _events(stream: PgOutputStream, rows: Iterator[Any]) -> Iterator[Any]:
     yield from stream.decode(rows)
 
 
-def _until(stream: SlotStream, end: LSN) -> Iterator[Any]:
-    """The stream's messages, a batch at a time, until the server has sent every transaction
-    that commits before ``end``: once a frame reports a WAL position at or past ``end``
-    (transactions are sent in commit order, each as its commit is decoded)."""
+def _until(stream: SlotStream, end: LSN) -> Iterator[tuple[Any, LSN]]:
+    """The stream's messages a batch at a time, each with the WAL position before which every
+    transaction has been sent, until that reaches ``end`` (transactions are sent in commit
+    order, each as its commit is decoded)."""
     for batch in stream.batches():
-        if len(batch.messages):
-            yield batch.messages
+        yield batch.messages, batch.wal_end
         if batch.wal_end >= end:
             return

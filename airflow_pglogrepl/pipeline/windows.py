@@ -53,7 +53,12 @@ def columnar_windows(
 ) -> None:
     """Cut ``fetched`` (batches of messages, in slot order) into the windows of
     ``[start, span_end)`` for ``drain`` (``Drain._columnar_span`` says how), committing each
-    and appending it to ``done``. ``fetched`` is closed on a failure."""
+    and appending it to ``done``. ``fetched`` is closed on a failure.
+
+    A stream's batches come as ``(messages, wal_end)``: every transaction that commits before
+    ``wal_end`` has been sent, so each window that ends at or before it is committed then,
+    empty or not. Through unpublished traffic the slot so moves window by window, as with
+    peeks, instead of at the run's end only."""
     import numpy as np
 
     decoder = ColumnarDecoder(drain.options)
@@ -61,7 +66,8 @@ def columnar_windows(
     last = int(span_end)
     current = OpenWindow(drain, start, min(last, int(start) + drain.max_window_bytes))
     try:
-        for data in fetched:
+        for item in fetched:
+            data, wal_end = item if isinstance(item, tuple) else (item, None)
             # A batch holds one piece per table, each with its rows of every transaction in
             # the batch: a window is cut only once all pieces' rows before it are added.
             pieces = []
@@ -93,6 +99,14 @@ def columnar_windows(
                     if split < len(lsns):
                         rest.append((table, rows.slice(split), lsns[split:]))
                 pieces = rest
+            while (
+                wal_end is not None
+                and current.boundary <= int(wal_end)
+                and (current.boundary < last)
+            ):
+                done.append(current.commit(decoder.commit_lsns))
+                step = min(last, current.boundary + drain.max_window_bytes)
+                current = OpenWindow(drain, LSN(current.boundary), step)
         # past a commit read past the end even when the table floors left none of its rows
         if exact_end:
             current.boundary = last

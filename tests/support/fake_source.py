@@ -73,6 +73,7 @@ class FakeSource:
 
     # whether stream_slot streams (FakeStream) or is refused, as by a role without REPLICATION
     streams = False
+    stream_ends_unclean = False  # the stream's close finds it ended on its own
 
     def stream_slot(self, slot: str, *, start: LSN, options: Mapping[str, str],
                     alive: Any = None) -> Any:  # fmt: skip
@@ -106,6 +107,8 @@ class FakeStream:
         self.confirms.append(LSN(lsn))
 
     def close(self) -> bool:
+        if self.source.stream_ends_unclean:  # the walsender went away: confirms went nowhere
+            return False
         if self.confirms:
             confirmed = max(self.confirms)
             self.source.slot = dataclasses.replace(self.source.slot, confirmed_flush_lsn=confirmed)

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import queue
+import re
 import select
 import threading
 import time
@@ -45,6 +46,7 @@ from airflow_pglogrepl.hooks.pg.connect import (
     set_session,
 )
 from airflow_pglogrepl.hooks.pg.errors import slot_errors
+from airflow_pglogrepl.hooks.pg.locks import KEEPALIVES
 from airflow_pglogrepl.hooks.pg.stream_frames import (
     FrameBatch,
     frames,
@@ -70,6 +72,12 @@ GATHER_S = 0.1
 STATUS_INTERVAL_S = 10.0
 # Seconds to wait for the server to end the stream after our CopyDone before cutting it off.
 CLOSE_TIMEOUT_S = 30.0
+# A server we asked to answer that has sent nothing for this many status intervals is taken for
+# gone (a frozen host, a partition): the stream ends instead of waiting on TCP for minutes.
+SILENT_INTERVALS = 3
+# Reply requests this close together are a walsender's shutdown, not its timeout (see
+# ``_check_stopping``).
+STOPPING_REQUESTS, STOPPING_WITHIN_S = 3, 1.0
 
 
 class _StoppedError(Exception):
@@ -112,16 +120,21 @@ class SlotStream:
         self._received = int(self.start)
         self._sent_flush = -1
         self._sent_at = 0.0
-        self._asked_at = -1e9  # when the server last asked us to reply at once
+        self._asked: list[float] = []  # when the server asked us to reply at once, lately
+        self._heard_at = time.monotonic()  # when a frame last came
         self._ended_cleanly = False
+        self._closed = False
         self._queue: queue.Queue[FrameBatch | BaseException | None] = queue.Queue(QUEUED_BATCHES)
         self._stop = threading.Event()
-        self._wake_r, self._wake_w = os.pipe()
-        self._conn = _open(params, slot, label=label)
         self._secrets = conninfo.secrets_of(params)
+        self._conn = _open(params, slot, label=label)
+        self._wake_r = self._wake_w = -1
         try:
+            self._wake_r, self._wake_w = os.pipe()
+            os.set_blocking(self._wake_r, False)
             self._server = server_of(self._conn)
             self._interval = _status_interval(self._conn)
+            _refuse_synchronous_standby(self._conn, slot)
             command = start_replication(slot, self.start, options, self._conn)
             self._begin(command)
         except BaseException:
@@ -153,10 +166,12 @@ class SlotStream:
         """Report the confirmed position a last time and end the stream; the slot is free
         again when this returns. False: the stream had already ended (its error was not read)
         or the server did not answer, so the last confirm may not have reached it."""
-        self._stop.set()
-        self._wake()
-        self._thread.join()
-        self._close_pipe()
+        if not self._closed:
+            self._closed = True
+            self._stop.set()
+            self._wake()
+            self._thread.join()
+            self._close_pipe()
         return self._ended_cleanly
 
     def __enter__(self) -> SlotStream:
@@ -203,8 +218,9 @@ class SlotStream:
             self._report()
             nbytes, data = pg.get_copy_data(1)
             if nbytes > 0:
+                self._heard_at = time.monotonic()
                 if not chunks:
-                    first_at = time.monotonic()
+                    first_at = self._heard_at
                 chunks.append(data)
                 size += nbytes
                 if size >= self.batch_bytes:
@@ -216,6 +232,7 @@ class SlotStream:
                     self._deliver(chunks)
                     chunks, size = [], 0
                     continue
+                self._check_silence()
                 self._wait(readable=True, until=due if chunks else None)
                 pg.consume_input()
             else:  # the server ended the stream: an error, or its own shutdown
@@ -232,6 +249,7 @@ class SlotStream:
         while True:
             try:
                 self._queue.put(batch, timeout=min(self._interval, 1.0))
+                self._heard_at = max(self._heard_at, time.monotonic())  # we were not listening
                 return
             except queue.Full:
                 if self._stop.is_set():
@@ -243,29 +261,38 @@ class SlotStream:
     def _check_stopping(self, batch: FrameBatch) -> None:
         """End the stream when the server is shutting down.
 
-        A walsender asks for a reply at once only after half its ``wal_sender_timeout``
-        without one (we report more often than that), or when its server is shutting down:
-        then it asks again after every reply, and it exits only once the client has confirmed
-        everything it sent. The lake has not committed all of that, so we may not confirm it:
-        the stream ends here instead (the server goes down, nothing is lost, the next run
-        resumes from the confirmed position).
+        A walsender asks for a reply at once after half its ``wal_sender_timeout`` without
+        one, at most once per reply. A walsender whose server is shutting down waits until
+        the client has confirmed what it sent, and asks again after every reply, many times a
+        second. The lake has not committed all of that, so we may not confirm it: the stream
+        ends here instead (the server goes down, nothing is lost, the next run resumes from
+        the confirmed position).
         """
-        for ping in batch.keepalives:
-            if not ping.reply_requested:
-                continue
-            now = time.monotonic()
-            if now - self._asked_at < self._interval / 2:
-                raise SlotStreamError(self.slot, self._server, "the server is shutting down")
-            self._asked_at = now
+        now = time.monotonic()
+        self._asked = [at for at in self._asked if now - at < STOPPING_WITHIN_S]
+        self._asked += [now for ping in batch.keepalives if ping.reply_requested]
+        if len(self._asked) >= STOPPING_REQUESTS:
+            raise SlotStreamError(self.slot, self._server, "the server is shutting down")
 
-    def _report(self, *, force: bool = False) -> None:
-        """A status update when the confirmed position moved, when forced, or when one is due."""
+    def _check_silence(self) -> None:
+        """Ask a quiet server to answer; end the stream when it has not for a while."""
+        silent = time.monotonic() - self._heard_at
+        if silent >= SILENT_INTERVALS * self._interval:
+            raise SlotStreamError(self.slot, self._server, f"the server sent nothing for "
+                                  f"{silent:.0f} s, though asked to answer")  # fmt: skip
+        if silent >= self._interval and time.monotonic() - self._sent_at >= self._interval / 2:
+            self._report(force=True, reply=True)
+
+    def _report(self, *, force: bool = False, reply: bool = False) -> None:
+        """A status update when the confirmed position moved, when forced, or when one is due;
+        ``reply`` asks the server to answer at once."""
         flushed = self._flushed
         now = time.monotonic()
         if not force and flushed == self._sent_flush and now - self._sent_at < self._interval:
             return
         received = max(self._received, flushed)
-        self._conn.pgconn.put_copy_data(status_update(received=received, flushed=flushed))
+        update = status_update(received=received, flushed=flushed, reply=reply)
+        self._conn.pgconn.put_copy_data(update)
         self._flush_out()
         self._sent_flush, self._sent_at = flushed, now
 
@@ -286,12 +313,15 @@ class SlotStream:
                 self._wait(readable=True, until=deadline)
                 pg.consume_input()
                 continue
-            while pg.is_busy():
+            while pg.is_busy() and time.monotonic() < deadline:
                 self._wait(readable=True, until=deadline)
                 pg.consume_input()
-            while pg.get_result() is not None:
-                pass
-            self._ended_cleanly = True
+            if pg.is_busy():
+                break
+            failed = False
+            while (result := pg.get_result()) is not None:
+                failed = failed or result.status == pq.ExecStatus.FATAL_ERROR
+            self._ended_cleanly = not failed
             return
         log.warning("slot %s: the server did not end the stream within %.0f s of our end; "
                     "closing the connection", self.slot, CLOSE_TIMEOUT_S)  # fmt: skip
@@ -314,24 +344,27 @@ class SlotStream:
         timeout = max(0.0, self._interval - (time.monotonic() - self._sent_at))
         if until is not None:
             timeout = min(timeout, max(0.0, until - time.monotonic()))
-        sock = self._conn.pgconn.socket
-        ready, _, _ = select.select(
-            [sock, self._wake_r] if readable else [self._wake_r],
-            [] if readable else [sock], [], timeout,
-        )  # fmt: skip
-        if self._wake_r in ready:
+        poller = select.poll()  # poll, not select: any descriptor number
+        poller.register(self._conn.pgconn.socket, select.POLLIN if readable else select.POLLOUT)
+        poller.register(self._wake_r, select.POLLIN)
+        ready = poller.poll(timeout * 1000)
+        if any(fd == self._wake_r for fd, _ in ready):
             with contextlib.suppress(BlockingIOError):
                 os.read(self._wake_r, 4096)
 
     def _flush_out(self) -> None:
         pg = self._conn.pgconn
         while pg.flush() == 1:
+            if self._stop.is_set():
+                raise _StoppedError
             self._wait(readable=False)
 
     def _result(self) -> pq.abc.PGresult | None:
         pg = self._conn.pgconn
         while pg.is_busy():
-            select.select([pg.socket], [], [], 1.0)
+            if self._stop.is_set():
+                raise _StoppedError
+            self._wait(readable=True, until=time.monotonic() + 1.0)
             pg.consume_input()
         return pg.get_result()
 
@@ -377,14 +410,16 @@ class SlotStream:
 
     def _close_pipe(self) -> None:
         for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._wake_r = self._wake_w = -1
 
 
 def _open(params: dict[str, str], slot: str, *, label: str) -> Conn:
     """A replication connection with the session the decoder expects (``TEXT_OUTPUT``)."""
-    try:
-        conn = connect(params, label=label, replication=True)
+    try:  # TCP keepalives, as the writer lock's session: a dead peer is noticed in a minute
+        conn = connect({**KEEPALIVES, **params}, label=label, replication=True)
     except ConnectionFailedError as exc:
         raise SlotStreamUnavailableError(slot, str(exc)) from None
     try:
@@ -405,3 +440,41 @@ def _status_interval(conn: Conn) -> float:
     ).fetchone()
     timeout_ms = float(row["ms"]) if row else 0.0
     return STATUS_INTERVAL_S if timeout_ms <= 0 else min(STATUS_INTERVAL_S, timeout_ms / 3000)
+
+
+def _refuse_synchronous_standby(conn: Conn, slot: str) -> None:
+    """Refuse to stream where the server would take this walsender for a synchronous standby.
+
+    The stream confirms only what the lake committed, and a run nothing past its end: every
+    commit on the source would wait for the drain. ``synchronous_standby_names`` naming
+    ``*`` or this connection's ``application_name`` is refused (``reader="auto"`` peeks).
+    """
+    row = conn.execute(
+        "SELECT current_setting('synchronous_standby_names') AS names, "
+        "current_setting('application_name') AS name"
+    ).fetchone()
+    if row and synchronous_standby_match(str(row["names"]), str(row["name"])):
+        raise SlotStreamUnavailableError(
+            slot, f"synchronous_standby_names ({row['names']!r}) would make its walsender "
+            f"({row['name']!r}) a synchronous standby, and every commit on the source wait for "
+            f"the lake. Fix: name the standbys in synchronous_standby_names instead of '*', or "
+            f"give the drain's connection another application_name",
+        )  # fmt: skip
+
+
+def synchronous_standby_match(setting: str, application_name: str) -> bool:
+    """Whether ``synchronous_standby_names`` (``FIRST 1 (a, "b")``, ``ANY 2 (*)``, ``a, b``)
+    names ``application_name`` or ``*`` (names compare case-insensitively, as the server's)."""
+    body = setting.strip()
+    match = re.match(r"(?is)^(?:(?:first|any)\s+)?\d+\s*\((.*)\)\s*$", body)
+    if match:
+        body = match.group(1)
+    names = [part.strip() for part in body.split(",") if part.strip()]
+    for name in names:
+        if name.startswith('"') and name.endswith('"') and len(name) >= 2:
+            name = name[1:-1].replace('""', '"')
+        elif name == "*":
+            return True
+        if name.lower() == application_name.lower():
+            return True
+    return False

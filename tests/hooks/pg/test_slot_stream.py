@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -18,7 +19,7 @@ from airflow_pglogrepl.exceptions import (
     SlotStreamError,
     SlotStreamUnavailableError,
 )
-from airflow_pglogrepl.hooks.pg.slot_stream import SlotStream
+from airflow_pglogrepl.hooks.pg.slot_stream import SlotStream, synchronous_standby_match
 from airflow_pglogrepl.hooks.pg.source import PgSource
 from airflow_pglogrepl.hooks.pg.stream_frames import FrameBatch
 from airflow_pglogrepl.lsn import LSN
@@ -107,8 +108,11 @@ def test_a_role_without_replication_cannot_stream_and_is_told_how_to_fix_it(
     role = f"no_repl_{next(_roles)}"
     database.sql(f"CREATE ROLE {role} LOGIN PASSWORD 'Secr3t-pw'")
     params = {**source.connection_params(), "user": role, "password": "Secr3t-pw"}
-    with pytest.raises(SlotStreamUnavailableError) as caught:
-        SlotStream(params, name, label="SRC", start=0, options=OPTIONS)
+    descriptors = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):  # reader="auto" meets this on every run: nothing may leak
+        with pytest.raises(SlotStreamUnavailableError) as caught:
+            SlotStream(params, name, label="SRC", start=0, options=OPTIONS)
+    assert len(os.listdir("/proc/self/fd")) == descriptors
     assert "REPLICATION" in str(caught.value) and "reader='peek'" in str(caught.value)
     assert "Secr3t-pw" not in str(caught.value)
 
@@ -171,3 +175,41 @@ def _wait_for(condition: object, timeout: float = 30.0) -> None:
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, "the condition never held"
         time.sleep(0.05)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("setting", "name", "matches"),
+    [
+        ("", "airflow-pglogrepl", False),
+        ("*", "airflow-pglogrepl", True),
+        ("standby1, standby2", "airflow-pglogrepl", False),
+        ("FIRST 1 (standby1, *)", "airflow-pglogrepl", True),
+        ("ANY 2 (s1, AIRFLOW-PGLOGREPL)", "airflow-pglogrepl", True),
+        ('2 (s1, "Airflow-PgLogRepl")', "airflow-pglogrepl", True),
+        ('first 1 ("*")', "airflow-pglogrepl", False),  # a standby named "*", quoted
+    ],
+)
+def test_a_walsender_the_server_would_wait_for_is_recognised(
+    setting: str, name: str, matches: bool
+) -> None:
+    assert synchronous_standby_match(setting, name) is matches
+
+
+@pytest.mark.unit
+def test_only_reply_requests_in_quick_succession_are_taken_for_a_shutdown() -> None:
+    """A walsender whose wal_sender_timeout was lowered by a reload asks every half timeout;
+    one shutting down asks after every reply, many times a second."""
+    import struct
+
+    from airflow_pglogrepl.hooks.pg.stream_frames import frames
+
+    stream = object.__new__(SlotStream)
+    stream.slot, stream._server, stream._asked = "s", "h:1", []
+    ask = frames([struct.pack("!cQqB", b"k", 1, 0, 1)])
+    stream._check_stopping(ask)
+    stream._asked = [t - 2.0 for t in stream._asked]  # the last ask, two seconds ago
+    stream._check_stopping(ask)  # one more: a timeout's ask, not a shutdown
+    stream._check_stopping(ask)
+    with pytest.raises(SlotStreamError, match="shutting down"):
+        stream._check_stopping(ask)
