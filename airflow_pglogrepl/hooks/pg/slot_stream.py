@@ -67,6 +67,7 @@ QUEUED_BATCHES = 4  # batches read ahead of the consumer
 # time would otherwise make a batch of every few frames, and each costs the decoder a call.
 GATHER_BYTES = 256 << 10
 GATHER_S = 0.1
+WAKE_BYTES = 32 << 10  # the socket wakes the reader for this much (SO_RCVLOWAT)
 # Seconds between status updates when nothing else makes us send one; shorter when the server's
 # wal_sender_timeout is (a third of it), so two may be lost before it gives up on us.
 STATUS_INTERVAL_S = 10.0
@@ -129,6 +130,7 @@ class SlotStream:
         self._secrets = conninfo.secrets_of(params)
         self._conn = _open(params, slot, label=label)
         self._wake_r = self._wake_w = -1
+        self._low_water = False
         try:
             self._wake_r, self._wake_w = os.pipe()
             os.set_blocking(self._wake_r, False)
@@ -137,6 +139,7 @@ class SlotStream:
             _refuse_synchronous_standby(self._conn, slot)
             command = start_replication(slot, self.start, options, self._conn)
             self._begin(command)
+            self._low_water = _wake_for_bytes(self._conn.pgconn.socket, WAKE_BYTES)
         except BaseException:
             self._conn.close()
             self._close_pipe()
@@ -211,19 +214,32 @@ class SlotStream:
 
     def _read(self) -> None:
         pg = self._conn.pgconn
+        get_copy_data = pg.get_copy_data
+        batch_bytes = self.batch_bytes
         chunks: list[Any] = []
         size = 0
         first_at = 0.0  # when the batch's first frame came
         while not self._stop.is_set():
             self._report()
-            nbytes, data = pg.get_copy_data(1)
+            nbytes, data = get_copy_data(1)
             if nbytes > 0:
                 self._heard_at = time.monotonic()
                 if not chunks:
                     first_at = self._heard_at
                 chunks.append(data)
                 size += nbytes
-                if size >= self.batch_bytes:
+                # Every frame libpq holds already, in a loop of its own: the per-frame cost is
+                # what caps the stream (a frame is one message, often under 100 bytes).
+                append = chunks.append
+                while size < batch_bytes:
+                    nbytes, data = get_copy_data(1)
+                    if nbytes <= 0:
+                        break
+                    append(data)
+                    size += nbytes
+                if nbytes < 0:
+                    continue  # handled on the next turn: get_copy_data says so again
+                if size >= batch_bytes:
                     self._deliver(chunks)
                     chunks, size = [], 0
             elif nbytes == 0:
@@ -344,6 +360,8 @@ class SlotStream:
         timeout = max(0.0, self._interval - (time.monotonic() - self._sent_at))
         if until is not None:
             timeout = min(timeout, max(0.0, until - time.monotonic()))
+        if readable and self._low_water:  # the socket wakes us only for GATHER_BYTES
+            timeout = min(timeout, GATHER_S)
         poller = select.poll()  # poll, not select: any descriptor number
         poller.register(self._conn.pgconn.socket, select.POLLIN if readable else select.POLLOUT)
         poller.register(self._wake_r, select.POLLIN)
@@ -440,6 +458,23 @@ def _status_interval(conn: Conn) -> float:
     ).fetchone()
     timeout_ms = float(row["ms"]) if row else 0.0
     return STATUS_INTERVAL_S if timeout_ms <= 0 else min(STATUS_INTERVAL_S, timeout_ms / 3000)
+
+
+def _wake_for_bytes(fd: int, size: int) -> bool:
+    """Have the socket report itself readable only once ``size`` bytes wait (SO_RCVLOWAT).
+
+    A walsender sends every message on its own, often under 100 bytes: woken for each, the
+    reader spends more time waking than reading (3.3 s of CPU against 0.5 s for 1.25 million
+    messages, measured). ``_wait`` still looks every ``GATHER_S``, for the last few bytes.
+    False where the system does not have it."""
+    import socket
+
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sock:  # the same socket; libpq keeps its own
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, size)
+    except (OSError, AttributeError):
+        return False
+    return True
 
 
 def _refuse_synchronous_standby(conn: Conn, slot: str) -> None:
