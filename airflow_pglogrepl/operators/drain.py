@@ -98,6 +98,16 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         any role that may read the slot can use, but which decodes again from the slot's
         ``restart_lsn`` on every call. ``"auto"`` (default): the stream, and the peek where
         the stream is refused; the summary's ``reader`` and ``reader_note`` say which, and why.
+    :param follow: keep reading the slot instead of stopping at the WAL position found at the
+        start: a window is committed every ``window_seconds`` while changes come (or every
+        ``max_window_bytes`` of WAL), so rows are readable in ``changes/`` seconds after their
+        commit. The run ends after ``follow_seconds`` (or ``max_windows``), or when the task
+        is killed (SIGTERM: the window in hand is committed first); ``state/`` is merged at
+        its end. Where the stream cannot be used, the peek drains in passes instead. The
+        summary's ``follow`` says how long it ran, why it ended, and its freshness (p50, p99).
+        ``skip_when_idle`` does not apply: a following run waits for changes.
+    :param window_seconds: with ``follow``: seconds between window commits.
+    :param follow_seconds: with ``follow``: end the run after this long (None: until killed).
     :param database: the slot's database, when not the connection's.
     :param conn_id: the Spark connection; it must exist (the provider would otherwise silently
         submit to YARN).
@@ -112,7 +122,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         *SparkSubmitOperator.template_fields,
         "postgres_conn_id", "slot_name", "publications", "lake", "database",
         "max_window_bytes", "max_windows", "small_merge_rows", "idle_wal_bytes", "spark_log_level",
-        "lake_conn_id", "reader",
+        "lake_conn_id", "reader", "window_seconds", "follow_seconds",
     )  # fmt: skip
     ui_color = "#fdebd0"
     IN_WORKER_MODULE = "airflow_pglogrepl.spark.drain_app"
@@ -136,6 +146,9 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         state_deletion_vectors: bool | None = None,
         on_quarantine: str = "fail",
         reader: str = "auto",
+        follow: bool = False,
+        window_seconds: float = 5.0,
+        follow_seconds: float | None = None,
         sink: str | None = None,  # lake's old name
         **kwargs: Any,
     ) -> None:
@@ -158,6 +171,11 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         self.state_deletion_vectors = state_deletion_vectors
         self.on_quarantine = on_quarantine
         self.reader = reader
+        self.follow = follow
+        self.window_seconds = window_seconds
+        self.follow_seconds = follow_seconds
+        if not follow and follow_seconds is not None:
+            raise ValueError("follow_seconds bounds a following run: set follow=True as well")
 
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         from airflow_pglogrepl.conninfo import make_dsn
@@ -176,7 +194,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         hook.require_slot_privileges()
         self._check_spark_connection()
         self._use_lake_store(str(self.lake))
-        if self.skip_when_idle and not self.accept_source_change:
+        if self.skip_when_idle and not self.accept_source_change and not self.follow:
             from airflow_pglogrepl.operators._idle import idle_run
 
             started = time.monotonic()
@@ -272,7 +290,23 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         if self.reader not in READERS:
             raise ValueError(f"reader must be one of {READERS}, not {self.reader!r}")
         args += ["--reader", self.reader]
+        if self.follow:
+            args += ["--follow", "--window-seconds", _seconds("window_seconds",
+                                                              self.window_seconds)]  # fmt: skip
+            if str(self.follow_seconds) not in ("None", ""):
+                args += ["--follow-for", _seconds("follow_seconds", self.follow_seconds)]
         return args + state_vectors_args(self.state_deletion_vectors)
+
+
+def _seconds(name: str, value: object) -> str:
+    """A positive number of seconds, rendered (it may come from a template), for argv."""
+    try:
+        seconds = float(str(value))
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+    return repr(seconds)
 
 
 # the lake was once also called the sink

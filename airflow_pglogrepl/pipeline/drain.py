@@ -37,11 +37,8 @@ from airflow_pglogrepl.exceptions import (
     ArrowPeekError,
     LakeFromAnotherSourceError,
     LakeSnapshotUnfinishedError,
-    PgLogReplError,
     PublicationNotFoundError,
     SlotAheadOfLakeError,
-    SlotStreamError,
-    SlotStreamUnavailableError,
 )
 from airflow_pglogrepl.faults import fault, pause
 from airflow_pglogrepl.lake.lake import Lake
@@ -51,8 +48,10 @@ from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import publication_names_option
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
+from airflow_pglogrepl.pipeline.follow import Follow, following
 from airflow_pglogrepl.pipeline.overlap import Behind, prefetched
 from airflow_pglogrepl.pipeline.results import READERS, DrainResult, WindowStats, log_window
+from airflow_pglogrepl.pipeline.streamed import streamed
 from airflow_pglogrepl.pipeline.windows import columnar_windows, window_end
 from airflow_pglogrepl.tables import TableRef
 
@@ -125,6 +124,7 @@ class Drain:
         accept_source_change: bool = False,
         quarantine: bool = True,
         reader: str = "auto",
+        follow: Follow | None = None,
     ) -> None:
         if max_window_bytes <= 0:
             raise ValueError("max_window_bytes must be positive")
@@ -133,6 +133,8 @@ class Drain:
         # How the slot is read: "stream" (START_REPLICATION), "peek", or "auto": the stream
         # where it can be used, else the peek (``reader_note`` says why, in the summary).
         self.reader = reader
+        # a following run (``pipeline.follow``): on until stopped or its bound, not to run_end
+        self.follow = follow
         self.reader_used = "peek"
         self.reader_note: str | None = None
         self._stream: SlotStream | None = None  # while streaming: where windows are confirmed
@@ -173,10 +175,31 @@ class Drain:
         run_end = self.run_end = self.source.flush_lsn()
         startup = time.monotonic() - started
         windows: list[WindowStats] = []
-        if start < run_end:
-            start = self._streamed(start, run_end, windows)
+        if self.follow is not None:
+            following(self, start, windows, self.follow)
+        elif start < run_end:
+            self.peeked(streamed(self, start, run_end, windows), run_end, windows)
         else:
             self.reader_used = "none"  # nothing to read: neither was opened
+        after = self.source.get_slot(self.slot).confirmed_flush_lsn
+        return DrainResult(
+            slot=self.slot,
+            windows=windows,
+            confirmed_before=before,
+            confirmed_after=after,
+            run_end=self.run_end,
+            startup_s=startup,
+            lag_bytes_left=max(0, self.source.flush_lsn() - (after or self.run_end)),
+            quarantined={str(table): cause.to_dict() for table, cause in self.held.items()},
+            stored_as=dict(self.lake.stored_as),
+            reader=self.reader_used,
+            reader_note=self.reader_note,
+            follow=self.follow.to_dict() if self.follow is not None else None,
+        )
+
+    def peeked(self, start: LSN, run_end: LSN, windows: list[WindowStats]) -> LSN:
+        """The windows of ``[start, run_end)`` read by peeks, up to ``max_windows`` in all,
+        appended to ``windows``; returns where they ended."""
         next_commit = False
         while start < run_end and (self.max_windows is None or len(windows) < self.max_windows):
             if self.columnar and not next_commit and not self.held:
@@ -216,100 +239,7 @@ class Drain:
             # per-message path, which holds such a transaction in less memory).
             next_commit = stats.transactions == 0
             start = stats.end
-        after = self.source.get_slot(self.slot).confirmed_flush_lsn
-        return DrainResult(
-            slot=self.slot,
-            windows=windows,
-            confirmed_before=before,
-            confirmed_after=after,
-            run_end=run_end,
-            startup_s=startup,
-            lag_bytes_left=max(0, self.source.flush_lsn() - (after or run_end)),
-            quarantined={str(table): cause.to_dict() for table, cause in self.held.items()},
-            stored_as=dict(self.lake.stored_as),
-            reader=self.reader_used,
-            reader_note=self.reader_note,
-        )
-
-    def _streamed(self, start: LSN, run_end: LSN, windows: list[WindowStats]) -> LSN:
-        """Drain what the stream can (``hooks.pg.slot_stream``) from ``start``: the windows of
-        ``[start, run_end)``, up to ``max_windows``, appended to ``windows``; returns where the
-        peek goes on (``run_end`` when the stream took all of it).
-
-        One stream decodes each WAL record once, where every peek decodes again from the
-        slot's ``restart_lsn``. A window is confirmed to the server as the slot's flushed
-        position once committed, as the peek path advances the slot then.
-        """
-        refusal = self._stream_refusal()
-        if refusal is not None:
-            if self.reader == "stream":
-                raise ValueError(f"reader='stream' cannot be used here: {refusal}. Fix: "
-                                 f"reader='auto' (or 'peek')")  # fmt: skip
-            self.reader_note = refusal
-            return start
-        span_end = run_end
-        if self.max_windows is not None:
-            span_end = min(run_end, LSN(int(start) + self.max_window_bytes * self.max_windows))
-        try:
-            stream = self.source.stream_slot(
-                self.slot, start=start, options=self.options, alive=self.lake.check_writer
-            )
-        except SlotStreamUnavailableError as exc:
-            if self.reader == "stream":
-                raise
-            self.reader_note = f"the stream was refused, so the slot was peeked: {exc.reason}"
-            log.warning("slot %s: %s", self.slot, self.reader_note)
-            return start
-        self.reader_used = "stream"
-        done: list[WindowStats] = []
-        confirmed = True
-        try:
-            self._stream = stream
-            self._columnar_span(start, span_end, done, _until(stream, span_end), exact_end=True)
-        except (ColumnarUnsupportedError, *TABLE_ERRORS) as exc:
-            self.reader_note = (f"from {done[-1].end if done else start} the windows were "
-                                f"peeked and decoded per message ({exc})")  # fmt: skip
-            log.info("slot %s: %s", self.slot, self.reader_note)
-        finally:
-            self._stream = None
-            # the last confirm reaches the server; the slot is free again
-            if not stream.close() and done:
-                confirmed = self._confirm_after_stream(done[-1].end)
-        windows.extend(done)
-        position = done[-1].end if done else start
-        if not confirmed and position < run_end:
-            # The peek reads from the slot's position, which is behind the lake's: what lies
-            # between would be stored twice. The next run's reconcile moves the slot first.
-            raise SlotStreamError(self.slot, "the source", f"it ended before the slot could be "
-                                  f"confirmed at {position}, the lake's position")  # fmt: skip
-        return position
-
-    def _confirm_after_stream(self, end: LSN) -> bool:
-        """The stream ended on its own (its walsender terminated) after the windows up to
-        ``end`` were committed, so their confirm may not have reached the server: advance the
-        slot there the peek path's way. False: that failed too (the next run's reconcile does
-        it: the lake ahead of the slot)."""
-        try:
-            slot = self.source.get_slot(self.slot)
-            if slot.confirmed_flush_lsn is None or slot.confirmed_flush_lsn < end:
-                self.lake.check_writer()
-                self.source.advance_slot(self.slot, end)
-            return True
-        except PgLogReplError as exc:
-            log.warning("slot %s: its stream ended before the confirm of %s could be seen, and "
-                        "advancing it failed (%s: %s); the next run advances it to the lake",
-                        self.slot, end, type(exc).__name__, exc)  # fmt: skip
-            return False
-
-    def _stream_refusal(self) -> str | None:
-        """Why this run cannot stream (None: it can)."""
-        if self.reader == "peek":
-            return "reader='peek' was asked for"
-        if not self.columnar:
-            return "the per-message decoder was asked for (columnar off), which reads peeks"
-        if self.held:
-            return "tables in quarantine are drained through the per-message decoder"
-        return None
+        return start
 
     def _held_window(self, start: LSN, end: LSN, *, next_commit: bool) -> WindowStats:
         """A window on the per-message path; a table whose changes cannot be stored is put in
@@ -418,7 +348,9 @@ class Drain:
             batches = prefetched(
                 self.source.peek_arrow(self.slot, upto_lsn=span_end, options=self.options)
             )
-        columnar_windows(self, start, span_end, done, batches, exact_end=exact_end)
+        follow = self.follow if self._stream is not None else None  # a peek's end is fixed
+        columnar_windows(self, start, span_end, done, batches, exact_end=exact_end,
+                         follow=follow)  # fmt: skip
 
     def _reference_window(self, start: LSN, end: LSN, *, next_commit: bool = False) -> WindowStats:
         began = time.monotonic()
@@ -561,13 +493,3 @@ def check_slot(source: DrainSource, slot_name: str) -> SlotInfo:
 
 def _events(stream: PgOutputStream, rows: Iterator[Any]) -> Iterator[Any]:
     yield from stream.decode(rows)
-
-
-def _until(stream: SlotStream, end: LSN) -> Iterator[tuple[Any, LSN]]:
-    """The stream's messages a batch at a time, each with the WAL position before which every
-    transaction has been sent, until that reaches ``end`` (transactions are sent in commit
-    order, each as its commit is decoded)."""
-    for batch in stream.batches():
-        yield batch.messages, batch.wal_end
-        if batch.wal_end >= end:
-            return

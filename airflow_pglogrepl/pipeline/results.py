@@ -10,7 +10,7 @@ from typing import Any
 
 from airflow_pglogrepl.lsn import LSN
 
-__all__ = ["READERS", "DrainResult", "WindowStats", "log_window", "peak_rss_mb"]
+__all__ = ["READERS", "DrainResult", "WindowStats", "cpu_s", "log_window", "peak_rss_mb"]
 
 # How a run may read its slot (``Drain``'s ``reader``): the stream, the peek, or the stream where
 # the server allows it. A run's summary says which it used (``DrainResult.reader``).
@@ -53,6 +53,7 @@ class DrainResult:
     # and why it was not streamed
     reader: str = "peek"
     reader_note: str | None = None
+    follow: dict[str, Any] | None = None  # a following run's ``Follow.to_dict``
 
     def to_dict(self) -> dict[str, Any]:
         changes = sum(w.changes for w in self.windows)
@@ -81,12 +82,22 @@ class DrainResult:
             "reader": self.reader,
             "reader_note": self.reader_note,
             "peak_rss_mb": peak_rss_mb(),
+            "cpu_s": cpu_s(),
+            "follow": self.follow,
             "columns_stored_as": self.stored_as,
             "quarantined": {
                 table: {**cause, "changes": sum(w.quarantined.get(table, 0) for w in self.windows)}
                 for table, cause in self.quarantined.items()
             },
         }
+
+
+def cpu_s() -> float:
+    """This process's CPU time so far, user and system, all threads (what a change costs)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return round(usage.ru_utime + usage.ru_stime, 3)
 
 
 def peak_rss_mb() -> float:

@@ -13,9 +13,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.changelog.columnar import ColumnarDecoder, TablePiece
-from airflow_pglogrepl.changelog.columns import COMMIT_LSN
+from airflow_pglogrepl.changelog.columns import COMMIT_LSN, COMMIT_TS
 from airflow_pglogrepl.lake.window import at_or_after
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pipeline.follow import Follow, freshness_of
 from airflow_pglogrepl.pipeline.overlap import Behind
 from airflow_pglogrepl.pipeline.results import WindowStats, log_window
 from airflow_pglogrepl.tables import TableRef
@@ -50,6 +51,7 @@ def columnar_windows(
     fetched: Any,
     *,
     exact_end: bool,
+    follow: Follow | None = None,
 ) -> None:
     """Cut ``fetched`` (batches of messages, in slot order) into the windows of
     ``[start, span_end)`` for ``drain`` (``Drain._columnar_span`` says how), committing each
@@ -58,20 +60,29 @@ def columnar_windows(
     A stream's batches come as ``(messages, wal_end)``: every transaction that commits before
     ``wal_end`` has been sent, so each window that ends at or before it is committed then,
     empty or not. Through unpublished traffic the slot so moves window by window, as with
-    peeks, instead of at the run's end only."""
+    peeks, instead of at the run's end only.
+
+    ``follow`` (a following run, ``pipeline.follow``): the stream's items may also be
+    ``(None, None)``, a tick of the clock while nothing came. A window holding changes is also
+    committed once ``follow.window_s`` has passed since the last commit, and the run ends, its
+    last window committed, once ``follow.over``; either cut is at the highest WAL end the
+    server has sent, before which every transaction was sent whole."""
     import numpy as np
 
     decoder = ColumnarDecoder(drain.options)
     floors: dict[int, int] = {}
     last = int(span_end)
-    current = OpenWindow(drain, start, min(last, int(start) + drain.max_window_bytes))
+    current = OpenWindow(drain, start, min(last, int(start) + drain.max_window_bytes), follow)
+    sent = int(start)  # every transaction committing before it has been read (a stream's)
     try:
         for item in fetched:
             data, wal_end = item if isinstance(item, tuple) else (item, None)
+            if wal_end is not None:
+                sent = max(sent, int(wal_end))
             # A batch holds one piece per table, each with its rows of every transaction in
             # the batch: a window is cut only once all pieces' rows before it are added.
             pieces = []
-            for piece in decoder.feed(data):
+            for piece in decoder.feed(data) if data is not None else ():
                 rows = piece.rows
                 floor = drain._floor(floors, piece.table, start)
                 if floor:  # rows the table's state already holds (a re-snapshot after them)
@@ -88,7 +99,8 @@ def columnar_windows(
                 elif first >= current.boundary:
                     if any(c < current.boundary for c in decoder.commit_lsns):
                         done.append(current.commit(decoder.commit_lsns))
-                        current = OpenWindow(drain, LSN(current.boundary), current.boundary)
+                        current = OpenWindow(drain, LSN(current.boundary), current.boundary,
+                                             follow)  # fmt: skip
                     while first >= current.boundary:  # never committed empty
                         current.boundary += drain.max_window_bytes
                     current.boundary = min(current.boundary, last)
@@ -106,7 +118,24 @@ def columnar_windows(
             ):
                 done.append(current.commit(decoder.commit_lsns))
                 step = min(last, current.boundary + drain.max_window_bytes)
-                current = OpenWindow(drain, LSN(current.boundary), step)
+                current = OpenWindow(drain, LSN(current.boundary), step, follow)
+            if follow is None:
+                continue
+            over = follow.over()
+            if over or (current.stats.changes and current.age() >= follow.window_s):
+                cut = min(current.boundary, sent)
+                held = [c for c in decoder.commit_lsns if c < current.boundary]
+                if cut > int(current.stats.start) and (not held or max(held) < cut):
+                    current.boundary = cut
+                    done.append(current.commit(decoder.commit_lsns))
+                    step = min(last, cut + drain.max_window_bytes)
+                    current = OpenWindow(drain, LSN(cut), step, follow)
+                if over:
+                    current.abandon()  # empty: nothing of it was read
+                    return
+        if follow is not None:  # the stream ended without an error: only a close does that
+            current.abandon()
+            return
         # past a commit read past the end even when the table floors left none of its rows
         if exact_end:
             current.boundary = last
@@ -122,10 +151,15 @@ def columnar_windows(
 
 class OpenWindow:
     """A columnar window being filled: its queued pieces per table, its writer, its boundary
-    (the LSN its transactions' commit records start before)."""
+    (the LSN its transactions' commit records start before). In a following run (``follow``)
+    it also keeps its transactions' commit times, for their freshness."""
 
-    def __init__(self, drain: Drain, start: LSN, boundary: int) -> None:
+    def __init__(
+        self, drain: Drain, start: LSN, boundary: int, follow: Follow | None = None
+    ) -> None:
         self.drain = drain
+        self.follow = follow
+        self.commits: list[tuple[Any, Any]] = []  # (commit LSNs, commit times), following
         self.began = time.monotonic()
         self.stats = WindowStats(start=start, end=start, decoder="columnar")
         self.window = drain.lake.open_window(start)
@@ -140,6 +174,8 @@ class OpenWindow:
         rows = piece.rows.num_rows
         if not rows:
             return
+        if self.follow is not None:
+            self.commits.append(_commit_times(piece.rows))
         self.stats.changes += rows
         relid = piece.table.relation_id or 0
         queued = self.pending.setdefault(relid, [])
@@ -174,9 +210,37 @@ class OpenWindow:
         self.stats.transactions = held
         self.stats.end = LSN(self.boundary)
         stats = self.drain._commit(self.window, self.stats, self.began)
+        if self.follow is not None:
+            self.follow.windows += 1
+            self.follow.freshness.add(_freshness(self.commits, time.time()))
         log_window(stats, self.drain.run_end)
         return stats
+
+    def age(self) -> float:
+        """Seconds since the window was opened (the last commit, in a following run)."""
+        return time.monotonic() - self.began
 
     def abandon(self) -> None:
         """A failure: let the writes in flight end; nothing of the window is committed."""
         self.behind.close()
+
+
+def _commit_times(rows: Any) -> tuple[Any, Any]:
+    """The commit LSN and time of each transaction with rows in ``rows`` (ordered by commit)."""
+    import numpy as np
+
+    lsns = rows.column(COMMIT_LSN).to_numpy()
+    firsts = np.flatnonzero(np.diff(lsns, prepend=-1))
+    return lsns[firsts], rows.column(COMMIT_TS).to_numpy()[firsts]
+
+
+def _freshness(commits: list[tuple[Any, Any]], readable_at: float) -> Any:
+    """Each transaction's freshness (once, though its rows span tables and batches)."""
+    import numpy as np
+
+    if not commits:
+        return np.zeros(0)
+    lsns = np.concatenate([c[0] for c in commits])
+    times = np.concatenate([c[1] for c in commits])
+    _, firsts = np.unique(lsns, return_index=True)
+    return freshness_of(times[firsts], readable_at)

@@ -65,8 +65,51 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "through the replication protocol (stream: the role needs REPLICATION), through "
         "pg_logical_slot_peek_* (peek), or the stream where the server allows it (auto)",
     )  # fmt: skip
+    parser.add_argument(
+        "--follow", action="store_true", help="keep reading the slot: commit a window every "
+        "--window-seconds while changes come (or every --max-window-bytes of WAL), until "
+        "SIGTERM or SIGINT (the window is committed, then the run ends well) or --follow-for",
+    )  # fmt: skip
+    parser.add_argument(
+        "--window-seconds", type=_positive_seconds, default=5.0, help="with --follow: seconds "
+        "between window commits, the changes' freshness in changes/ (default 5)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--follow-for", type=_positive_seconds, default=None, metavar="SECONDS",
+        help="with --follow: end the run after this long (default: until stopped)",
+    )  # fmt: skip
     app.add_state_vectors_argument(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not args.follow and args.follow_for is not None:
+        parser.error("--follow-for bounds a following run: add --follow")
+    return args
+
+
+def _positive_seconds(text: str) -> float:
+    seconds = float(text)
+    if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return seconds
+
+
+def _stop_on_signals(follow: Any) -> None:
+    """SIGTERM (Airflow's kill of the task) and SIGINT (a terminal's Ctrl-C) end a following
+    run after its current window: that window is committed, the slot confirmed, the summary
+    printed. A second signal ends it at once, as a crash would (nothing is lost: the next run
+    goes on from what the lake committed)."""
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        if follow.stop.is_set():
+            raise SystemExit(128 + signum)
+        logging.getLogger("airflow_pglogrepl.drain").warning(
+            "%s: committing the current window, then stopping (send it again to stop now)",
+            signal.Signals(signum).name,
+        )  # fmt: skip
+        follow.stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,7 +128,14 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     from airflow_pglogrepl.lake import storage
     from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.pipeline.drain import Drain, check_slot
+    from airflow_pglogrepl.pipeline.follow import Follow
     from airflow_pglogrepl.pipeline.results import peak_rss_mb
+
+    follow = None
+    if args.follow:
+        follow = Follow(window_s=args.window_seconds, seconds=args.follow_for,
+                        max_windows=args.max_windows)  # fmt: skip
+        _stop_on_signals(follow)
 
     storage.use_for_lake(args.lake_root)
     source = PgSource(dsn)
@@ -109,6 +159,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                 accept_source_change=args.accept_source_change,
                 batch_rows=args.batch_rows,
                 reader=args.reader,
+                follow=follow,
             )
             result = drain.run(started).to_dict()
             if not args.no_materialize:

@@ -339,3 +339,63 @@ def test_a_table_in_quarantine_fails_every_run_until_re_snapshotted_or_warns(
     result, _ = drains.run(spark_binary=None, on_quarantine="warn")
     assert set(result["quarantined"]) == {"public.t"}
     assert "changes kept in" in capsys.readouterr().out
+
+
+def test_a_following_run_is_submitted_though_idle_and_ends_at_its_bound(drains: Drains) -> None:
+    """``follow`` with ``follow_seconds``: the idle check does not apply (the run waits for
+    changes), a change made while it follows is drained, and it ends when its time is up."""
+    import threading
+
+    from airflow_pglogrepl.testing.wait import wait_until
+    from tests.support.drain import lake_rows
+
+    def write_while_following() -> None:
+        active = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s AND active"
+        wait_until(lambda: drains.src.sql(active, (drains.src.slot,)) == [(1,)],
+                   what="the run streaming the slot")  # fmt: skip
+        drains.src.sql("INSERT INTO t VALUES (300, 'while following')")
+
+    writer = threading.Thread(target=write_while_following)
+    writer.start()
+    try:
+        result, pushed = drains.run(spark_binary=None, follow=True, window_seconds=0.2,
+                                    follow_seconds=4)  # fmt: skip
+    finally:
+        writer.join(timeout=120)
+    assert result["idle"] is False and result["reader"] == "stream"
+    assert result["follow"]["stopped_by"] == "time" and result["changes"] == 1
+    assert pushed["confirmed_flush_lsn"] == drains.confirmed()
+    from airflow_pglogrepl.tables import TableRef
+
+    assert (300, "while following") in lake_rows(drains.lake_root, TableRef("public", "t"))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"follow_seconds": 5}, "set follow=True"),
+        ({"follow": True, "window_seconds": 0}, "window_seconds must be a positive"),
+        ({"follow": True, "follow_seconds": "soon"}, "follow_seconds must be a positive"),
+    ],
+)
+def test_follow_arguments_are_checked_naming_the_argument(kwargs: dict[str, object],
+                                                          error: str) -> None:  # fmt: skip
+    with pytest.raises(ValueError, match=error):
+        task = SlotDrainOperator(task_id="drain", postgres_conn_id="pg", slot_name="s",
+                                 publications=["p"], lake="/tmp/lake", **kwargs)  # type: ignore[arg-type]  # fmt: skip
+        task._app_args()
+
+
+@pytest.mark.unit
+def test_a_following_runs_arguments_reach_the_application() -> None:
+    from airflow_pglogrepl.spark.drain_app import parse_args
+
+    task = SlotDrainOperator(task_id="drain", postgres_conn_id="pg", slot_name="s",
+                             publications=["p"], lake="/tmp/lake", follow=True,
+                             window_seconds="1.5", follow_seconds=60)  # type: ignore[arg-type]  # fmt: skip
+    args = parse_args(task._app_args())
+    assert args.follow and args.window_seconds == 1.5 and args.follow_for == 60.0
+    plain = parse_args(SlotDrainOperator(task_id="d", postgres_conn_id="pg", slot_name="s",
+                                         publications=["p"], lake="/l")._app_args())  # fmt: skip
+    assert not plain.follow and plain.follow_for is None

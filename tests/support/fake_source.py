@@ -74,6 +74,7 @@ class FakeSource:
     # whether stream_slot streams (FakeStream) or is refused, as by a role without REPLICATION
     streams = False
     stream_ends_unclean = False  # the stream's close finds it ended on its own
+    ticks = 0  # the idle ticks a following run's stream gave
 
     def stream_slot(self, slot: str, *, start: LSN, options: Mapping[str, str],
                     alive: Any = None) -> Any:  # fmt: skip
@@ -84,8 +85,9 @@ class FakeSource:
 
 class FakeStream:
     """A walsender over the fake's rows: every message from ``start`` on (past the run's end
-    too, as a server does), ``batch_messages`` at a time, each batch's WAL end its last row's
-    LSN, then a keepalive at the flush position. Confirms land on the slot when closed."""
+    too, as a server does), ``batch_messages`` at a time, then a keepalive at the flush
+    position. A batch's WAL end is where its last Commit ends, as a server's (which sends 0
+    in every other message's frame), else 0. Confirms land on the slot when closed."""
 
     def __init__(self, source: FakeSource, start: LSN) -> None:
         self.source = source
@@ -100,8 +102,16 @@ class FakeStream:
         step = self.source.batch_messages
         for first in range(0, len(rows), step):
             part = rows[first : first + step]
-            yield _Batch(pa.array([r[2] for r in part], pa.large_binary()), part[-1][0])
+            ends = [_commit_end(r[2]) for r in part]
+            yield _Batch(pa.array([r[2] for r in part], pa.large_binary()), LSN(max(ends)))
         yield _Batch(pa.array([], pa.large_binary()), self.source.flush)
+
+    def batches_or_idle(self, idle_s: float | None) -> Iterator[Any]:
+        """``batches``, then a tick (None) at every call from then on, as a quiet server's."""
+        yield from self.batches()
+        while True:
+            self.source.ticks += 1
+            yield None
 
     def confirm(self, lsn: LSN | int) -> None:
         self.confirms.append(LSN(lsn))
@@ -113,6 +123,11 @@ class FakeStream:
             confirmed = max(self.confirms)
             self.source.slot = dataclasses.replace(self.source.slot, confirmed_flush_lsn=confirmed)
         return True
+
+
+def _commit_end(message: bytes) -> int:
+    """A Commit message's end LSN (``C``, flags, commit LSN, end LSN, ...); 0 for others."""
+    return int.from_bytes(message[10:18], "big") if message[:1] == b"C" else 0
 
 
 @dataclasses.dataclass

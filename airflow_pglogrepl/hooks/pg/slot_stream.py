@@ -151,8 +151,19 @@ class SlotStream:
 
     def batches(self) -> Iterator[FrameBatch]:
         """The frames as they come, a batch at a time, until ``close`` (or an error, raised)."""
+        for batch in self.batches_or_idle(None):
+            if batch is not None:
+                yield batch
+
+    def batches_or_idle(self, idle_s: float | None) -> Iterator[FrameBatch | None]:
+        """As ``batches``, and None whenever no batch came for ``idle_s`` seconds: a consumer
+        that acts on time (a following drain) is woken though the source is quiet."""
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=idle_s)
+            except queue.Empty:
+                yield None
+                continue
             if item is None:
                 return
             if isinstance(item, BaseException):

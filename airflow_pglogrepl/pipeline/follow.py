@@ -1,0 +1,170 @@
+"""The continuous mode (``--follow``): a run that keeps reading the slot and commits a window
+every few seconds, until it is told to stop or reaches its bound, and what it measured.
+
+A scheduled run drains up to the WAL position it found at its start and ends. A following run
+keeps its stream open: each window is committed once it holds changes and ``window_s`` has
+passed since the last commit, or once it holds ``max_window_bytes`` of WAL, whichever comes
+first. Where it can only peek (``reader="peek"``, a role without ``REPLICATION``, tables in
+quarantine), it drains in passes, one every ``window_s``.
+
+Freshness is the time from a transaction's commit on the source to the moment its rows are
+readable in ``changes/`` (the window's commit returned). It is measured across two clocks, the
+source's (``_commit_ts``) and this host's: their offset is in every figure.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from airflow_pglogrepl.lsn import LSN
+
+if TYPE_CHECKING:
+    from airflow_pglogrepl.pipeline.drain import Drain
+    from airflow_pglogrepl.pipeline.results import WindowStats
+
+__all__ = ["STOPPED_BY", "Follow", "Freshness", "following", "freshness_of"]
+
+# why a following run ended: a signal (SIGTERM from Airflow's kill, SIGINT from a terminal),
+# its time bound, its window bound
+STOPPED_BY = ("signal", "time", "windows")
+
+_NO_END = (1 << 64) - 1  # a following stream's span: it ends when told, not at an LSN
+_BUCKET_S = 0.01  # the freshness histogram's resolution
+_BUCKETS = 60_000  # 10 ms buckets up to 10 minutes; anything later falls in the last
+
+
+class Freshness:
+    """Seconds from commit to readable, per transaction, as a histogram: memory stays the same
+    through a run of days at thousands of transactions a second."""
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self._counts = np.zeros(_BUCKETS, dtype=np.int64)
+        self.worst = 0.0
+        self.transactions = 0
+
+    def add(self, seconds: Any) -> None:
+        """Count transactions readable ``seconds`` (a NumPy array) after their commit."""
+        import numpy as np
+
+        if not len(seconds):
+            return
+        buckets = np.clip((np.maximum(seconds, 0.0) / _BUCKET_S).astype(np.int64), 0,
+                          _BUCKETS - 1)  # fmt: skip
+        self._counts += np.bincount(buckets, minlength=_BUCKETS)
+        self.worst = max(self.worst, float(seconds.max()))
+        self.transactions += len(seconds)
+
+    def percentile(self, q: float) -> float | None:
+        """The ``q``-th percentile (0-100) in seconds, to the histogram's 10 ms; None without
+        a transaction."""
+        import numpy as np
+
+        if not self.transactions:
+            return None
+        rank = max(1, int(np.ceil(q / 100.0 * self.transactions)))
+        bucket = int(np.searchsorted(np.cumsum(self._counts), rank))
+        return round((bucket + 1) * _BUCKET_S, 3)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "transactions": self.transactions,
+            "p50_s": self.percentile(50),
+            "p99_s": self.percentile(99),
+            "max_s": round(self.worst, 3) if self.transactions else None,
+        }
+
+
+@dataclass
+class Follow:
+    """A following run's bounds and its stop switch (``stop``: set from a signal handler).
+
+    ``window_s``: seconds between window commits while changes come; ``seconds``: end the run
+    after this long (None: until stopped); ``max_windows``: end it after this many windows.
+    """
+
+    window_s: float
+    seconds: float | None = None
+    max_windows: int | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    began: float = field(default_factory=time.monotonic)
+    freshness: Freshness = field(default_factory=Freshness)
+    stopped_by: str | None = None
+    windows: int = 0  # committed so far
+    cpu_at_start: float | None = None  # this process's CPU seconds when the following began
+
+    def __post_init__(self) -> None:
+        if not self.window_s > 0:
+            raise ValueError(f"the follow window must be a positive number of seconds, got "
+                             f"{self.window_s!r}")  # fmt: skip
+        if self.seconds is not None and not self.seconds > 0:
+            raise ValueError(f"a follow bound must be a positive number of seconds, got "
+                             f"{self.seconds!r}")  # fmt: skip
+
+    def over(self) -> bool:
+        """Whether the run ends now; records why."""
+        if self.stopped_by is None:
+            if self.stop.is_set():
+                self.stopped_by = "signal"
+            elif self.seconds is not None and time.monotonic() - self.began >= self.seconds:
+                self.stopped_by = "time"
+            elif self.max_windows is not None and self.windows >= self.max_windows:
+                self.stopped_by = "windows"
+        return self.stopped_by is not None
+
+    def tick_s(self) -> float:
+        """How long a following reader waits for data before it looks at the clock."""
+        return min(0.25, self.window_s / 4)
+
+    def wait(self, until: float) -> None:
+        """Sleep until the monotonic time ``until``, the run's time bound, or a stop."""
+        if self.seconds is not None:
+            until = min(until, self.began + self.seconds)
+        self.stop.wait(max(0.0, until - time.monotonic()))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary's ``follow``: its settings, how long it ran and why it ended, and the
+        freshness of what it committed."""
+        from airflow_pglogrepl.pipeline.results import cpu_s
+
+        return {
+            "window_s": self.window_s,
+            "seconds": round(time.monotonic() - self.began, 3),
+            # CPU of this process (all its threads) while it followed: the cost of the changes
+            "cpu_s": round(cpu_s() - self.cpu_at_start, 3) if self.cpu_at_start else None,
+            "stopped_by": self.stopped_by,
+            "freshness": self.freshness.to_dict(),
+        }
+
+
+def following(drain: Drain, start: LSN, windows: list[WindowStats], follow: Follow) -> None:
+    """A following run: the stream, kept open until ``follow.over``; where the stream
+    cannot be used, or once it declined a window, passes of the peek every
+    ``follow.window_s`` (each drains up to the WAL position it found)."""
+    from airflow_pglogrepl.pipeline.results import cpu_s
+    from airflow_pglogrepl.pipeline.streamed import streamed
+
+    follow.cpu_at_start = cpu_s()
+    if drain.reader != "peek":
+        start = streamed(drain, start, LSN(_NO_END), windows)
+    while not follow.over():
+        began = time.monotonic()
+        run_end = drain.run_end = max(drain.run_end, drain.source.flush_lsn())
+        if start < run_end:
+            count = len(windows)
+            start = drain.peeked(start, run_end, windows)
+            follow.windows += len(windows) - count
+        follow.wait(began + follow.window_s)
+
+
+def freshness_of(commit_ts: Any, readable_at: float) -> Any:
+    """Seconds from each commit time (``_commit_ts`` values, as a NumPy ``datetime64``
+    array) to ``readable_at`` (``time.time()``)."""
+    import numpy as np
+
+    micros = commit_ts.astype("datetime64[us]").astype(np.int64)
+    return readable_at - micros / 1e6

@@ -1,0 +1,203 @@
+"""A following run (``--follow``): its bounds and stop switch, its freshness histogram, the drain
+loop following a fake stream, and the application following a live slot until a signal."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from airflow_pglogrepl.lake.delta import read_table
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pipeline.drain import Drain
+from airflow_pglogrepl.pipeline.follow import Follow, Freshness, freshness_of
+from airflow_pglogrepl.tables import TableRef
+from airflow_pglogrepl.testing.wait import wait_until
+from tests.support.drain import changelog, start_drain_app
+from tests.support.fake_source import FakeSource
+from tests.support.pgoutput_encoder import Session, relation
+from tests.support.sources import Source
+
+INT8, TEXT = 20, 25
+
+
+@pytest.mark.unit
+def test_freshness_percentiles_are_of_transactions_to_the_histograms_resolution() -> None:
+    fresh = Freshness()
+    assert fresh.to_dict() == {"transactions": 0, "p50_s": None, "p99_s": None, "max_s": None}
+    fresh.add(np.array([0.104] * 98 + [2.5, 700.0]))
+    assert fresh.to_dict() == {"transactions": 100, "p50_s": 0.11, "p99_s": 2.51, "max_s": 700.0}
+    fresh.add(np.array([-0.3]))  # a source clock ahead of ours: counted as readable at once
+    assert fresh.transactions == 101 and fresh.percentile(0.5) == 0.01
+
+
+@pytest.mark.unit
+def test_freshness_of_commit_times_is_seconds_to_the_moment_they_became_readable() -> None:
+    times = np.array(["2026-01-01T00:00:00", "2026-01-01T00:00:01.5"], dtype="datetime64[us]")
+    readable = float(np.datetime64("2026-01-01T00:00:02", "s").astype(np.int64))
+    assert freshness_of(times, readable).tolist() == [2.0, 0.5]
+
+
+@pytest.mark.unit
+def test_a_follow_ends_on_its_stop_its_time_or_its_windows_and_says_which() -> None:
+    follow = Follow(window_s=1.0)
+    assert not follow.over() and follow.stopped_by is None
+    follow.stop.set()
+    assert follow.over() and follow.to_dict()["stopped_by"] == "signal"
+    timed = Follow(window_s=1.0, seconds=5.0, began=time.monotonic() - 5.0)
+    assert timed.over() and timed.stopped_by == "time"
+    counted = Follow(window_s=1.0, max_windows=2)
+    counted.windows = 2
+    assert counted.over() and counted.stopped_by == "windows"
+    for bad in ({"window_s": 0.0}, {"window_s": float("nan")}, {"window_s": 1.0, "seconds": -1}):
+        with pytest.raises(ValueError, match="positive number of seconds"):
+            Follow(**bad)
+
+
+def three_transactions() -> Session:
+    session = Session(start=0x1000)
+    items = relation(16384, "items", [("id", INT8, True), ("name", TEXT)])
+    session.add(items).begin(700, 0x1100).insert(16384, b"1", b"one").insert(16384, b"2", b"two")
+    session.commit(0x1100, 0x1108)
+    session.begin(701, 0x1200).insert(16384, b"3", b"three").commit(0x1200, 0x1208)
+    session.begin(702, 0x1300).insert(16384, b"4", b"four").commit(0x1300, 0x1308)
+    return session
+
+
+class SlowLake(Lake):
+    """A lake whose windows take a while to commit: the following run's clock moves on."""
+
+    def open_window(self, start: LSN) -> Any:
+        time.sleep(0.02)  # the cost of a commit, not a synchronisation
+        return super().open_window(start)
+
+
+@pytest.mark.unit
+def test_a_following_run_commits_on_its_clock_at_what_the_server_sent_then_ends_clean(
+    tmp_path: Path,
+) -> None:
+    """The fake server sends two messages a batch, then keeps quiet. With a window every few
+    milliseconds, windows are cut at batch ends (never inside a transaction); the run ends once
+    it committed its two windows, every change stored once and the slot confirmed there, and
+    the idle clock ticks while nothing comes."""
+    source = FakeSource(three_transactions().rows, confirmed=0x1000, flush=0x1400)
+    source.streams = True
+    lake = SlowLake(str(tmp_path / "lake"), "s")
+    follow = Follow(window_s=0.001, max_windows=2)
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"],
+                  max_window_bytes=1 << 20, follow=follow)  # fmt: skip
+    result = drain.run(time.monotonic()).to_dict()
+    assert result["reader"] == "stream" and result["windows"] == 2
+    assert result["follow"]["stopped_by"] == "windows"
+    assert result["follow"]["freshness"]["transactions"] == result["transactions"]
+    rows = read_table(lake.paths.changes(TableRef("public", "items"))).to_pylist()
+    ids = sorted(r["id"] for r in rows)
+    assert ids == sorted(set(ids)) and len(ids) == result["changes"] > 0
+    assert lake.position() == source.slot.confirmed_flush_lsn == LSN(result["window_end_lsn"])
+    commits = {r["_commit_lsn"] for r in rows}
+    assert all(c < int(lake.position() or 0) for c in commits)
+
+
+@pytest.mark.unit
+def test_a_following_run_stopped_while_quiet_commits_what_it_holds_and_no_empty_window(
+    tmp_path: Path,
+) -> None:
+    source = FakeSource(three_transactions().rows, confirmed=0x1000, flush=0x1400)
+    source.streams = True
+    source.batch_messages = 100  # everything in one batch, then quiet
+    lake = Lake(str(tmp_path / "lake"), "s")
+    follow = Follow(window_s=3600.0)  # the clock never cuts: only the stop does
+
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"],
+                  max_window_bytes=1 << 20, follow=follow)  # fmt: skip
+    original = source.stream_slot
+
+    def stream_then_stop(*args: Any, **kwargs: Any) -> Any:
+        stream = original(*args, **kwargs)
+        batches = stream.batches_or_idle
+
+        def stopping(idle_s: float | None) -> Any:
+            for batch in batches(idle_s):
+                if batch is None:
+                    follow.stop.set()  # as the signal handler does, while nothing comes
+                yield batch
+
+        stream.batches_or_idle = stopping
+        return stream
+
+    source.stream_slot = stream_then_stop  # type: ignore[method-assign]
+    result = drain.run(time.monotonic()).to_dict()
+    assert result["follow"]["stopped_by"] == "signal" and result["windows"] == 1
+    assert result["changes"] == 4 and result["transactions"] == 3
+    assert lake.position() == source.slot.confirmed_flush_lsn == LSN(0x1400)
+
+
+@pytest.mark.unit
+def test_a_following_run_that_may_only_peek_drains_in_passes_until_its_time(
+    tmp_path: Path,
+) -> None:
+    source = FakeSource(three_transactions().rows, confirmed=0x1000, flush=0x1400)
+    lake = Lake(str(tmp_path / "lake"), "s")
+    follow = Follow(window_s=0.05, seconds=0.3)
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"],
+                  max_window_bytes=1 << 20, follow=follow)  # fmt: skip
+    began = time.monotonic()
+    result = drain.run(began).to_dict()
+    assert 0.3 <= time.monotonic() - began < 5.0
+    assert result["reader"] == "peek" and "refused" in (result["reader_note"] or "")
+    assert result["follow"]["stopped_by"] == "time" and result["changes"] == 4
+    assert lake.position() == source.slot.confirmed_flush_lsn == LSN(0x1400)
+
+
+# -- live: the application follows a slot ----------------------------------------------------
+
+
+def lake_ids(lake_root: str) -> list[int]:
+    try:
+        return sorted(r["id"] for r in changelog(lake_root, TableRef("public", "f")))
+    except Exception:  # the table is not in the lake yet
+        return []
+
+
+@pytest.mark.parametrize("reader", ["stream", "peek"])
+def test_the_application_follows_until_sigterm_then_ends_well_with_all_committed(
+    source: Source, tmp_path: Path, reader: str
+) -> None:
+    """Rows become readable in changes/ while the run goes on, window after window; SIGTERM
+    then ends it with exit 0, its summary saying so, the slot confirmed at the lake's
+    position and every row there once."""
+    source.sql("CREATE TABLE f (id int PRIMARY KEY, v text)")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE f")
+    lake_root = str(tmp_path / "lake")
+    run = start_drain_app(source, lake_root, "--no-materialize", "--follow", "--window-seconds",
+                          "0.2", "--reader", reader)  # fmt: skip
+    try:
+        for step in range(3):
+            source.sql("INSERT INTO f SELECT g, 'x' FROM generate_series(%s::int, %s) g",
+                       (step * 10, step * 10 + 9))  # fmt: skip
+            wait_until(lambda n=step: lake_ids(lake_root)[-1:] == [n * 10 + 9],
+                       what=f"rows of step {step} readable while the run follows",
+                       timeout=120)  # fmt: skip
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        run.send_signal(signal.SIGTERM)
+        out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, err[-3000:]
+    import json
+
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["follow"]["stopped_by"] == "signal" and result["reader"] == reader
+    assert result["windows"] >= 3 and result["changes"] == 30
+    assert lake_ids(lake_root) == list(range(30))
+    position = Lake(lake_root, source.slot).position()
+    assert source.hook().get_slot(source.slot).confirmed_flush_lsn == position
+    if reader == "stream":
+        fresh = result["follow"]["freshness"]
+        assert fresh["transactions"] == 3 and fresh["max_s"] is not None
