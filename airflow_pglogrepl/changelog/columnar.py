@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.changelog import columns as cl
 from airflow_pglogrepl.changelog.rows import assemble, truncate_row
@@ -25,6 +25,7 @@ from airflow_pglogrepl.pgoutput.columnar import (
     Column,
     ColumnarParser,
     ColumnarUnsupportedError,
+    ParsedBatch,
     TupleRows,
     Txn,
     parse_rows,
@@ -37,7 +38,10 @@ if TYPE_CHECKING:
 
     from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
 
-__all__ = ["ColumnarDecoder", "ColumnarUnsupportedError", "TablePiece"]
+__all__ = ["ColumnarDecoder", "ColumnarUnsupportedError", "InProgress", "TablePiece"]
+
+# the messages that are changes: what a sub-transaction's first change is looked for among
+_DATA_KINDS = (lay.INSERT, lay.UPDATE, lay.DELETE, lay.TRUNCATE)
 
 
 @dataclass(frozen=True)
@@ -48,12 +52,40 @@ class TablePiece:
     rows: pa.Table
 
 
+@dataclass(frozen=True)
+class InProgress:
+    """The rows of one block of streamed transaction ``xid``, still in progress: its commit
+    LSN and time are 0 until its Stream Commit, its ``_xid`` is the top transaction's.
+    ``first``: its first block (whatever was kept of it before is stale). ``firsts``: the
+    ``_seq`` of each (sub-)transaction's first change in the block; ``next_seq``: the
+    transaction's ``_seq`` after it (what a sub-transaction's abort drops up to)."""
+
+    xid: int
+    first: bool
+    pieces: list[TablePiece]
+    firsts: dict[int, int]
+    next_seq: int
+
+
 class ColumnarDecoder:
     """Decode pgoutput (proto_version 1, text tuples) into changelog rows batch by batch,
     keeping the open transaction and the table descriptions from one batch to the next."""
 
     def __init__(self, options: dict[str, str]) -> None:
         self._parser = ColumnarParser(options)
+        # streamed transactions (``streaming 'on'``): their blocks cut out of each batch, and
+        # the ``_seq`` each in-progress transaction's changes reached
+        self._splitter = None
+        if options.get("streaming", "off") in ("on", "true"):
+            from airflow_pglogrepl.pgoutput.stream_blocks import BlockSplitter
+
+            self._splitter = BlockSplitter()
+        self._seqs: dict[int, int] = {}
+
+    @property
+    def streams(self) -> bool:
+        """Whether transactions may come in blocks while in progress (``parts`` says so)."""
+        return self._splitter is not None
 
     @property
     def transactions(self) -> int:
@@ -82,13 +114,65 @@ class ColumnarDecoder:
         except Exception as exc:
             raise ColumnarUnsupportedError(f"{type(exc).__name__}: {exc}") from exc
 
-    def _feed(self, data: pa.Array) -> list[TablePiece]:
-        import numpy as np
-        import pyarrow as pa
+    def parts(self, data: pa.Array) -> list[list[TablePiece] | InProgress | Any]:
+        """One batch of messages, in order: the rows of whole transactions (a list of pieces,
+        as ``feed`` returns them), the rows of a block of a transaction still in progress
+        (``InProgress``), and the Stream Commits and Stream Aborts (``stream_blocks``) that end
+        such transactions. A Stream Commit's LSN joins ``commit_lsns`` in its place. Without
+        ``streaming 'on'``, one list of pieces."""
+        if self._splitter is None:
+            return [self.feed(data)]
+        try:
+            return self._parts(data)
+        except ColumnarUnsupportedError:
+            raise
+        except Exception as exc:
+            raise ColumnarUnsupportedError(f"{type(exc).__name__}: {exc}") from exc
 
+    def _parts(self, data: pa.Array) -> list[list[TablePiece] | InProgress | Any]:
+        import numpy as np
+
+        from airflow_pglogrepl.pgoutput.stream_blocks import Block, Plain, StreamAbort
+
+        assert self._splitter is not None
+        out: list[list[TablePiece] | InProgress | Any] = []
+        for part in self._splitter.split(data):
+            if isinstance(part, Plain):
+                out.append(self._feed(part.messages))
+            elif isinstance(part, Block):
+                seq = 0 if part.first else self._seqs.get(part.xid, 0)
+                batch, after = self._parser.parse_in_progress(part.messages, part.xid, seq)
+                self._seqs[part.xid] = after
+                if batch is None:
+                    continue
+                data_kinds = np.isin(batch.kinds, np.array(_DATA_KINDS, dtype=np.uint8))
+                subxids, seqs = part.subxids[data_kinds], batch.seq[data_kinds]
+                found, firsts = np.unique(subxids, return_index=True)
+                out.append(InProgress(
+                    part.xid, part.first, self._pieces(batch),
+                    dict(zip(found.tolist(), seqs[firsts].tolist(), strict=True)), after,
+                ))  # fmt: skip
+            else:
+                if isinstance(part, StreamAbort):
+                    if part.subxid == part.xid:
+                        self._seqs.pop(part.xid, None)
+                else:  # a commit: in commit order with the whole transactions' commits
+                    self._seqs.pop(part.xid, None)
+                    self._parser.commit_lsns.append(part.commit_lsn)
+                    self._parser.transactions += 1
+                out.append(part)
+        return out
+
+    def _feed(self, data: pa.Array) -> list[TablePiece]:
         batch = self._parser.parse(data)
         if batch is None:
             return []
+        return self._pieces(batch)
+
+    def _pieces(self, batch: ParsedBatch) -> list[TablePiece]:
+        import numpy as np
+        import pyarrow as pa
+
         # per table description: its parts and the message index of each of their rows
         groups: dict[int, tuple[TableInfo, list[pa.Table], list[np.ndarray]]] = {}
 

@@ -6,6 +6,8 @@ Layout under the lake root (a local path, ``file:`` URI or any URI Delta can wri
     state/<schema>.<table>/     Delta table: the table's current rows
     _pglogrepl/windows/         Delta table: one row per committed window (the lake's position)
     _pglogrepl/quarantine/      Delta table: changes of tables the lake could not store
+    _pglogrepl/in_progress/     Parquet files, no table: rows of streamed transactions not yet
+                                committed at the source, while a run reads them (never state)
 
 Every table is a plain Delta table, so Spark, Trino, DuckDB or the ``deltalake`` package read
 any of them at a committed version; nothing else under the root is state.
@@ -107,6 +109,10 @@ class LakePaths:
 
     def quarantine(self) -> str:
         return self._join("_pglogrepl", "quarantine")
+
+    def in_progress(self) -> str:
+        """Where rows of streamed transactions still in progress wait (``lake.in_progress``)."""
+        return self._join("_pglogrepl", "in_progress")
 
     @property
     def local(self) -> bool:

@@ -91,10 +91,11 @@ class ColumnarParser:
     transaction and the table descriptions from one batch to the next."""
 
     def __init__(self, options: dict[str, str]) -> None:
-        if options.get("streaming", "off") not in ("off", "false") or options.get(
+        streaming = options.get("streaming", "off")
+        if streaming not in ("off", "false", "on", "true") or options.get(
             "binary", "false"
         ) not in ("false", "off"):
-            raise ColumnarUnsupportedError("streamed transactions and binary tuples")
+            raise ColumnarUnsupportedError("streaming 'parallel' and binary tuples")
         self._relations = RelationCache(proto_version=int(options.get("proto_version", "1")))
         self._txn: Txn | None = None
         self.transactions = 0
@@ -103,6 +104,22 @@ class ColumnarParser:
         self.commit_lsns: list[int] = []
         # the table descriptions as the batch being parsed found them (before its Relations)
         self._before: dict[int, TableInfo] = {}
+
+    def parse_in_progress(
+        self, data: pa.Array, xid: int, seq: int
+    ) -> tuple[ParsedBatch | None, int]:
+        """A block of streamed transaction ``xid`` (``stream_blocks.Block``'s messages), whose
+        changes so far numbered ``seq``: parsed as inside that transaction, with no commit LSN
+        or time yet (0). Returns the batch and the transaction's ``_seq`` after it."""
+        assert self._txn is None, "blocks are sent between whole transactions"
+        self._txn = Txn(xid, 0, 0, seq)
+        try:
+            batch = self.parse(data)
+            if self._txn is not None:
+                seq = self._txn.seq
+        finally:
+            self._txn = None
+        return batch, seq
 
     def parse(self, data: pa.Array) -> ParsedBatch | None:
         """One batch of messages (a ``binary`` or ``large_binary`` array, in slot order);

@@ -325,6 +325,7 @@ class Drain:
         batches: Iterator[Any] | None = None,
         *,
         exact_end: bool = False,
+        options: dict[str, str] | None = None,
     ) -> None:
         """The windows of ``[start, span_end)`` from one peek (or from ``batches`` of messages
         the stream sent), on the columnar path; each is appended to ``done`` once committed
@@ -350,7 +351,7 @@ class Drain:
             )
         follow = self.follow if self._stream is not None else None  # a peek's end is fixed
         columnar_windows(self, start, span_end, done, batches, exact_end=exact_end,
-                         follow=follow)  # fmt: skip
+                         follow=follow, options=options)  # fmt: skip
 
     def _reference_window(self, start: LSN, end: LSN, *, next_commit: bool = False) -> WindowStats:
         began = time.monotonic()

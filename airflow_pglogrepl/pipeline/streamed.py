@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from airflow_pglogrepl.pipeline.drain import Drain
     from airflow_pglogrepl.pipeline.follow import Follow
 
-__all__ = ["confirm_after_stream", "stream_refusal", "streamed"]
+__all__ = ["confirm_after_stream", "stream_options", "stream_refusal", "streamed"]
 
 log = logging.getLogger("airflow_pglogrepl.drain")
 
@@ -51,8 +51,9 @@ def streamed(drain: Drain, start: LSN, run_end: LSN, windows: list[WindowStats])
         span_end = min(run_end, LSN(int(start) + drain.max_window_bytes * drain.max_windows))
     try:
         stream = drain.source.stream_slot(
-            drain.slot, start=start, options=drain.options, alive=drain.lake.check_writer
-        )
+            drain.slot, start=start, options=stream_options(drain.options),
+            alive=drain.lake.check_writer,
+        )  # fmt: skip
     except SlotStreamUnavailableError as exc:
         if drain.reader == "stream":
             raise
@@ -67,7 +68,8 @@ def streamed(drain: Drain, start: LSN, run_end: LSN, windows: list[WindowStats])
         batches = (
             _until(stream, span_end) if drain.follow is None else _ticking(stream, drain.follow)
         )
-        drain._columnar_span(start, span_end, done, batches, exact_end=True)
+        drain._columnar_span(start, span_end, done, batches, exact_end=True,
+                             options=getattr(stream, "options", drain.options))  # fmt: skip
     except (ColumnarUnsupportedError, *TABLE_ERRORS) as exc:
         drain.reader_note = (f"from {done[-1].end if done else start} the windows were "
                             f"peeked and decoded per message ({exc})")  # fmt: skip
@@ -85,6 +87,14 @@ def streamed(drain: Drain, start: LSN, run_end: LSN, windows: list[WindowStats])
         raise SlotStreamError(drain.slot, "the source", f"it ended before the slot could be "
                               f"confirmed at {position}, the lake's position")  # fmt: skip
     return position
+
+
+def stream_options(options: dict[str, str]) -> dict[str, str]:
+    """pgoutput's options for the stream: protocol 2 with ``streaming 'on'``, so a transaction
+    bigger than the server's ``logical_decoding_work_mem`` is sent while it runs (and waits in
+    the lake, ``lake.in_progress``) instead of in the server's spill files until its commit.
+    ``SlotStream`` takes protocol 1 back on a server older than 14."""
+    return {**options, "proto_version": "2", "streaming": "on"}
 
 
 def confirm_after_stream(drain: Drain, end: LSN) -> bool:

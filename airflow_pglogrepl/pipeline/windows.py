@@ -12,10 +12,12 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.changelog.columnar import ColumnarDecoder, TablePiece
+from airflow_pglogrepl.changelog.columnar import ColumnarDecoder, InProgress, TablePiece
 from airflow_pglogrepl.changelog.columns import COMMIT_LSN, COMMIT_TS
+from airflow_pglogrepl.lake.in_progress import InProgressTransactions
 from airflow_pglogrepl.lake.window import at_or_after
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pgoutput.stream_blocks import StreamAbort
 from airflow_pglogrepl.pipeline.follow import Follow, freshness_of
 from airflow_pglogrepl.pipeline.overlap import Behind
 from airflow_pglogrepl.pipeline.results import WindowStats, log_window
@@ -52,6 +54,7 @@ def columnar_windows(
     *,
     exact_end: bool,
     follow: Follow | None = None,
+    options: dict[str, str] | None = None,
 ) -> None:
     """Cut ``fetched`` (batches of messages, in slot order) into the windows of
     ``[start, span_end)`` for ``drain`` (``Drain._columnar_span`` says how), committing each
@@ -66,56 +69,98 @@ def columnar_windows(
     ``(None, None)``, a tick of the clock while nothing came. A window holding changes is also
     committed once ``follow.window_s`` has passed since the last commit, and the run ends, its
     last window committed, once ``follow.over``; either cut is at the highest WAL end the
-    server has sent, before which every transaction was sent whole."""
+    server has sent, before which every transaction was sent whole.
+
+    ``options``: the stream's, when it asked for ``streaming 'on'``: a transaction sent while
+    still in progress waits in the lake (``lake.in_progress``) until its Stream Commit, then
+    joins the windows in its commit's place, a file at a time."""
     import numpy as np
 
-    decoder = ColumnarDecoder(drain.options)
+    decoder = ColumnarDecoder(options or drain.options)
     floors: dict[int, int] = {}
     last = int(span_end)
     current = OpenWindow(drain, start, min(last, int(start) + drain.max_window_bytes), follow)
     sent = int(start)  # every transaction committing before it has been read (a stream's)
+    # Through WAL with no published change (other tables' traffic, a big transaction still in
+    # progress) windows are committed empty as the stream's WAL end passes them, each twice
+    # the size of the one before: the slot moves on, in a few commits however far it goes.
+    empty_bytes = drain.max_window_bytes
+    in_progress = None
+    if decoder.streams:
+        in_progress = InProgressTransactions(drain.lake)
+        in_progress.clear()  # an earlier run's: the server sends them again from their start
+
+    def place(batch_pieces: list[TablePiece]) -> None:
+        """Add rows to the windows they belong to, committing each window left behind."""
+        nonlocal current
+        # A batch holds one piece per table, each with its rows of every transaction in
+        # the batch: a window is cut only once all pieces' rows before it are added.
+        pieces = []
+        for piece in batch_pieces:
+            rows = piece.rows
+            floor = drain._floor(floors, piece.table, start)
+            if floor:  # rows the table's state already holds (a re-snapshot after them)
+                rows = at_or_after(rows, floor)
+            if exact_end and rows.num_rows:  # rows past the span: the next run's
+                past = rows.column(COMMIT_LSN).to_numpy()
+                rows = rows.slice(0, int(np.searchsorted(past, last)))
+            if rows.num_rows:
+                pieces.append((piece.table, rows, rows.column(COMMIT_LSN).to_numpy()))
+        while pieces:
+            first = min(int(lsns[0]) for _, _, lsns in pieces)
+            if first >= last:  # a commit the peek read past its end (``window_end``)
+                current.boundary = int(window_end(last, [first]))
+            elif first >= current.boundary:
+                if any(c < current.boundary for c in decoder.commit_lsns):
+                    done.append(current.commit(decoder.commit_lsns))
+                    current = OpenWindow(drain, LSN(current.boundary), current.boundary,
+                                         follow)  # fmt: skip
+                while first >= current.boundary:  # never committed empty
+                    current.boundary += drain.max_window_bytes
+                current.boundary = min(current.boundary, last)
+            rest = []
+            for table, rows, lsns in pieces:
+                split = int(np.searchsorted(lsns, current.boundary))
+                current.add(TablePiece(table, rows.slice(0, split)))
+                if split < len(lsns):
+                    rest.append((table, rows.slice(split), lsns[split:]))
+            pieces = rest
+
     try:
         for item in fetched:
             data, wal_end = item if isinstance(item, tuple) else (item, None)
             if wal_end is not None:
                 sent = max(sent, int(wal_end))
-            # A batch holds one piece per table, each with its rows of every transaction in
-            # the batch: a window is cut only once all pieces' rows before it are added.
-            pieces = []
-            for piece in decoder.feed(data) if data is not None else ():
-                rows = piece.rows
-                floor = drain._floor(floors, piece.table, start)
-                if floor:  # rows the table's state already holds (a re-snapshot after them)
-                    rows = at_or_after(rows, floor)
-                if exact_end and rows.num_rows:  # rows past the span: the next run's
-                    past = rows.column(COMMIT_LSN).to_numpy()
-                    rows = rows.slice(0, int(np.searchsorted(past, last)))
-                if rows.num_rows:
-                    pieces.append((piece.table, rows, rows.column(COMMIT_LSN).to_numpy()))
-            while pieces:
-                first = min(int(lsns[0]) for _, _, lsns in pieces)
-                if first >= last:  # a commit the peek read past its end (``window_end``)
-                    current.boundary = int(window_end(last, [first]))
-                elif first >= current.boundary:
-                    if any(c < current.boundary for c in decoder.commit_lsns):
-                        done.append(current.commit(decoder.commit_lsns))
-                        current = OpenWindow(drain, LSN(current.boundary), current.boundary,
-                                             follow)  # fmt: skip
-                    while first >= current.boundary:  # never committed empty
-                        current.boundary += drain.max_window_bytes
-                    current.boundary = min(current.boundary, last)
-                rest = []
-                for table, rows, lsns in pieces:
-                    split = int(np.searchsorted(lsns, current.boundary))
-                    current.add(TablePiece(table, rows.slice(0, split)))
-                    if split < len(lsns):
-                        rest.append((table, rows.slice(split), lsns[split:]))
-                pieces = rest
+            for part in decoder.parts(data) if data is not None else ():
+                if isinstance(part, list):
+                    place(part)
+                elif isinstance(part, InProgress):
+                    assert in_progress is not None
+                    in_progress.add(part)
+                elif isinstance(part, StreamAbort):
+                    assert in_progress is not None
+                    in_progress.abort(part.xid, part.subxid)
+                else:  # a Stream Commit: its rows, a file at a time, in its commit's place
+                    assert in_progress is not None
+                    for piece in in_progress.commit(part):
+                        place([piece])
             while (
                 wal_end is not None
                 and current.boundary <= int(wal_end)
                 and (current.boundary < last)
             ):
+                if not current.stats.changes and not any(
+                    c < current.boundary for c in decoder.commit_lsns
+                ):  # nothing published: one window up to what was sent, twice the last's size
+                    if (
+                        int(wal_end) >= last
+                        or int(wal_end) - int(current.stats.start) < empty_bytes
+                    ):
+                        break  # (the window ending at ``last`` is the run's last, below)
+                    current.boundary = int(wal_end)
+                    empty_bytes *= 2
+                else:
+                    empty_bytes = drain.max_window_bytes
                 done.append(current.commit(decoder.commit_lsns))
                 step = min(last, current.boundary + drain.max_window_bytes)
                 current = OpenWindow(drain, LSN(current.boundary), step, follow)
@@ -147,6 +192,9 @@ def columnar_windows(
         fetched.close()
         current.abandon()
         raise
+    finally:
+        if in_progress is not None:  # what is still in progress is sent again next time
+            in_progress.clear()
 
 
 class OpenWindow:

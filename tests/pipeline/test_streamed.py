@@ -63,18 +63,18 @@ def test_a_stream_that_declined_and_could_not_confirm_never_hands_over_to_the_pe
     source = FakeSource(three_transactions().rows, confirmed=0x1000, flush=0x3000)
     source.streams, source.batch_messages = True, 2
     source.stream_ends_unclean = True
-    feed = ColumnarDecoder.feed
+    parts = ColumnarDecoder.parts
     calls = iter(range(100))
 
     def declining(self: ColumnarDecoder, data: object) -> object:
         if next(calls) == 4:  # past the first window's commit
             raise ColumnarUnsupportedError("a message type the test says it cannot take")
-        return feed(self, data)  # type: ignore[arg-type]
+        return parts(self, data)  # type: ignore[arg-type]
 
     def busy(name: str, upto: object) -> LSN:
         raise SlotInUseError(name, 4242)
 
-    monkeypatch.setattr(ColumnarDecoder, "feed", declining)
+    monkeypatch.setattr(ColumnarDecoder, "parts", declining)
     monkeypatch.setattr(source, "advance_slot", busy)
     lake = Lake(str(tmp_path / "lake"), "s")
     with pytest.raises(SlotStreamError, match="before the slot could be confirmed"):

@@ -80,7 +80,7 @@ class FakeSource:
                     alive: Any = None) -> Any:  # fmt: skip
         if not self.streams:
             raise SlotStreamUnavailableError(slot, "this fake is peeked")
-        return FakeStream(self, start)
+        return FakeStream(self, start, dict(options))
 
 
 class FakeStream:
@@ -89,9 +89,10 @@ class FakeStream:
     position. A batch's WAL end is where its last Commit ends, as a server's (which sends 0
     in every other message's frame), else 0. Confirms land on the slot when closed."""
 
-    def __init__(self, source: FakeSource, start: LSN) -> None:
+    def __init__(self, source: FakeSource, start: LSN, options: dict[str, str]) -> None:
         self.source = source
         self.start = start
+        self.options = options  # what a server takes: the drain's decoder reads them
         self.confirms: list[LSN] = []
         source.streamed.append(self)
 

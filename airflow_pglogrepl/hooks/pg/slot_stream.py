@@ -136,8 +136,14 @@ class SlotStream:
             os.set_blocking(self._wake_r, False)
             self._server = server_of(self._conn)
             self._interval = _status_interval(self._conn)
+            # the options the stream was started with (read by its decoder): ``streaming``
+            # needs protocol 2, which servers before 14 do not have
+            self.options = dict(options)
+            if self._conn.info.server_version < 140000 and "streaming" in self.options:
+                self.options.pop("streaming")
+                self.options["proto_version"] = "1"
             _refuse_synchronous_standby(self._conn, slot)
-            command = start_replication(slot, self.start, options, self._conn)
+            command = start_replication(slot, self.start, self.options, self._conn)
             self._begin(command)
             self._low_water = _wake_for_bytes(self._conn.pgconn.socket, WAKE_BYTES)
         except BaseException:

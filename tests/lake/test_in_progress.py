@@ -1,0 +1,109 @@
+"""Rows of streamed transactions kept in the lake until their Stream Commit: given their commit
+LSN and time then, without what aborted sub-transactions did and with ``_seq`` closing the gap;
+dropped on a Stream Abort; replaced by a first block sent again; never left behind."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from airflow_pglogrepl.changelog.columnar import ColumnarDecoder, InProgress
+from airflow_pglogrepl.lake.in_progress import InProgressTransactions
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pgoutput.messages import (
+    InsertMessage,
+    StreamAbortMessage,
+    StreamCommitMessage,
+    StreamStartMessage,
+    StreamStopMessage,
+)
+from airflow_pglogrepl.pgoutput.stream_blocks import StreamAbort, StreamCommit
+from airflow_pglogrepl.pgoutput.values import OID
+from tests.support.pgoutput_encoder import encode, relation
+
+pytestmark = pytest.mark.unit
+
+OPTIONS = {"proto_version": "2", "streaming": "on", "publication_names": "p"}
+T0 = dt.datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=dt.UTC)
+
+
+def batch(*messages: object) -> pa.Array:
+    return pa.array([encode(m) for m in messages], pa.large_binary())  # type: ignore[arg-type]
+
+
+def ins(subxid: int, value: int) -> InsertMessage:
+    return InsertMessage(subxid, 16384, (str(value).encode(),))  # type: ignore[arg-type]
+
+
+def run(tmp_path: Path, *batches: pa.Array) -> tuple[list[dict[str, Any]], InProgressTransactions]:
+    """Feed ``batches`` through the decoder and the store; the committed rows, in order."""
+    decoder = ColumnarDecoder(OPTIONS)
+    kept = InProgressTransactions(Lake(str(tmp_path / "lake"), "s"))
+    rows: list[dict[str, Any]] = []
+    for data in batches:
+        for part in decoder.parts(data):
+            if isinstance(part, InProgress):
+                kept.add(part)
+            elif isinstance(part, StreamAbort):
+                kept.abort(part.xid, part.subxid)
+            elif isinstance(part, StreamCommit):
+                assert decoder.commit_lsns[-1] == part.commit_lsn
+                for piece in kept.commit(part):
+                    rows += piece.rows.to_pylist()
+    return rows, kept
+
+
+def opening(xid: int, *, first: bool = True) -> list[object]:
+    return [StreamStartMessage(xid, first), relation(16384, "t", [("id", OID.INT4, True)],
+                                                     xid=xid)]  # fmt: skip
+
+
+def test_a_committed_transaction_gets_its_commit_without_its_aborted_sub_transactions(
+    tmp_path: Path,
+) -> None:
+    """Sub-transaction 901 (and 902, nested in it: it follows 901's first change) rolls back
+    between the transaction's two blocks; what comes after stays, numbered on."""
+    rows, kept = run(
+        tmp_path,
+        batch(*opening(900), ins(900, 1), ins(901, 2), ins(902, 3), StreamStopMessage(),
+              StreamAbortMessage(900, 901)),
+        batch(StreamStartMessage(900, False), ins(900, 4), ins(903, 5), StreamStopMessage(),
+              StreamCommitMessage(900, 0, LSN(0x500), LSN(0x508), T0)),
+    )  # fmt: skip
+    assert [(r["id"], r["_seq"], r["_xid"], r["_commit_lsn"]) for r in rows] == [
+        (1, 0, 900, 0x500), (4, 1, 900, 0x500), (5, 2, 900, 0x500),
+    ]  # fmt: skip
+    assert {r["_commit_ts"] for r in rows} == {T0}
+    assert (
+        kept.rows == 0 and not (tmp_path / "lake" / "_pglogrepl" / "in_progress" / "900").exists()
+    )
+
+
+def test_an_aborted_transaction_leaves_nothing_and_a_first_block_sent_again_replaces(
+    tmp_path: Path,
+) -> None:
+    rows, kept = run(
+        tmp_path,
+        batch(*opening(700), ins(700, 1), StreamStopMessage(), StreamAbortMessage(700, 700)),
+        batch(*opening(800), ins(800, 2), StreamStopMessage()),
+        # a new stream sends 800 again from its start
+        batch(*opening(800), ins(800, 2), ins(800, 3), StreamStopMessage(),
+              StreamCommitMessage(800, 0, LSN(0x900), LSN(0x908), T0)),
+    )  # fmt: skip
+    assert [(r["id"], r["_seq"]) for r in rows] == [(2, 0), (3, 1)]
+    assert kept.rows == 0
+
+
+def test_clear_removes_what_an_earlier_run_left(tmp_path: Path) -> None:
+    _, kept = run(tmp_path, batch(*opening(600), ins(600, 1), StreamStopMessage()))
+    assert kept.rows == 1
+    left = tmp_path / "lake" / "_pglogrepl" / "in_progress"
+    assert any(left.rglob("*.arrow"))
+    fresh = InProgressTransactions(Lake(str(tmp_path / "lake"), "s"))
+    fresh.clear()
+    assert not left.exists()
