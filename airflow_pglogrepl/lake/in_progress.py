@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.changelog.columns import COMMIT_LSN, COMMIT_TS, SEQ
+from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake import storage
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ class InProgressTransactions:
                 pa.ipc.new_stream(sink, piece.rows.schema) as writer,
             ):
                 writer.write_table(piece.rows)
+            fault("in_progress_kept")
             txn.files.append((path, piece.table))
             txn.rows += piece.rows.num_rows
         for subxid, seq in block.firsts.items():

@@ -201,7 +201,11 @@ class Drain:
         """The windows of ``[start, run_end)`` read by peeks, up to ``max_windows`` in all,
         appended to ``windows``; returns where they ended."""
         next_commit = False
-        while start < run_end and (self.max_windows is None or len(windows) < self.max_windows):
+        while (
+            start < run_end
+            and (self.max_windows is None or len(windows) < self.max_windows)
+            and not (self.follow is not None and self.follow.over())
+        ):
             if self.columnar and not next_commit and not self.held:
                 room = PEEK_WINDOWS
                 if self.max_windows is not None:
@@ -240,6 +244,17 @@ class Drain:
             next_commit = stats.transactions == 0
             start = stats.end
         return start
+
+    def published_before(self, end: LSN) -> bool:
+        """Whether the slot holds a published change before ``end`` (a peek of one)."""
+        rows = self.source.peek_changes(self.slot, upto_lsn=end, options=self.options,
+                                        upto_nchanges=1)  # fmt: skip
+        try:
+            return next(iter(rows), None) is not None
+        finally:
+            close = getattr(rows, "close", None)
+            if close is not None:
+                close()
 
     def _held_window(self, start: LSN, end: LSN, *, next_commit: bool) -> WindowStats:
         """A window on the per-message path; a table whose changes cannot be stored is put in

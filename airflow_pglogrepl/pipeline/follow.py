@@ -14,7 +14,6 @@ source's (``_commit_ts``) and this host's: their offset is in every figure.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,10 +27,11 @@ if TYPE_CHECKING:
 __all__ = ["STOPPED_BY", "Follow", "Freshness", "following", "freshness_of"]
 
 # why a following run ended: a signal (SIGTERM from Airflow's kill, SIGINT from a terminal),
-# its time bound, its window bound
-STOPPED_BY = ("signal", "time", "windows")
+# its time bound, its window bound, a table put in the lake's quarantine
+STOPPED_BY = ("signal", "time", "windows", "quarantine")
 
 _NO_END = (1 << 64) - 1  # a following stream's span: it ends when told, not at an LSN
+_WAKE_S = 0.05  # how often a waiting run looks at its stop flag
 _BUCKET_S = 0.01  # the freshness histogram's resolution
 _BUCKETS = 60_000  # 10 ms buckets up to 10 minutes; anything later falls in the last
 
@@ -81,16 +81,21 @@ class Freshness:
 
 @dataclass
 class Follow:
-    """A following run's bounds and its stop switch (``stop``: set from a signal handler).
+    """A following run's bounds and its stop switch (``request_stop``, safe in a signal
+    handler: it only sets a flag, where a lock taken there could be held by the very code the
+    signal interrupted).
 
     ``window_s``: seconds between window commits while changes come; ``seconds``: end the run
-    after this long (None: until stopped); ``max_windows``: end it after this many windows.
+    after this long (None: until stopped); ``max_windows``: end it after this many windows;
+    ``stop_on_quarantine``: end it once a table goes to the lake's quarantine (the run then
+    fails naming it, instead of following on without it).
     """
 
     window_s: float
     seconds: float | None = None
     max_windows: int | None = None
-    stop: threading.Event = field(default_factory=threading.Event)
+    stop_on_quarantine: bool = False
+    stop_requested: bool = False
     began: float = field(default_factory=time.monotonic)
     freshness: Freshness = field(default_factory=Freshness)
     stopped_by: str | None = None
@@ -108,13 +113,17 @@ class Follow:
     def over(self) -> bool:
         """Whether the run ends now; records why."""
         if self.stopped_by is None:
-            if self.stop.is_set():
+            if self.stop_requested:
                 self.stopped_by = "signal"
             elif self.seconds is not None and time.monotonic() - self.began >= self.seconds:
                 self.stopped_by = "time"
             elif self.max_windows is not None and self.windows >= self.max_windows:
                 self.stopped_by = "windows"
         return self.stopped_by is not None
+
+    def request_stop(self) -> None:
+        """End the run after the window in hand (a signal's handler calls this)."""
+        self.stop_requested = True
 
     def tick_s(self) -> float:
         """How long a following reader waits for data before it looks at the clock."""
@@ -124,7 +133,8 @@ class Follow:
         """Sleep until the monotonic time ``until``, the run's time bound, or a stop."""
         if self.seconds is not None:
             until = min(until, self.began + self.seconds)
-        self.stop.wait(max(0.0, until - time.monotonic()))
+        while not self.stop_requested and (left := until - time.monotonic()) > 0:
+            time.sleep(min(left, _WAKE_S))
 
     def to_dict(self) -> dict[str, Any]:
         """The summary's ``follow``: its settings, how long it ran and why it ended, and the
@@ -151,14 +161,24 @@ def following(drain: Drain, start: LSN, windows: list[WindowStats], follow: Foll
     follow.cpu_at_start = cpu_s()
     if drain.reader != "peek":
         start = streamed(drain, start, LSN(_NO_END), windows)
-    while not follow.over():
+    while not _ends(follow, drain):
         began = time.monotonic()
         run_end = drain.run_end = max(drain.run_end, drain.source.flush_lsn())
-        if start < run_end:
+        if start < run_end and (
+            run_end - start >= drain.max_window_bytes or drain.published_before(run_end)
+        ):  # (a pass through unpublished WAL alone would commit an empty window each time)
             count = len(windows)
             start = drain.peeked(start, run_end, windows)
             follow.windows += len(windows) - count
         follow.wait(began + follow.window_s)
+    _ends(follow, drain)
+
+
+def _ends(follow: Follow, drain: Drain) -> bool:
+    """``follow.over``, or a table put in quarantine when that ends the run."""
+    if follow.stop_on_quarantine and drain.held and follow.stopped_by is None:
+        follow.stopped_by = "quarantine"
+    return follow.over()
 
 
 def freshness_of(commit_ts: Any, readable_at: float) -> Any:

@@ -129,6 +129,10 @@ def columnar_windows(
     try:
         for item in fetched:
             data, wal_end = item if isinstance(item, tuple) else (item, None)
+            if follow is not None and data is not None and follow.over():
+                # Stopping with a transaction read in part: read it to its Commit, and no
+                # further (the rest is sent again to the next run), then cut past it.
+                data, wal_end = through_first_commit(data, wal_end)
             if wal_end is not None:
                 sent = max(sent, int(wal_end))
             for part in decoder.parts(data) if data is not None else ():
@@ -166,17 +170,21 @@ def columnar_windows(
                 current = OpenWindow(drain, LSN(current.boundary), step, follow)
             if follow is None:
                 continue
+            drain.run_end = LSN(max(int(drain.run_end), sent))  # (what "lag left" is from)
             over = follow.over()
             if over or (current.stats.changes and current.age() >= follow.window_s):
+                # Cut where every transaction before has been read whole: at the highest WAL
+                # end sent, once that is past every row the window holds. A transaction read
+                # in part (its rows are placed batch by batch) holds the cut back until its
+                # Commit is read, a stop too: its rest is on the way.
                 cut = min(current.boundary, sent)
-                held = [c for c in decoder.commit_lsns if c < current.boundary]
-                if cut > int(current.stats.start) and (not held or max(held) < cut):
+                if cut > int(current.stats.start) and cut > current.top:
                     current.boundary = cut
                     done.append(current.commit(decoder.commit_lsns))
                     step = min(last, cut + drain.max_window_bytes)
                     current = OpenWindow(drain, LSN(cut), step, follow)
-                if over:
-                    current.abandon()  # empty: nothing of it was read
+                if over and not current.stats.changes:
+                    current.abandon()  # nothing of it was read
                     return
         if follow is not None:  # the stream ended without an error: only a close does that
             current.abandon()
@@ -209,6 +217,7 @@ class OpenWindow:
         self.follow = follow
         self.commits: list[tuple[Any, Any]] = []  # (commit LSNs, commit times), following
         self.began = time.monotonic()
+        self.top = -1  # the highest commit LSN of the rows added: the window must end past it
         self.stats = WindowStats(start=start, end=start, decoder="columnar")
         self.window = drain.lake.open_window(start)
         self.boundary = boundary
@@ -224,6 +233,7 @@ class OpenWindow:
             return
         if self.follow is not None:
             self.commits.append(_commit_times(piece.rows))
+        self.top = max(self.top, int(piece.rows.column(COMMIT_LSN)[-1].as_py()))
         self.stats.changes += rows
         relid = piece.table.relation_id or 0
         queued = self.pending.setdefault(relid, [])
@@ -249,6 +259,10 @@ class OpenWindow:
     def commit(self, commit_lsns: list[int]) -> WindowStats:
         """Write what is queued, wait for the writes, commit the window up to its boundary and
         advance the slot; ``commit_lsns`` loses the transactions the window holds."""
+        if self.top >= self.boundary:  # its end would confirm a transaction not all stored
+            raise RuntimeError(f"internal error: window {self.stats.start}..{LSN(self.boundary)} "
+                               f"holds rows of a transaction committing at {LSN(self.top)}; "
+                               f"nothing of it was committed")  # fmt: skip
         for queued in self.pending.values():
             if queued:
                 self._write(queued)
@@ -292,3 +306,23 @@ def _freshness(commits: list[tuple[Any, Any]], readable_at: float) -> Any:
     times = np.concatenate([c[1] for c in commits])
     _, firsts = np.unique(lsns, return_index=True)
     return freshness_of(times[firsts], readable_at)
+
+
+def through_first_commit(data: Any, wal_end: LSN | None) -> tuple[Any, LSN | None]:
+    """``data`` (a batch of messages) up to and including its first Commit, with where that
+    Commit's record ends (every transaction before it has then been read whole); ``data``
+    and ``wal_end`` as they are when it holds none."""
+    import numpy as np
+
+    from airflow_pglogrepl.pgoutput import layouts as lay
+    from airflow_pglogrepl.pgoutput.columnar import buffers
+
+    if not len(data):
+        return data, wal_end
+    buf, starts, ends = buffers(data)
+    commits = np.flatnonzero((buf[starts] == lay.COMMIT) & (ends - starts == lay.COMMIT_SIZE))
+    if not len(commits):
+        return data, wal_end
+    first = int(commits[0])
+    at = int(starts[first]) + lay.COMMIT_LSN + 8  # the end LSN follows the commit LSN
+    return data.slice(0, first + 1), LSN(int.from_bytes(buf[at : at + 8].tobytes(), "big"))

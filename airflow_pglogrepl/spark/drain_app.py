@@ -100,13 +100,13 @@ def _stop_on_signals(follow: Any) -> None:
     import signal
 
     def stop(signum: int, frame: object) -> None:
-        if follow.stop.is_set():
+        if follow.stop_requested:
             raise SystemExit(128 + signum)
         logging.getLogger("airflow_pglogrepl.drain").warning(
             "%s: committing the current window, then stopping (send it again to stop now)",
             signal.Signals(signum).name,
         )  # fmt: skip
-        follow.stop.set()
+        follow.request_stop()  # a flag only: no lock may be taken in a signal handler
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop)
@@ -134,7 +134,8 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     follow = None
     if args.follow:
         follow = Follow(window_s=args.window_seconds, seconds=args.follow_for,
-                        max_windows=args.max_windows)  # fmt: skip
+                        max_windows=args.max_windows,
+                        stop_on_quarantine=args.on_quarantine == "fail")  # fmt: skip
         _stop_on_signals(follow)
 
     storage.use_for_lake(args.lake_root)

@@ -145,8 +145,8 @@ def test_what_it_does_not_take_is_declined_to_the_per_message_back_end(
 
 
 def test_streamed_or_binary_sessions_and_empty_batches() -> None:
-    for option in ({"streaming": "on"}, {"binary": "true"}):
-        with pytest.raises(ColumnarUnsupportedError, match="streamed transactions and binary"):
+    for option in ({"streaming": "parallel"}, {"binary": "true"}):
+        with pytest.raises(ColumnarUnsupportedError, match="'parallel' and binary tuples"):
             ColumnarParser({**OPTIONS, **option})
     assert ColumnarParser(OPTIONS).parse(pa.array([], pa.binary())) is None
     large = ColumnarParser(OPTIONS).parse(pa.array([encode(relation(7, "t", SPEC))],

@@ -73,3 +73,18 @@ def test_a_stream_span_of_max_windows_ends_at_its_bound(tmp_path: Path) -> None:
         (LSN(0x1000), LSN(0x1180), 1)
     ]
     assert _ids(lake) == [1, 2]
+
+
+def test_a_stopping_run_reads_a_batch_up_to_its_first_commit_and_no_further() -> None:
+    import pyarrow as pa
+
+    from airflow_pglogrepl.pipeline.windows import through_first_commit
+
+    rows = three_transactions().rows
+    data = pa.array([r[2] for r in rows], pa.large_binary())
+    kinds = [m[:1] for m in data.to_pylist()]
+    first = kinds.index(b"C")
+    cut, end = through_first_commit(data.slice(2), LSN(0x1))  # starts inside a transaction
+    assert cut.to_pylist() == data.to_pylist()[2 : first + 1] and end == LSN(0x1108)
+    none, same = through_first_commit(data.slice(0, first), LSN(0x77))
+    assert len(none) == first and same == LSN(0x77)

@@ -86,8 +86,9 @@ class FakeSource:
 class FakeStream:
     """A walsender over the fake's rows: every message from ``start`` on (past the run's end
     too, as a server does), ``batch_messages`` at a time, then a keepalive at the flush
-    position. A batch's WAL end is where its last Commit ends, as a server's (which sends 0
-    in every other message's frame), else 0. Confirms land on the slot when closed."""
+    position. A batch's WAL end is its highest frame's, as a server's: a Commit's frame holds
+    where its record ends, every other message's frame its own LSN (a change's is below its
+    transaction's commit). Confirms land on the slot when closed."""
 
     def __init__(self, source: FakeSource, start: LSN, options: dict[str, str]) -> None:
         self.source = source
@@ -103,7 +104,7 @@ class FakeStream:
         step = self.source.batch_messages
         for first in range(0, len(rows), step):
             part = rows[first : first + step]
-            ends = [_commit_end(r[2]) for r in part]
+            ends = [max(int(r[0]), _commit_end(r[2])) for r in part]
             yield _Batch(pa.array([r[2] for r in part], pa.large_binary()), LSN(max(ends)))
         yield _Batch(pa.array([], pa.large_binary()), self.source.flush)
 
