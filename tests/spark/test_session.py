@@ -30,3 +30,21 @@ def test_a_jar_folder_goes_to_spark_jars(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setenv(JARS_ENV, str(tmp_path / "missing.jar"))
     with pytest.raises(FileNotFoundError, match=r"missing\.jar"):
         delta_conf()
+
+
+@pytest.mark.unit
+def test_a_local_master_puts_the_jars_on_the_drivers_class_path() -> None:
+    """Not in spark.jars, which would copy each jar (S3A's 650 MiB bundle too) into the
+    driver's scratch folder at every start."""
+    import os
+
+    from airflow_pglogrepl.spark.session import on_class_path
+
+    conf = {"spark.jars": "/j/a.jar,/j/b.jar", "spark.driver.extraClassPath": "/own.jar",
+            "spark.ui.enabled": "false"}  # fmt: skip
+    assert on_class_path(conf) == {
+        "spark.driver.extraClassPath": os.pathsep.join(["/own.jar", "/j/a.jar", "/j/b.jar"]),
+        "spark.ui.enabled": "false",
+    }
+    packages = {"spark.jars.packages": "io.delta:delta-spark_2.13:4.0.0"}
+    assert on_class_path(packages) == packages
