@@ -107,3 +107,51 @@ def test_clear_removes_what_an_earlier_run_left(tmp_path: Path) -> None:
     fresh = InProgressTransactions(Lake(str(tmp_path / "lake"), "s"))
     fresh.clear()
     assert not left.exists()
+
+
+# -- frames a walsender sent (tests/support/recorded_frames.py --streaming; PostgreSQL 15) ----
+
+RECORDED = Path(__file__).parents[1] / "hooks" / "pg" / "recorded" / "pgoutput_v2_streamed.frames"
+
+
+def test_recorded_streamed_transactions_give_the_changes_the_per_message_decoder_gives(
+    tmp_path: Path,
+) -> None:
+    """Recorded with a 64 kB ``logical_decoding_work_mem``: a transaction of 1,500 inserts
+    (300 of them rolled back to a savepoint) and 3 updates, sent in blocks with a small
+    transaction committing in its middle; another of 1,000 inserts sent in blocks, then rolled
+    back; a small one after. The columnar decoder and the lake give, row for row, what the
+    per-message decoder (which holds streamed transactions in memory) gives."""
+    from airflow_pglogrepl.hooks.pg.stream_frames import frames
+    from airflow_pglogrepl.pgoutput import Change, PgOutputStream
+    from tests.support.recorded_frames import STREAMING, load
+
+    messages = frames(load(RECORDED)).messages
+    kinds = {m[:1] for m in messages.to_pylist()}
+    assert {b"S", b"E", b"c", b"A"} <= kinds, "the recording holds no streamed transaction"
+    decoder = ColumnarDecoder(STREAMING)
+    kept = InProgressTransactions(Lake(str(tmp_path / "lake"), "s"))
+    rows: list[dict[str, Any]] = []
+    for part in decoder.parts(messages):
+        if isinstance(part, InProgress):
+            kept.add(part)
+        elif isinstance(part, StreamAbort):
+            kept.abort(part.xid, part.subxid)
+        elif isinstance(part, StreamCommit):
+            for piece in kept.commit(part):
+                rows += piece.rows.to_pylist()
+        else:
+            rows += [r for piece in part for r in piece.rows.to_pylist()]
+    columnar = sorted((r["_commit_lsn"], r["_seq"], r["_op"], r["id"], r["v"]) for r in rows)
+    events = PgOutputStream.from_options(STREAMING).decode(
+        (LSN(0), None, m) for m in messages.to_pylist()
+    )
+    reference = sorted(
+        (int(c.transaction.commit_lsn or 0), c.seq, c.op, c.new["id"], c.new["v"])
+        for c in events if isinstance(c, Change)
+    )  # fmt: skip
+    assert columnar == reference
+    inserted = sorted(r[3] for r in columnar if r[2] == "I")
+    assert inserted == [*range(1, 601), *range(901, 1501), 10001, 10002]
+    assert sorted((r[3], r[4]) for r in columnar if r[2] == "U") == [(1, "d"), (2, "d"), (3, "d")]
+    assert kept.rows == 0

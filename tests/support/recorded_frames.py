@@ -1,8 +1,9 @@
 """Frames a walsender really sent, kept in a file for the protocol's unit tests.
 
-``python -m tests.support.recorded_frames DSN SLOT PATH`` streams the slot (pgoutput, protocol 1,
-publication ``pub``) until the server has sent all it has and pinged us, and writes each frame as
-it came: a 4-byte big-endian length, then the frame. ``load`` reads such a file back.
+``python -m tests.support.recorded_frames DSN SLOT PATH [--streaming]`` streams the slot
+(pgoutput, publication ``pub``; protocol 1, or 2 with ``streaming 'on'``) until the server has
+sent all it has and pinged us, and writes each frame as it came: a 4-byte big-endian length,
+then the frame. ``load`` reads such a file back.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from airflow_pglogrepl.hooks.pg.source import PgSource
 from airflow_pglogrepl.hooks.pg.stream_frames import FrameBatch
 
 OPTIONS = {"proto_version": "1", "publication_names": '"pub"', "messages": "false"}
+STREAMING = {**OPTIONS, "proto_version": "2", "streaming": "on"}
 
 
 def load(path: Path) -> list[bytes]:
@@ -28,7 +30,7 @@ def load(path: Path) -> list[bytes]:
     return frames
 
 
-def record(dsn: str, slot: str, path: Path) -> None:
+def record(dsn: str, slot: str, path: Path, options: dict[str, str] = OPTIONS) -> None:
     source = PgSource(dsn)
     end = source.flush_lsn()
     kept: list[bytes] = []
@@ -41,7 +43,7 @@ def record(dsn: str, slot: str, path: Path) -> None:
     slot_stream.frames = keep  # type: ignore[assignment]
     start = source.get_slot(slot).confirmed_flush_lsn
     with slot_stream.SlotStream(source.connection_params(), slot, label="recorder", start=start,
-                                options=OPTIONS) as stream:  # fmt: skip
+                                options=options) as stream:  # fmt: skip
         for batch in stream.batches():
             if batch.wal_end >= end and batch.keepalives:
                 break
@@ -49,4 +51,5 @@ def record(dsn: str, slot: str, path: Path) -> None:
 
 
 if __name__ == "__main__":
-    record(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+    record(sys.argv[1], sys.argv[2], Path(sys.argv[3]),
+           STREAMING if "--streaming" in sys.argv[4:] else OPTIONS)  # fmt: skip
