@@ -140,6 +140,8 @@ class ColumnarDecoder:
             if isinstance(part, Plain):
                 out.append(self._feed(part.messages))
             elif isinstance(part, Block):
+                if part.first:
+                    self._parser.restart_in_progress(part.xid)
                 seq = 0 if part.first else self._seqs.get(part.xid, 0)
                 batch, after = self._parser.parse_in_progress(part.messages, part.xid, seq)
                 self._seqs[part.xid] = after
@@ -156,8 +158,10 @@ class ColumnarDecoder:
                 if isinstance(part, StreamAbort):
                     if part.subxid == part.xid:
                         self._seqs.pop(part.xid, None)
+                        self._parser.end_in_progress(part.xid, committed=False)
                 else:  # a commit: in commit order with the whole transactions' commits
                     self._seqs.pop(part.xid, None)
+                    self._parser.end_in_progress(part.xid, committed=True)
                     self._parser.commit_lsns.append(part.commit_lsn)
                     self._parser.transactions += 1
                 out.append(part)

@@ -97,6 +97,8 @@ class ColumnarParser:
         ) not in ("false", "off"):
             raise ColumnarUnsupportedError("streaming 'parallel' and binary tuples")
         self._relations = RelationCache(proto_version=int(options.get("proto_version", "1")))
+        # the tables each streamed transaction in progress described (``parse_in_progress``)
+        self._overlays: dict[int, dict[int, TableInfo]] = {}
         self._txn: Txn | None = None
         self.transactions = 0
         # the commit record LSN (a row's ``_commit_lsn``) of each transaction committed so far,
@@ -112,14 +114,32 @@ class ColumnarParser:
         changes so far numbered ``seq``: parsed as inside that transaction, with no commit LSN
         or time yet (0). Returns the batch and the transaction's ``_seq`` after it."""
         assert self._txn is None, "blocks are sent between whole transactions"
+        shared = self._relations
+        overlay = self._overlays.setdefault(xid, {})
+        self._relations = shared.scoped(overlay)  # its Relations are its own until its commit
         self._txn = Txn(xid, 0, 0, seq)
         try:
             batch = self.parse(data)
             if self._txn is not None:
                 seq = self._txn.seq
+            for relid, table in self._relations.tables.items():
+                if shared.tables.get(relid) is not table:
+                    overlay[relid] = table
         finally:
             self._txn = None
+            self._relations = shared
         return batch, seq
+
+    def end_in_progress(self, xid: int, *, committed: bool) -> None:
+        """Streamed transaction ``xid`` ended: the tables it described become everyone's
+        when it committed, and are forgotten when it rolled back."""
+        for table in self._overlays.pop(xid, {}).values():
+            if committed:
+                self._relations.describe(table)
+
+    def restart_in_progress(self, xid: int) -> None:
+        """A first block of ``xid`` again (a new stream): what it described before is stale."""
+        self._overlays.pop(xid, None)
 
     def parse(self, data: pa.Array) -> ParsedBatch | None:
         """One batch of messages (a ``binary`` or ``large_binary`` array, in slot order);

@@ -44,6 +44,16 @@ class RelationCache:
         self.fast_tables: dict[bytes, TableInfo] = {}
         self._types: dict[int, TypeMessage] = {}
 
+    def scoped(self, overlay: Mapping[int, TableInfo]) -> RelationCache:
+        """A cache for one block of a streamed transaction: this one's tables and ``overlay``
+        (that transaction's own descriptions) on top, the types shared. What a block describes
+        stays in the new cache, so other transactions go on with this one's."""
+        scoped = RelationCache(proto_version=self._proto_version)
+        scoped._types = self._types  # a Type message counts for everyone, as the reference's
+        for table in (*self.tables.values(), *overlay.values()):
+            scoped.describe(table)
+        return scoped
+
     def feed(self, data: bytes) -> None:
         """Apply a Relation or Type message that arrived outside a stream block.
 

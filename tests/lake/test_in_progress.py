@@ -155,3 +155,41 @@ def test_recorded_streamed_transactions_give_the_changes_the_per_message_decoder
     assert inserted == [*range(1, 601), *range(901, 1501), 10001, 10002]
     assert sorted((r[3], r[4]) for r in columnar if r[2] == "U") == [(1, "d"), (2, "d"), (3, "d")]
     assert kept.rows == 0
+
+
+def test_a_table_described_inside_a_block_is_that_transactions_until_its_commit(
+    tmp_path: Path,
+) -> None:
+    """Transaction 900 describes ``t`` with a column more (its own ALTER TABLE) inside a block:
+    a whole transaction committing before it still reads ``t`` as before; after 900's commit
+    everyone reads 900's description. Had 900 rolled back, its description would be gone."""
+    from airflow_pglogrepl.pgoutput.messages import BeginMessage, CommitMessage
+
+    wide = relation(16384, "t", [("id", OID.INT4, True), ("extra", OID.INT4)], xid=900)
+    row = InsertMessage(None, 16384, (b"8", b"9"))  # type: ignore[arg-type]
+    decoder = ColumnarDecoder(OPTIONS)
+    kept = InProgressTransactions(Lake(str(tmp_path / "lake"), "s"))
+    seen: list[tuple[list[str], dict[str, Any]]] = []
+
+    def feed(data: pa.Array) -> None:
+        for part in decoder.parts(data):
+            if isinstance(part, InProgress):
+                kept.add(part)
+            elif isinstance(part, StreamCommit):
+                seen.extend((p.rows.column_names, r) for p in kept.commit(part)
+                            for r in p.rows.to_pylist())  # fmt: skip
+            elif isinstance(part, list):
+                seen.extend((p.rows.column_names, r) for p in part for r in p.rows.to_pylist())
+
+    feed(batch(relation(16384, "t", [("id", OID.INT4, True)]),
+               StreamStartMessage(900, True), wide,
+               InsertMessage(900, 16384, (b"1", b"5")),  # type: ignore[arg-type]
+               StreamStopMessage(),
+               BeginMessage(LSN(0x100), T0, 7), InsertMessage(None, 16384, (b"7",)),  # type: ignore[arg-type]
+               CommitMessage(0, LSN(0x100),
+                                                                       LSN(0x108), T0),
+               StreamCommitMessage(900, 0, LSN(0x200), LSN(0x208), T0),
+               BeginMessage(LSN(0x300), T0, 8), row,
+               CommitMessage(0, LSN(0x300), LSN(0x308), T0)))  # fmt: skip
+    got = [("extra" in names, r["id"], r.get("extra")) for names, r in seen]
+    assert got == [(False, 7, None), (True, 1, 5), (True, 8, 9)]
