@@ -4,10 +4,11 @@ Stream Commit says where they belong, and dropped on their Stream Abort.
 With ``streaming 'on'`` (``pgoutput.stream_blocks``) the server sends a big transaction while it
 runs, instead of keeping it in its spill files until its commit. Its rows cannot join a window
 before they have a commit LSN: that is what orders them and what the slot is confirmed by. They
-wait here as Arrow IPC files under ``_pglogrepl/in_progress/<xid>/``, which no Delta log names and
-no reader lists (``VACUUM`` skips directories whose names start with ``_``), one file per block
-and table description. At the Stream Commit each file is read back, one at a time, given the
-commit LSN and time, and handed to the window like any transaction's rows; then it is removed.
+wait here as Arrow IPC files (zstd) under ``_pglogrepl/in_progress/<xid>/``, which no Delta log
+names and no reader lists (``VACUUM`` skips directories whose names start with ``_``), one file
+per block and table description. At the Stream Commit each file is read back, one at a time,
+given the commit LSN and time, and handed to the window like any transaction's rows; then it is
+removed.
 
 Why nothing here outlives a run: the slot is only ever confirmed up to a commit the lake holds.
 A transaction still in progress commits past that, so a new stream (after a crash, a stopped
@@ -25,6 +26,7 @@ the server numbers a transaction it sends whole.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -40,6 +42,10 @@ if TYPE_CHECKING:
     from airflow_pglogrepl.pgoutput.stream_blocks import StreamCommit
 
 __all__ = ["InProgressTransactions"]
+
+log = logging.getLogger("airflow_pglogrepl.lake")
+# zstd: about half the bytes of plain Arrow for changelog rows, so half the puts' size on a store
+_COMPRESSION = "zstd"
 
 
 @dataclass
@@ -66,10 +72,28 @@ class InProgressTransactions:
         return sum(t.rows for t in self._open.values())
 
     def clear(self) -> None:
-        """Remove everything kept, this run's and what an earlier one left."""
+        """Remove everything kept, this run's and what an earlier one left. Best effort: a
+        store that refuses leaves files no reader lists, which the next run removes; the run's
+        own error, if it has one, is the one to see."""
         self._open.clear()
-        with contextlib.suppress(FileNotFoundError):
+        try:
             self._system.delete_dir(self._base)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("%s: rows of transactions in progress could not be removed (%s: %s); "
+                        "the next run tries again. The lake's store must let the drain delete "
+                        "under _pglogrepl/", self.uri, type(exc).__name__, exc)  # fmt: skip
+
+    def report(self) -> None:
+        """Log the transactions still in progress that this run received and drops (a run
+        ends, or hands over to the peek): the next run receives them again from their start."""
+        for xid, txn in self._open.items():
+            if txn.rows:
+                log.warning("transaction %s is still in progress at the source: %d of its rows "
+                            "came and are dropped; every run receives it again from its start "
+                            "until it commits or rolls back (a long open transaction: see "
+                            "pg_stat_activity)", xid, txn.rows)  # fmt: skip
 
     def add(self, block: InProgress) -> None:
         """Keep the rows of one block."""
@@ -86,9 +110,10 @@ class InProgressTransactions:
                 self._system.create_dir(directory, recursive=True)
             self._files += 1
             path = f"{directory}/{self._files:010d}.arrow"
+            options = pa.ipc.IpcWriteOptions(compression=_COMPRESSION)
             with (
                 self._system.open_output_stream(path) as sink,
-                pa.ipc.new_stream(sink, piece.rows.schema) as writer,
+                pa.ipc.new_stream(sink, piece.rows.schema, options=options) as writer,
             ):
                 writer.write_table(piece.rows)
             fault("in_progress_kept")
@@ -129,7 +154,8 @@ class InProgressTransactions:
                 rows = _committed(rows, commit, dropped)
                 if rows.num_rows:
                     yield TablePiece(table, rows)
-                self._system.delete_file(path)
+                with contextlib.suppress(OSError):  # else removed by ``clear``
+                    self._system.delete_file(path)
         finally:
             with contextlib.suppress(OSError):
                 self._system.delete_dir(f"{self._base}/{commit.xid}")

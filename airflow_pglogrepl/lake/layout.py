@@ -6,7 +6,7 @@ Layout under the lake root (a local path, ``file:`` URI or any URI Delta can wri
     state/<schema>.<table>/     Delta table: the table's current rows
     _pglogrepl/windows/         Delta table: one row per committed window (the lake's position)
     _pglogrepl/quarantine/      Delta table: changes of tables the lake could not store
-    _pglogrepl/in_progress/     Parquet files, no table: rows of streamed transactions not yet
+    _pglogrepl/in_progress/     Arrow files, no table: rows of streamed transactions not yet
                                 committed at the source, while a run reads them (never state)
 
 Every table is a plain Delta table, so Spark, Trino, DuckDB or the ``deltalake`` package read

@@ -80,6 +80,7 @@ class BlockSplitter:
 
     def __init__(self) -> None:
         self._open: int | None = None  # the xid of the block still open at a batch's end
+        self._first = False  # whether that block is its transaction's first (none of it came)
 
     def split(self, data: pa.Array) -> list[Part]:
         import numpy as np
@@ -92,7 +93,7 @@ class BlockSplitter:
         if self._open is None and not len(controls):
             return [Plain(data)]  # the common case: no streamed transaction in sight
         parts: list[Part] = []
-        first = False
+        first = self._first
         done = 0
         for index in [*controls.tolist(), len(data)]:
             if index > done:
@@ -103,6 +104,7 @@ class BlockSplitter:
                     parts.append(Block(self._open, first, messages, subxids))
                     first = False
             if index == len(data):
+                self._first = first  # a Stream Start ended the batch: its block is still first
                 break
             raw = buf[starts[index] : ends[index]].tobytes()
             kind = raw[0]

@@ -41,6 +41,7 @@ from airflow_pglogrepl.exceptions import (
     SlotAheadOfLakeError,
 )
 from airflow_pglogrepl.faults import fault, pause
+from airflow_pglogrepl.lake.in_progress import InProgressTransactions
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.quarantine import TABLE_ERRORS, Cause, cause_of, held
 from airflow_pglogrepl.lake.quarantine import rows as quarantine_rows
@@ -167,6 +168,9 @@ class Drain:
         before = slot.confirmed_flush_lsn
         assert before is not None, "a logical slot always has confirmed_flush_lsn"
         self._claim()
+        # Rows of transactions in progress a killed run kept: the next stream sends them again
+        # from their start, and a run that peeks never needs them (``lake.in_progress``).
+        InProgressTransactions(self.lake).clear()
         start = self._reconcile(before, self.lake.position())
         self.held = held(self.lake)
         if self.held:

@@ -86,9 +86,8 @@ def columnar_windows(
     # the size of the one before: the slot moves on, in a few commits however far it goes.
     empty_bytes = drain.max_window_bytes
     in_progress = None
-    if decoder.streams:
+    if decoder.streams:  # (what an earlier run left there was removed as this one began)
         in_progress = InProgressTransactions(drain.lake)
-        in_progress.clear()  # an earlier run's: the server sends them again from their start
 
     def place(batch_pieces: list[TablePiece]) -> None:
         """Add rows to the windows they belong to, committing each window left behind."""
@@ -202,6 +201,7 @@ def columnar_windows(
         raise
     finally:
         if in_progress is not None:  # what is still in progress is sent again next time
+            in_progress.report()
             in_progress.clear()
 
 

@@ -193,3 +193,23 @@ def test_a_table_described_inside_a_block_is_that_transactions_until_its_commit(
                CommitMessage(0, LSN(0x300), LSN(0x308), T0)))  # fmt: skip
     got = [("extra" in names, r["id"], r.get("extra")) for names, r in seen]
     assert got == [(False, 7, None), (True, 1, 5), (True, 8, 9)]
+
+
+def test_a_store_that_refuses_to_delete_is_logged_not_raised_and_what_is_dropped_is_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``clear`` runs in a ``finally``: its failure must not replace the run's own error (or
+    stop a hand-over to the peek). A transaction still in progress when a run ends is named,
+    with the rows it dropped: the next run receives them again."""
+    _, kept = run(tmp_path, batch(*opening(600), ins(600, 1), ins(600, 2), StreamStopMessage()))
+    kept.report()
+    assert "transaction 600 is still in progress" in caplog.text and "2 of its rows" in caplog.text
+
+    def refuse(path: str) -> None:
+        raise PermissionError("AccessDenied (simulated)")
+
+    from types import SimpleNamespace
+
+    kept._system = SimpleNamespace(delete_dir=refuse)
+    kept.clear()
+    assert "could not be removed" in caplog.text and "AccessDenied" in caplog.text

@@ -109,3 +109,13 @@ def test_a_sliced_batch_and_a_message_after_a_gap_are_cut_right() -> None:
 def test_what_cannot_be_a_stream_is_declined(messages: tuple[object, ...], error: str) -> None:
     with pytest.raises(ColumnarUnsupportedError, match=error):
         BlockSplitter().split(batch(*messages))
+
+
+def test_a_first_block_whose_stream_start_ends_a_batch_is_still_first() -> None:
+    splitter = BlockSplitter()
+    assert splitter.split(batch(insert(None, b"0"), StreamStartMessage(5, True)))[1:] == []
+    (block,) = splitter.split(batch(insert(5, b"a"), StreamStopMessage()))
+    assert isinstance(block, Block) and (block.xid, block.first) == (5, True)
+    splitter.split(batch(StreamStartMessage(5, False)))
+    (later,) = splitter.split(batch(insert(5, b"b")))
+    assert isinstance(later, Block) and not later.first

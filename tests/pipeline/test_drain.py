@@ -175,6 +175,22 @@ def test_a_window_is_cut_after_every_table_of_a_batch_and_a_later_decline_loses_
         assert sorted(r["id"] for r in rows) == keys, name
 
 
+def test_what_a_killed_stream_kept_in_progress_is_removed_by_a_run_that_peeks(
+    tmp_path: Path,
+) -> None:
+    """A run killed while it kept rows of a transaction in progress leaves them; the next
+    run removes them whichever reader it uses (here the peek, as a role without REPLICATION)."""
+    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x2000)
+    lake = Lake(str(tmp_path / "lake"), "s")
+    left = tmp_path / "lake" / "_pglogrepl" / "in_progress" / "700"
+    left.mkdir(parents=True)
+    (left / "0000000001.arrow").write_bytes(b"kept by a run that was killed")
+    result = Drain(source=source, lake=lake, slot="s", publications=["p"],
+                   max_window_bytes=1 << 20).run(time.monotonic()).to_dict()  # fmt: skip
+    assert result["reader"] == "peek" and result["changes"] == 3
+    assert not left.parent.exists()
+
+
 def test_a_slot_ahead_of_the_lake_is_refused_and_nothing_moves(tmp_path: Path) -> None:
     lake = Lake(str(tmp_path / "lake"), "s")
     lake.open_window(LSN(0x1000)).commit(LSN(0x1100), transactions=0, changes=0)
