@@ -50,7 +50,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="bench-follow-") as lake_root:
             run = follow(cluster, lake_root, args.window_seconds, args.seconds)
             walsender = wait_until(lambda: _walsender_pid(cluster), what="the walsender")
-            server_cpu = _cpu_s(walsender)
+            assert walsender is not None
+            server_cpu = process_cpu_s(walsender)
             load = subprocess.run(
                 [str(pgbench), "-n", "-c", "4", "-j", "2", "-R", str(args.rate), "-T",
                  str(args.seconds), *target],
@@ -62,7 +63,7 @@ def main() -> None:
                     "SELECT confirmed_flush_lsn >= %s FROM pg_replication_slots "
                     "WHERE slot_name = 'bench'", (flushed,)).fetchone()[0],
                     what="the drain catching up", timeout=600)  # fmt: skip
-            server_cpu = _cpu_s(walsender) - server_cpu
+            server_cpu = process_cpu_s(walsender) - server_cpu
             run.send_signal(15)
             out, err = run.communicate(timeout=300)
             if run.returncode != 0:
@@ -101,7 +102,7 @@ def _walsender_pid(cluster: PgCluster) -> int | None:
     return int(row[0]) if row else None
 
 
-def _cpu_s(pid: int) -> float:
+def process_cpu_s(pid: int) -> float:
     """User and system CPU seconds of process ``pid`` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
