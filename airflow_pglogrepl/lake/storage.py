@@ -246,7 +246,7 @@ def spark_settings() -> dict[str, str]:
     if _store.access_key_id:
         directory = tempfile.mkdtemp(prefix="pglogrepl-s3-")
         atexit.register(shutil.rmtree, directory, True)
-        _exit_on_sigterm()
+        exit_on_sigterm()
         profile_file = os.path.join(directory, "credentials")
         fd = os.open(profile_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -254,10 +254,11 @@ def spark_settings() -> dict[str, str]:
     return {f"spark.hadoop.{k}": v for k, v in _store.hadoop_settings(profile_file).items()}
 
 
-def _exit_on_sigterm() -> None:
+def exit_on_sigterm() -> None:
     """A SIGTERM (the operator's ``on_kill``, a worker shutting down) ends the process through
-    ``SystemExit``, so the ``atexit`` removal of the profile file runs: by default the process
-    would die at once and leave the keys on disk. Only where nothing else handles it."""
+    ``SystemExit``, so ``finally`` blocks and ``atexit`` run (the removal of a credentials profile
+    or of a snapshot's passfile, the writer lock's release): by default the process would die at
+    once and leave secrets on disk. Only where nothing else handles it."""
     import signal
     import sys
     import threading

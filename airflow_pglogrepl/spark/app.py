@@ -200,6 +200,9 @@ def run_app(prog: str, operator: str, run: Callable[[str], dict[str, Any]], *, l
     logging.getLogger("py4j").setLevel(logging.WARNING)  # a line per gateway call at INFO
     # pyspark warns of pandas 3 on import; the applications use pandas through Arrow only
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+    from airflow_pglogrepl.lake.storage import exit_on_sigterm
+
+    exit_on_sigterm()  # (a following drain installs its own: stop after the window in hand)
     dsn = os.environ.get(DSN_ENV)
     if not dsn:
         print(

@@ -151,3 +151,21 @@ def test_the_lake_is_required_and_taken_under_its_old_name_too() -> None:
     assert parser.parse_args(["--sink", "/b"]).lake_root == "/b"
     with pytest.raises(SystemExit):
         parser.parse_args([])
+
+
+def test_sigterm_ends_an_application_through_its_finally_blocks(tmp_path: object) -> None:
+    """A SIGTERM (``on_kill``, a worker's shutdown) would kill the process where it stands,
+    leaving a snapshot's passfile (the password) on disk; it exits 143 through ``finally``."""
+    import pathlib
+
+    secret = pathlib.Path(str(tmp_path)) / "pgpass"
+    body = (
+        f"import os, signal, time, pathlib; p = pathlib.Path({str(secret)!r}); p.write_text('x')\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)\n"
+        "    finally:\n"
+        "        p.unlink()"
+    )
+    done = _app(body)
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert not secret.exists()
