@@ -51,7 +51,13 @@ from airflow_pglogrepl.names import publication_names_option
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
 from airflow_pglogrepl.pipeline.follow import Follow, following
 from airflow_pglogrepl.pipeline.overlap import Behind, prefetched
-from airflow_pglogrepl.pipeline.results import READERS, DrainResult, WindowStats, log_window
+from airflow_pglogrepl.pipeline.results import (
+    READERS,
+    DrainResult,
+    WindowStats,
+    committed,
+    log_window,
+)
 from airflow_pglogrepl.pipeline.streamed import streamed
 from airflow_pglogrepl.pipeline.windows import columnar_windows, window_end
 from airflow_pglogrepl.tables import TableRef
@@ -207,13 +213,13 @@ class Drain:
         next_commit = False
         while (
             start < run_end
-            and (self.max_windows is None or len(windows) < self.max_windows)
+            and (self.max_windows is None or committed(windows) < self.max_windows)
             and not (self.follow is not None and self.follow.over())
         ):
             if self.columnar and not next_commit and not self.held:
                 room = PEEK_WINDOWS
                 if self.max_windows is not None:
-                    room = min(room, self.max_windows - len(windows))
+                    room = min(room, self.max_windows - committed(windows))
                 done: list[WindowStats] = []
                 declined = False
                 try:
@@ -231,7 +237,7 @@ class Drain:
                 if not declined:
                     continue
                 if start >= run_end or (
-                    self.max_windows is not None and len(windows) >= self.max_windows
+                    self.max_windows is not None and committed(windows) >= self.max_windows
                 ):
                     break
             end = run_end if next_commit else min(run_end, start + self.max_window_bytes)

@@ -155,7 +155,7 @@ def following(drain: Drain, start: LSN, windows: list[WindowStats], follow: Foll
     """A following run: the stream, kept open until ``follow.over``; where the stream
     cannot be used, or once it declined a window, passes of the peek every
     ``follow.window_s`` (each drains up to the WAL position it found)."""
-    from airflow_pglogrepl.pipeline.results import cpu_s
+    from airflow_pglogrepl.pipeline.results import committed, cpu_s, fold_older
     from airflow_pglogrepl.pipeline.streamed import streamed
 
     follow.cpu_at_start = cpu_s()
@@ -167,9 +167,10 @@ def following(drain: Drain, start: LSN, windows: list[WindowStats], follow: Foll
         if start < run_end and (
             run_end - start >= drain.max_window_bytes or drain.published_before(run_end)
         ):  # (a pass through unpublished WAL alone would commit an empty window each time)
-            count = len(windows)
+            count = committed(windows)
             start = drain.peeked(start, run_end, windows)
-            follow.windows += len(windows) - count
+            follow.windows += committed(windows) - count
+            fold_older(windows)
         follow.wait(began + follow.window_s)
     _ends(follow, drain)
 

@@ -10,7 +10,17 @@ from typing import Any
 
 from airflow_pglogrepl.lsn import LSN
 
-__all__ = ["READERS", "DrainResult", "WindowStats", "cpu_s", "log_window", "peak_rss_mb"]
+__all__ = [
+    "FOLD_AT",
+    "READERS",
+    "DrainResult",
+    "WindowStats",
+    "committed",
+    "cpu_s",
+    "fold_older",
+    "log_window",
+    "peak_rss_mb",
+]
 
 # How a run may read its slot (``Drain``'s ``reader``): the stream, the peek, or the stream where
 # the server allows it. A run's summary says which it used (``DrainResult.reader``).
@@ -31,6 +41,7 @@ class WindowStats:
     tables: dict[str, int] = field(default_factory=dict)
     decoder: str = "reference"  # or "columnar": which path decoded the window
     quarantined: dict[str, int] = field(default_factory=dict)  # held tables' changes
+    count: int = 1  # the windows this record stands for (``fold``: a following run's older)
 
 
 @dataclass
@@ -62,7 +73,7 @@ class DrainResult:
         last = self.windows[-1].end if self.windows else self.confirmed_after
         return {
             "slot": self.slot,
-            "windows": len(self.windows),
+            "windows": committed(self.windows),
             "window_start_lsn": str(first) if first else None,
             "window_end_lsn": str(last) if last else None,
             "confirmed_flush_lsn_before": str(self.confirmed_before)
@@ -78,7 +89,7 @@ class DrainResult:
             "startup_s": round(self.startup_s, 3),
             "changes_per_s": round(changes / window_s, 1) if window_s > 0 else 0.0,
             "tables": _sum_tables(self.windows),
-            "columnar_windows": sum(w.decoder == "columnar" for w in self.windows),
+            "columnar_windows": sum(w.count for w in self.windows if w.decoder == "columnar"),
             "reader": self.reader,
             "reader_note": self.reader_note,
             "peak_rss_mb": peak_rss_mb(),
@@ -90,6 +101,41 @@ class DrainResult:
                 for table, cause in self.quarantined.items()
             },
         }
+
+
+def committed(windows: Sequence[WindowStats]) -> int:
+    """How many windows ``windows`` stand for (folded records count for all of theirs)."""
+    return sum(w.count for w in windows)
+
+
+# A following run keeps this many window records at most: older ones are folded into one, so a
+# run of days holds a few hundred kilobytes for its summary, not a record per window.
+FOLD_AT = 1000
+
+
+def fold_older(windows: list[WindowStats]) -> None:
+    """Past ``FOLD_AT`` records, fold all but the last into one (in place): its bounds are
+    theirs, its counts their sums. The last stays whole: where the run goes on from."""
+    if len(windows) <= FOLD_AT:
+        return
+    older = windows[:-1]
+    decoders = {w.decoder for w in older}
+    folded = WindowStats(
+        start=older[0].start, end=older[-1].end,
+        transactions=sum(w.transactions for w in older), changes=sum(w.changes for w in older),
+        seconds=sum(w.seconds for w in older), tables=_sum_tables(older),
+        decoder=decoders.pop() if len(decoders) == 1 else "mixed",
+        quarantined=_sum_quarantined(older), count=committed(older),
+    )  # fmt: skip
+    windows[:-1] = [folded]
+
+
+def _sum_quarantined(windows: Sequence[WindowStats]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for window in windows:
+        for name, count in window.quarantined.items():
+            total[name] = total.get(name, 0) + count
+    return total
 
 
 def cpu_s() -> float:

@@ -20,7 +20,7 @@ from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput.stream_blocks import StreamAbort
 from airflow_pglogrepl.pipeline.follow import Follow, freshness_of
 from airflow_pglogrepl.pipeline.overlap import Behind
-from airflow_pglogrepl.pipeline.results import WindowStats, log_window
+from airflow_pglogrepl.pipeline.results import WindowStats, fold_older, log_window
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
@@ -180,6 +180,7 @@ def columnar_windows(
                 if cut > int(current.stats.start) and cut > current.top:
                     current.boundary = cut
                     done.append(current.commit(decoder.commit_lsns))
+                    fold_older(done)  # a run of days: a bounded record of its windows
                     step = min(last, cut + drain.max_window_bytes)
                     current = OpenWindow(drain, LSN(cut), step, follow)
                 if over and not current.stats.changes:

@@ -202,3 +202,27 @@ def test_the_application_follows_until_sigterm_then_ends_well_with_all_committed
     if reader == "stream":
         fresh = result["follow"]["freshness"]
         assert fresh["transactions"] == 3 and fresh["max_s"] is not None
+
+
+@pytest.mark.unit
+def test_a_following_run_that_folds_its_windows_still_counts_them_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_pglogrepl.pipeline import results
+
+    monkeypatch.setattr(results, "FOLD_AT", 1)
+    source = FakeSource(three_transactions().rows, confirmed=0x1000, flush=0x1400)
+    source.streams = True
+    lake = SlowLake(str(tmp_path / "lake"), "s")
+    follow = Follow(window_s=0.001, max_windows=3)
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"],
+                  max_window_bytes=1 << 20, follow=follow)  # fmt: skip
+    run = drain.run(time.monotonic())
+    result = run.to_dict()
+    assert len(run.windows) <= 2 < result["windows"] == follow.windows == len(lake.windows())
+    assert result["changes"] == sum(
+        len(changelog_ids)
+        for changelog_ids in [
+            read_table(lake.paths.changes(TableRef("public", "items"))).to_pylist()
+        ]
+    )

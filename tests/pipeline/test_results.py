@@ -62,3 +62,32 @@ def test_each_window_is_one_log_line_with_its_bounds_path_and_lag_left(
 
 def test_peak_memory_is_this_processes_in_mebibytes() -> None:
     assert 1 < peak_rss_mb() < 1 << 20
+
+
+@pytest.mark.unit
+def test_a_following_runs_older_windows_fold_into_one_record_that_counts_for_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run of days keeps a bounded record: past ``FOLD_AT``, all but the last window become
+    one, and the summary still counts every window, change and table."""
+    from airflow_pglogrepl.pipeline import results
+
+    monkeypatch.setattr(results, "FOLD_AT", 3)
+    windows = [
+        results.WindowStats(start=LSN(10 * i), end=LSN(10 * i + 10), transactions=1, changes=2,
+                            seconds=0.5, tables={"public.t": 2}, decoder="columnar")
+        for i in range(5)
+    ]  # fmt: skip
+    before = results.DrainResult(slot="s", windows=list(windows), confirmed_before=LSN(0),
+                                 confirmed_after=LSN(50), run_end=LSN(50), startup_s=0.0,
+                                 lag_bytes_left=0).to_dict()  # fmt: skip
+    results.fold_older(windows)
+    assert len(windows) == 2 and windows[0].count == 4 and windows[-1].start == LSN(40)
+    assert (windows[0].start, windows[0].end) == (LSN(0), LSN(40))
+    after = results.DrainResult(slot="s", windows=windows, confirmed_before=LSN(0),
+                                confirmed_after=LSN(50), run_end=LSN(50), startup_s=0.0,
+                                lag_bytes_left=0).to_dict()  # fmt: skip
+    keys = ("windows", "columnar_windows", "changes", "transactions", "tables", "wal_bytes",
+            "window_start_lsn", "window_end_lsn", "changes_per_s")  # fmt: skip
+    assert {k: after[k] for k in keys} == {k: before[k] for k in keys}
+    assert after["windows"] == 5
