@@ -286,14 +286,19 @@ class LakeCommitConflictError(LakeMismatchError):
     retryable = True
 
     def __init__(self, table: str, app: str, expected: int | None, found: int | None,
-                 version: int) -> None:  # fmt: skip
+                 version: int, *, log_version: int | None = None) -> None:  # fmt: skip
         from airflow_pglogrepl.lsn import LSN
 
         def show(value: int | None) -> str:
             return "none" if value is None else str(LSN(value))
 
         self.table = table
-        if found is not None and found >= version and found == expected:
+        if log_version is not None:  # the log entry this commit was to create was there
+            what = (
+                f"another writer committed version {log_version} of its log first (the "
+                f"object store refused to create it again)"
+            )
+        elif found is not None and found >= version and found == expected:
             what = (
                 f"its transaction version for {app!r} is already {show(found)}, and this "
                 f"commit's ({show(version)}) is not above it: versions only go forward"

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.changelog.columns import COMMIT_LSN
+from airflow_pglogrepl.lake import storage
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lake.mapping import FEATURE, mapped_of, physical_names
 from airflow_pglogrepl.lake.storage import delta_options, filesystem
@@ -451,23 +452,18 @@ def put_commit(table_uri: str, version: int, data: bytes) -> bool:
     (nothing written) when it does: another writer committed that version first.
 
     Locally a complete, fsynced temporary file is hard-linked to its name, which fails if the
-    name exists. On an object store the entry is looked for, then written: not a conditional
-    put, so two writers could both write it. The lake's writer lock is what makes that
-    impossible (Delta's own single-writer assumption for S3); call it only under that lock.
-    For the commits delta-rs cannot make: a table created with
-    column mapping, a column renamed or added under it."""
-    from pyarrow import fs
+    name exists. On an object store one create-only PUT (``If-None-Match: *``, as delta-rs's
+    own commits; ``lake.create_only``), which the store refuses where the entry exists: a
+    writer that stalled after it chose ``version`` cannot overwrite what another committed.
+    For the commits delta-rs cannot make: a table created with column mapping, a column
+    renamed or added under it, a snapshot's publish."""
+    from airflow_pglogrepl.lake.create_only import put_if_absent
 
-    system, base = filesystem(table_uri)
-    directory = f"{base}/_delta_log"
     entry = f"{version:020d}.json"
     if not is_local(table_uri):
-        system.create_dir(directory, recursive=True)
-        if system.get_file_info(f"{directory}/{entry}").type != fs.FileType.NotFound:
-            return False
-        with system.open_output_stream(f"{directory}/{entry}") as stream:
-            stream.write(data)
-        return True
+        return put_if_absent(f"{storage.canonical(table_uri)}/_delta_log/{entry}", data)
+    _, base = filesystem(table_uri)
+    directory = f"{base}/_delta_log"
     os.makedirs(directory, exist_ok=True)
     temporary = os.path.join(directory, f".{entry}.{uuid.uuid4().hex}.tmp")
     try:
@@ -526,7 +522,7 @@ def create_table(
                     "writerFeatures": features}  # fmt: skip
     schema_string = mapping.to_json() if mapping else Schema.from_arrow(schema).to_json()
     actions: list[dict[str, Any]] = [
-        {"commitInfo": {"timestamp": now, "operation": "CREATE TABLE",
+        {"commitInfo": {"timestamp": now, "txnId": str(uuid.uuid4()), "operation": "CREATE TABLE",
                         "operationParameters": {}, "engineInfo": "airflow-pglogrepl"}},
         {"protocol": protocol},
         {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
@@ -537,7 +533,7 @@ def create_table(
     ]  # fmt: skip
     text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
     if not put_first_commit(uri, text.encode()):
-        raise LakeCommitConflictError(uri, app, None, txn_version(uri, app), version)
+        raise LakeCommitConflictError(uri, app, None, txn_version(uri, app), version, log_version=0)
 
 
 def add_entries(files: Sequence[DataFile], now: int) -> list[dict[str, Any]]:

@@ -378,13 +378,13 @@ def _put_metadata(uri: str, table: Any, mapped: MappedSchema, operation: str,
     actions."""
     import time
 
-    from airflow_pglogrepl.exceptions import LakeError
+    from airflow_pglogrepl.exceptions import LakeCommitConflictError
     from airflow_pglogrepl.lake import delta
 
     meta = table.metadata()
     now = int(time.time() * 1000)
     actions: list[dict[str, Any]] = [
-        {"commitInfo": {"timestamp": now, "operation": operation,
+        {"commitInfo": {"timestamp": now, "txnId": str(uuid.uuid4()), "operation": operation,
                         "operationParameters": parameters, "engineInfo": "airflow-pglogrepl"}},
         *([{"protocol": protocol}] if protocol is not None else []),
         {"metaData": {"id": meta.id, "name": meta.name, "description": meta.description,
@@ -398,11 +398,7 @@ def _put_metadata(uri: str, table: Any, mapped: MappedSchema, operation: str,
     data = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
     version = int(table.version()) + 1
     if not delta.put_commit(uri, version, data):
-        raise LakeError(
-            f"another writer committed version {version} of {uri} first: its schema was not "
-            f"changed ({operation}). Fix: only one writer at a time (the lake's writer lock); "
-            f"run again"
-        )
+        raise LakeCommitConflictError(uri, operation, None, None, version, log_version=version)
     return version
 
 

@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     from airflow_pglogrepl.hooks.pg.source import PgSource
-    from airflow_pglogrepl.lake import storage
+    from airflow_pglogrepl.lake import create_only, storage
     from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.pipeline.drain import Drain, check_slot
     from airflow_pglogrepl.pipeline.follow import Follow
@@ -139,6 +139,8 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
         _stop_on_signals(follow)
 
     storage.use_for_lake(args.lake_root)
+    # a store that would let two writers commit one version is refused before anything starts
+    create_only.require_conditional_create(args.lake_root)
     source = PgSource(dsn)
     spark = app.LazySpark("pglogrepl-drain")
     try:
