@@ -14,7 +14,7 @@ import re
 from functools import total_ordering
 from typing import SupportsIndex, overload
 
-from airflow_pglogrepl.exceptions import InvalidLSNError
+from airflow_pglogrepl.exceptions.source import InvalidLSNError
 
 __all__ = ["LSN"]
 

@@ -9,7 +9,7 @@ into a throwaway cluster, then measures, on one core each:
 - ``PgOutputStream`` on those rows already in memory: building the change records (values
   converted lazily, as a consumer that routes or converts columns in bulk would use them), and
   with every row's values converted to Python objects (``change.new`` / ``change.old``);
-- the columnar decoder (``lake.columnar``, protocol 1) on the same messages held as Arrow
+- the columnar decoder (``changelog.columnar``, protocol 1) on the same messages held as Arrow
   ``binary`` batches of ``--arrow-batch`` messages (as the ADBC fetch hands them over), all the
   way to typed changelog tables.
 

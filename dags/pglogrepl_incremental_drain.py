@@ -36,9 +36,7 @@ from airflow_pglogrepl.operators.slots import SlotHealthCheckOperator
 from airflow_pglogrepl.operators.snapshot import InitialSnapshotOperator
 from airflow_pglogrepl.operators.upkeep import LakeUpkeepOperator
 
-# PGLOGREPL_SINK is the variable's old name
-LAKE_ROOT = (os.environ.get("PGLOGREPL_LAKE") or os.environ.get("PGLOGREPL_SINK")
-             or "/tmp/pglogrepl-lake")  # fmt: skip
+LAKE_ROOT = os.environ.get("PGLOGREPL_LAKE") or "/tmp/pglogrepl-lake"
 LAKE_CONN_ID = os.environ.get("PGLOGREPL_LAKE_CONN_ID") or None
 
 with DAG(

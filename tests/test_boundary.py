@@ -21,7 +21,6 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 import airflow_pglogrepl.operators
 import airflow_pglogrepl.sensors
 from airflow_pglogrepl import exceptions
-from airflow_pglogrepl._moved import MOVED
 from airflow_pglogrepl.boundary import BOUNDARY_METHODS, TaskBoundary, at_boundary, raised_error
 from airflow_pglogrepl.operators.drain import SlotDrainOperator
 
@@ -154,8 +153,6 @@ def _task_classes() -> list[type]:
     found: dict[str, type] = {}
     for package in (airflow_pglogrepl.operators, airflow_pglogrepl.sensors):
         for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
-            if info.name in MOVED:  # an old path: the module at its new path is walked
-                continue
             module = importlib.import_module(info.name)
             for _, cls in inspect.getmembers(module, inspect.isclass):
                 if issubclass(cls, BaseOperator) and cls.__module__.startswith("airflow_pglogrepl"):

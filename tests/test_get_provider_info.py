@@ -14,7 +14,6 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import airflow_pglogrepl
-from airflow_pglogrepl._moved import MOVED
 from airflow_pglogrepl.get_provider_info import get_provider_info
 from airflow_pglogrepl.versions import SUPPORTED_MAJORS
 from tests.support.paths import REPO
@@ -66,7 +65,7 @@ def _task_modules(package: str) -> set[str]:
     found = set()
     path = importlib.import_module(package).__path__
     for info in pkgutil.iter_modules(path, package + "."):
-        if info.name in MOVED or info.name.rpartition(".")[2].startswith("_"):
+        if info.name.rpartition(".")[2].startswith("_"):
             continue
         module = importlib.import_module(info.name)
         if any(issubclass(cls, BaseOperator) and cls.__module__ == info.name

@@ -17,12 +17,10 @@ class is importable from here, where callers import it.
 
 from __future__ import annotations
 
-from airflow_pglogrepl._moved import renamed
 from airflow_pglogrepl.exceptions.base import (
     PgLogReplError,
 )
 from airflow_pglogrepl.exceptions.lake import (
-    OLD_NAMES,
     ColumnBackfillError,
     IncompatibleSchemaChangeError,
     LakeCommitConflictError,
@@ -41,6 +39,7 @@ from airflow_pglogrepl.exceptions.lake import (
     SchemaChangedError,
     SlotAheadOfLakeError,
     SnapshotNotCommittedError,
+    SnapshotTableExistsError,
     TableNotInLakeError,
     UnsafeRetentionError,
     UnstorableValueError,
@@ -156,6 +155,7 @@ __all__ = [
     "SnapshotLockError",
     "SnapshotNotCommittedError",
     "SnapshotReadError",
+    "SnapshotTableExistsError",
     "SparkApplicationError",
     "SparkSetupError",
     "StreamProtocolError",
@@ -172,7 +172,3 @@ __all__ = [
     "WrongPluginError",
     "lost_slot_message",
 ]
-
-
-# The lake was once also called the sink; the old names still reach the same classes.
-__getattr__ = renamed(__name__, OLD_NAMES)

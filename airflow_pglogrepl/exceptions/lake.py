@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl._moved import renamed
-
 if TYPE_CHECKING:
     from airflow_pglogrepl.lsn import LSN
 
@@ -90,15 +88,6 @@ class SlotAheadOfLakeError(LakeMismatchError):
             f"Nothing was drained. Fix: find what advanced the slot; rebuild the lake from a new "
             f"initial snapshot, or accept the gap explicitly by recording it"
         )
-
-    @property
-    def sink_lsn(self) -> LSN:
-        """``lake_lsn`` under its old name (handlers written before the lake's one name)."""
-        from airflow_pglogrepl._moved import warn_caller
-
-        warn_caller("SlotAheadOfLakeError: .sink_lsn is now .lake_lsn; the old name goes in a "
-                    "later release")  # fmt: skip
-        return self.lake_lsn
 
 
 class LakeFromAnotherSourceError(LakeMismatchError):
@@ -316,6 +305,26 @@ class LakeCommitConflictError(LakeMismatchError):
         )
 
 
+class SnapshotTableExistsError(LakeCommitConflictError):
+    """A snapshot's copy of a table was not published: a Delta table is at its place already,
+    created or published by another writer first (the log's first entry is a create that fails
+    where one exists). A retry would copy the table again and meet the same table, so none is
+    made; the message says what to do."""
+
+    retryable = False
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        LakeError.__init__(
+            self,
+            f"the snapshot's copy of {table} was not published: a Delta table is there already "
+            f"(another writer created or published it first). Nothing was published there. "
+            f"Fix: if another snapshot of this lake is running, let it finish and drain; "
+            f"otherwise move or remove that table (or give the snapshot an empty lake), then "
+            f"snapshot again",
+        )
+
+
 class LakeOfAnotherSlotError(LakeMismatchError):
     """The lake belongs to another slot: draining or snapshotting a second slot into it would
     replay one slot's changes onto the other's state."""
@@ -343,15 +352,3 @@ class LakeSnapshotUnfinishedError(LakeMismatchError):
             f"snapshot again (InitialSnapshotOperator, or snapshot_app with --replace-slot when "
             f"the killed run left its slot), then drain"
         )
-
-
-# The lake was once also called the sink: the classes' old names (``exceptions`` and this module
-# answer to them, with a warning, and they are the same classes).
-OLD_NAMES = {
-    "SinkError": "LakeMismatchError",
-    "SinkFromAnotherSourceError": "LakeFromAnotherSourceError",
-    "SinkNotEmptyError": "LakeNotEmptyError",
-    "SinkNotSnapshottedError": "LakeNotSnapshottedError",
-    "SlotAheadOfSinkError": "SlotAheadOfLakeError",
-}
-__getattr__ = renamed(__name__, OLD_NAMES)

@@ -17,7 +17,6 @@ import os
 import re
 from typing import Any
 
-from airflow_pglogrepl._moved import renamed
 from airflow_pglogrepl.exceptions import LakeLocationError, LakeStoreUnreachableError
 from airflow_pglogrepl.lake.storage import S3_SCHEMES, ObjectStore, is_object_store
 
@@ -207,7 +206,3 @@ def _look_failed(exc: OSError, bucket: str, where: str) -> Exception:
         f"the lake's bucket {bucket!r} at {where} could not be looked at: {text}. Nothing was "
         f"started. Fix: check that the endpoint answers from this worker"
     )
-
-
-# the lake was once also called the sink
-__getattr__ = renamed(__name__, {"check_sink": "check_lake_uri"})

@@ -1,6 +1,6 @@
 """Subscriptions on the subscriber: read, create, reconcile, alter, drop, and their progress
 (the statements: ``hooks/pg/subscriptions.py``; the publisher's refusals the subscriber relays:
-``hooks/errors.py``).
+``hooks/pg/errors.py``).
 
 A statement that carries the publisher's password is sent only once the subscriber will keep it
 out of every log and statistic (``hooks.pg.secret_statements``), and its errors are re-raised

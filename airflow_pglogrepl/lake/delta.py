@@ -211,29 +211,6 @@ def _additions(current: pa.Schema, wanted: pa.Schema) -> pa.Schema:
     return pa.schema(fields + [f for f in wanted if f.name not in names])
 
 
-def reset_table(uri: str, schema: pa.Schema, *, app: str, version: int) -> None:
-    """Replace the table by an empty one of ``schema``, as one version carrying ``(app, version)``.
-
-    Earlier versions stay readable (time travel) until ``VACUUM``. Refused
-    (``LakeCommitConflictError``) when the table already holds ``app`` at ``version`` or beyond:
-    emptying it there would forget changes the caller never saw.
-    """
-    from deltalake import CommitProperties, Transaction, write_deltalake
-
-    from airflow_pglogrepl.exceptions import LakeCommitConflictError
-
-    commit = CommitProperties(app_transactions=[Transaction(app, version)])
-    table = open_table(uri)
-    before = None if table is None else int(table.version())
-    found = None if table is None else table.transaction_version(app)
-    if found is not None and int(found) >= version:  # it would forget changes past ``version``
-        raise LakeCommitConflictError(uri, app, int(found), int(found), version)
-    write_deltalake(uri, schema.empty_table(), mode="overwrite", schema_mode="overwrite",
-                    commit_properties=commit, storage_options=delta_options(uri))  # fmt: skip
-    if is_local(uri):
-        make_log_durable(uri, after=before)
-
-
 def list_tables(parent: str) -> list[str]:
     """Names of the directories under ``parent`` that hold a Delta table, sorted."""
     from pyarrow import fs

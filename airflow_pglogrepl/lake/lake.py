@@ -22,7 +22,7 @@ from airflow_pglogrepl.exceptions import (
     LakeFromAnotherSourceError,
     LakeOfAnotherSlotError,
 )
-from airflow_pglogrepl.lake import delta, evolve, mapping, names
+from airflow_pglogrepl.lake import delta, evolve, mapping, names, schema_commits
 from airflow_pglogrepl.lake.layout import LAKE_APP, LakePaths, app_id, table_dir
 from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
@@ -100,7 +100,8 @@ class Lake:
         self._versions: dict[str, LSN | None] = {}
         self._covered: dict[str, LSN | None] = {}
         self._position: object = _UNREAD
-        self._orders_checked: set[tuple[str, tuple[str, ...]]] = set()  # (``Window``)
+        # (table, lake names) whose column order a window checked against the source this run
+        self.checked_orders: set[tuple[str, tuple[str, ...]]] = set()
         # table -> {source name: lake name} of columns this run stored under another name
         self.stored_as: dict[str, dict[str, str]] = {}
 
@@ -184,17 +185,16 @@ class Lake:
         except IncompatibleSchemaChangeError as why:
             log.warning("changelog of %s restarts at %s: %s", table, at, why)
             self.check_writer()
-            if mapped is not None or mapping.needed(schema):
-                mapping.reset_table(uri, schema, app=self.app, version=int(at))
-            else:
-                delta.reset_table(uri, schema, app=self.app, version=int(at))
+            schema_commits.reset_table(uri, schema, app=self.app, version=int(at))
             return "restarted"
         if not evolution.added:
             return "kept"
         self.check_writer()
         if mapped is not None or mapping.needed(evolution.schema):
             previous = mapped or mapping.mapped_schema(current, as_named=True)
-            mapping.commit_schema(uri, mapping.mapped_schema(evolution.schema, previous=previous))
+            schema_commits.commit_schema(
+                uri, mapping.mapped_schema(evolution.schema, previous=previous)
+            )
         else:
             delta.evolve_schema(uri, evolution.schema)
         return "evolved"
@@ -276,11 +276,11 @@ class Lake:
         if wanted and not mapping.is_mapped(state):
             self.check_writer()
             schema = delta.unmapped(delta.schema_of(state))
-            mapping.commit_schema(uri, mapping.mapped_schema(schema, as_named=True))
+            schema_commits.commit_schema(uri, mapping.mapped_schema(schema, as_named=True))
             log.info("state of %s is under column mapping from now on", table)
         if renames:
             self.check_writer()
-            mapping.rename_columns(uri, renames)
+            schema_commits.rename_columns(uri, renames)
             log.info("state of %s: columns renamed %s, their values kept", table, renames)
 
     def state_vectors(self) -> bool:
@@ -481,7 +481,9 @@ class Lake:
         if current is not None and "source" not in current.names:  # a lake from before it
             delta.evolve_schema(uri, windows_schema())
 
-    def _committed_changes(self, name: str, end: LSN) -> None:
+    def committed_changes(self, name: str, end: LSN) -> None:
+        """A window committed the changelog ``name`` (a table's directory name) up to ``end``:
+        what ``changes_version`` answers from now on, without reading the log again."""
         self._versions[name] = end
         self._covered.pop(name, None)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +33,6 @@ from airflow_pglogrepl.lake.names import needs_mapping, same_without_case
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_pglogrepl.lake.delta import DataFile
 
 MODE = "delta.columnMapping.mode"
 MAX_ID = "delta.columnMapping.maxColumnId"
@@ -243,169 +242,13 @@ def _physical_array(array: pa.Array, kind: Any) -> pa.Array:
     return array
 
 
-def rename_columns(uri: str, renames: dict[str, str]) -> int:
-    """Rename columns of the mapped table at ``uri`` (``old -> new`` logical names, top level,
-    and the same names among the children of ``_old``) in one metadata-only commit; returns
-    its version. The files and their physical names do not change: readers see the old values
-    under the new names.
-
-    Refused before anything is written: a name the table lacks, and a result Delta could not
-    open, two names of one struct equal without case, or a name of the changelog's own."""
-    from airflow_pglogrepl.lake import delta
-
-    table = delta.open_table(uri)
-    mapped = None if table is None else mapped_of(table)
-    if table is None or mapped is None:
-        raise ValueError(f"{uri} is not a table under column mapping")
-    schema = _renamed(json.loads(mapped.to_json()), renames, uri)
-    return _put_metadata(uri, table, MappedSchema(schema, mapped.max_id), "RENAME COLUMN",
-                         {"renames": json.dumps(renames)})  # fmt: skip
-
-
-def commit_schema(uri: str, mapped: MappedSchema) -> int | None:
-    """Give the table at ``uri`` the schema ``mapped`` in one metadata-only commit (its
-    columns added, their metadata), turning column mapping on if the table has none yet (an
-    upgrade in place: ``mapped`` then names each existing column by its own name, the files'
-    name); returns the version, None when the table already has that schema.
-
-    delta-rs cannot change a mapped table's schema, nor turn mapping on, so the commit is put
-    as Delta's log entry of the next version, only if no other writer took that version
-    (``LakeError`` otherwise: nothing was changed). The protocol of an upgraded table keeps
-    its features and gains ``columnMapping`` (reader 3 / writer 7: see the module docstring)."""
-    from airflow_pglogrepl.lake import delta
-
-    table = delta.open_table(uri)
-    if table is None:
-        raise ValueError(f"{uri} is not a table")
-    current = mapped_of(table)
-    if current is not None and current.schema == mapped.schema:
-        return None
-    protocol = None if current is not None else _with_mapping(table.protocol())
-    operation = "ADD COLUMNS" if current is not None else "UPGRADE TO COLUMN MAPPING"
-    return _put_metadata(uri, table, mapped, operation, {}, protocol=protocol)
-
-
-def reset_table(uri: str, schema: pa.Schema, *, app: str, version: int) -> int:
-    """Replace the table at ``uri`` by an empty one of ``schema`` under column mapping (fresh
-    ids and physical names), as one version carrying ``(app, version)``: every live file
-    removed, the new schema, the app transaction (what ``delta.reset_table`` does for a table
-    without mapping, which delta-rs cannot do for one with it). Earlier versions stay readable
-    until VACUUM. Refused (``LakeCommitConflictError``) when the table already holds ``app``
-    at ``version`` or beyond. Only for tables without deletion vectors (changelogs): a remove
-    written here names no vector."""
-    import time
-
-    import pyarrow as pa
-
-    from airflow_pglogrepl.exceptions import LakeCommitConflictError
-    from airflow_pglogrepl.lake import delta
-
-    table = delta.open_table(uri)
-    if table is None:
-        raise ValueError(f"{uri} is not a table")
-    found = table.transaction_version(app)
-    if found is not None and int(found) >= version:
-        raise LakeCommitConflictError(uri, app, int(found), int(found), version)
-    now = int(time.time() * 1000)
-    paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
-    removes = [{"remove": {"path": p, "deletionTimestamp": now, "dataChange": True}}
-               for p in paths]  # fmt: skip
-    txn = {"txn": {"appId": app, "version": version, "lastUpdated": now}}
-    protocol = None if is_mapped(table) else _with_mapping(table.protocol())
-    old = mapped_of(table)  # ids never given again: above every one the table had
-    fresh = mapped_schema(
-        schema,
-        previous=MappedSchema({"type": "struct", "fields": []}, 0 if old is None else old.max_id),
-    )
-    return _put_metadata(uri, table, fresh, "REPLACE TABLE", {},
-                         protocol=protocol, extra=[*removes, txn])  # fmt: skip
-
-
-def commit_with_schema(uri: str, mapped: MappedSchema, files: Sequence[DataFile], *, app: str,
-                       version: int, expected: int | None) -> None:  # fmt: skip
-    """One commit giving the table at ``uri`` the schema ``mapped`` (columns added or renamed,
-    column mapping turned on) and adding ``files`` with the app transaction ``(app,
-    version)``, only if the table's log holds ``expected`` for ``app``
-    (``LakeCommitConflictError`` otherwise, as ``delta.commit_files``).
-
-    One commit, not a schema version then the files': a rename committed without the rows
-    written before it would leave a run that died in between to meet those rows' old name as a
-    column of its own."""
-    import time
-
-    from airflow_pglogrepl.exceptions import LakeCommitConflictError
-    from airflow_pglogrepl.lake import delta
-
-    table = delta.open_table(uri)
-    if table is None:
-        raise ValueError(f"{uri} is not a table")
-    found = table.transaction_version(app)
-    found = None if found is None else int(found)
-    if found != expected or (found is not None and version <= found):
-        raise LakeCommitConflictError(uri, app, expected, found, version)
-    delta.check_physical(uri, mapped, files)
-    protocol = None if mapped_of(table) is not None else _with_mapping(table.protocol())
-    now = int(time.time() * 1000)
-    txn = {"txn": {"appId": app, "version": version, "lastUpdated": now}}
-    _put_metadata(uri, table, mapped, "WRITE", {"mode": "Append"}, protocol=protocol,
-                  extra=[txn, *delta.add_entries(files, now)])  # fmt: skip
-
-
-def _with_mapping(protocol: Any) -> dict[str, Any]:
-    """A table's protocol with the ``columnMapping`` feature: reader 3 / writer 7, the
-    features a legacy version implies spelled out (Delta's protocol table)."""
-    implied_writer = {2: ["appendOnly", "invariants"], 3: ["checkConstraints"],
-                      4: ["changeDataFeed", "generatedColumns"], 5: [FEATURE],
-                      6: ["identityColumns"]}  # fmt: skip
-    writer = list(protocol.writer_features or [])
-    if protocol.min_writer_version < 7:
-        writer = [f for v in range(2, protocol.min_writer_version + 1)
-                  for f in implied_writer[v]]  # fmt: skip
-    reader = list(protocol.reader_features or []) if protocol.min_reader_version >= 3 else []
-    return {
-        "minReaderVersion": 3,
-        "minWriterVersion": 7,
-        "readerFeatures": [*reader, *([FEATURE] if FEATURE not in reader else [])],
-        "writerFeatures": [*writer, *([FEATURE] if FEATURE not in writer else [])],
-    }
-
-
-def _put_metadata(uri: str, table: Any, mapped: MappedSchema, operation: str,
-                  parameters: dict[str, str], *, protocol: dict[str, Any] | None = None,
-                  extra: list[dict[str, Any]] | None = None) -> int:  # fmt: skip
-    """Put ``table``'s next log entry: ``mapped`` as its schema, the rest of its metadata (id,
-    configuration, partitioning, creation time) kept, ``protocol`` when given, and ``extra``
-    actions."""
-    import time
-
-    from airflow_pglogrepl.exceptions import LakeCommitConflictError
-    from airflow_pglogrepl.lake import delta
-
-    meta = table.metadata()
-    now = int(time.time() * 1000)
-    actions: list[dict[str, Any]] = [
-        {"commitInfo": {"timestamp": now, "txnId": str(uuid.uuid4()), "operation": operation,
-                        "operationParameters": parameters, "engineInfo": "airflow-pglogrepl"}},
-        *([{"protocol": protocol}] if protocol is not None else []),
-        {"metaData": {"id": meta.id, "name": meta.name, "description": meta.description,
-                      "format": {"provider": "parquet", "options": {}},
-                      "schemaString": mapped.to_json(),
-                      "partitionColumns": list(meta.partition_columns),
-                      "configuration": {**dict(meta.configuration), **mapped.configuration()},
-                      "createdTime": meta.created_time}},
-        *(extra or []),
-    ]  # fmt: skip
-    data = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
-    version = int(table.version()) + 1
-    if not delta.put_commit(uri, version, data):
-        raise LakeCommitConflictError(uri, operation, None, None, version, log_version=version)
-    return version
-
-
-def renamed(mapped: MappedSchema, renames: dict[str, str]) -> MappedSchema:
+def renamed(mapped: MappedSchema, renames: dict[str, str], *,
+            where: str = "the table") -> MappedSchema:  # fmt: skip
     """``mapped`` with ``renames`` (``old -> new`` logical names) applied at the top level and
-    in ``_old``: the same ids and physical names, so the same files, under the new names."""
-    schema = _renamed(json.loads(mapped.to_json()), renames, "the table")
+    in ``_old``: the same ids and physical names, so the same files, under the new names.
+    Refused (``ValueError`` naming ``where``): a name the schema lacks, a name of the
+    changelog's own, two names of one struct equal without case."""
+    schema = _renamed(json.loads(mapped.to_json()), renames, where)
     return MappedSchema(schema, mapped.max_id)
 
 

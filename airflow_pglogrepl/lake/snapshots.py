@@ -15,7 +15,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_pglogrepl._moved import renamed
 from airflow_pglogrepl.exceptions import LakeNotEmptyError, SlotError
 from airflow_pglogrepl.lake import staging
 from airflow_pglogrepl.lake.lake import Lake
@@ -164,7 +163,3 @@ def remove_leftovers(lake: Lake) -> list[str]:
         log.warning("removing %s: left by a snapshot that never committed", uri)
         staging.remove(uri)
     return removed
-
-
-# the lake was once also called the sink
-__getattr__ = renamed(__name__, {"check_empty_sink": "check_empty_lake"})

@@ -47,7 +47,7 @@ import re
 import shutil
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.exceptions import LakeCommitConflictError, LakeError
+from airflow_pglogrepl.exceptions import LakeError, SnapshotTableExistsError
 from airflow_pglogrepl.lake import delta, storage
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lsn import LSN
@@ -107,8 +107,9 @@ def leftovers(parent: str, app: str) -> list[str]:
 
 def publish(table_uri: str, staged: str) -> int:
     """Make the copy staged at ``staged`` the table at ``table_uri`` (see the module docstring);
-    returns how many files it holds. Raises ``LakeCommitConflictError`` if a table is already
-    there: another writer published or created it first (on an object store too: the log's
+    returns how many files it holds. Raises ``SnapshotTableExistsError`` (a
+    ``LakeCommitConflictError``, not retried) if a table is already there: another writer
+    published or created it first (on an object store too: the log's
     first entry is a create-only PUT, ``delta.put_commit``)."""
     filesystem, staged_base = storage.filesystem(staged)
     _, base = storage.filesystem(table_uri)
@@ -125,7 +126,7 @@ def publish(table_uri: str, staged: str) -> int:
         delta.fsync(staged_base)
     text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
     if not delta.put_first_commit(table_uri, text.encode()):
-        raise LakeCommitConflictError(table_uri, "snapshot", None, None, 0, log_version=0)
+        raise SnapshotTableExistsError(table_uri)
     remove(f"{staged}/{LOG_DIR}")
     return len(files)
 

@@ -44,8 +44,9 @@ from typing import TYPE_CHECKING
 
 from airflow_pglogrepl.changelog.columns import COMMIT_LSN
 from airflow_pglogrepl.exceptions import IncompatibleSchemaChangeError, UnsupportedColumnTypeError
-from airflow_pglogrepl.lake import delta, evolve, mapping, names
+from airflow_pglogrepl.lake import delta, evolve, mapping, names, schema_commits
 from airflow_pglogrepl.lake.layout import table_dir
+from airflow_pglogrepl.lake.quarantine import quarantine_schema
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
 
@@ -175,7 +176,7 @@ class Window:
         if order == sorted(order):
             return {}
         seen = (str(table), tuple(lake_names))
-        if seen in self.lake._orders_checked:
+        if seen in self.lake.checked_orders:
             return {}
         found = self.lake.origins(table, list(lake_names))
         now = {s: o.attnum for s, o in found.columns.items() if o.attnum is not None}
@@ -194,7 +195,7 @@ class Window:
                 str(table),
                 f"columns {sorted(moved)} took each other's names (RENAME COLUMN in a cycle)",
             )
-        self.lake._orders_checked.add(seen)
+        self.lake.checked_orders.add(seen)
         return readded
 
     def _mapping(self, name: str, pending: _Pending | None, before: pa.Schema | None,
@@ -245,9 +246,9 @@ class Window:
             if pending.mapped is not None and table is not None and now != pending.mapped:
                 # columns added or renamed, or mapping turned on, in one commit with the files
                 # (delta-rs cannot change a mapped table's schema; durable: delta.put_commit)
-                mapping.commit_with_schema(uri, pending.mapped, pending.files, app=lake.app,
+                schema_commits.commit_with_schema(uri, pending.mapped, pending.files, app=lake.app,
                                            version=int(end), expected=expected)  # fmt: skip
-                lake._committed_changes(name, end)
+                lake.committed_changes(name, end)
                 continue
             plain = current is not None and pending.mapped is None
             if plain and not _covers(current, pending.schema):
@@ -263,7 +264,7 @@ class Window:
                 name=name,
                 mapping=pending.mapped if current is None else None,
             )
-            lake._committed_changes(name, end)
+            lake.committed_changes(name, end)
         if self._quarantined:
             self._commit_quarantine(end)
         counts = {name: p.rows for name, p in self._pending.items()}
@@ -277,8 +278,6 @@ def _quarantine_commit(lake: Lake, rows: list[pa.Table], prefix: str, end: LSN) 
     run that crashed after committing them did already (a replay adds nothing twice)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-
-    from airflow_pglogrepl.lake.quarantine import quarantine_schema
 
     uri = lake.paths.quarantine()
     held = delta.txn_version(uri, lake.app)

@@ -30,11 +30,9 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Asset, Context
 
-from airflow_pglogrepl._moved import renamed
 from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV, SUBMITTED_ENV
 from airflow_pglogrepl.exceptions import SparkApplicationError
-from airflow_pglogrepl.operators.arguments import OldSinkName, lake_argument
 from airflow_pglogrepl.spark.submit_output import QuietSubmitOutput
 
 if TYPE_CHECKING:
@@ -107,7 +105,7 @@ def shown(text: str, quiet: QuietSubmitOutput | None, say: Callable[..., None]) 
 SUMMARY_KEYS = ("windows", "committed", "resolved", "error")
 
 
-class PackageSparkSubmitOperator(OldSinkName, TaskBoundary, SparkSubmitOperator):
+class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
     """SparkSubmitOperator for an application of this package that reads a slot's publications
     into a lake, run with the source's DSN.
 
@@ -127,17 +125,16 @@ class PackageSparkSubmitOperator(OldSinkName, TaskBoundary, SparkSubmitOperator)
     IN_WORKER_MODULE: str | None = None
 
     def __init__(self, *, postgres_conn_id: str, slot_name: str, publications: Sequence[str],
-                 lake: str | None = None, sink: str | None = None, spark_log_level: str = "WARN",
-                 lake_conn_id: str | None = None, **kwargs: Any) -> None:  # fmt: skip
+                 lake: str, spark_log_level: str = "WARN", lake_conn_id: str | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
         from airflow_pglogrepl.spark.log4j import spark_log_level as log4j_level
 
-        root = lake_argument(type(self).__name__, lake, sink)
-        kwargs.setdefault("outlets", [lake_asset(root)] if "{{" not in root else [])
+        kwargs.setdefault("outlets", [lake_asset(lake)] if "{{" not in lake else [])
         super().__init__(**kwargs)
         self.postgres_conn_id = postgres_conn_id
         self.slot_name = slot_name
         self.publications = publications
-        self.lake = root
+        self.lake = lake
         self.lake_conn_id = lake_conn_id
         self._store: ObjectStore | None = None
         if "{{" not in str(spark_log_level):  # a typo fails the DAG's parse, not each try
@@ -408,7 +405,3 @@ def package_zip(directory: Path) -> str:
         for path in PACKAGE_DIR.rglob("*.py"):
             archive.write(path, path.relative_to(PACKAGE_DIR.parent))
     return str(target)
-
-
-# the lake was once also called the sink
-__getattr__ = renamed(__name__, {"sink_asset": "lake_asset"})

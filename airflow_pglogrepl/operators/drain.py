@@ -18,28 +18,22 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Context
 
 from airflow_pglogrepl import metrics
-from airflow_pglogrepl._moved import renamed
 from airflow_pglogrepl.hooks.for_connection import replication_hook
 from airflow_pglogrepl.operators._spark import (
-    DSN_ENV,
     PACKAGE_DIR,
     PackageSparkSubmitOperator,
-    lake_asset,
     state_vectors_args,
 )
-from airflow_pglogrepl.operators.arguments import lake_keys
 from airflow_pglogrepl.operators.task_reports import drain_paragraph
 
 if TYPE_CHECKING:
     from airflow_pglogrepl.operators._idle import Idle
 
-__all__ = ["DRAIN_APP", "DSN_ENV", "PACKAGE_DIR", "SlotDrainOperator", "lake_asset"]
+__all__ = ["DRAIN_APP", "SlotDrainOperator"]
 
 DRAIN_APP = str(PACKAGE_DIR / "spark" / "drain_app.py")
 ON_QUARANTINE = ("fail", "warn")
 READERS = ("auto", "stream", "peek")  # pipeline.results.READERS, without importing the pipeline
-
-# Kept importable from here under its former name (the DAG tests find Spark's home with it).
 
 
 class SlotDrainOperator(PackageSparkSubmitOperator):
@@ -133,7 +127,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         postgres_conn_id: str,
         slot_name: str,
         publications: Sequence[str],
-        lake: str | None = None,
+        lake: str,
         max_window_bytes: int = 64 * 1024 * 1024,
         max_windows: int | None = None,
         materialize: bool = True,
@@ -149,7 +143,6 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         follow: bool = False,
         window_seconds: float = 5.0,
         follow_seconds: float | None = None,
-        sink: str | None = None,  # lake's old name
         **kwargs: Any,
     ) -> None:
         if on_quarantine not in ON_QUARANTINE:
@@ -158,7 +151,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
             raise ValueError(f"reader must be one of {READERS}, not {reader!r}")
         kwargs.setdefault("name", "pglogrepl-drain")
         super().__init__(application=DRAIN_APP, conn_id=conn_id, postgres_conn_id=postgres_conn_id,
-                         slot_name=slot_name, publications=publications, lake=lake, sink=sink,
+                         slot_name=slot_name, publications=publications, lake=lake,
                          **kwargs)  # fmt: skip
         self.max_window_bytes = max_window_bytes
         self.max_windows = max_windows
@@ -219,7 +212,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
             **summary,
             "confirmed_flush_lsn_before": str(slot.confirmed_flush_lsn),
             "confirmed_flush_lsn_after": str(after.confirmed_flush_lsn),
-            **lake_keys(self.lake),
+            "lake": self.lake,
             "idle": False,
         }
         self._publish(context, str(after.confirmed_flush_lsn), summary.get("changes", 0),
@@ -256,7 +249,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         )  # fmt: skip
         summary = idle_summary(str(self.slot_name), idle, materialize=self.materialize,
                                started=started)  # fmt: skip
-        result = {**summary, **lake_keys(self.lake), "idle": True}
+        result = {**summary, "lake": self.lake, "idle": True}
         self._publish(context, confirmed, 0, idle=True)
         metrics.drain(str(self.slot_name), result)
         self.log.info("%s", drain_paragraph(result, lake_root=str(self.lake)))
@@ -307,7 +300,3 @@ def _seconds(name: str, value: object) -> str:
     if not 0 < seconds < float("inf"):
         raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
     return repr(seconds)
-
-
-# the lake was once also called the sink
-__getattr__ = renamed(__name__, {"sink_asset": "lake_asset"})

@@ -24,7 +24,6 @@ from airflow_pglogrepl.operators._spark import (
     PackageSparkSubmitOperator,
     state_vectors_args,
 )
-from airflow_pglogrepl.operators.arguments import lake_keys
 from airflow_pglogrepl.operators.task_reports import snapshot_paragraph
 
 if TYPE_CHECKING:
@@ -96,7 +95,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         postgres_conn_id: str,
         slot_name: str,
         publications: Sequence[str],
-        lake: str | None = None,
+        lake: str,
         tables: Sequence[str] | None = None,
         tasks_per_table: int | None = None,
         rows_per_task: int = 1_000_000,
@@ -107,13 +106,12 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         database: str | None = None,
         conn_id: str = "spark_default",
         state_deletion_vectors: bool | None = None,
-        sink: str | None = None,  # lake's old name
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", "pglogrepl-snapshot")
         super().__init__(application=SNAPSHOT_APP, conn_id=conn_id,
                          postgres_conn_id=postgres_conn_id, slot_name=slot_name,
-                         publications=publications, lake=lake, sink=sink, **kwargs)  # fmt: skip
+                         publications=publications, lake=lake, **kwargs)  # fmt: skip
         self.tables = tables
         self.tasks_per_table = tasks_per_table
         self.rows_per_task = rows_per_task
@@ -213,17 +211,17 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
                 )  # fmt: skip
                 return {"status": "committed", "committed": True, "mode": "initial",
                         "slot": self.slot_name, "consistent_point": point, "recovered": True,
-                        **lake_keys(self.lake)}  # fmt: skip
+                        "lake": self.lake}  # fmt: skip
             raise
         finally:
             exported.close()
             self._exported = None
-        return {**summary, **lake_keys(self.lake)}
+        return {**summary, "lake": self.lake}
 
     def _unchanged(self, status: str, point: str | None) -> dict[str, Any]:
         return {"status": status, "committed": status == "exists", "mode": "initial",
                 "slot": self.slot_name, "consistent_point": point, "rows": 0,
-                **lake_keys(self.lake)}  # fmt: skip
+                "lake": self.lake}  # fmt: skip
 
     def _resnapshot(self, context: Context, hook: PgLogicalReplicationHook) -> dict[str, Any]:
         from airflow_pglogrepl.exceptions import SnapshotNotCommittedError
@@ -240,7 +238,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
             raise SnapshotNotCommittedError(
                 "the re-snapshot finished without committing; see the log above"
             )
-        return {**summary, **lake_keys(self.lake)}
+        return {**summary, "lake": self.lake}
 
     def _settle(self, context: Context, point: str) -> bool:
         """After a failed job: finish a committed snapshot (True) or undo it: drop the slot and

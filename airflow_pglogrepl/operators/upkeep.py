@@ -20,12 +20,11 @@ from airflow.sdk import BaseOperator, Context
 from airflow_pglogrepl import metrics
 from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.hooks.for_connection import replication_hook
-from airflow_pglogrepl.operators.arguments import OldSinkName, lake_argument
 
 DAY_HOURS = 24.0
 
 
-class LakeUpkeepOperator(OldSinkName, TaskBoundary, BaseOperator):
+class LakeUpkeepOperator(TaskBoundary, BaseOperator):
     """Compact, vacuum and checkpoint every table of a slot's lake (``changes/``, ``state/``,
     ``_pglogrepl/windows``), under the lake's writer lock.
 
@@ -75,7 +74,7 @@ class LakeUpkeepOperator(OldSinkName, TaskBoundary, BaseOperator):
         *,
         postgres_conn_id: str,
         slot_name: str,
-        lake: str | None = None,
+        lake: str,
         keep_lsn: str | None = None,
         keep_hours: float | None = 7 * DAY_HOURS,
         min_retention_hours: float = 7 * DAY_HOURS,
@@ -87,19 +86,17 @@ class LakeUpkeepOperator(OldSinkName, TaskBoundary, BaseOperator):
         checkpoint_every: int = 10,
         database: str | None = None,
         lake_conn_id: str | None = None,
-        sink: str | None = None,  # lake's old name
         **kwargs: Any,
     ) -> None:
-        lake_root = lake_argument(type(self).__name__, lake, sink)
         super().__init__(**kwargs)
-        if "{{" not in str(lake_root):  # a lake with credentials in it fails the DAG's parse
+        if "{{" not in str(lake):  # a lake with credentials in it fails the DAG's parse
             from airflow_pglogrepl.hooks.object_store import check_lake_uri
 
-            check_lake_uri(str(lake_root))
+            check_lake_uri(str(lake))
         self.lake_conn_id = lake_conn_id
         self.postgres_conn_id = postgres_conn_id
         self.slot_name = slot_name
-        self.lake = lake_root
+        self.lake = lake
         self.keep_lsn = keep_lsn
         self.keep_hours = keep_hours
         self.min_retention_hours = min_retention_hours

@@ -5,7 +5,10 @@ One stream decodes each WAL record once, where every peek decodes again from the
 ``restart_lsn``. Each window is confirmed to the server as the slot's flushed position once the
 lake committed it, as the peek path advances the slot then. A run streams from its start; what
 the stream declines (a type the columnar decoder does not take, a table's error) is peeked from
-where the stream's last window ended.
+where the stream's last window ended, and so, with ``reader="auto"``, is what is left when the
+stream ends early (``SlotStreamError``: its walsender terminated, the connection lost): a run
+that can go on reading the slot does, instead of failing for a retry that may meet the same
+end.
 """
 
 from __future__ import annotations
@@ -38,6 +41,11 @@ def streamed(drain: Drain, start: LSN, run_end: LSN, windows: list[WindowStats])
     One stream decodes each WAL record once, where every peek decodes again from the
     slot's ``restart_lsn``. A window is confirmed to the server as the slot's flushed
     position once committed, as the peek path advances the slot then.
+
+    A stream that ends early (``SlotStreamError``) hands over to the peek with
+    ``reader="auto"``, and is raised with ``reader="stream"``. Either way the hand-over needs
+    the slot confirmed where the stream's last window ended: the peek reads from the slot's
+    position, and from an older one would store what lies between twice.
     """
     refusal = stream_refusal(drain)
     if refusal is not None:
@@ -63,6 +71,7 @@ def streamed(drain: Drain, start: LSN, run_end: LSN, windows: list[WindowStats])
     drain.reader_used = "stream"
     done: list[WindowStats] = []
     confirmed = True
+    ended: SlotStreamError | None = None  # how the stream ended early (reader="auto")
     try:
         drain._stream = stream
         batches = (
@@ -74,6 +83,10 @@ def streamed(drain: Drain, start: LSN, run_end: LSN, windows: list[WindowStats])
         drain.reader_note = (f"from {done[-1].end if done else start} the windows were "
                             f"peeked and decoded per message ({exc})")  # fmt: skip
         log.info("slot %s: %s", drain.slot, drain.reader_note)
+    except SlotStreamError as exc:
+        if drain.reader == "stream":
+            raise
+        ended = exc
     finally:
         drain._stream = None
         # the last confirm reaches the server; the slot is free again
@@ -84,8 +97,20 @@ def streamed(drain: Drain, start: LSN, run_end: LSN, windows: list[WindowStats])
     if not confirmed and position < run_end and not (drain.follow and drain.follow.over()):
         # The peek reads from the slot's position, which is behind the lake's: what lies
         # between would be stored twice. The next run's reconcile moves the slot first.
-        raise SlotStreamError(drain.slot, "the source", f"it ended before the slot could be "
-                              f"confirmed at {position}, the lake's position")  # fmt: skip
+        why = f" ({ended.reason})" if ended is not None else ""
+        raise SlotStreamError(drain.slot, "the source", f"it ended{why} before the slot could "
+                              f"be confirmed at {position}, the lake's "
+                              f"position") from ended  # fmt: skip
+    if ended is not None:
+        drain.reader_note = (f"the stream ended early ({ended.reason}); from {position} the "
+                             f"slot was peeked")  # fmt: skip
+        log.warning("slot %s: the replication stream ended early at %s, after %d window(s) "
+                    "(%s). This run goes on reading the slot with peeks (reader='auto') from "
+                    "there, where the lake and the slot agree: nothing is lost or stored "
+                    "twice, but every peek decodes again from the slot's restart_lsn, so the "
+                    "run is slower. If it happens on every run, the server's log says why the "
+                    "walsender ended", drain.slot, position, len(done),
+                    ended.reason)  # fmt: skip
     return position
 
 

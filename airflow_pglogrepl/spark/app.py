@@ -26,13 +26,12 @@ DSN_ENV = SOURCE_DSN_ENV
 
 
 def add_lake_argument(parser: Any, *, writes: str) -> None:
-    """``--lake``, the lake root; ``--sink``, its old name, is taken too."""
+    """``--lake``, the lake root."""
     parser.add_argument(
         "--lake",
-        "--sink",
         dest="lake_root",
         required=True,
-        help=f"lake root: a path or a URI {writes} writes (--sink: its old name)",
+        help=f"lake root: a path or a URI {writes} writes",
     )
 
 
@@ -158,10 +157,15 @@ _MESSAGE_CHARS = 4000
 
 def _reportable(message: str, dsn: str) -> str:
     """``message`` fit for the task's failure, which reaches notifications that no log masker
-    sees: any secret of the DSN removed (ours never carry one; a foreign error might), cut short."""
+    sees: any secret of the DSN or of the lake's store removed (ours never carry one; a foreign
+    error might: an S3 error repeats an expired session token), cut short."""
     from airflow_pglogrepl.conninfo import redact, secrets_of
     from airflow_pglogrepl.hooks.pg.connect import dsn_params
+    from airflow_pglogrepl.lake import storage
 
+    store = storage.current()
+    if store is not None:
+        message = redact(message, store.secrets())
     with contextlib.suppress(Exception):  # an unparsable DSN failed earlier, and said so
         message = redact(message, secrets_of(dsn_params(dsn)))
     if len(message) > _MESSAGE_CHARS:

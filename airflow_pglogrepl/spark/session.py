@@ -21,8 +21,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from airflow_pglogrepl._moved import renamed
-
 # delta-spark 4.4.0 is built for Spark 4.2 and Scala 2.13 (pyspark 4.2.0 is pinned to match).
 DELTA_PACKAGES = ("io.delta:delta-spark_4.2_2.13:4.4.0", "io.delta:delta-storage:4.4.0")
 # pyspark 4.2.0 bundles Hadoop 3.5.0's client: S3A must be that version, and hadoop-aws 3.5.0
@@ -165,7 +163,3 @@ def configure(builder: Any) -> Any:
     for key, value in {**LAKE_CONF, **storage.spark_settings()}.items():
         builder = builder.config(key, value)
     return builder
-
-
-# the lake was once also called the sink
-__getattr__ = renamed(__name__, {"SINK_CONF": "LAKE_CONF"})

@@ -36,7 +36,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl._moved import renamed
 from airflow_pglogrepl.changelog.columns import changelog_schema
 from airflow_pglogrepl.exceptions import (
     LakeError,
@@ -490,8 +489,3 @@ class SnapshotCopy:
             except Exception:  # the failure being raised matters more than this one
                 log.warning("could not remove what the snapshot of %s left", table.table,
                             exc_info=True)  # fmt: skip
-
-
-# the lake was once also called the sink
-__getattr__ = renamed(__name__, {"SinkNotEmptyError": "LakeNotEmptyError",
-                                 "check_empty_sink": "check_empty_lake"})  # fmt: skip

@@ -16,12 +16,17 @@ from collections.abc import Callable, Iterator
 import pyarrow as pa
 import pytest
 
-from airflow_pglogrepl.exceptions import LakeCommitConflictError, LakeLocationError
-from airflow_pglogrepl.lake import create_only, delta, mapping, staging, storage
+from airflow_pglogrepl.exceptions import (
+    LakeCommitConflictError,
+    LakeLocationError,
+    LakeStoreUnreachableError,
+    SnapshotTableExistsError,
+)
+from airflow_pglogrepl.lake import create_only, delta, mapping, schema_commits, staging, storage
 from airflow_pglogrepl.lake.mapping import MappedSchema, mapped_of, mapped_schema, to_physical
 from airflow_pglogrepl.lsn import LSN
 from tests.support.s3 import S3Server
-from tests.support.s3_gate import HeldWrite
+from tests.support.s3_gate import Answer, HeldWrite, s3_error
 
 APP = "airflow-pglogrepl/race"
 
@@ -136,8 +141,9 @@ def test_a_mapped_schema_change_never_overwrites_another_writers_commit(
             later = _rows(ids, prefix).append_column("extra", pa.array([prefix] * len(ids)))
             wanted = mapped_schema(later.schema, previous=current)
         file = _mapped_file(table_uri, later, wanted, prefix)
-        return lambda: mapping.commit_with_schema(table_uri, wanted, [file], app=APP, version=2,
-                                                  expected=1)  # fmt: skip
+        return lambda: schema_commits.commit_with_schema(
+            table_uri, wanted, [file], app=APP, version=2, expected=1
+        )
 
     first, second = commit([10], "a"), commit([20, 21], "b")
     error = _race(s3_server, 1, first, second)
@@ -163,7 +169,8 @@ def test_a_snapshot_published_twice_at_once_keeps_the_first_copy_whole(
     first, second = staged("0/3000000", [1, 2]), staged("0/4000000", [7, 8, 9])
     error = _race(s3_server, 0, lambda: staging.publish(table_uri, first),
                   lambda: staging.publish(table_uri, second))  # fmt: skip
-    assert isinstance(error, LakeCommitConflictError), error
+    assert isinstance(error, SnapshotTableExistsError), error
+    assert not error.retryable  # a retry would copy the table again and meet the same table
     assert all(p.startswith("snapshot-0000000004000000/") for p in _added(table_uri, 0))
     assert _ids(table_uri) == [7, 8, 9]
 
@@ -196,3 +203,75 @@ def test_a_create_answered_with_a_conflict_after_our_own_write_landed_is_ours(
         assert create_only.put_if_absent(uri, b"mine\n")
         assert not create_only.put_if_absent(uri, b"theirs\n")
         assert not delta.put_commit(uri.rsplit("/_delta_log/", 1)[0], 0, b"theirs\n")
+
+
+def _commit_through(server: S3Server, answer: Answer) -> tuple[str, BaseException | bool]:
+    """A log entry put through a proxy that answers as ``answer`` says: what came of it."""
+    gate = HeldWrite(server.store, answer=answer)
+    uri = f"s3://{server.new_bucket()}/lake/state/public.t"
+    try:
+        with storage.using(gate.store):
+            try:
+                return uri, delta.put_commit(uri, 0, b'{"commitInfo":{}}\n')
+            except Exception as exc:
+                return uri, exc
+    finally:
+        gate.close()
+
+
+def test_a_store_error_names_the_status_never_the_text_that_holds_a_token(
+    s3_server: S3Server,
+) -> None:
+    """Review finding: S3 repeats an expired session token in its error document, and the store
+    client's error text carried it whole into the task's failure."""
+    token = "IQoJb3JpZ2luX2VjSECRETSESSIONTOKEN0123456789"
+    expired = s3_error("ExpiredToken", "The provided token has expired.", **{"Token-0": token})
+
+    def answer(method: str, path: str) -> tuple[int, bytes] | None:
+        return (400, expired) if method == "PUT" and "_delta_log" in path else None
+
+    _, outcome = _commit_through(s3_server, answer)
+    assert isinstance(outcome, LakeLocationError), outcome
+    assert token not in str(outcome) and "400 ExpiredToken" in str(outcome)
+    assert outcome.__cause__ is None and outcome.__suppress_context__
+
+
+def test_a_conflict_with_no_entry_behind_it_is_tried_again(s3_server: S3Server) -> None:
+    """Review finding: S3 answers 409 ConditionalRequestConflict while another create of the key
+    is in flight; the entry was then read back, missing, and the run failed with a bare
+    FileNotFoundError. Now the create is tried again, and lands when the other did not."""
+    conflicts = iter([True, True])
+
+    def answer(method: str, path: str) -> tuple[int, bytes] | None:
+        if method == "PUT" and "_delta_log" in path and next(conflicts, False):
+            return 409, s3_error("ConditionalRequestConflict", "A conflicting operation")
+        return None
+
+    uri, outcome = _commit_through(s3_server, answer)
+    assert outcome is True
+    with storage.using(s3_server.store):
+        assert _entry(uri, 0) == [{"commitInfo": {}}]
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error", "says"),
+    [
+        (404, s3_error("NoSuchBucket", "no"), LakeLocationError, "has no bucket"),
+        (403, s3_error("AccessDenied", "no"), LakeLocationError, "403 AccessDenied"),
+        (501, s3_error("NotImplemented", "no"), LakeLocationError, "cannot hold a lake"),
+        (503, s3_error("SlowDown", "later"), LakeStoreUnreachableError, "503 SlowDown"),
+    ],
+    ids=["no-bucket", "denied", "no-conditional-writes", "unavailable"],
+)
+def test_a_store_that_refuses_the_probe_is_named_with_its_fix(
+    s3_server: S3Server, status: int, body: bytes, error: type[Exception], says: str
+) -> None:
+    """The first request of a run: a misspelt bucket, keys the store refuses and a store without
+    conditional writes are the location's fault (not retried); a store that fails may recover."""
+
+    def answer(method: str, path: str) -> tuple[int, bytes] | None:
+        return (status, body) if method == "PUT" else None
+
+    _, outcome = _commit_through(s3_server, answer)
+    assert isinstance(outcome, error), outcome
+    assert says in str(outcome)

@@ -23,7 +23,7 @@ import pytest
 from deltalake import CommitProperties, Transaction, write_deltalake
 
 from airflow_pglogrepl.exceptions import LakeError
-from airflow_pglogrepl.lake import delta
+from airflow_pglogrepl.lake import delta, schema_commits
 from airflow_pglogrepl.lake.cut import Kind, consistent_cut, read_cut, read_cut_spark
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import LakePaths, app_id, table_dir
@@ -250,7 +250,7 @@ def test_a_re_snapshotted_state_is_read_from_its_consistent_point_on(built: Buil
     # follows drops b's changes below 25 (the state holds them): it brings none of b's
     built.state(B, 25, [1, 5, 6])
     snapshot = built.version("state", B)
-    delta.reset_table(built.paths.changes(B), pa.schema([("id", pa.int64()),
+    schema_commits.reset_table(built.paths.changes(B), pa.schema([("id", pa.int64()),
                       ("_commit_lsn", pa.int64())]), app=APP, version=25)  # fmt: skip
     # before the window past 25 commits, b's state of 10 is b at 20
     cut = consistent_cut(built.root, [A, B])

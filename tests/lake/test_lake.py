@@ -150,7 +150,7 @@ def test_a_changelog_is_never_emptied_at_or_below_what_it_holds(lake: Lake) -> N
     """Review finding: a stale re-snapshot's restart of a changelog was a blind overwrite, which
     could forget changes a later run committed past its consistent point."""
     from airflow_pglogrepl.exceptions import LakeCommitConflictError
-    from airflow_pglogrepl.lake import delta
+    from airflow_pglogrepl.lake import delta, schema_commits
 
     window = lake.open_window(LSN(0x100))
     window.write(A, batch((1, 0x110, 1), (2, 0x280, 1)))
@@ -159,7 +159,7 @@ def test_a_changelog_is_never_emptied_at_or_below_what_it_holds(lake: Lake) -> N
     schema = delta.arrow_schema(uri)
     assert schema is not None
     with pytest.raises(LakeCommitConflictError):
-        delta.reset_table(uri, schema, app=lake.app, version=0x200)
+        schema_commits.reset_table(uri, schema, app=lake.app, version=0x200)
     assert txn_version(uri, lake.app) == 0x300 and len(rows_of(lake, A)) == 2
 
 

@@ -4,7 +4,6 @@ Spark; deltalake's pyarrow reader refuses it rather than reading NULLs."""
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,35 +12,11 @@ import pytest
 from airflow_pglogrepl.changelog.columns import META_COLUMNS
 from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.mapping import PHYSICAL_KEY, is_mapped, mapped_schema, to_physical
-
-HOSTILE = ["sp ace", "a=b", "x(y)", "tab\there", "naïve✓", "é" * 31 + "x", "Name", "name__2"]
-
-
-def _rows() -> pa.Table:
-    old = pa.struct([pa.field(n, pa.int64()) for n in HOSTILE[:2]])
-    columns = {name: pa.array([1, 2, None], pa.int64()) for name in HOSTILE}
-    columns["when"] = pa.array([dt.datetime(2026, 1, 1)] * 3, pa.timestamp("us"))
-    columns["_commit_lsn"] = pa.array([10, 10, 20], pa.int64())
-    columns["_old"] = pa.array([{"sp ace": 7, "a=b": 8}, None, {"sp ace": None, "a=b": 9}], old)
-    columns["tags"] = pa.array(
-        [[{"k y": "v"}], [], None], pa.list_(pa.struct([("k y", pa.string())]))
-    )
-    return pa.table(columns)
-
-
-def _create(tmp_path: Path) -> tuple[str, pa.Table]:
-    rows = _rows()
-    mapped = mapped_schema(rows.schema, pinned=META_COLUMNS)
-    uri = str(tmp_path / "t")
-    physical = to_physical(rows, mapped)
-    file = delta.write_file(uri, physical, "part")
-    delta.create_table(uri, rows.schema, [file], app="a", version=1, configuration={},
-                       mapping=mapped)  # fmt: skip
-    return uri, rows
+from tests.support.mapped_tables import HOSTILE, create_mapped, hostile_rows
 
 
 def test_every_name_reads_back_under_itself_without_a_jvm(tmp_path: Path) -> None:
-    uri, rows = _create(tmp_path)
+    uri, rows = create_mapped(tmp_path)
     back = delta.read_table(uri).select(rows.column_names)
     assert back.column_names == rows.column_names
     assert back.to_pylist() == rows.to_pylist()
@@ -59,7 +34,7 @@ def test_the_files_hold_physical_names_and_the_lsn_column_keeps_its_own(tmp_path
 
     import pyarrow.parquet as pq
 
-    uri, _ = _create(tmp_path)
+    uri, _ = create_mapped(tmp_path)
     [path] = [p for p in Path(uri).glob("*.parquet")]
     names = pq.read_schema(path).names
     assert "_commit_lsn" in names and "_old" in names
@@ -73,7 +48,7 @@ def test_the_files_hold_physical_names_and_the_lsn_column_keeps_its_own(tmp_path
 
 
 def test_a_slice_and_several_chunks_keep_their_rows(tmp_path: Path) -> None:
-    rows = pa.concat_tables([_rows().slice(1), _rows()])
+    rows = pa.concat_tables([hostile_rows().slice(1), hostile_rows()])
     mapped = mapped_schema(rows.schema, pinned=META_COLUMNS)
     physical = to_physical(rows, mapped)
     assert physical.num_rows == rows.num_rows
@@ -85,7 +60,7 @@ def test_a_slice_and_several_chunks_keep_their_rows(tmp_path: Path) -> None:
 
 @pytest.mark.spark
 def test_spark_reads_every_name(tmp_path: Path, spark: object) -> None:
-    uri, rows = _create(tmp_path)
+    uri, rows = create_mapped(tmp_path)
     frame = spark.read.format("delta").load(uri)  # type: ignore[attr-defined]
     assert frame.columns == rows.column_names
     got = sorted(frame.select("`sp ace`", "`a=b`", "`x(y)`", "_old.`a=b`").collect(), key=str)
@@ -150,69 +125,6 @@ def test_delta_rs_merges_into_a_mapped_table_by_its_names(tmp_path: Path) -> Non
                    {"id key": 3, "a=b": "v3"}, {"id key": 4, "a=b": "new"}]  # fmt: skip
     reopened = delta.open_table(uri)
     assert reopened is not None and is_mapped(reopened)
-
-
-def test_a_rename_is_a_metadata_commit_that_keeps_every_value(tmp_path: Path) -> None:
-    """A rename on the publisher becomes a rename in the lake: the old values read under the
-    new name (in ``_old`` too), and files written after it land under the same column."""
-    from airflow_pglogrepl.lake.mapping import mapped_of, rename_columns
-
-    uri, rows = _create(tmp_path)
-    version = rename_columns(uri, {"sp ace": "space now", "a=b": "Name__3"})
-    assert version == 1
-    renamed = rows.rename_columns(
-        [
-            "space now" if n == "sp ace" else "Name__3" if n == "a=b" else n
-            for n in rows.column_names
-        ]
-    )
-    back = delta.read_table(uri)
-    assert back.column("space now").to_pylist() == rows.column("sp ace").to_pylist()
-    assert [f.name for f in back.schema.field("_old").type] == ["space now", "Name__3"]
-    table = delta.open_table(uri)
-    assert table is not None
-    mapped = mapped_of(table)
-    assert mapped is not None
-    old = pa.struct([pa.field(n, pa.int64()) for n in ("space now", "Name__3")])
-    later = pa.table(
-        {
-            **{n: renamed.column(n).slice(0, 1) for n in renamed.column_names if n != "_old"},
-            "_old": pa.array([None], old),
-        }
-    ).select(renamed.column_names)
-    file = delta.write_file(uri, to_physical(later, mapped), "later")
-    delta.commit_files(uri, later.schema, [file], app="a", version=2, expected=1)
-    got = delta.read_table(uri).column("space now").to_pylist()
-    assert sorted(got, key=str) == sorted([1, 2, None, 1], key=str)
-    with pytest.raises(ValueError, match="which Delta takes for one"):
-        rename_columns(uri, {"x(y)": "space now"})
-
-
-@pytest.mark.spark
-def test_spark_reads_a_renamed_column_with_its_old_values(tmp_path: Path, spark: object) -> None:
-    from airflow_pglogrepl.lake.mapping import rename_columns
-
-    uri, rows = _create(tmp_path)
-    rename_columns(uri, {"sp ace": "space now"})
-    frame = spark.read.format("delta").load(uri)  # type: ignore[attr-defined]
-    got = sorted((r[0] for r in frame.select("`space now`").collect()), key=str)
-    assert got == sorted(rows.column("sp ace").to_pylist(), key=str)
-    assert "sp ace" not in frame.columns
-
-
-def test_a_rename_delta_could_not_open_is_refused_before_anything_is_written(
-    tmp_path: Path,
-) -> None:
-    """Before: a rename to a name equal to another without case was committed, and the table
-    could not be opened again (delta-rs: duplicate field name)."""
-    from airflow_pglogrepl.lake.mapping import rename_columns
-
-    uri, _ = _create(tmp_path)
-    for renames in ({"a=b": "NAME"}, {"sp ace": "_commit_lsn"}, {"_old": "old"}):
-        with pytest.raises(ValueError):
-            rename_columns(uri, renames)
-    table = delta.open_table(uri)
-    assert table is not None and table.version() == 0
 
 
 def test_the_mapped_schema_keeps_column_metadata_and_refuses_a_case_pair() -> None:

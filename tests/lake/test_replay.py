@@ -30,7 +30,7 @@ from airflow_pglogrepl.changelog.columns import (
     meta_fields,
 )
 from airflow_pglogrepl.exceptions import ReplayRangeError, TableNotInLakeError
-from airflow_pglogrepl.lake import delta, storage
+from airflow_pglogrepl.lake import delta, schema_commits, storage
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import app_id, table_dir
 from airflow_pglogrepl.lake.replay import (
@@ -333,7 +333,9 @@ def test_a_range_over_a_re_snapshot_is_refused_and_the_ranges_beside_it_are_read
     small.commit(0x1200)  # the re-snapshot is taken here, at 0x1250 (no window end)
     write_state(small.root, HOSTILE, 0x1250, pa.table({"id": [1, 2], "v": [1, 2]}))
     if restarted:
-        delta.reset_table(small.lake.paths.changes(HOSTILE), SCHEMA, app=APP, version=0x1250)
+        schema_commits.reset_table(
+            small.lake.paths.changes(HOSTILE), SCHEMA, app=APP, version=0x1250
+        )
     small.reopen()
     small.change(HOSTILE, 0x1240, 2)  # in the state already: the window drops it
     small.change(HOSTILE, 0x1260, 3)
@@ -357,7 +359,7 @@ def test_a_range_before_a_vacuumed_restart_has_expired(tmp_path: Path) -> None:
     small.commit(0x1100)
     write_state(small.root, PLAIN, 0x1150, pa.table({"id": [1], "v": [1]}))
     uri = small.lake.paths.changes(PLAIN)
-    delta.reset_table(uri, SCHEMA, app=APP, version=0x1150)
+    schema_commits.reset_table(uri, SCHEMA, app=APP, version=0x1150)
     small.reopen()
     small.commit(0x1200)
     assert small.lsns(PLAIN, BEGIN, 0x1100) == [0x1010]

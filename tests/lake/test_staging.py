@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from airflow_pglogrepl.exceptions import LakeCommitConflictError, LakeError
+from airflow_pglogrepl.exceptions import LakeError, SnapshotTableExistsError
 from airflow_pglogrepl.lake import staging
 from airflow_pglogrepl.lake.delta import list_tables, read_table
 from airflow_pglogrepl.lsn import LSN
@@ -52,7 +52,7 @@ def test_a_staged_copy_is_no_table_until_published_whole_and_once(tmp_path: Path
 
     again = staging.staged_uri(table, LSN("0/4000000"))
     write_deltalake(again, rows)
-    with pytest.raises(LakeCommitConflictError, match=r"another writer committed version 0"):
+    with pytest.raises(SnapshotTableExistsError, match=r"a Delta table is there already"):
         staging.publish(table, again)  # put-if-absent: the table stays as it was
     assert read_table(table).column("id").to_pylist() == [1, 2, 3]
     write_deltalake(again, rows, mode="append")

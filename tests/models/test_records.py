@@ -12,7 +12,6 @@ import json
 import pkgutil
 
 import airflow_pglogrepl.hooks
-from airflow_pglogrepl._moved import MOVED
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.fence import FenceApplied, FenceGrant, FenceReleased, RoleFence
 from airflow_pglogrepl.models.records import (
@@ -34,11 +33,7 @@ def test_every_dataclass_the_hooks_return_is_a_record() -> None:
     """What the hooks' modules define, and the records they return from ``models`` (the
     catalog facts and verdicts are the pure rules' inputs, no XCom values)."""
     package = airflow_pglogrepl.hooks
-    names = [
-        info.name
-        for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
-        if info.name not in MOVED
-    ]  # an old path: the module at its new path is walked
+    names = [info.name for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
     not_records = [
         f"{module.__name__}.{name}"
         for module_name in [*names, "airflow_pglogrepl.models.records",

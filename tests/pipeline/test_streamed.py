@@ -1,12 +1,16 @@
 """Reading the slot through the stream: when a run streams, falls back to the peek or refuses,
 how its windows are confirmed through unpublished traffic, and how its end hands over to the
-peek (a fake walsender, ``tests.support.fake_source.FakeStream``)."""
+peek (a fake walsender, ``tests.support.fake_source.FakeStream``); live, a stream that ends
+early hands over to the peek, and a transaction decoded for long without output is waited
+for (``tests.support.silent_decode``)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,7 +18,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
+from airflow_pglogrepl.exceptions import SlotInUseError, SlotStreamError
 from airflow_pglogrepl.faults import FAULT_ENV
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.lake.lake import Lake
@@ -22,9 +28,11 @@ from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pipeline.drain import Drain
 from airflow_pglogrepl.spark.app import DSN_ENV
 from airflow_pglogrepl.tables import TableRef
+from airflow_pglogrepl.testing.wait import wait_until
 from tests.pipeline.test_windows import _ids, three_transactions
 from tests.support.drain import changelog
-from tests.support.fake_source import FakeSource
+from tests.support.fake_source import FakeSource, FakeStream
+from tests.support.silent_decode import create_filtered_publication, write_silent_transaction
 from tests.support.sources import Source
 
 
@@ -82,7 +90,6 @@ def test_a_stream_that_declined_and_could_not_confirm_never_hands_over_to_the_pe
     (its last confirm lost) and the slot cannot be advanced either: the peek would read from
     the slot's older position and store that window again. The run stops instead."""
     from airflow_pglogrepl.changelog.columnar import ColumnarDecoder, ColumnarUnsupportedError
-    from airflow_pglogrepl.exceptions import SlotInUseError, SlotStreamError
 
     source = FakeSource(three_transactions().rows, confirmed=0x1000, flush=0x3000)
     source.streams, source.batch_messages = True, 2
@@ -102,6 +109,121 @@ def test_a_stream_that_declined_and_could_not_confirm_never_hands_over_to_the_pe
     monkeypatch.setattr(source, "advance_slot", busy)
     lake = Lake(str(tmp_path / "lake"), "s")
     with pytest.raises(SlotStreamError, match="before the slot could be confirmed"):
+        Drain(source=source, lake=lake, slot="s", publications=["p"],
+              max_window_bytes=0x180).run(time.monotonic())  # fmt: skip
+    assert _ids(lake) == [1, 2] and lake.position() == LSN(0x1180)
+
+
+class _EndsEarly(FakeStream):
+    """A walsender that goes away before its fifth batch (past the first window's commit):
+    the stream raises, and the confirms sent never reached the server."""
+
+    def batches(self) -> Any:
+        for n, batch in enumerate(super().batches()):
+            if n == 4:
+                raise SlotStreamError("s", "h:1", "the connection was lost")
+            yield batch
+
+    def close(self) -> bool:
+        return False
+
+
+class _PeeksAsAServer(FakeSource):
+    """A fake whose peek skips, as a server's does, every row of the transactions that commit
+    before the slot's position (the base fake skips the rows before it), and sends the
+    Relations again: a peek from the middle of a stream's span reads what a server sends."""
+
+    def peek_changes(
+        self, slot: str, *, upto_lsn: LSN | str | None, options: Any, batch_rows: int = 5000,
+        upto_nchanges: int | None = None,
+    ) -> Any:  # fmt: skip
+        start = self.slot.confirmed_flush_lsn
+        assert start is not None and upto_lsn is not None
+        final = None  # the commit LSN of the transaction the row is in (a Begin's final LSN)
+        for row in self.rows:
+            if row[2][:1] == b"B":
+                final = int.from_bytes(row[2][1:9], "big")
+            if final is None or int(start) <= final < int(LSN(upto_lsn)):
+                yield row
+            if row[2][:1] == b"C":
+                final = None
+
+
+def _ending_early() -> _PeeksAsAServer:
+    """Three transactions (commits at 0x1100, 0x1200, 0x2100, flush 0x3000), streamed by a
+    walsender that goes away after the first window (``_EndsEarly``)."""
+    source = _PeeksAsAServer(three_transactions().rows, confirmed=0x1000, flush=0x3000)
+    source.streams, source.batch_messages = True, 2
+    source.stream_slot = lambda slot, *, start, options, alive=None: _EndsEarly(  # type: ignore[method-assign]
+        source, start, dict(options))  # fmt: skip
+    return source
+
+
+@pytest.mark.parametrize("reader", ["auto", "stream"])
+def test_a_stream_that_ends_early_hands_over_to_the_peek_with_auto_and_every_row_lands_once(
+    tmp_path: Path, reader: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: the stream's error failed the run, and its retry met the same end. With
+    ``auto`` the run now confirms the slot where the stream's last window ended (its confirm
+    went nowhere) and peeks the rest from there: nothing twice, nothing missing, and the
+    summary and the log say why. ``reader="stream"`` still fails, its window kept."""
+    source = _ending_early()
+    lake = Lake(str(tmp_path / "lake"), "s")
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x180,
+                  reader=reader)  # fmt: skip
+    if reader == "stream":
+        with pytest.raises(SlotStreamError, match="the connection was lost"):
+            drain.run(time.monotonic())
+        assert _ids(lake) == [1, 2]
+        return
+    result = drain.run(time.monotonic()).to_dict()
+    assert _ids(lake) == [1, 2, 3, 4] and lake.position() == LSN(0x3000)
+    assert source.advances[0] == LSN(0x1180)  # the stream's window, confirmed the peek's way
+    assert result["reader"] == "stream"
+    assert "ended early (the connection was lost); from 0/1180" in result["reader_note"]
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "goes on reading the slot with peeks" in warning.getMessage()
+
+
+def test_a_following_run_whose_stream_ends_early_follows_on_with_peek_passes(
+    tmp_path: Path,
+) -> None:
+    """A following run hands over as a scheduled one does: passes of the peek for the rest of
+    its time, every row once."""
+    from airflow_pglogrepl.pipeline.follow import Follow
+
+    source = _ending_early()
+    lake = Lake(str(tmp_path / "lake"), "s")
+    follow = Follow(window_s=0.05, seconds=60.0)
+    advance = source.advance_slot
+
+    def advancing(name: str, upto: LSN | str) -> LSN:
+        if LSN(upto) >= source.flush:  # all drained: stopped as a signal stops it
+            follow.request_stop()
+        return advance(name, upto)
+
+    source.advance_slot = advancing  # type: ignore[method-assign]
+    result = Drain(source=source, lake=lake, slot="s", publications=["p"],
+                   max_window_bytes=0x180, follow=follow).run(time.monotonic())  # fmt: skip
+    assert _ids(lake) == [1, 2, 3, 4] and lake.position() == LSN(0x3000)
+    assert result.reader_note is not None and "ended early" in result.reader_note
+    assert follow.stopped_by == "signal"
+
+
+def test_a_stream_that_ends_early_and_cannot_be_confirmed_never_hands_over_to_the_peek(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The slot stays behind the lake (the advance fails too): a peek from there would store
+    the stream's window again, so the run stops, as when the decoder declines."""
+    source = _ending_early()
+
+    def busy(name: str, upto: object) -> LSN:
+        raise SlotInUseError(name, 4242)
+
+    monkeypatch.setattr(source, "advance_slot", busy)
+    lake = Lake(str(tmp_path / "lake"), "s")
+    with pytest.raises(SlotStreamError, match=r"\(the connection was lost\) before the slot "
+                       "could be confirmed at 0/1180"):  # fmt: skip
         Drain(source=source, lake=lake, slot="s", publications=["p"],
               max_window_bytes=0x180).run(time.monotonic())  # fmt: skip
     assert _ids(lake) == [1, 2] and lake.position() == LSN(0x1180)
@@ -210,3 +332,78 @@ def test_a_run_killed_while_it_keeps_a_transaction_in_progress_loses_and_repeats
     assert sorted(r[4] for r in rows) == list(range(1, 5011))  # each once
     position = Lake(lake_root, source.slot).position()
     assert source.hook().get_slot(source.slot).confirmed_flush_lsn == position
+
+
+# -- live: a transaction the walsender decodes for long without sending anything ---------------
+
+
+def _silent_source(source: Source) -> None:
+    """``source``'s publication: table ``f`` behind a row filter that rejects every row slowly,
+    and table ``ok`` without one."""
+    create_filtered_publication(source.dsn, source.publication, "f")
+    source.sql("CREATE TABLE ok (id int PRIMARY KEY)")
+    source.cluster.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE ok").format(
+        sql.Identifier(source.publication)), dbname=source.db)  # fmt: skip
+
+
+def _ok_ids(lake_root: str) -> list[int]:
+    return sorted(r["id"] for r in changelog(lake_root, TableRef("public", "ok")))
+
+
+def test_a_walsender_ended_mid_run_hands_over_to_the_peek_and_the_lake_has_every_row_once(
+    source: Source, tmp_path: Path
+) -> None:
+    """The walsender is terminated while it decodes a transaction that sends nothing, after it
+    sent the row before that and before the row after: the run's stream ends with
+    SlotStreamError. Before, the run failed; now it peeks on from where the lake and the slot
+    agree (the slot is free at once: its walsender is gone) and stores each row once."""
+    _silent_source(source)
+    source.sql("INSERT INTO ok VALUES (1)")
+    sent_first = source.hook().flush_lsn()
+    write_silent_transaction(source.dsn, source.publication, "f", 2.0, pad_bytes=30)
+    silent_end = source.hook().flush_lsn()
+    source.sql("INSERT INTO ok VALUES (2)")
+    ended: list[object] = []
+
+    def end_the_walsender_in_the_silence() -> None:
+        try:  # past the first row, not yet past the silent transaction's commit
+            (pid,) = wait_until(lambda: source.sql(
+                "SELECT r.pid FROM pg_stat_replication r JOIN pg_replication_slots s"
+                " ON s.active_pid = r.pid WHERE s.slot_name = %s"
+                " AND r.sent_lsn >= %s::pg_lsn AND r.sent_lsn < %s::pg_lsn",
+                (source.slot, str(sent_first), str(silent_end))),
+                what="the walsender decoding the silent transaction",
+            )[0]  # fmt: skip
+            ended.append(source.sql("SELECT pg_terminate_backend(%s)", (pid,))[0][0])
+        except BaseException as exc:  # raised in the test's thread
+            ended.append(exc)
+
+    killer = threading.Thread(target=end_the_walsender_in_the_silence)
+    killer.start()
+    try:
+        result = _drain(source.hook(), source, str(tmp_path / "lake"), source.slot, "auto")
+    finally:
+        killer.join()
+    assert ended == [True], ended
+    assert result["reader"] == "stream" and "ended early" in result["reader_note"], result
+    assert _ok_ids(str(tmp_path / "lake")) == [1, 2]
+    position = Lake(str(tmp_path / "lake"), source.slot).position()
+    assert source.hook().get_slot(source.slot).confirmed_flush_lsn == position
+
+
+def test_a_transaction_decoded_silently_for_longer_than_30_s_is_drained_on_the_first_try(
+    source: Source, tmp_path: Path
+) -> None:
+    """The issue's case, with every default (wal_sender_timeout 60 s, status updates every
+    10 s): about 35 s of decoding without a message. Before, the stream gave up after 30 s
+    (three status intervals) on every run, and the lake never passed the transaction; now the
+    run streams through it and stores the row after it."""
+    _silent_source(source)
+    write_silent_transaction(source.dsn, source.publication, "f", 35.0, pad_bytes=100)
+    source.sql("INSERT INTO ok VALUES (1)")
+    began = time.monotonic()
+    result = _drain(source.hook(), source, str(tmp_path / "lake"), source.slot, "auto")
+    took = time.monotonic() - began
+    assert took > 30, f"the decoding took {took:.0f} s, not past the old limit: this proves nothing"
+    assert result["reader"] == "stream" and result["reader_note"] is None, result
+    assert _ok_ids(str(tmp_path / "lake")) == [1]

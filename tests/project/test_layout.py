@@ -5,7 +5,14 @@ one that adds an entry fails here, naming it."""
 
 from __future__ import annotations
 
-from tests.support.layout import PACKAGE, modules, repeated_blocks, unmirrored, upward_imports
+from tests.support.layout import (
+    PACKAGE,
+    import_circles,
+    modules,
+    repeated_blocks,
+    unmirrored,
+    upward_imports,
+)
 
 MAX_LINES = 600
 
@@ -54,6 +61,17 @@ def test_folders_import_downward() -> None:
     )
     gone = sorted(UPWARD_IMPORTS - found)
     assert not gone, f"no longer imported upward: remove {gone} from UPWARD_IMPORTS"
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """An import circle makes a reader climb back into a module they left, and breaks the first
+    time one module of it is imported first. Imports for type checking only are not counted;
+    an import inside a function is: it is a dependency all the same."""
+    circles = [[_short(m) for m in circle] for circle in import_circles()]
+    assert not circles, (
+        f"modules that import each other when they run: {circles}; move what both need into a "
+        "module of its own below them, or hand the lower one what it needs"
+    )
 
 
 def test_no_more_repeated_code_than_before() -> None:

@@ -38,14 +38,11 @@ def _app(body: str, *, env: dict[str, str] | None = None) -> subprocess.Complete
     )  # fmt: skip
 
 
-def _app_failing_with(error: str) -> subprocess.CompletedProcess[str]:
-    return _app(f"raise {error}")
-
-
-def _app_failing_with(error: str) -> subprocess.CompletedProcess[str]:
+def _app_failing_with(error: str, *, prelude: str = "") -> subprocess.CompletedProcess[str]:
     program = (
         "from airflow_pglogrepl.spark.app import run_app\n"
         "from airflow_pglogrepl import exceptions\n"
+        f"{prelude}"
         f"def run(dsn):\n    raise {error}\n"
         "raise SystemExit(run_app('test_app', 'TestOperator', run, logger='test'))\n"
     )
@@ -144,11 +141,10 @@ def test_a_cluster_whose_executors_cannot_import_the_package_is_refused_with_the
         check_executors(SimpleNamespace(sparkContext=context))
 
 
-def test_the_lake_is_required_and_taken_under_its_old_name_too() -> None:
+def test_the_lake_is_required() -> None:
     parser = argparse.ArgumentParser()
     add_lake_argument(parser, writes="Delta")
     assert parser.parse_args(["--lake", "/a"]).lake_root == "/a"
-    assert parser.parse_args(["--sink", "/b"]).lake_root == "/b"
     with pytest.raises(SystemExit):
         parser.parse_args([])
 
@@ -169,3 +165,17 @@ def test_sigterm_ends_an_application_through_its_finally_blocks(tmp_path: object
     done = _app(body)
     assert done.returncode == 143, done.stderr[-2000:]
     assert not secret.exists()
+
+
+def test_an_applications_error_line_carries_no_secret_of_the_lakes_store() -> None:
+    """Review finding: an S3 error repeats an expired session token; a foreign error carrying it
+    reached the summary line (only the DSN's secrets were removed there)."""
+    store = (
+        "from airflow_pglogrepl.lake import storage\n"
+        "storage.use(storage.ObjectStore(secret_access_key='s3-secret', session_token='tok-123'))\n"
+    )
+    leaky = _app_failing_with(
+        "RuntimeError('ExpiredToken <Token-0>tok-123</Token-0> s3-secret')", prelude=store
+    )
+    reported = json.loads(leaky.stdout.strip().splitlines()[-1])
+    assert "tok-123" not in reported["message"] and "s3-secret" not in reported["message"]

@@ -1,9 +1,8 @@
 """The drain application's command line and its process contract, without a JVM: the arguments
-the operator builds parse to what the drain is given (defaults, several publications, the old
-``--sink``, the state tables' deletion vectors left to the lake unless said), a wrong argument
-is refused by argparse, a run without the source's DSN exits 2 naming the variable and the
-operator that sets it, and a slot that does not exist is refused before the lake is touched or
-Spark started."""
+the operator builds parse to what the drain is given (defaults, several publications, the state
+tables' deletion vectors left to the lake unless said), a wrong argument is refused by argparse,
+a run without the source's DSN exits 2 naming the variable and the operator that sets it, and a
+slot that does not exist is refused before the lake is touched or Spark started."""
 
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ def test_the_defaults_are_the_drains() -> None:
 
 def test_publications_add_up_and_every_setting_is_taken() -> None:
     args = parse_args([
-        "--slot", "s", "--publication", "a", "b", "--sink", "s3://b/l", "--publication", "c",
+        "--slot", "s", "--publication", "a", "b", "--lake", "s3://b/l", "--publication", "c",
         "--max-window-bytes", "1024", "--max-windows", "3", "--no-materialize",
         "--batch-rows", "10", "--merge-parallelism", "2", "--small-merge-rows", "0",
         "--accept-source-change", "--on-quarantine", "warn", "--no-state-deletion-vectors",

@@ -7,7 +7,8 @@ drains and reads sources and lakes back; ``snapshot`` re-snapshots tables into a
 ``airflow`` is the isolated Airflow (environment, connections, CLI, DAG runs, XComs, a stand-in
 TaskInstance); ``cutover`` is the publisher/subscriber pair of the cutover toolkit's tests;
 ``preflight`` builds catalog facts by hand; ``wal`` places a commit record right after a WAL
-page's header; ``paths`` says where the tests and the repository are. The throwaway clusters
+page's header; ``silent_decode`` writes a transaction a walsender decodes for seconds without
+sending anything; ``paths`` says where the tests and the repository are. The throwaway clusters
 the tests, the demo and the benchmarks start are public testing API, in
 ``airflow_pglogrepl.testing``.
 """

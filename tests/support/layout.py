@@ -39,13 +39,13 @@ def layer(module: str) -> str:
     return parts[0] if parts and parts[0] in LAYERS else "root"
 
 
-def imports(module: str, path: Path) -> set[str]:
+def imports(module: str, path: Path, tree: ast.Module | None = None) -> set[str]:
     """The package's modules ``module`` imports: at the top, inside functions or for type
-    checking alike (a lazy import is still a dependency)."""
+    checking alike (a lazy import is still a dependency); from ``tree`` when given."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     known = {name for name, _ in modules()}
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(tree or ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -53,22 +53,72 @@ def imports(module: str, path: Path) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, *([node.module] if node.module else [])])
-            found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known)
-    from airflow_pglogrepl._moved import MOVED  # an old path leads to the module it moved to
+            submodules = {f"{base}.{a.name}" for a in node.names} & known
+            found.update(submodules)
+            if len(submodules) < len(node.names):  # a name the package itself defines
+                found.add(base)
 
-    return {MOVED.get(name, name) for name in found if name in known and name != module}
+    return {name for name in found if name in known and name != module}
+
+
+def runtime_imports(module: str, path: Path) -> set[str]:
+    """The package's modules ``module`` imports when it runs: at the top or inside functions (a
+    lazy import is still a dependency), not in an ``if TYPE_CHECKING:`` block."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            node.body = []
+    return imports(module, path, tree)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def import_circles() -> list[list[str]]:
+    """The package's modules that import each other in a loop when they run
+    (``runtime_imports``): each strongly connected group of more than one module, sorted."""
+    graph = {module: runtime_imports(module, path) for module, path in modules()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(circles)
 
 
 def upward_imports() -> set[tuple[str, str]]:
-    """Every ``(importer, imported)`` where the imported module's layer is above the importer's
-    (an old path's shim, which imports the module it moved to, imports nothing of its own)."""
-    from airflow_pglogrepl._moved import MOVED
-
+    """Every ``(importer, imported)`` where the imported module's layer is above the importer's."""
     return {
         (module, target)
         for module, path in modules()
-        if module not in MOVED
         for target in imports(module, path)
         if LAYERS.index(layer(target)) > LAYERS.index(layer(module))
     }
@@ -111,12 +161,10 @@ def repeated_blocks(window: int = 5) -> dict[str, list[tuple[str, int]]]:
 def unmirrored() -> set[str]:
     """Modules with logic (a function or method) that have no test module at the mirrored
     path, ``tests/<folder>/test_<module>.py`` (a leading underscore may be kept or dropped),
-    named by their path under the package. Old paths of ``MOVED`` are not modules."""
-    from airflow_pglogrepl._moved import MOVED
-
+    named by their path under the package."""
     found: set[str] = set()
-    for dotted, path in modules():
-        if dotted in MOVED or path.name in ("__init__.py", "__main__.py"):
+    for _, path in modules():
+        if path.name in ("__init__.py", "__main__.py"):
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         if not any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in ast.walk(tree)):

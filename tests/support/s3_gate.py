@@ -12,12 +12,23 @@ from __future__ import annotations
 import http.client
 import re
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from airflow_pglogrepl.lake.storage import ObjectStore
 
-__all__ = ["HeldWrite"]
+__all__ = ["Answer", "HeldWrite", "s3_error"]
+
+# A request's answer of the test's own: (status, body), or None for the server's
+Answer = Callable[[str, str], tuple[int, bytes] | None]
+
+
+def s3_error(code: str, message: str, **more: str) -> bytes:
+    """An S3 error document, as the store sends one."""
+    extra = "".join(f"<{k}>{v}</{k}>" for k, v in more.items())
+    return f"<Error><Code>{code}</Code><Message>{message}</Message>{extra}</Error>".encode()
+
 
 _CONDITIONS = {"if-none-match", "if-match"}
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade"}
@@ -29,11 +40,12 @@ class HeldWrite:
     ``store`` is the same store seen through the proxy; ``held`` is set once the write is held
     (wait on it: it is the writer's stall), ``release`` lets it go on to the server.
     ``strip_conditions``: the proxy drops ``If-None-Match`` and ``If-Match``, as a store that
-    ignores conditional writes would.
+    ignores conditional writes would. ``answer(method, path)`` may give a request an answer of
+    its own, ``(status, body)``, instead of the server's (None: the server's).
     """
 
     def __init__(self, target: ObjectStore, pattern: str = r"(?!)", *,
-                 strip_conditions: bool = False) -> None:  # fmt: skip
+                 strip_conditions: bool = False, answer: Answer | None = None) -> None:  # fmt: skip
         assert target.endpoint_url is not None
         upstream = urlsplit(target.endpoint_url)
         self._pattern = re.compile(pattern)
@@ -53,6 +65,14 @@ class HeldWrite:
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
+                own = answer(self.command, urlsplit(self.path).path) if answer else None
+                if own is not None:
+                    self.send_response(own[0])
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(own[1])))
+                    self.end_headers()
+                    self.wfile.write(own[1])
+                    return
                 if self.command in ("PUT", "POST") and gate._take(self.path):
                     gate.held_path = self.path
                     gate.held.set()
@@ -63,10 +83,10 @@ class HeldWrite:
                 headers = {k: v for k, v in self.headers.items()
                            if k.lower() not in dropped}  # fmt: skip
                 upstream_conn.request(self.command, self.path, body=body, headers=headers)
-                answer = upstream_conn.getresponse()
-                data = answer.read()
-                self.send_response(answer.status, answer.reason)
-                for key, value in answer.getheaders():
+                reply = upstream_conn.getresponse()
+                data = reply.read()
+                self.send_response(reply.status, reply.reason)
+                for key, value in reply.getheaders():
                     if key.lower() not in _HOP_BY_HOP and key.lower() != "content-length":
                         self.send_header(key, value)
                 self.send_header("Content-Length", str(len(data)))

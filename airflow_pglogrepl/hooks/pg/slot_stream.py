@@ -12,6 +12,17 @@ flushed position it reports is only ever what ``confirm`` was given, the lake's 
 position, so the slot's ``confirmed_flush_lsn`` never passes what the lake holds. While the
 consumer is busy and the queue full, the reader stops reading but still reports on time: a
 walsender ends a client it has not heard from within ``wal_sender_timeout``.
+
+Silence is judged by what the server may do. A walsender decoding a transaction that sends
+nothing (rows a publication's row filter rejects, a big transaction on unpublished tables)
+sends nothing meanwhile, and reads our messages, so answers a request to reply, only at every
+hundredth change once half its ``wal_sender_timeout`` has passed since it last did (at every
+hundredth change when the timeout is 0, which may be seconds apart too). So the stream is
+ended for silence only past ``wal_sender_timeout`` and a margin, and then only once a short
+session of its own finds our walsender gone from the slot, or cannot reach the server
+(``walsender.gone``): a walsender still decoding is waited for, a frozen host or a partition
+still ends the stream in seconds instead of minutes of TCP. And a stream never leaves its
+walsender holding the slot as it closes, however it ended (``walsender.release``).
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ from airflow_pglogrepl.hooks.pg.stream_frames import (
     start_replication,
     status_update,
 )
+from airflow_pglogrepl.hooks.pg.walsender import gone, release
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.names import validate_slot_name
 
@@ -73,9 +85,13 @@ WAKE_BYTES = 32 << 10  # the socket wakes the reader for this much (SO_RCVLOWAT)
 STATUS_INTERVAL_S = 10.0
 # Seconds to wait for the server to end the stream after our CopyDone before cutting it off.
 CLOSE_TIMEOUT_S = 30.0
-# A server we asked to answer that has sent nothing for this many status intervals is taken for
-# gone (a frozen host, a partition): the stream ends instead of waiting on TCP for minutes.
+# A server we asked to answer that has sent nothing for this many status intervals, and for
+# wal_sender_timeout and SILENCE_MARGIN_S when it has one (its walsender may be decoding: see the
+# module's docstring), is asked through a session of its own whether our walsender still holds
+# the slot (``walsender.gone``): gone, or unreachable (a frozen host, a partition), the stream
+# ends instead of waiting on TCP for minutes; still there, it is waited for as long again.
 SILENT_INTERVALS = 3
+SILENCE_MARGIN_S = 5.0
 # Reply requests this close together are a walsender's shutdown, not its timeout (see
 # ``_check_stopping``).
 STOPPING_REQUESTS, STOPPING_WITHIN_S = 3, 1.0
@@ -94,6 +110,9 @@ class SlotStream:
     its writer lock's check: a fast shutdown of the server ends that lock's session at once,
     while the walsender waits, before it exits, for a confirm the lake cannot give yet and
     for us to read what it still has to send (which a full queue stops us from doing).
+
+    ``walsender_pid`` is the PID of the stream's walsender: the slot's ``active_pid`` while it
+    streams.
 
     :raises SlotStreamUnavailableError: the server refused the replication connection.
     Errors on the slot (missing, in use, a publication missing) are raised as the peek raises
@@ -123,19 +142,26 @@ class SlotStream:
         self._sent_at = 0.0
         self._asked: list[float] = []  # when the server asked us to reply at once, lately
         self._heard_at = time.monotonic()  # when a frame last came
+        self._alive_at = 0.0  # when the silence check last found our walsender decoding
         self._ended_cleanly = False
         self._closed = False
         self._queue: queue.Queue[FrameBatch | BaseException | None] = queue.Queue(QUEUED_BATCHES)
         self._stop = threading.Event()
         self._secrets = conninfo.secrets_of(params)
+        self._params, self._label = params, label  # for the sessions beside the stream
         self._conn = _open(params, slot, label=label)
+        # The walsender is this connection's backend: the process that will hold the slot.
+        self.walsender_pid = self._conn.info.backend_pid
+        self._started = False  # START_REPLICATION accepted: the walsender may hold the slot
         self._wake_r = self._wake_w = -1
         self._low_water = False
         try:
             self._wake_r, self._wake_w = os.pipe()
             os.set_blocking(self._wake_r, False)
             self._server = server_of(self._conn)
-            self._interval = _status_interval(self._conn)
+            timeout_s = _sender_timeout_s(self._conn)
+            self._interval = status_interval(timeout_s)
+            self._silence_limit = silence_limit(self._interval, timeout_s)
             # the options the stream was started with (read by its decoder): ``streaming``
             # needs protocol 2, which servers before 14 do not have
             self.options = dict(options)
@@ -145,10 +171,12 @@ class SlotStream:
             _refuse_synchronous_standby(self._conn, slot)
             command = start_replication(slot, self.start, self.options, self._conn)
             self._begin(command)
+            self._started = True
             self._low_water = _wake_for_bytes(self._conn.pgconn.socket, WAKE_BYTES)
         except BaseException:
             self._conn.close()
             self._close_pipe()
+            self._release()
             raise
         self._thread = threading.Thread(target=self._run, name=f"slot-stream-{slot}", daemon=True)
         self._thread.start()
@@ -184,14 +212,16 @@ class SlotStream:
 
     def close(self) -> bool:
         """Report the confirmed position a last time and end the stream; the slot is free
-        again when this returns. False: the stream had already ended (its error was not read)
-        or the server did not answer, so the last confirm may not have reached it."""
+        again when this returns (``_release``), however the stream ended. False: the stream
+        had already ended (its error was not read) or the server did not answer, so the last
+        confirm may not have reached it."""
         if not self._closed:
             self._closed = True
             self._stop.set()
             self._wake()
             self._thread.join()
             self._close_pipe()
+            self._release()
         return self._ended_cleanly
 
     def __enter__(self) -> SlotStream:
@@ -308,13 +338,32 @@ class SlotStream:
             raise SlotStreamError(self.slot, self._server, "the server is shutting down")
 
     def _check_silence(self) -> None:
-        """Ask a quiet server to answer; end the stream when it has not for a while."""
-        silent = time.monotonic() - self._heard_at
-        if silent >= SILENT_INTERVALS * self._interval:
-            raise SlotStreamError(self.slot, self._server, f"the server sent nothing for "
-                                  f"{silent:.0f} s, though asked to answer")  # fmt: skip
-        if silent >= self._interval and time.monotonic() - self._sent_at >= self._interval / 2:
+        """Ask a quiet server to answer; end the stream when it has not for longer than it may
+        (``silence_limit``) and our walsender is gone from the slot or the server unreachable
+        (``walsender.gone``). A walsender still decoding is waited for, a limit at a time."""
+        now = time.monotonic()
+        silent = now - self._heard_at
+        if now - max(self._heard_at, self._alive_at) >= self._silence_limit:
+            why = gone(self._params, self.slot, self.walsender_pid, label=self._label,
+                       secrets=self._secrets)  # fmt: skip
+            if why is not None:
+                raise SlotStreamError(self.slot, self._server, f"the server sent nothing for "
+                                      f"{silent:.0f} s, though asked to answer, and "
+                                      f"{why}")  # fmt: skip
+            self._alive_at = time.monotonic()
+            log.info("slot %s: its walsender (pid %d) is still decoding and holds the slot, "
+                     "silent for %.0f s (a transaction that sends nothing: rows a row filter "
+                     "rejects, changes to unpublished tables); waiting for it", self.slot,
+                     self.walsender_pid, silent)  # fmt: skip
+        if silent >= self._interval and now - self._sent_at >= self._interval / 2:
             self._report(force=True, reply=True)
+
+    def _release(self) -> None:
+        """Once START_REPLICATION was accepted: return only when our walsender no longer holds
+        the slot (``walsender.release``)."""
+        if self._started:
+            release(self._params, self.slot, self.walsender_pid, label=self._label,
+                    secrets=self._secrets)  # fmt: skip
 
     def _report(self, *, force: bool = False, reply: bool = False) -> None:
         """A status update when the confirmed position moved, when forced, or when one is due;
@@ -467,14 +516,31 @@ def _open(params: dict[str, str], slot: str, *, label: str) -> Conn:
     return conn
 
 
-def _status_interval(conn: Conn) -> float:
-    """Seconds between status updates: ``STATUS_INTERVAL_S``, or a third of the server's
-    ``wal_sender_timeout`` when that is shorter (0 means the server never times out)."""
+def _sender_timeout_s(conn: Conn) -> float:
+    """The server's ``wal_sender_timeout`` for this connection, in seconds (0: none)."""
     row = conn.execute(
         "SELECT setting::float8 AS ms FROM pg_settings WHERE name = %s", ("wal_sender_timeout",)
     ).fetchone()
-    timeout_ms = float(row["ms"]) if row else 0.0
-    return STATUS_INTERVAL_S if timeout_ms <= 0 else min(STATUS_INTERVAL_S, timeout_ms / 3000)
+    return max(0.0, float(row["ms"]) / 1000) if row else 0.0
+
+
+def status_interval(sender_timeout_s: float) -> float:
+    """Seconds between status updates: ``STATUS_INTERVAL_S``, or a third of the server's
+    ``wal_sender_timeout`` when that is shorter (0 means the server never times out)."""
+    if sender_timeout_s <= 0:
+        return STATUS_INTERVAL_S
+    return min(STATUS_INTERVAL_S, sender_timeout_s / 3)
+
+
+def silence_limit(interval: float, sender_timeout_s: float) -> float:
+    """Seconds of silence before the stream asks whether its walsender is still there: three
+    status intervals, and not before ``wal_sender_timeout`` and a margin (a walsender decoding
+    reads our request to answer every half timeout). With none (0) it may be silent as long as
+    the decoding takes: the check after every limit tells."""
+    limit = SILENT_INTERVALS * interval
+    if sender_timeout_s > 0:
+        limit = max(limit, sender_timeout_s + SILENCE_MARGIN_S)
+    return limit
 
 
 def _wake_for_bytes(fd: int, size: int) -> bool:

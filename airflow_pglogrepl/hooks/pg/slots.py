@@ -114,6 +114,29 @@ def get_slot(conn: Conn, name: str, *, plugin: str | None = None) -> SlotInfo:
     return slot
 
 
+def slot_holder(conn: Conn, name: str) -> int | None:
+    """The PID of the process holding the slot now (a walsender, a peek's backend); None
+    when it is free or absent. Read from the server's shared memory on every call: no
+    snapshot of a transaction keeps an older answer."""
+    row = conn.execute(
+        "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (name,)
+    ).fetchone()
+    return None if row is None or row["active_pid"] is None else int(row["active_pid"])
+
+
+def terminate_holder(conn: Conn, name: str, pid: int) -> bool:
+    """``pg_terminate_backend(pid)`` while ``pid`` still holds the slot, in one statement: a
+    PID the server has since given to another process is never signalled. True: signalled
+    (it ends at its next interrupt check). A role may end its own processes; another's raise
+    ``psycopg.errors.InsufficientPrivilege``."""
+    row = conn.execute(
+        "SELECT pg_terminate_backend(active_pid) AS ok FROM pg_replication_slots"
+        " WHERE slot_name = %s AND active_pid = %s",
+        (name, pid),
+    ).fetchone()
+    return bool(row and row["ok"])
+
+
 async def find_slot(conn: AsyncConn, name: str) -> SlotInfo | None:
     """The slot's record on an async connection (the triggers'); None when absent."""
     validate_slot_name(name)

@@ -1,12 +1,14 @@
 """A slot read through START_REPLICATION, on a live server: the same messages a peek gives,
 the slot confirmed exactly where we say and never further, the walsender kept alive while we
 are busy, and every way the stream can end named (a missing or busy slot, no replication
-privilege, a terminated walsender)."""
+privilege, a terminated walsender). A walsender decoding a transaction that sends nothing is
+waited for, and a stream that ends leaves the slot free (``tests.support.silent_decode``)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import itertools
+import logging
 import os
 from collections.abc import Iterator
 
@@ -19,12 +21,18 @@ from airflow_pglogrepl.exceptions import (
     SlotStreamError,
     SlotStreamUnavailableError,
 )
+from airflow_pglogrepl.hooks.pg import slot_stream
 from airflow_pglogrepl.hooks.pg.slot_stream import SlotStream, synchronous_standby_match
 from airflow_pglogrepl.hooks.pg.source import PgSource
 from airflow_pglogrepl.hooks.pg.stream_frames import FrameBatch
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import PgOutputStream
 from tests.support.databases import Database
+from tests.support.silent_decode import (
+    FILTERED_OPTIONS,
+    filtered_slot,
+    write_silent_transaction,
+)
 
 OPTIONS = {"proto_version": "1", "publication_names": '"pub"', "messages": "false"}
 _roles = itertools.count(1)
@@ -166,6 +174,82 @@ def test_a_consumer_busy_longer_than_the_senders_timeout_is_not_cut_off(
                 break
         else:
             pytest.fail("the stream ended before the last change")
+
+
+# -- a walsender decoding a transaction that sends nothing ------------------------------------
+
+# The old limit, three status intervals, at a fraction of a second: a silence of seconds
+# outlasts it many times over (the server's wal_sender_timeout is the cluster's 60 s).
+QUICK_INTERVAL_S = 0.1
+
+
+@pytest.fixture
+def filtered(database: Database, slot_name: str) -> Iterator[tuple[PgSource, str, str]]:
+    """``filtered_slot`` in a database of its own: the source, the slot, the DSN."""
+    dsn = database.cluster.dsn(database.name)
+    with filtered_slot(dsn, slot_name):
+        yield PgSource(dsn), slot_name, dsn
+
+
+def _inserts(stream: SlotStream, end: LSN) -> list[bytes]:
+    return [m for m in _messages(stream, end) if m[:1] == b"I"]
+
+
+def test_a_silent_decode_shorter_than_the_senders_timeout_does_not_end_the_stream(
+    database: Database,
+    filtered: tuple[PgSource, str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: three status intervals without a frame ended the stream whatever the server's
+    wal_sender_timeout, though a walsender decoding such a transaction reads our request to
+    answer only every half of it. Here 3 s of silence, the old limit 0.3 s, the timeout 60 s."""
+    source, name, dsn = filtered
+    monkeypatch.setattr(slot_stream, "STATUS_INTERVAL_S", QUICK_INTERVAL_S)
+    caplog.set_level(logging.INFO, logger="airflow_pglogrepl.stream")
+    write_silent_transaction(dsn, "fpub", "f", 3.0, pad_bytes=30)
+    database.sql("INSERT INTO ok VALUES (1)")
+    end = source.flush_lsn()
+    with SlotStream(source.connection_params(), name, label="L", start=0,
+                    options=FILTERED_OPTIONS) as stream:  # fmt: skip
+        assert len(_inserts(stream, end)) == 1  # the row after it: the stream went through
+    # within wal_sender_timeout: not even asked about (the check is for longer silences)
+    assert "is still decoding" not in caplog.text
+
+
+def test_with_no_senders_timeout_a_silent_walsender_is_waited_for_while_it_holds_the_slot(
+    database: Database,
+    filtered: tuple[PgSource, str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """wal_sender_timeout = 0 (this connection's): the walsender reads our requests only every
+    hundred changes, here 2 s apart, and sends nothing of its own. Past the limit (0.3 s) a
+    session of its own finds our walsender still holding the slot: the stream waits, and says
+    so."""
+    source, name, dsn = filtered
+    monkeypatch.setattr(slot_stream, "STATUS_INTERVAL_S", QUICK_INTERVAL_S)
+    caplog.set_level(logging.INFO, logger="airflow_pglogrepl.stream")
+    write_silent_transaction(dsn, "fpub", "f", 4.0, pad_bytes=100)
+    database.sql("INSERT INTO ok VALUES (1)")
+    end = source.flush_lsn()
+    params = {**source.connection_params(), "options": "-c wal_sender_timeout=0"}
+    with SlotStream(params, name, label="L", start=0, options=FILTERED_OPTIONS) as stream:
+        assert len(_inserts(stream, end)) == 1
+        pid = stream.walsender_pid
+    waited = [r.getMessage() for r in caplog.records if "is still decoding" in r.getMessage()]
+    assert waited and f"(pid {pid})" in waited[0], caplog.text
+
+
+@pytest.mark.unit
+def test_the_silence_limit_follows_the_senders_timeout() -> None:
+    """Three status intervals, and never less than wal_sender_timeout and a margin; with no
+    timeout, three intervals (a check follows every one)."""
+    assert slot_stream.silence_limit(10.0, 60.0) == 65.0
+    assert slot_stream.silence_limit(10.0, 300.0) == 305.0
+    assert slot_stream.silence_limit(10.0, 0.0) == 30.0
+    assert slot_stream.silence_limit(slot_stream.status_interval(1.0), 1.0) == 6.0
+    assert slot_stream.status_interval(0.0) == slot_stream.STATUS_INTERVAL_S == 10.0
 
 
 def _wait_for(condition: object, timeout: float = 30.0) -> None:
