@@ -52,6 +52,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_pglogrepl.operators.conflicts",
                     "airflow_pglogrepl.operators.finalize",
                     "airflow_pglogrepl.operators.summary",
+                    "airflow_pglogrepl.operators.spark_submit",
                     "airflow_pglogrepl.operators.drain",
                     "airflow_pglogrepl.operators.snapshot",
                     "airflow_pglogrepl.operators.upkeep",

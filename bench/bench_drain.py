@@ -46,6 +46,7 @@ from airflow_pglogrepl.changelog.columnar import ColumnarDecoder
 from airflow_pglogrepl.changelog.rows import ChangelogBatch
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream
 from airflow_pglogrepl.spark.app import DSN_ENV
@@ -123,7 +124,7 @@ def stage(
     if level == "decode":
         return sum(1 for event in events if event.__class__ is Change)
     with tempfile.TemporaryDirectory(prefix="bench-drain-write-") as out:
-        window = Lake(out, "bench").open_window(LSN(0))
+        window = Window(Lake(out, "bench"), LSN(0))
 
         def finish(batch: ChangelogBatch) -> None:
             if level == "arrow":
@@ -162,7 +163,7 @@ def columnar_stage(hook: DsnReplicationHook, options: dict[str, str], upto: LSN,
     decoder = ColumnarDecoder(options)
     changes = 0
     with tempfile.TemporaryDirectory(prefix="bench-drain-columnar-") as out:
-        window = Lake(out, "bench").open_window(LSN(0))
+        window = Window(Lake(out, "bench"), LSN(0))
         for batch in batches:
             for piece in decoder.feed(batch):
                 changes += piece.rows.num_rows

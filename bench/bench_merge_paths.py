@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from airflow_pglogrepl.changelog import columns as cl
 from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge import arrow as arrow_merge
 from airflow_pglogrepl.merge.materialize import materialize
@@ -116,7 +117,7 @@ def build(spark: Any, root: Path, rows: int, count: int, *, vectors: bool = True
         .save(lake.paths.state(TABLE))
     )
     lake.record(kind="snapshot", start=LSN(SNAPSHOT), end=LSN(SNAPSHOT))
-    window = lake.open_window(LSN(START))
+    window = Window(lake, LSN(START))
     window.write(TABLE, changes(rows, count))
     window.commit(LSN(START + count + 1), transactions=count, changes=count)
     return sum(f.stat().st_size for f in Path(lake.paths.state(TABLE)).glob("*.parquet"))

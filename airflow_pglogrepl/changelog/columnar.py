@@ -77,7 +77,7 @@ class ColumnarDecoder:
         # the ``_seq`` each in-progress transaction's changes reached
         self._splitter = None
         if options.get("streaming", "off") in ("on", "true"):
-            from airflow_pglogrepl.pgoutput.stream_blocks import BlockSplitter
+            from airflow_pglogrepl.pgoutput.transaction_blocks import BlockSplitter
 
             self._splitter = BlockSplitter()
         self._seqs: dict[int, int] = {}
@@ -117,7 +117,7 @@ class ColumnarDecoder:
     def parts(self, data: pa.Array) -> list[list[TablePiece] | InProgress | Any]:
         """One batch of messages, in order: the rows of whole transactions (a list of pieces,
         as ``feed`` returns them), the rows of a block of a transaction still in progress
-        (``InProgress``), and the Stream Commits and Stream Aborts (``stream_blocks``) that end
+        (``InProgress``), and the Stream Commits and Stream Aborts (``transaction_blocks``) that end
         such transactions. A Stream Commit's LSN joins ``commit_lsns`` in its place. Without
         ``streaming 'on'``, one list of pieces."""
         if self._splitter is None:
@@ -132,7 +132,7 @@ class ColumnarDecoder:
     def _parts(self, data: pa.Array) -> list[list[TablePiece] | InProgress | Any]:
         import numpy as np
 
-        from airflow_pglogrepl.pgoutput.stream_blocks import Block, Plain, StreamAbort
+        from airflow_pglogrepl.pgoutput.transaction_blocks import Block, Plain, StreamAbort
 
         assert self._splitter is not None
         out: list[list[TablePiece] | InProgress | Any] = []

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from airflow_pglogrepl.hooks.pg import conflicts
 from airflow_pglogrepl.hooks.slots import SlotsMixin
 from airflow_pglogrepl.hooks.subscriptions import SubscriptionsMixin
+from airflow_pglogrepl.identifiers import publication_names_option
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import SubscriptionErrors
-from airflow_pglogrepl.names import publication_names_option
 from airflow_pglogrepl.pgoutput.pending import PendingTransaction, first_pending_transaction
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.versions import Features

@@ -13,9 +13,9 @@ from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
 from airflow_pglogrepl.hooks.pg import arrow_peek, slots
 from airflow_pglogrepl.hooks.pg.slot_stream import SlotStream
 from airflow_pglogrepl.hooks.pg.slots import OUTPUT_PLUGINS
+from airflow_pglogrepl.identifiers import validate_slot_name
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import SlotCreated, SlotInfo, SlotSpill
-from airflow_pglogrepl.names import validate_slot_name
 
 __all__ = ["OUTPUT_PLUGINS", "SlotsMixin"]
 

@@ -43,7 +43,7 @@ from airflow_pglogrepl.changelog.columns import (
 )
 from airflow_pglogrepl.changelog.types import TYPE_META, arrow_value, column_type
 from airflow_pglogrepl.exceptions import ColumnBackfillError, IncompatibleSchemaChangeError
-from airflow_pglogrepl.lake.names import FORMER_META, SOURCE_META
+from airflow_pglogrepl.lake.column_names import FORMER_META, SOURCE_META
 
 if TYPE_CHECKING:
     import pyarrow as pa

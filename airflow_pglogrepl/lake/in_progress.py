@@ -1,14 +1,14 @@
 """Rows of streamed transactions still in progress at the source, kept in the lake until their
 Stream Commit says where they belong, and dropped on their Stream Abort.
 
-With ``streaming 'on'`` (``pgoutput.stream_blocks``) the server sends a big transaction while it
-runs, instead of keeping it in its spill files until its commit. Its rows cannot join a window
-before they have a commit LSN: that is what orders them and what the slot is confirmed by. They
-wait here as Arrow IPC files (zstd) under ``_pglogrepl/in_progress/<xid>/``, which no Delta log
-names and no reader lists (``VACUUM`` skips directories whose names start with ``_``), one file
-per block and table description. At the Stream Commit each file is read back, one at a time,
-given the commit LSN and time, and handed to the window like any transaction's rows; then it is
-removed.
+With ``streaming 'on'`` (``pgoutput.transaction_blocks``) the server sends a big transaction
+while it runs, instead of keeping it in its spill files until its commit. Its rows cannot join a
+window before they have a commit LSN: that is what orders them and what the slot is confirmed
+by. They wait here as Arrow IPC files (zstd) under ``_pglogrepl/in_progress/<xid>/``, which no
+Delta log names and no reader lists (``VACUUM`` skips directories whose names start with ``_``),
+one file per block and table description. At the Stream Commit each file is read back, one at a
+time, given the commit LSN and time, and handed to the window like any transaction's rows; then
+it is removed.
 
 Why nothing here outlives a run: the slot is only ever confirmed up to a commit the lake holds.
 A transaction still in progress commits past that, so a new stream (after a crash, a stopped
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from airflow_pglogrepl.changelog.columnar import InProgress, TablePiece
     from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.pgoutput.changes import TableInfo
-    from airflow_pglogrepl.pgoutput.stream_blocks import StreamCommit
+    from airflow_pglogrepl.pgoutput.transaction_blocks import StreamCommit
 
 __all__ = ["InProgressTransactions"]
 

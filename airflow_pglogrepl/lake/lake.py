@@ -22,9 +22,8 @@ from airflow_pglogrepl.exceptions import (
     LakeFromAnotherSourceError,
     LakeOfAnotherSlotError,
 )
-from airflow_pglogrepl.lake import delta, evolve, mapping, names, schema_commits
+from airflow_pglogrepl.lake import column_names, delta, evolve, mapping, schema_commits
 from airflow_pglogrepl.lake.layout import LAKE_APP, LakePaths, app_id, table_dir
-from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
 
@@ -176,7 +175,7 @@ class Lake:
             return "kept"
         self._versions.pop(table_dir(table), None)
         self._covered.pop(table_dir(table), None)
-        schema = names.to_lake(schema.empty_table(), current)[0].schema
+        schema = column_names.to_lake(schema.empty_table(), current)[0].schema
         found = delta.open_table(uri)
         mapped = None if found is None else mapping.mapped_of(found)
         try:
@@ -240,7 +239,7 @@ class Lake:
         (``DeltaTable.to_pandas()``) read it.
 
         A new state is under column mapping (``lake.mapping``) when ``mapped`` says so, or
-        (None) when the table's changelog is: it holds the same names."""
+        (None) when the table's changelog is: it holds the same column_names."""
         current = delta.open_table(self.paths.state(table))
         if current is not None:
             setting = current.metadata().configuration.get(DV_PROPERTY, "false")
@@ -260,7 +259,7 @@ class Lake:
         writes into it: columns renamed at the source are renamed (metadata only: the state
         keeps their values), and column mapping is turned on in place when the changelog has
         it, a rename needs it, or ``needed`` (a re-snapshot brings a name that needs it). The
-        state's files keep their names as physical names."""
+        state's files keep their names as physical column_names."""
         uri = self.paths.state(table)
         state = delta.open_table(uri)
         if state is None:
@@ -269,7 +268,8 @@ class Lake:
         changes = delta.open_table(self.paths.changes(table))
         renames: dict[str, str] = {}
         if changes is not None:
-            for former, now in names.former_names(delta.unmapped(delta.schema_of(changes))).items():
+            stored = delta.unmapped(delta.schema_of(changes))
+            for former, now in column_names.former_names(stored).items():
                 if former in have and now not in have:
                     renames[former] = now
         wanted = needed or bool(renames) or (changes is not None and mapping.is_mapped(changes))
@@ -430,10 +430,6 @@ class Lake:
         return json.loads(text) if text else None
 
     # -- writing --------------------------------------------------------------------------------
-
-    def open_window(self, start: LSN) -> Window:
-        """A window of changes from ``start``, written and committed through ``lake.window``."""
-        return Window(self, start)
 
     def record(self, *, kind: str, start: LSN, end: LSN, transactions: int = 0, changes: int = 0,
                tables: dict[str, int] | None = None) -> None:  # fmt: skip

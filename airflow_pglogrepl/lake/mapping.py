@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.changelog.columns import META_COLUMNS, OLD
-from airflow_pglogrepl.lake.names import needs_mapping, same_without_case
+from airflow_pglogrepl.lake.column_names import needs_mapping, same_without_case
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -1,7 +1,7 @@
 """A window of the drain: its changes written table by table, invisible until its commit, and
 why a crash at any point loses nothing.
 
-A drain goes one way: slot -> fetch -> decode -> ``Lake.open_window(start)`` -> ``write`` batch
+A drain goes one way: slot -> fetch -> decode -> ``Window(Lake, start)`` -> ``write`` batch
 by batch -> ``commit(end)`` -> advance the slot. Every Delta commit made for the drain of a slot
 carries the app transaction ``(app_id(slot), end LSN)``; in each table's log that version is the
 exclusive LSN bound of what the table holds (every change whose transaction commits before it).
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from airflow_pglogrepl.changelog.columns import COMMIT_LSN
 from airflow_pglogrepl.exceptions import IncompatibleSchemaChangeError, UnsupportedColumnTypeError
-from airflow_pglogrepl.lake import delta, evolve, mapping, names, schema_commits
+from airflow_pglogrepl.lake import column_names, delta, evolve, mapping, schema_commits
 from airflow_pglogrepl.lake.layout import table_dir
 from airflow_pglogrepl.lake.quarantine import quarantine_schema
 from airflow_pglogrepl.lsn import LSN
@@ -94,8 +94,8 @@ class Window:
     def write(self, table: TableRef, batch: pa.Table) -> int:
         """Write one batch of ``table``'s changelog rows; returns how many were new.
 
-        The batch's columns get their lake names first (``lake.names``: any PostgreSQL name is
-        kept, under column mapping when Delta needs it, and a name Delta would take for
+        The batch's columns get their lake names first (``lake.column_names``: any PostgreSQL
+        name is kept, under column mapping when Delta needs it, and a name Delta would take for
         another's gets a suffix). Rows of transactions the lake already holds (a window
         drained again after a crash between two tables' commits, or changes a re-snapshot of
         the table includes) are dropped here, so a replay never duplicates a change. The
@@ -105,7 +105,7 @@ class Window:
         name = table_dir(table)
         pending = self._pending.get(name)
         known = pending.schema if pending is not None else self.lake.known_schema(table)
-        batch, lake_names = names.to_lake(batch, known)
+        batch, lake_names = column_names.to_lake(batch, known)
         readded = self._check_order(table, known, lake_names)
         floor = self.lake.floor(name, self.start)
         if floor:
@@ -123,7 +123,7 @@ class Window:
             evolve.check_key(str(table), evolution, {})
         if readded:  # their new numbers, so a later cycle of renames is seen
             schema = evolve.numbered(schema, readded)
-        renames = names.renamed_since(known, schema)
+        renames = column_names.renamed_since(known, schema)
         if renames:
             log.warning("%s: columns renamed at the source, renamed in the lake (their history "
                         "and values kept): %s", table, renames)  # fmt: skip
@@ -298,7 +298,7 @@ def _quarantine_commit(lake: Lake, rows: list[pa.Table], prefix: str, end: LSN) 
 def _origins_by_lake_name(origins: Origins, table: TableRef, asked: Sequence[str],
                           lake_names: dict[str, str]) -> ColumnOrigins:  # fmt: skip
     """What the catalog says of the columns ``asked`` (lake names), asked by their source
-    names and keyed by their lake names."""
+    names and keyed by their lake column_names."""
     import dataclasses
 
     source_of = {lake: source for source, lake in lake_names.items()}

@@ -58,6 +58,7 @@ from airflow_pglogrepl.changelog.columns import (
 from airflow_pglogrepl.exceptions import LakeCommitConflictError, LakeError, PgLogReplError
 from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake import delta
+from airflow_pglogrepl.lake.column_names import former_names, with_current_names
 from airflow_pglogrepl.lake.evolve import added_at, base_fields, fill_value
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lake.mapping import (
@@ -68,7 +69,6 @@ from airflow_pglogrepl.lake.mapping import (
     mapped_schema,
     to_physical,
 )
-from airflow_pglogrepl.lake.names import former_names, with_current_names
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge.lineage import INTERNAL
 

@@ -44,8 +44,8 @@ from airflow_pglogrepl.changelog.columns import (
 )
 from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake import delta, evolve
+from airflow_pglogrepl.lake.column_names import former_names
 from airflow_pglogrepl.lake.lake import Lake
-from airflow_pglogrepl.lake.names import former_names
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge import arrow as arrow_merge
 from airflow_pglogrepl.merge.lineage import column, value_column
@@ -348,7 +348,8 @@ def with_fills(changes: DataFrame, fills: list[Added]) -> DataFrame:
 
 def with_current_names(changes: DataFrame, formers: dict[str, str]) -> DataFrame:
     """Changelog rows with each entry of ``_unchanged`` under its column's name now: rows
-    written before a column was renamed name it as it was then (``lake.names.FORMER_META``)."""
+    written before a column was renamed name it as it was then
+    (``lake.column_names.FORMER_META``)."""
     from pyspark.sql import functions as sf
 
     if not formers:

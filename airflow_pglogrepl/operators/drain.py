@@ -19,7 +19,7 @@ from airflow.sdk import Context
 
 from airflow_pglogrepl import metrics
 from airflow_pglogrepl.hooks.for_connection import replication_hook
-from airflow_pglogrepl.operators._spark import (
+from airflow_pglogrepl.operators.spark_submit import (
     PACKAGE_DIR,
     PackageSparkSubmitOperator,
     state_vectors_args,
@@ -27,7 +27,7 @@ from airflow_pglogrepl.operators._spark import (
 from airflow_pglogrepl.operators.task_reports import drain_paragraph
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.operators._idle import Idle
+    from airflow_pglogrepl.pipeline.idle import Idle
 
 __all__ = ["DRAIN_APP", "SlotDrainOperator"]
 
@@ -188,7 +188,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         self._check_spark_connection()
         self._use_lake_store(str(self.lake))
         if self.skip_when_idle and not self.accept_source_change and not self.follow:
-            from airflow_pglogrepl.operators._idle import idle_run
+            from airflow_pglogrepl.pipeline.idle import idle_run
 
             started = time.monotonic()
             idle = idle_run(hook, slot, lake_root=str(self.lake), publications=self.publications,
@@ -241,7 +241,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
 
     def _idle(self, context: Context, idle: Idle, started: float) -> dict[str, Any]:
         """An idle run's result, as a submitted run would have returned it."""
-        from airflow_pglogrepl.operators._idle import idle_summary
+        from airflow_pglogrepl.pipeline.idle import idle_summary
 
         confirmed = str(idle.confirmed)
         self.log.info(

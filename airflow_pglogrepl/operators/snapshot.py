@@ -19,7 +19,7 @@ from airflow.sdk import Context
 
 from airflow_pglogrepl import metrics
 from airflow_pglogrepl.hooks.for_connection import replication_hook
-from airflow_pglogrepl.operators._spark import (
+from airflow_pglogrepl.operators.spark_submit import (
     PACKAGE_DIR,
     PackageSparkSubmitOperator,
     state_vectors_args,

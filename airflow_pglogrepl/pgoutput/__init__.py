@@ -18,9 +18,9 @@ from airflow_pglogrepl.pgoutput.changes import (
     TransactionBegin,
     TransactionCommit,
 )
-from airflow_pglogrepl.pgoutput.decoder import decode_message
 from airflow_pglogrepl.pgoutput.messages import UNCHANGED_TOAST, MessageType, PgOutputMessage
-from airflow_pglogrepl.pgoutput.stream import PgOutputStream
+from airflow_pglogrepl.pgoutput.parser import decode_message
+from airflow_pglogrepl.pgoutput.per_message import PgOutputStream
 from airflow_pglogrepl.pgoutput.values import Interval
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The columnar back end of the pgoutput decoder: a batch of messages in one Arrow ``binary``
 column, read with numpy over the whole batch, with no Python object per message or value.
 
-The per-message back end (``stream.PgOutputStream``) spends most of its time in CPython: a
+The per-message back end (``per_message.PgOutputStream``) spends most of its time in CPython: a
 ``bytes`` object per message, a Python value per column. Here the messages stay in the column's
 single buffer and its offsets:
 
@@ -110,9 +110,9 @@ class ColumnarParser:
     def parse_in_progress(
         self, data: pa.Array, xid: int, seq: int
     ) -> tuple[ParsedBatch | None, int]:
-        """A block of streamed transaction ``xid`` (``stream_blocks.Block``'s messages), whose
-        changes so far numbered ``seq``: parsed as inside that transaction, with no commit LSN
-        or time yet (0). Returns the batch and the transaction's ``_seq`` after it."""
+        """A block of streamed transaction ``xid`` (``transaction_blocks.Block``'s messages),
+        whose changes so far numbered ``seq``: parsed as inside that transaction, with no commit
+        LSN or time yet (0). Returns the batch and the transaction's ``_seq`` after it."""
         assert self._txn is None, "blocks are sent between whole transactions"
         shared = self._relations
         overlay = self._overlays.setdefault(xid, {})

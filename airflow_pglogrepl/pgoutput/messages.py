@@ -3,7 +3,7 @@
 These mirror PostgreSQL's "Logical Replication Message Formats" field for field, so a test can
 build a byte buffer, decode it and compare the whole record. They hold what the wire holds
 (relation OIDs, raw tuple columns); turning them into per-table changes with column names and
-Python values is ``stream.PgOutputStream``'s job.
+Python values is ``per_message.PgOutputStream``'s job.
 See https://www.postgresql.org/docs/15/protocol-logicalrep-message-formats.html
 (the protocol-4 Stream Abort fields: https://www.postgresql.org/docs/16/protocol-logicalrep-message-formats.html)
 """
@@ -51,29 +51,30 @@ __all__ = [
 
 
 class MessageType(IntEnum):
-    """The first byte of every message (``LogicalRepMsgType`` in PostgreSQL's logicalproto.h)."""
+    """The first byte of every message (``LogicalRepMsgType`` in PostgreSQL's logicalproto.h),
+    the bytes ``layouts`` defines, named as an enum."""
 
-    BEGIN = ord("B")
-    COMMIT = ord("C")
-    ORIGIN = ord("O")
-    RELATION = ord("R")
-    TYPE = ord("Y")
-    INSERT = ord("I")
-    UPDATE = ord("U")
-    DELETE = ord("D")
-    TRUNCATE = ord("T")
-    MESSAGE = ord("M")
+    BEGIN = layouts.BEGIN
+    COMMIT = layouts.COMMIT
+    ORIGIN = layouts.ORIGIN
+    RELATION = layouts.RELATION
+    TYPE = layouts.TYPE
+    INSERT = layouts.INSERT
+    UPDATE = layouts.UPDATE
+    DELETE = layouts.DELETE
+    TRUNCATE = layouts.TRUNCATE
+    MESSAGE = layouts.MESSAGE
     # protocol 2: streaming of in-progress transactions
-    STREAM_START = ord("S")
-    STREAM_STOP = ord("E")
-    STREAM_COMMIT = ord("c")
-    STREAM_ABORT = ord("A")
+    STREAM_START = layouts.STREAM_START
+    STREAM_STOP = layouts.STREAM_STOP
+    STREAM_COMMIT = layouts.STREAM_COMMIT
+    STREAM_ABORT = layouts.STREAM_ABORT
     # protocol 3: two-phase commit
-    BEGIN_PREPARE = ord("b")
-    PREPARE = ord("P")
-    COMMIT_PREPARED = ord("K")
-    ROLLBACK_PREPARED = ord("r")
-    STREAM_PREPARE = ord("p")
+    BEGIN_PREPARE = layouts.BEGIN_PREPARE
+    PREPARE = layouts.PREPARE
+    COMMIT_PREPARED = layouts.COMMIT_PREPARED
+    ROLLBACK_PREPARED = layouts.ROLLBACK_PREPARED
+    STREAM_PREPARE = layouts.STREAM_PREPARE
 
     @property
     def char(self) -> str:

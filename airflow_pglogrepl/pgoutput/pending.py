@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.pgoutput.decoder import decode_message
 from airflow_pglogrepl.pgoutput.messages import (
     BeginMessage,
     CommitMessage,
@@ -21,6 +20,7 @@ from airflow_pglogrepl.pgoutput.messages import (
     TruncateMessage,
     UpdateMessage,
 )
+from airflow_pglogrepl.pgoutput.parser import decode_message
 from airflow_pglogrepl.tables import TableRef
 
 

@@ -26,85 +26,43 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Sequence
 
-from airflow_pglogrepl.changelog.columnar import (
-    ColumnarUnsupportedError,
-)
-from airflow_pglogrepl.changelog.rows import ChangelogBatch
+from airflow_pglogrepl.changelog.columnar import ColumnarUnsupportedError
 from airflow_pglogrepl.exceptions import (
     ArrowPeekError,
     LakeFromAnotherSourceError,
     LakeSnapshotUnfinishedError,
-    PublicationNotFoundError,
     SlotAheadOfLakeError,
 )
-from airflow_pglogrepl.faults import fault, pause
 from airflow_pglogrepl.lake.in_progress import InProgressTransactions
 from airflow_pglogrepl.lake.lake import Lake
-from airflow_pglogrepl.lake.quarantine import TABLE_ERRORS, Cause, cause_of, held
-from airflow_pglogrepl.lake.quarantine import rows as quarantine_rows
-from airflow_pglogrepl.lake.window import Window
+from airflow_pglogrepl.lake.quarantine import TABLE_ERRORS, Cause, held
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.names import publication_names_option
-from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
-from airflow_pglogrepl.pipeline.follow import Follow, following
-from airflow_pglogrepl.pipeline.overlap import Behind, prefetched
+from airflow_pglogrepl.pipeline.committer import WindowCommitter
+from airflow_pglogrepl.pipeline.follow import NO_END, Follow
+from airflow_pglogrepl.pipeline.message_windows import MessageWindows
+from airflow_pglogrepl.pipeline.readers import (
+    PeekReader,
+    SlotReader,
+    peek_options,
+    published_before,
+)
 from airflow_pglogrepl.pipeline.results import (
     READERS,
     DrainResult,
     WindowStats,
     committed,
+    cpu_s,
+    fold_older,
     log_window,
 )
-from airflow_pglogrepl.pipeline.streamed import streamed
-from airflow_pglogrepl.pipeline.windows import columnar_windows, window_end
+from airflow_pglogrepl.pipeline.source import DrainSource, check_slot
+from airflow_pglogrepl.pipeline.stream_phase import StreamPhase
+from airflow_pglogrepl.pipeline.windows import ColumnarWindows
 from airflow_pglogrepl.tables import TableRef
 
-if TYPE_CHECKING:
-    from airflow_pglogrepl.hooks.pg.slot_stream import SlotStream
-    from airflow_pglogrepl.models.records import SlotInfo
-    from airflow_pglogrepl.pgoutput import TableInfo
-
-
-class DrainSource(Protocol):
-    """What the drain needs of its source database (``hooks.pg.source.PgSource``, or the Airflow
-    hook, which has the same methods): read, peek and advance the slot, and the flush LSN."""
-
-    def get_slot(self, name: str, *, plugin: str | None = None) -> SlotInfo: ...
-
-    def advance_slot(self, name: str, upto: LSN | str) -> LSN: ...
-
-    def flush_lsn(self) -> LSN: ...
-
-    def missing_publications(self, names: Sequence[str]) -> list[str]: ...
-
-    def source_identity(self) -> dict[str, object]: ...
-
-    def peek_changes(
-        self,
-        slot: str,
-        *,
-        upto_lsn: LSN | str | None,
-        options: Mapping[str, str],
-        batch_rows: int = ...,
-        upto_nchanges: int | None = ...,
-    ) -> Iterator[tuple[LSN, int | None, Any]]: ...
-
-    def peek_arrow(
-        self, slot: str, *, upto_lsn: LSN | str, options: Mapping[str, str]
-    ) -> Iterator[Any]: ...
-
-    def stream_slot(
-        self,
-        slot: str,
-        *,
-        start: LSN,
-        options: Mapping[str, str],
-        alive: Callable[[], object] | None = None,
-    ) -> SlotStream: ...
-
+__all__ = ["PEEK_WINDOWS", "Drain", "DrainSource", "check_slot"]
 
 log = logging.getLogger("airflow_pglogrepl.drain")
 
@@ -115,7 +73,14 @@ PEEK_WINDOWS = 4
 
 
 class Drain:
-    """The drain loop: the slot's changes, window by window, into ``lake``."""
+    """The drain loop: the slot's changes, window by window, into ``lake``.
+
+    The stages go one way: a reader (``readers``: the stream, or peeks) gives batches of
+    messages; the columnar windows (``windows``), or the per-message ones (``message_windows``)
+    for what those decline, decode them and cut windows; the committer (``committer``) writes
+    each window, commits it and moves the slot. This class only decides which reader and which
+    windows, and in what order; ``follow`` makes the run a following one.
+    """
 
     def __init__(
         self,
@@ -144,14 +109,9 @@ class Drain:
         self.follow = follow
         self.reader_used = "peek"
         self.reader_note: str | None = None
-        self._stream: SlotStream | None = None  # while streaming: where windows are confirmed
         self.columnar = columnar
-        # A table whose changes cannot be stored goes to the lake's quarantine, the others on
-        # (``lake.quarantine``); False: the run fails on it, nothing of the window committed.
-        self.quarantine = quarantine
-        self.held: dict[TableRef, Cause] = {}  # tables in quarantine
+        self.held: dict[TableRef, Cause] = {}  # tables in quarantine (``lake.quarantine``)
         self.accept_source_change = accept_source_change
-        self.run_end = LSN(0)  # the flushed WAL position a run drains to (set by ``run``)
         self.source = source
         self.lake = lake
         self.slot = slot
@@ -159,18 +119,27 @@ class Drain:
         self.max_window_bytes = max_window_bytes
         self.max_windows = max_windows
         self.batch_rows = batch_rows
-        self.options = {
-            "proto_version": "1",
-            "publication_names": publication_names_option(self.publications),
-            "messages": "false",
-        }
+        self.options = peek_options(self.publications)
+        self.committer = WindowCommitter(source=source, lake=lake, slot=slot,
+                                         publications=self.publications,
+                                         batch_rows=batch_rows)  # fmt: skip
+        # A table whose changes cannot be stored goes to the lake's quarantine, the others on;
+        # quarantine=False: the run fails on it, nothing of the window committed.
+        self._messages = MessageWindows(self.committer, self.options, held=self.held,
+                                        quarantine=quarantine)  # fmt: skip
+        self._peek = PeekReader(source, slot, self.options)
+
+    @property
+    def run_end(self) -> LSN:
+        """The flushed WAL position the run drains to (a following run: the highest sent)."""
+        return self.committer.run_end
 
     def run(self, started: float) -> DrainResult:
         """Reconcile the lake with the slot, then drain window by window."""
         if self.columnar:
             _preload()
         slot = check_slot(self.source, self.slot)
-        self._require_publications()
+        self.committer.require_publications()
         before = slot.confirmed_flush_lsn
         assert before is not None, "a logical slot always has confirmed_flush_lsn"
         self._claim()
@@ -178,17 +147,17 @@ class Drain:
         # from their start, and a run that peeks never needs them (``lake.in_progress``).
         InProgressTransactions(self.lake).clear()
         start = self._reconcile(before, self.lake.position())
-        self.held = held(self.lake)
+        self.held.update(held(self.lake))
         if self.held:
             log.warning("tables in quarantine (their changes go there, not to changes/): %s",
                         {str(t): c.to_dict() for t, c in self.held.items()})  # fmt: skip
-        run_end = self.run_end = self.source.flush_lsn()
+        run_end = self.committer.run_end = self.source.flush_lsn()
         startup = time.monotonic() - started
         windows: list[WindowStats] = []
         if self.follow is not None:
-            following(self, start, windows, self.follow)
+            self._following(start, windows, self.follow)
         elif start < run_end:
-            self.peeked(streamed(self, start, run_end, windows), run_end, windows)
+            self.peeked(self._streamed(start, run_end, windows), run_end, windows)
         else:
             self.reader_used = "none"  # nothing to read: neither was opened
         after = self.source.get_slot(self.slot).confirmed_flush_lsn
@@ -223,7 +192,8 @@ class Drain:
                 done: list[WindowStats] = []
                 declined = False
                 try:
-                    self._columnar_span(start, min(run_end, start + self.max_window_bytes * room),
+                    self._columnar_span(self._peek, start,
+                                        min(run_end, start + self.max_window_bytes * room),
                                         done)  # fmt: skip
                 except (ColumnarUnsupportedError, ArrowPeekError, *TABLE_ERRORS) as exc:
                     # (a table's error: the per-message path names its table, and holds it)
@@ -241,7 +211,7 @@ class Drain:
                 ):
                     break
             end = run_end if next_commit else min(run_end, start + self.max_window_bytes)
-            stats = self._held_window(start, end, next_commit=next_commit)
+            stats = self._messages.window(start, end, next_commit=next_commit)
             windows.append(stats)
             log_window(stats, run_end)
             # A window without a single commit means the next commit is further away: a big
@@ -257,35 +227,89 @@ class Drain:
 
     def published_before(self, end: LSN) -> bool:
         """Whether the slot holds a published change before ``end`` (a peek of one)."""
-        rows = self.source.peek_changes(self.slot, upto_lsn=end, options=self.options,
-                                        upto_nchanges=1)  # fmt: skip
-        try:
-            return next(iter(rows), None) is not None
-        finally:
-            close = getattr(rows, "close", None)
-            if close is not None:
-                close()
+        return published_before(self.source, self.slot, self.options, end)
 
-    def _held_window(self, start: LSN, end: LSN, *, next_commit: bool) -> WindowStats:
-        """A window on the per-message path; a table whose changes cannot be stored is put in
-        the quarantine (``self.held``) and the window drained again without it, nothing of
-        the failed attempt committed."""
-        while True:
-            try:
-                return self._reference_window(start, end, next_commit=next_commit)
-            except TABLE_ERRORS as exc:
-                ref = getattr(exc, "ref", None)
-                if not self.quarantine or ref is None or ref in self.held:
-                    raise
-                self.held[ref] = cause_of(exc, str(start))
-                log.warning("%s goes to the lake's quarantine from %s, every other table goes "
-                            "on: %s: %s", ref, start, type(exc).__name__,
-                            getattr(exc, "what", exc))  # fmt: skip
+    def _streamed(self, start: LSN, run_end: LSN, windows: list[WindowStats]) -> LSN:
+        """Drain what the stream can (``stream_phase``) from ``start``: the windows of
+        ``[start, run_end)``, up to ``max_windows``, appended to ``windows``; returns where the
+        peek goes on (``run_end`` when the stream took all of it)."""
+        refusal = self._stream_refusal()
+        if refusal is not None:
+            if self.reader == "stream":
+                raise ValueError(f"reader='stream' cannot be used here: {refusal}. Fix: "
+                                 f"reader='auto' (or 'peek')")  # fmt: skip
+            self.reader_note = refusal
+            return start
+        span_end = run_end
+        if self.max_windows is not None and self.follow is None:
+            span_end = min(run_end, LSN(int(start) + self.max_window_bytes * self.max_windows))
+        phase = StreamPhase(source=self.source, lake=self.lake, slot=self.slot,
+                            options=self.options, reader=self.reader, follow=self.follow,
+                            drain_span=self._columnar_span)  # fmt: skip
+        part = phase.read(start, run_end, span_end)
+        if part.opened:
+            self.reader_used = "stream"
+        if part.note is not None:
+            self.reader_note = part.note
+        windows.extend(part.windows)
+        return part.position
 
-    def _require_publications(self) -> None:
-        missing = self.source.missing_publications(self.publications)
-        if missing:
-            raise PublicationNotFoundError(missing, self.slot)
+    def _stream_refusal(self) -> str | None:
+        """Why this run cannot stream (None: it can)."""
+        if self.reader == "peek":
+            return "reader='peek' was asked for"
+        if not self.columnar:
+            return "the per-message decoder was asked for (columnar off), which reads peeks"
+        if self.held:
+            return "tables in quarantine are drained through the per-message decoder"
+        return None
+
+    def _following(self, start: LSN, windows: list[WindowStats], follow: Follow) -> None:
+        """A following run: the stream, kept open until ``follow.over``; where the stream
+        cannot be used, or once it declined a window, passes of the peek every
+        ``follow.window_s`` (each drains up to the WAL position it found)."""
+        follow.cpu_at_start = cpu_s()
+        if self.reader != "peek":
+            start = self._streamed(start, LSN(NO_END), windows)
+        while not self._following_ends(follow):
+            began = time.monotonic()
+            run_end = self.committer.run_end = max(self.run_end, self.source.flush_lsn())
+            if start < run_end and (
+                run_end - start >= self.max_window_bytes or self.published_before(run_end)
+            ):  # (a pass through unpublished WAL alone would commit an empty window each time)
+                count = committed(windows)
+                start = self.peeked(start, run_end, windows)
+                follow.windows += committed(windows) - count
+                fold_older(windows)
+            follow.wait(began + follow.window_s)
+        self._following_ends(follow)
+
+    def _following_ends(self, follow: Follow) -> bool:
+        """``follow.over``, or a table put in quarantine when that ends the run."""
+        if follow.stop_on_quarantine and self.held and follow.stopped_by is None:
+            follow.stopped_by = "quarantine"
+        return follow.over()
+
+    def _columnar_span(self, reader: SlotReader, start: LSN, span_end: LSN,
+                       done: list[WindowStats]) -> None:  # fmt: skip
+        """The windows of ``[start, span_end)`` from ``reader``, on the columnar path; each is
+        appended to ``done`` once committed (and the slot moved past it by the reader).
+
+        Every peek has the server decode from the slot's ``restart_lsn``, which moves only at
+        the server's running-transactions records (every 15 s under load), so one peek per
+        window can decode the same WAL again and again. One peek serves several windows: they
+        are cut at the same LSNs separate peeks would have ended at (a window holds the
+        transactions whose commit record starts before its end), except that a window is never
+        committed empty in the middle of a span: it grows to the next boundary instead.
+
+        The window's stages overlap (``overlap``): the fetch runs ahead in a thread, the writes
+        behind in another, the decoder in this one.
+        """
+        windows = ColumnarWindows(self.committer, start=start, span_end=span_end,
+                                  window_bytes=self.max_window_bytes, options=reader.options,
+                                  exact_end=reader.exact_end, follow=reader.follow)  # fmt: skip
+        with self.committer.confirming(reader.confirm):
+            windows.run(reader.batches(start, span_end), done)
 
     def _claim(self) -> None:
         """Refuse a lake of another slot, server or database, or one whose initial snapshot
@@ -342,154 +366,6 @@ class Drain:
             raise SlotAheadOfLakeError(self.slot, slot_lsn, lake_lsn, self.lake.root)
         return slot_lsn
 
-    def _columnar_span(
-        self,
-        start: LSN,
-        span_end: LSN,
-        done: list[WindowStats],
-        batches: Iterator[Any] | None = None,
-        *,
-        exact_end: bool = False,
-        options: dict[str, str] | None = None,
-    ) -> None:
-        """The windows of ``[start, span_end)`` from one peek (or from ``batches`` of messages
-        the stream sent), on the columnar path; each is appended to ``done`` once committed
-        (and the slot advanced, or the stream confirmed, past it).
-
-        ``exact_end``: the last window ends at ``span_end`` exactly, and rows that commit at
-        or past it are left to the next run. A stream sends on past the span's end: the
-        transactions there may be incomplete, and are sent again from the confirmed position.
-
-        Every peek has the server decode from the slot's ``restart_lsn``, which moves only at
-        the server's running-transactions records (every 15 s under load), so one peek per
-        window can decode the same WAL again and again. One peek serves several windows: they
-        are cut here at the same LSNs separate peeks would have ended at (a window holds the
-        transactions whose commit record starts before its end), except that a window is never
-        committed empty in the middle of a span: it grows to the next boundary instead.
-
-        The window's stages overlap (``overlap``): the fetch runs ahead in a thread, the writes
-        behind in another, the decoder in this one.
-        """
-        if batches is None:
-            batches = prefetched(
-                self.source.peek_arrow(self.slot, upto_lsn=span_end, options=self.options)
-            )
-        follow = self.follow if self._stream is not None else None  # a peek's end is fixed
-        columnar_windows(self, start, span_end, done, batches, exact_end=exact_end,
-                         follow=follow, options=options)  # fmt: skip
-
-    def _reference_window(self, start: LSN, end: LSN, *, next_commit: bool = False) -> WindowStats:
-        began = time.monotonic()
-        stats = WindowStats(start=start, end=end)
-        window = self.lake.open_window(start)
-        batches: dict[int, ChangelogBatch] = {}
-        stream = PgOutputStream.from_options(self.options)
-        rows = self.source.peek_changes(
-            self.slot,
-            upto_lsn=end,
-            options=self.options,
-            batch_rows=self.batch_rows,
-            upto_nchanges=1 if next_commit else None,
-        )
-        last_commit: TransactionCommit | None = None
-        floors: dict[int, int] = {}
-        quarantined: dict[TableRef, list[Change]] = {}
-        for event in _events(stream, rows):
-            if event.__class__ is Change:
-                change: Change = event
-                floor = self._floor(floors, change.table, start)
-                if floor and int(change.commit_lsn or 0) < floor:
-                    # The table's state already holds this change (a re-snapshot after it):
-                    # skipped before its values are even converted, so a value the lake
-                    # could not store no longer stops the drain once the row is corrected.
-                    continue
-                stats.changes += 1
-                if self.held:
-                    ref = TableRef(change.table.schema, change.table.table)
-                    if ref in self.held:  # as sent, not converted
-                        quarantined.setdefault(ref, []).append(change)
-                        continue
-                batch = batches.get(id(change.table))
-                if batch is None:
-                    batch = batches[id(change.table)] = ChangelogBatch(change.table)
-                with _naming(batch.ref):
-                    batch.add(change, change.seq)
-                if len(batch) >= self.batch_rows:
-                    with _naming(batch.ref):
-                        self._write(window, batch.ref, batch.to_arrow(), stats)
-                    batches[id(change.table)] = ChangelogBatch(change.table)
-            elif event.__class__ is TransactionCommit:
-                stats.transactions += 1
-                last_commit = event
-        for batch in batches.values():
-            if len(batch):
-                with _naming(batch.ref):
-                    self._write(window, batch.ref, batch.to_arrow(), stats)
-        if last_commit is not None:
-            if next_commit and last_commit.end_lsn < end:
-                end = last_commit.end_lsn  # the window ends just past the one commit it holds
-            end = stats.end = window_end(end, [int(last_commit.commit_lsn or 0)])
-        for ref, changes in quarantined.items():
-            window.quarantine(quarantine_rows(ref, changes, self.held[ref], str(start),
-                                              str(stats.end)))  # fmt: skip
-            stats.quarantined[str(ref)] = len(changes)
-        return self._commit(window, stats, began)
-
-    def _commit(self, window: Window, stats: WindowStats, began: float) -> WindowStats:
-        """Commit the window to the lake, then, and only then, advance the slot to its end."""
-        fault("after_write")
-        # PostgreSQL 18 only warns about a missing publication and decodes nothing of it: a
-        # window read without one must not commit, or the slot would move past its changes.
-        self._require_publications()
-        pause("before_commit")
-        window.commit(stats.end, transactions=stats.transactions, changes=stats.changes)
-        fault("after_commit")
-        # The window is durable in the lake: only now may the slot forget it, and only while
-        # this run still holds the lake (another writer may have drained on from here).
-        self.lake.check_writer()
-        if self._stream is not None:
-            self._stream.confirm(stats.end)  # the slot's flushed position, sent at once
-        else:
-            self.source.advance_slot(self.slot, stats.end)
-        stats.seconds = time.monotonic() - began
-        return stats
-
-    def _floor(self, floors: dict[int, int], table: TableInfo, start: LSN) -> int:
-        """``Lake.floor`` of ``table`` (0: nothing of it is in the lake yet), looked up once per
-        table description and window (``floors``): applied here before the rows are converted
-        and counted, and again by the window before it writes."""
-        floor = floors.get(id(table))
-        if floor is None:
-            floor = floors[id(table)] = self.lake.floor(TableRef(table.schema, table.table), start)
-        return floor
-
-    def _write(
-        self,
-        window: Window,
-        ref: TableRef,
-        rows: Any,
-        stats: WindowStats,
-        behind: Behind | None = None,
-    ) -> None:
-        """Write rows of one table into the window: now, or in ``behind``'s thread."""
-        name = str(ref)
-        stats.tables[name] = stats.tables.get(name, 0) + rows.num_rows
-        if behind is None:
-            _store(window, ref, rows)
-        else:
-            behind.submit(_store, window, ref, rows)
-
-
-@contextlib.contextmanager
-def _naming(ref: TableRef) -> Iterator[None]:
-    """A table's error raised inside carries the table it is of (``ref``): what the lake's
-    quarantine holds it by."""
-    try:
-        yield
-    except TABLE_ERRORS as exc:
-        exc.ref = ref  # type: ignore[union-attr]
-        raise
-
 
 def _preload() -> None:
     """Load the columnar path's libraries with the start-up, not inside the first window (whose
@@ -499,23 +375,3 @@ def _preload() -> None:
     for name in ("numpy", "pyarrow.compute", "pyarrow.parquet", "adbc_driver_postgresql.dbapi"):
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
-
-
-def _store(window: Window, ref: TableRef, rows: Any) -> None:
-    window.write(ref, rows)
-    fault("mid_write")
-
-
-def check_slot(source: DrainSource, slot_name: str) -> SlotInfo:
-    """The slot, if it can be drained now: exists, pgoutput, and ``verdicts.drain_refusal``."""
-    from airflow_pglogrepl.models.verdicts import drain_refusal
-
-    slot = source.get_slot(slot_name, plugin="pgoutput")
-    refusal = drain_refusal(slot)
-    if refusal is not None:
-        raise refusal
-    return slot
-
-
-def _events(stream: PgOutputStream, rows: Iterator[Any]) -> Iterator[Any]:
-    yield from stream.decode(rows)

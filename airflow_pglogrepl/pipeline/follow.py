@@ -16,21 +16,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from airflow_pglogrepl.lsn import LSN
-
-if TYPE_CHECKING:
-    from airflow_pglogrepl.pipeline.drain import Drain
-    from airflow_pglogrepl.pipeline.results import WindowStats
-
-__all__ = ["STOPPED_BY", "Follow", "Freshness", "following", "freshness_of"]
+__all__ = ["NO_END", "STOPPED_BY", "Follow", "Freshness", "freshness_of"]
 
 # why a following run ended: a signal (SIGTERM from Airflow's kill, SIGINT from a terminal),
 # its time bound, its window bound, a table put in the lake's quarantine
 STOPPED_BY = ("signal", "time", "windows", "quarantine")
 
-_NO_END = (1 << 64) - 1  # a following stream's span: it ends when told, not at an LSN
+NO_END = (1 << 64) - 1  # a following stream's span: it ends when told, not at an LSN
 _WAKE_S = 0.05  # how often a waiting run looks at its stop flag
 _BUCKET_S = 0.01  # the freshness histogram's resolution
 _BUCKETS = 60_000  # 10 ms buckets up to 10 minutes; anything later falls in the last
@@ -149,37 +143,6 @@ class Follow:
             "stopped_by": self.stopped_by,
             "freshness": self.freshness.to_dict(),
         }
-
-
-def following(drain: Drain, start: LSN, windows: list[WindowStats], follow: Follow) -> None:
-    """A following run: the stream, kept open until ``follow.over``; where the stream
-    cannot be used, or once it declined a window, passes of the peek every
-    ``follow.window_s`` (each drains up to the WAL position it found)."""
-    from airflow_pglogrepl.pipeline.results import committed, cpu_s, fold_older
-    from airflow_pglogrepl.pipeline.streamed import streamed
-
-    follow.cpu_at_start = cpu_s()
-    if drain.reader != "peek":
-        start = streamed(drain, start, LSN(_NO_END), windows)
-    while not _ends(follow, drain):
-        began = time.monotonic()
-        run_end = drain.run_end = max(drain.run_end, drain.source.flush_lsn())
-        if start < run_end and (
-            run_end - start >= drain.max_window_bytes or drain.published_before(run_end)
-        ):  # (a pass through unpublished WAL alone would commit an empty window each time)
-            count = committed(windows)
-            start = drain.peeked(start, run_end, windows)
-            follow.windows += committed(windows) - count
-            fold_older(windows)
-        follow.wait(began + follow.window_s)
-    _ends(follow, drain)
-
-
-def _ends(follow: Follow, drain: Drain) -> bool:
-    """``follow.over``, or a table put in quarantine when that ends the run."""
-    if follow.stop_on_quarantine and drain.held and follow.stopped_by is None:
-        follow.stopped_by = "quarantine"
-    return follow.over()
 
 
 def freshness_of(commit_ts: Any, readable_at: float) -> Any:

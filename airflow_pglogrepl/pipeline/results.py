@@ -58,7 +58,7 @@ class DrainResult:
     # tables in the lake's quarantine after the run (``lake.quarantine``): table -> its cause
     quarantined: dict[str, dict[str, str]] = field(default_factory=dict)
     # table -> {source name: lake name}: columns first stored this run under another name
-    # (``lake.names``: Delta would take them for another column's)
+    # (``lake.column_names``: Delta would take them for another column's)
     stored_as: dict[str, dict[str, str]] = field(default_factory=dict)
     # how the slot was read: "stream" (START_REPLICATION), "peek", or "none" (nothing to read),
     # and why it was not streamed

@@ -9,7 +9,7 @@ end are added; its writes run behind in a thread of their own (``overlap.Behind`
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.changelog.columnar import ColumnarDecoder, InProgress, TablePiece
@@ -17,16 +17,16 @@ from airflow_pglogrepl.changelog.columns import COMMIT_LSN, COMMIT_TS
 from airflow_pglogrepl.lake.in_progress import InProgressTransactions
 from airflow_pglogrepl.lake.window import at_or_after
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.pgoutput.stream_blocks import StreamAbort
+from airflow_pglogrepl.pgoutput.transaction_blocks import StreamAbort
 from airflow_pglogrepl.pipeline.follow import Follow, freshness_of
 from airflow_pglogrepl.pipeline.overlap import Behind
 from airflow_pglogrepl.pipeline.results import WindowStats, fold_older, log_window
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.pipeline.drain import Drain
+    from airflow_pglogrepl.pipeline.committer import WindowCommitter
 
-__all__ = ["OpenWindow", "columnar_windows", "window_end"]
+__all__ = ["ColumnarWindows", "OpenWindow", "through_first_commit", "window_end"]
 
 
 def window_end(end: LSN | int, commit_lsns: Iterable[int]) -> LSN:
@@ -45,165 +45,192 @@ def window_end(end: LSN | int, commit_lsns: Iterable[int]) -> LSN:
     return LSN(last + 1) if last >= int(end) else LSN(end)
 
 
-def columnar_windows(
-    drain: Drain,
-    start: LSN,
-    span_end: LSN,
-    done: list[WindowStats],
-    fetched: Any,
-    *,
-    exact_end: bool,
-    follow: Follow | None = None,
-    options: dict[str, str] | None = None,
-) -> None:
-    """Cut ``fetched`` (batches of messages, in slot order) into the windows of
-    ``[start, span_end)`` for ``drain`` (``Drain._columnar_span`` says how), committing each
-    and appending it to ``done``. ``fetched`` is closed on a failure.
+class ColumnarWindows:
+    """Cuts batches of messages (in slot order, from a peek or the stream) into the windows of
+    ``[start, span_end)``, committing each through ``committer`` and appending it to ``done``.
+
+    ``exact_end``: the last window ends at ``span_end`` exactly, and rows that commit at or past
+    it are left to the next run (a stream sends on past the span's end).
 
     A stream's batches come as ``(messages, wal_end)``: every transaction that commits before
-    ``wal_end`` has been sent, so each window that ends at or before it is committed then,
-    empty or not. Through unpublished traffic the slot so moves window by window, as with
-    peeks, instead of at the run's end only.
+    ``wal_end`` has been sent, so each window that ends at or before it is committed then, empty
+    or not. Through unpublished traffic the slot so moves window by window, as with peeks,
+    instead of at the run's end only; such windows double in size each time, so the slot moves
+    on in a few commits however far it goes.
 
     ``follow`` (a following run, ``pipeline.follow``): the stream's items may also be
     ``(None, None)``, a tick of the clock while nothing came. A window holding changes is also
     committed once ``follow.window_s`` has passed since the last commit, and the run ends, its
-    last window committed, once ``follow.over``; either cut is at the highest WAL end the
-    server has sent, before which every transaction was sent whole.
+    last window committed, once ``follow.over``; either cut is at the highest WAL end the server
+    has sent, before which every transaction was sent whole.
 
-    ``options``: the stream's, when it asked for ``streaming 'on'``: a transaction sent while
-    still in progress waits in the lake (``lake.in_progress``) until its Stream Commit, then
-    joins the windows in its commit's place, a file at a time."""
-    import numpy as np
+    ``options``: pgoutput's, the stream's when it asked for ``streaming 'on'``: a transaction
+    sent while still in progress waits in the lake (``lake.in_progress``) until its Stream
+    Commit, then joins the windows in its commit's place, a file at a time.
+    """
 
-    decoder = ColumnarDecoder(options or drain.options)
-    floors: dict[int, int] = {}
-    last = int(span_end)
-    current = OpenWindow(drain, start, min(last, int(start) + drain.max_window_bytes), follow)
-    sent = int(start)  # every transaction committing before it has been read (a stream's)
-    # Through WAL with no published change (other tables' traffic, a big transaction still in
-    # progress) windows are committed empty as the stream's WAL end passes them, each twice
-    # the size of the one before: the slot moves on, in a few commits however far it goes.
-    empty_bytes = drain.max_window_bytes
-    in_progress = None
-    if decoder.streams:  # (what an earlier run left there was removed as this one began)
-        in_progress = InProgressTransactions(drain.lake)
+    def __init__(self, committer: WindowCommitter, *, start: LSN, span_end: LSN,
+                 window_bytes: int, options: Mapping[str, str], exact_end: bool,
+                 follow: Follow | None = None) -> None:  # fmt: skip
+        self.committer = committer
+        self.start = start
+        self.last = int(span_end)
+        self.window_bytes = window_bytes
+        self.exact_end = exact_end
+        self.follow = follow
+        self.decoder = ColumnarDecoder(dict(options))
+        self.floors: dict[int, int] = {}
+        self.done: list[WindowStats] = []
+        self.sent = int(start)  # every transaction committing before it has been read (stream)
+        self.empty_bytes = window_bytes  # the next empty window's size (doubles, see above)
+        self.in_progress = None
+        if self.decoder.streams:  # (what an earlier run left there was removed as it began)
+            self.in_progress = InProgressTransactions(committer.lake)
+        self.current = self._open(start, min(self.last, int(start) + window_bytes))
 
-    def place(batch_pieces: list[TablePiece]) -> None:
-        """Add rows to the windows they belong to, committing each window left behind."""
-        nonlocal current
-        # A batch holds one piece per table, each with its rows of every transaction in
-        # the batch: a window is cut only once all pieces' rows before it are added.
+    def run(self, fetched: Any, done: list[WindowStats]) -> None:
+        """Read ``fetched`` to its end (or a following run's stop), committing windows into
+        ``done`` as they are cut. ``fetched`` is closed on a failure."""
+        self.done = done
+        try:
+            for item in fetched:
+                data, wal_end = item if isinstance(item, tuple) else (item, None)
+                if self.follow is not None and data is not None and self.follow.over():
+                    # Stopping with a transaction read in part: read it to its Commit, and no
+                    # further (the rest is sent again to the next run), then cut past it.
+                    data, wal_end = through_first_commit(data, wal_end)
+                if wal_end is not None:
+                    self.sent = max(self.sent, int(wal_end))
+                self._decode(data)
+                if wal_end is not None:
+                    self._cut_to_wal_end(int(wal_end))
+                if self.follow is not None and self._cut_following(self.follow):
+                    return
+            if self.follow is not None:  # the stream ended without an error: only a close does
+                self.current.abandon()
+                return
+            self._finish()
+        except BaseException:
+            fetched.close()
+            self.current.abandon()
+            raise
+        finally:
+            if self.in_progress is not None:  # what is still in progress is sent again
+                self.in_progress.report()
+                self.in_progress.clear()
+
+    def _open(self, start: LSN | int, boundary: int) -> OpenWindow:
+        return OpenWindow(self.committer, LSN(start), boundary, self.follow)
+
+    def _commit(self) -> None:
+        self.done.append(self.current.commit(self.decoder.commit_lsns))
+
+    def _decode(self, data: Any) -> None:
+        """Decode one batch and place its rows; in-progress transactions wait in the lake."""
+        for part in self.decoder.parts(data) if data is not None else ():
+            if isinstance(part, list):
+                self._place(part)
+                continue
+            assert self.in_progress is not None
+            if isinstance(part, InProgress):
+                self.in_progress.add(part)
+            elif isinstance(part, StreamAbort):
+                self.in_progress.abort(part.xid, part.subxid)
+            else:  # a Stream Commit: its rows, a file at a time, in its commit's place
+                for piece in self.in_progress.commit(part):
+                    self._place([piece])
+
+    def _place(self, batch_pieces: list[TablePiece]) -> None:
+        """Add rows to the windows they belong to, committing each window left behind. A batch
+        holds one piece per table, each with its rows of every transaction in the batch: a
+        window is cut only once all pieces' rows before it are added."""
+        import numpy as np
+
         pieces = []
         for piece in batch_pieces:
             rows = piece.rows
-            floor = drain._floor(floors, piece.table, start)
+            floor = self.committer.floor(self.floors, piece.table, self.start)
             if floor:  # rows the table's state already holds (a re-snapshot after them)
                 rows = at_or_after(rows, floor)
-            if exact_end and rows.num_rows:  # rows past the span: the next run's
+            if self.exact_end and rows.num_rows:  # rows past the span: the next run's
                 past = rows.column(COMMIT_LSN).to_numpy()
-                rows = rows.slice(0, int(np.searchsorted(past, last)))
+                rows = rows.slice(0, int(np.searchsorted(past, self.last)))
             if rows.num_rows:
                 pieces.append((piece.table, rows, rows.column(COMMIT_LSN).to_numpy()))
         while pieces:
-            first = min(int(lsns[0]) for _, _, lsns in pieces)
-            if first >= last:  # a commit the peek read past its end (``window_end``)
-                current.boundary = int(window_end(last, [first]))
-            elif first >= current.boundary:
-                if any(c < current.boundary for c in decoder.commit_lsns):
-                    done.append(current.commit(decoder.commit_lsns))
-                    current = OpenWindow(drain, LSN(current.boundary), current.boundary,
-                                         follow)  # fmt: skip
-                while first >= current.boundary:  # never committed empty
-                    current.boundary += drain.max_window_bytes
-                current.boundary = min(current.boundary, last)
+            self._cut_before(min(int(lsns[0]) for _, _, lsns in pieces))
             rest = []
             for table, rows, lsns in pieces:
-                split = int(np.searchsorted(lsns, current.boundary))
-                current.add(TablePiece(table, rows.slice(0, split)))
+                split = int(np.searchsorted(lsns, self.current.boundary))
+                self.current.add(TablePiece(table, rows.slice(0, split)))
                 if split < len(lsns):
                     rest.append((table, rows.slice(split), lsns[split:]))
             pieces = rest
 
-    try:
-        for item in fetched:
-            data, wal_end = item if isinstance(item, tuple) else (item, None)
-            if follow is not None and data is not None and follow.over():
-                # Stopping with a transaction read in part: read it to its Commit, and no
-                # further (the rest is sent again to the next run), then cut past it.
-                data, wal_end = through_first_commit(data, wal_end)
-            if wal_end is not None:
-                sent = max(sent, int(wal_end))
-            for part in decoder.parts(data) if data is not None else ():
-                if isinstance(part, list):
-                    place(part)
-                elif isinstance(part, InProgress):
-                    assert in_progress is not None
-                    in_progress.add(part)
-                elif isinstance(part, StreamAbort):
-                    assert in_progress is not None
-                    in_progress.abort(part.xid, part.subxid)
-                else:  # a Stream Commit: its rows, a file at a time, in its commit's place
-                    assert in_progress is not None
-                    for piece in in_progress.commit(part):
-                        place([piece])
-            while (
-                wal_end is not None
-                and current.boundary <= int(wal_end)
-                and (current.boundary < last)
-            ):
-                if not current.stats.changes and not any(
-                    c < current.boundary for c in decoder.commit_lsns
-                ):  # nothing published: one window up to what was sent, twice the last's size
-                    if (
-                        int(wal_end) >= last
-                        or int(wal_end) - int(current.stats.start) < empty_bytes
-                    ):
-                        break  # (the window ending at ``last`` is the run's last, below)
-                    current.boundary = int(wal_end)
-                    empty_bytes *= 2
-                else:
-                    empty_bytes = drain.max_window_bytes
-                done.append(current.commit(decoder.commit_lsns))
-                step = min(last, current.boundary + drain.max_window_bytes)
-                current = OpenWindow(drain, LSN(current.boundary), step, follow)
-            if follow is None:
-                continue
-            drain.run_end = LSN(max(int(drain.run_end), sent))  # (what "lag left" is from)
-            over = follow.over()
-            if over or (current.stats.changes and current.age() >= follow.window_s):
-                # Cut where every transaction before has been read whole: at the highest WAL
-                # end sent, once that is past every row the window holds. A transaction read
-                # in part (its rows are placed batch by batch) holds the cut back until its
-                # Commit is read, a stop too: its rest is on the way.
-                cut = min(current.boundary, sent)
-                if cut > int(current.stats.start) and cut > current.top:
-                    current.boundary = cut
-                    done.append(current.commit(decoder.commit_lsns))
-                    fold_older(done)  # a run of days: a bounded record of its windows
-                    step = min(last, cut + drain.max_window_bytes)
-                    current = OpenWindow(drain, LSN(cut), step, follow)
-                if over and not current.stats.changes:
-                    current.abandon()  # nothing of it was read
-                    return
-        if follow is not None:  # the stream ended without an error: only a close does that
-            current.abandon()
-            return
-        # past a commit read past the end even when the table floors left none of its rows
-        if exact_end:
-            current.boundary = last
+    def _cut_before(self, first: int) -> None:
+        """Make the window in hand the one that takes rows committing at ``first``: commit it
+        when it ends before them and holds a transaction, else grow it (never committed empty
+        in the middle of a span)."""
+        current = self.current
+        if first >= self.last:  # a commit the peek read past its end (``window_end``)
+            current.boundary = int(window_end(self.last, [first]))
+        elif first >= current.boundary:
+            if any(c < current.boundary for c in self.decoder.commit_lsns):
+                self._commit()
+                current = self.current = self._open(current.boundary, current.boundary)
+            while first >= current.boundary:
+                current.boundary += self.window_bytes
+            current.boundary = min(current.boundary, self.last)
+
+    def _cut_to_wal_end(self, wal_end: int) -> None:
+        """Commit every window that ends at or before ``wal_end`` (a stream's), empty or not."""
+        while self.current.boundary <= wal_end and self.current.boundary < self.last:
+            current = self.current
+            if not current.stats.changes and not any(
+                c < current.boundary for c in self.decoder.commit_lsns
+            ):  # nothing published: one window up to what was sent, twice the last's size
+                if wal_end >= self.last or wal_end - int(current.stats.start) < self.empty_bytes:
+                    break  # (the window ending at ``last`` is the run's last: ``_finish``)
+                current.boundary = wal_end
+                self.empty_bytes *= 2
+            else:
+                self.empty_bytes = self.window_bytes
+            self._commit()
+            step = min(self.last, current.boundary + self.window_bytes)
+            self.current = self._open(current.boundary, step)
+
+    def _cut_following(self, follow: Follow) -> bool:
+        """A following run's cuts: by time while changes come, and at its stop; True once the
+        run is over (its last window committed)."""
+        self.committer.run_end = LSN(max(int(self.committer.run_end), self.sent))
+        over = follow.over()
+        current = self.current
+        if over or (current.stats.changes and current.age() >= follow.window_s):
+            # Cut where every transaction before has been read whole: at the highest WAL end
+            # sent, once that is past every row the window holds. A transaction read in part
+            # (its rows are placed batch by batch) holds the cut back until its Commit is read,
+            # a stop too: its rest is on the way.
+            cut = min(current.boundary, self.sent)
+            if cut > int(current.stats.start) and cut > current.top:
+                current.boundary = cut
+                self._commit()
+                fold_older(self.done)  # a run of days: a bounded record of its windows
+                current = self.current = self._open(cut, min(self.last, cut + self.window_bytes))
+            if over and not current.stats.changes:
+                current.abandon()  # nothing of it was read
+                return True
+        return False
+
+    def _finish(self) -> None:
+        """The span's last window, past a commit read past its end even when the table floors
+        left none of its rows."""
+        if self.exact_end:
+            self.current.boundary = self.last
         else:
-            current.boundary = int(window_end(max(current.boundary, last),
-                                              decoder.commit_lsns))  # fmt: skip
-        done.append(current.commit(decoder.commit_lsns))
-    except BaseException:
-        fetched.close()
-        current.abandon()
-        raise
-    finally:
-        if in_progress is not None:  # what is still in progress is sent again next time
-            in_progress.report()
-            in_progress.clear()
+            self.current.boundary = int(
+                window_end(max(self.current.boundary, self.last), self.decoder.commit_lsns)
+            )
+        self._commit()
 
 
 class OpenWindow:
@@ -212,15 +239,15 @@ class OpenWindow:
     it also keeps its transactions' commit times, for their freshness."""
 
     def __init__(
-        self, drain: Drain, start: LSN, boundary: int, follow: Follow | None = None
+        self, committer: WindowCommitter, start: LSN, boundary: int, follow: Follow | None = None
     ) -> None:
-        self.drain = drain
+        self.committer = committer
         self.follow = follow
         self.commits: list[tuple[Any, Any]] = []  # (commit LSNs, commit times), following
         self.began = time.monotonic()
         self.top = -1  # the highest commit LSN of the rows added: the window must end past it
         self.stats = WindowStats(start=start, end=start, decoder="columnar")
-        self.window = drain.lake.open_window(start)
+        self.window = committer.open(start)
         self.boundary = boundary
         self.behind = Behind()
         self.pending: dict[int, list[TablePiece]] = {}  # relation OID -> one description's
@@ -243,7 +270,7 @@ class OpenWindow:
             self.queued_rows[relid] = 0
         queued.append(piece)
         self.queued_rows[relid] = self.queued_rows.get(relid, 0) + rows
-        if self.queued_rows[relid] >= self.drain.batch_rows:
+        if self.queued_rows[relid] >= self.committer.batch_rows:
             self._write(queued)
             self.queued_rows[relid] = 0
 
@@ -255,7 +282,7 @@ class OpenWindow:
         rows = pa.concat_tables([p.rows for p in pieces]) if len(pieces) > 1 else pieces[0].rows
         pieces.clear()
         ref = TableRef(table.schema, table.table)
-        self.drain._write(self.window, ref, rows, self.stats, self.behind)
+        self.committer.write(self.window, ref, rows, self.stats, self.behind)
 
     def commit(self, commit_lsns: list[int]) -> WindowStats:
         """Write what is queued, wait for the writes, commit the window up to its boundary and
@@ -272,11 +299,11 @@ class OpenWindow:
         del commit_lsns[:held]
         self.stats.transactions = held
         self.stats.end = LSN(self.boundary)
-        stats = self.drain._commit(self.window, self.stats, self.began)
+        stats = self.committer.commit(self.window, self.stats, self.began)
         if self.follow is not None:
             self.follow.windows += 1
             self.follow.freshness.add(_freshness(self.commits, time.time()))
-        log_window(stats, self.drain.run_end)
+        log_window(stats, self.committer.run_end)
         return stats
 
     def age(self) -> float:

@@ -44,7 +44,7 @@ from airflow_pglogrepl.exceptions import (
     LakeNotSnapshottedError,
 )
 from airflow_pglogrepl.faults import fault
-from airflow_pglogrepl.lake import mapping, names, staging
+from airflow_pglogrepl.lake import column_names, mapping, staging
 from airflow_pglogrepl.lake.evolve import ATTNUM_META, numbered
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.quarantine import release
@@ -96,7 +96,7 @@ def mark_keys(frame: Any, key: Sequence[str], *, sources: Mapping[str, str] | No
               attnums: Mapping[str, int] | None = None) -> Any:  # fmt: skip
     """``frame`` with its key columns marked as the changelog marks them (``pglogrepl.key``),
     the columns of ``sources`` (lake name -> source name) with their source name
-    (``lake.names.SOURCE_META``), and each column of ``attnums`` with its attribute number
+    (``lake.column_names.SOURCE_META``), and each column of ``attnums`` with its attribute number
     (``pglogrepl.attnum``: how the drain tells a later rename from a drop and an add)."""
     from airflow_pglogrepl.changelog.columns import KEY_META
     from airflow_pglogrepl.merge.lineage import column
@@ -107,7 +107,7 @@ def mark_keys(frame: Any, key: Sequence[str], *, sources: Mapping[str, str] | No
     def described(c: str) -> dict[str, str]:
         return {
             **({KEY_META: str(position[c])} if c in position else {}),
-            **({names.SOURCE_META: sources[c]} if c in sources else {}),
+            **({column_names.SOURCE_META: sources[c]} if c in sources else {}),
             **({ATTNUM_META: str(attnums[c])} if c in attnums else {}),
         }
 
@@ -141,7 +141,7 @@ class TableCopy:
     tasks: int = 0
     blocks: int = 0
     seconds: float = 0.0
-    # {source name: lake name}: columns stored under another name (``lake.names``)
+    # {source name: lake name}: columns stored under another name (``lake.column_names``)
     stored_as: dict[str, str] = field(default_factory=dict)
 
 
@@ -336,10 +336,10 @@ class SnapshotCopy:
         task = self.copy_task(table, copied)
         plain = plain_schema(table_info(table))
         spark_schema = from_arrow_schema(plain)
-        # each column under its lake name (``lake.names``): what a re-snapshotted table's lake
-        # recorded, else its own unless Delta would take it for another's
+        # each column under its lake name (``lake.column_names``): what a re-snapshotted table's
+        # lake recorded, else its own unless Delta would take it for another's
         known = self.lake.known_schema(table.table) if self.tables is not None else None
-        lake_names = names.lake_names(plain.names, known)
+        lake_names = column_names.lake_names(plain.names, known)
         mapped = mapping.needed(pa.schema([f.with_name(lake_names[f.name]) for f in plain]))
         renamed = {s: n for s, n in lake_names.items() if s != n}
         if renamed and known is None:

@@ -237,7 +237,7 @@ def test_drain_dag_end_to_end_with_spark_submit(
 @pytest.fixture(scope="module")
 def standalone_master(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A Spark standalone master and one worker (separate JVMs) on loopback, from pyspark."""
-    from airflow_pglogrepl.operators._spark import spark_home_env
+    from airflow_pglogrepl.operators.spark_submit import spark_home_env
     from airflow_pglogrepl.testing.pgcluster import free_port
     from airflow_pglogrepl.testing.wait import wait_until
 

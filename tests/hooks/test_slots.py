@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_pglogrepl import names
+from airflow_pglogrepl import identifiers
 from airflow_pglogrepl.exceptions import (
     InvalidSlotNameError,
     ServerNotConfiguredError,
@@ -208,7 +208,7 @@ def test_hostile_slot_name_is_rejected_and_never_executed(
     import airflow_pglogrepl.hooks.pg.slots as module
 
     monkeypatch.setattr(module, "validate_slot_name", lambda name: name)
-    monkeypatch.setattr(names, "validate_slot_name", lambda name: name)
+    monkeypatch.setattr(identifiers, "validate_slot_name", lambda name: name)
     with pytest.raises(InvalidSlotNameError):
         hook.create_logical_slot(HOSTILE)
     with pytest.raises(SlotNotFoundError):

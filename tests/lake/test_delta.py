@@ -107,6 +107,7 @@ def test_every_table_the_lake_creates_leaves_log_cleanup_to_the_upkeep(tmp_path:
 
     from airflow_pglogrepl.changelog.columns import COMMIT_LSN, KEY_META, OLD, OP, SEQ, UNCHANGED
     from airflow_pglogrepl.lake.lake import Lake
+    from airflow_pglogrepl.lake.window import Window
     from airflow_pglogrepl.lsn import LSN
     from airflow_pglogrepl.merge import arrow as arrow_merge
     from airflow_pglogrepl.tables import TableRef
@@ -117,7 +118,7 @@ def test_every_table_the_lake_creates_leaves_log_cleanup_to_the_upkeep(tmp_path:
                         pa.field(OP, pa.string()), pa.field(COMMIT_LSN, pa.int64()),
                         pa.field(SEQ, pa.int64()), pa.field(UNCHANGED, pa.list_(pa.string())),
                         pa.field(OLD, pa.struct([pa.field("id", pa.int64())]))])  # fmt: skip
-    window = lake.open_window(LSN(0x100))
+    window = Window(lake, LSN(0x100))
     window.write(table, pa.Table.from_pylist([{"id": 1, OP: "I", COMMIT_LSN: 0x150, SEQ: 0}],
                                              schema=schema))  # fmt: skip
     window.commit(LSN(0x200), transactions=1, changes=1)

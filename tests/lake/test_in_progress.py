@@ -22,7 +22,7 @@ from airflow_pglogrepl.pgoutput.messages import (
     StreamStartMessage,
     StreamStopMessage,
 )
-from airflow_pglogrepl.pgoutput.stream_blocks import StreamAbort, StreamCommit
+from airflow_pglogrepl.pgoutput.transaction_blocks import StreamAbort, StreamCommit
 from airflow_pglogrepl.pgoutput.values import OID
 from tests.support.pgoutput_encoder import encode, relation
 

@@ -23,6 +23,7 @@ import pytest
 
 from airflow_pglogrepl.lake.delta import open_table, read_table, txn_version
 from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.wait import wait_until
@@ -45,7 +46,7 @@ def lake(tmp_path: Path) -> Lake:
 
 def test_windows_of_another_slot_are_not_this_slots(tmp_path: Path) -> None:
     root = str(tmp_path / "lake")
-    Lake(root, "one").open_window(LSN(0x100)).commit(LSN(0x200), transactions=0, changes=0)
+    Window(Lake(root, "one"), LSN(0x100)).commit(LSN(0x200), transactions=0, changes=0)
     other = Lake(root, "two")
     assert other.position() is None and other.windows() == []
 
@@ -57,7 +58,7 @@ def test_the_windows_table_is_compacted_and_checkpointed(
 
     monkeypatch.setattr(lake_module, "COMPACT_EVERY", 4)
     for n in range(1, 7):
-        lake.open_window(LSN(n * 0x100)).commit(LSN((n + 1) * 0x100), transactions=0, changes=0)
+        Window(lake, LSN(n * 0x100)).commit(LSN((n + 1) * 0x100), transactions=0, changes=0)
     log = Path(lake.paths.windows(), "_delta_log")
     assert list(log.glob("*.checkpoint.parquet"))
     assert lake.position() == LSN(0x700) and len(lake.windows()) == 6
@@ -66,13 +67,13 @@ def test_the_windows_table_is_compacted_and_checkpointed(
 def test_a_re_snapshot_restarts_an_incompatible_changelog_and_covers_earlier_rows(
     lake: Lake,
 ) -> None:
-    first = lake.open_window(LSN(0x100))
+    first = Window(lake, LSN(0x100))
     first.write(A, batch((1, 0x110, 1)).append_column("v", pa.array([1], pa.int64())))
     first.commit(LSN(0x200), transactions=1, changes=1)
     new_schema = batch((9, 0x900, 1)).append_column("v", pa.array(["x"])).schema
     assert lake.restart_changes(A, new_schema, LSN(0x500)) == "restarted"
     assert rows_of(lake, A) == [] and txn_version(lake.paths.changes(A), lake.app) == 0x500
-    window = lake.open_window(LSN(0x200))
+    window = Window(lake, LSN(0x200))
     covered = batch((2, 0x300, 1), (3, 0x600, 1)).append_column("v", pa.array(["a", "b"]))
     assert window.write(A, covered) == 1  # the row before 0x500 is in the re-snapshot's state
     window.commit(LSN(0x700), transactions=2, changes=2)
@@ -112,7 +113,7 @@ def test_a_lake_holding_nothing_but_claims_belongs_to_nobody_yet(tmp_path: Path)
     claimed = Lake(root, "b").claim(SOURCE, publications=["p"], began_with="snapshot")
     assert claimed["slot"] == "b"
     lake = Lake(root, "b")
-    window = lake.open_window(LSN(0x100))
+    window = Window(lake, LSN(0x100))
     window.write(A, batch((1, 0x110, 1)))
     window.commit(LSN(0x200), transactions=1, changes=1)
     with pytest.raises(LakeOfAnotherSlotError, match=r"belongs to slot 'b'"):
@@ -152,7 +153,7 @@ def test_a_changelog_is_never_emptied_at_or_below_what_it_holds(lake: Lake) -> N
     from airflow_pglogrepl.exceptions import LakeCommitConflictError
     from airflow_pglogrepl.lake import delta, schema_commits
 
-    window = lake.open_window(LSN(0x100))
+    window = Window(lake, LSN(0x100))
     window.write(A, batch((1, 0x110, 1), (2, 0x280, 1)))
     window.commit(LSN(0x300), transactions=2, changes=2)
     uri = lake.paths.changes(A)
@@ -167,7 +168,7 @@ def test_a_re_snapshot_proves_the_lock_before_it_restarts_a_changelog(lake: Lake
     """Review finding: re-snapshots of single tables never proved the lock."""
     from airflow_pglogrepl.exceptions import WriterLockLostError
 
-    window = lake.open_window(LSN(0x100))
+    window = Window(lake, LSN(0x100))
     window.write(A, batch((1, 0x110, 1)).append_column("v", pa.array([1], pa.int64())))
     window.commit(LSN(0x200), transactions=1, changes=1)
 
@@ -348,7 +349,7 @@ def test_a_re_snapshot_after_a_key_column_was_renamed_restarts_the_changelog(
     cannot be evolved into: the re-snapshot restarts the changelog with the new key."""
     from airflow_pglogrepl.changelog.columns import mark_keys
 
-    first = lake.open_window(LSN(0x100))
+    first = Window(lake, LSN(0x100))
     keyed = batch((1, 0x110, 1))
     keyed = keyed.cast(pa.schema(mark_keys(keyed.schema, ["id"])))
     first.write(A, keyed)
@@ -363,7 +364,7 @@ def test_a_re_snapshot_after_a_key_column_was_renamed_restarts_the_changelog(
 def test_the_floor_is_what_a_table_holds_past_the_start_and_nothing_else(lake: Lake) -> None:
     """``Lake.floor``: rows of a window from ``start`` below it are in the lake already."""
     assert lake.floor(A, LSN(0x100)) == 0  # nothing yet
-    window = lake.open_window(LSN(0x100))
+    window = Window(lake, LSN(0x100))
     window.write(A, batch((1, 0x110, 1)))
     window.commit(LSN(0x200), transactions=1, changes=1)
     assert lake.floor(A, LSN(0x100)) == 0x200  # a window from 0x100 again: a replay

@@ -13,6 +13,7 @@ import pytest
 from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.quarantine import Cause, held, quarantine_schema
+from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from tests.support.crash import commit_dying_before_the_point
 
@@ -35,13 +36,13 @@ def test_a_crash_after_the_quarantine_commit_adds_nothing_twice(
 ) -> None:
     root = lake_uri
     first = Lake(root, "s")
-    window = first.open_window(LSN(0x100))
+    window = Window(first, LSN(0x100))
     window.quarantine(kept(0x110, 0x150, 0x180))
     commit_dying_before_the_point(monkeypatch, window, LSN(0x200), changes=3)
     # the re-run drains the same changes again in smaller windows, then more
     rerun = Lake(root, "s")
     for start, end, lsns in ((0x100, 0x160, (0x110, 0x150)), (0x160, 0x300, (0x180, 0x250))):
-        again = rerun.open_window(LSN(start))
+        again = Window(rerun, LSN(start))
         again.quarantine(kept(*lsns))
         again.commit(LSN(end), transactions=len(lsns), changes=len(lsns))
     rows = delta.read_table(rerun.paths.quarantine()).column("commit_lsn").to_pylist()
@@ -59,12 +60,12 @@ def test_a_table_is_held_until_a_release_and_never_merged_meanwhile(tmp_path: Pa
 
     t = TableRef("public", "t")
     lake = Lake(str(tmp_path / "lake"), "s")
-    window = lake.open_window(LSN(0x100))
+    window = Window(lake, LSN(0x100))
     window.write(t, pa.table({"id": pa.array([1], pa.int64()), "_op": pa.array(["I"]),
                               "_commit_lsn": pa.array([0x110], pa.int64()),
                               "_seq": pa.array([0], pa.int64())}))  # fmt: skip
     window.commit(LSN(0x200), transactions=1, changes=1)
-    later = lake.open_window(LSN(0x200))  # the same run: t's next change cannot be stored
+    later = Window(lake, LSN(0x200))  # the same run: t's next change cannot be stored
     later.quarantine(kept(0x210))
     later.commit(LSN(0x300), transactions=1, changes=1)
     cause = Cause("UnstorableValueError", "column 'at': too late", "0/0")
@@ -79,13 +80,13 @@ def test_a_table_is_held_until_a_release_and_never_merged_meanwhile(tmp_path: Pa
     assert release(lake, t, LSN(0x500)) and not release(lake, t, LSN(0x600))
     assert held(Lake(lake.root, "s")) == {}
     # held again by a later change: a release covers only what is below its point
-    again = lake.open_window(LSN(0x300))
+    again = Window(lake, LSN(0x300))
     again.quarantine(kept(0x650))
     again.commit(LSN(0x700), transactions=1, changes=1)
     assert set(held(Lake(lake.root, "s"))) == {t}
     # a table is named as PostgreSQL needs it to be named again (a snapshot's tables=)
     odd = TableRef("Sales", "my.Table")
-    again = lake.open_window(LSN(0x700))
+    again = Window(lake, LSN(0x700))
     again.quarantine(kept(0x750, table=str(odd)))
     again.commit(LSN(0x800), transactions=1, changes=1)
     assert set(held(Lake(lake.root, "s"))) == {t, odd} and str(odd) == '"Sales"."my.Table"'
@@ -110,11 +111,11 @@ def test_a_cut_holding_a_quarantined_table_is_taken_before_its_quarantine(tmp_pa
                          "_seq": pa.array([0], pa.int64())})  # fmt: skip
 
     lake = Lake(str(tmp_path / "lake"), "s")
-    window = lake.open_window(LSN(0x100))
+    window = Window(lake, LSN(0x100))
     window.write(TableRef("public", "t"), batch(0x110))
     window.write(TableRef("public", "u"), batch(0x120))
     window.commit(LSN(0x200), transactions=2, changes=2)
-    later = lake.open_window(LSN(0x200))
+    later = Window(lake, LSN(0x200))
     quarantined = kept(0x210)
     quarantined = quarantined.set_column(9, "window_start", pa.array(["0/200"]))
     later.quarantine(quarantined)

@@ -40,6 +40,7 @@ from airflow_pglogrepl.lake.replay import (
     state_as_of_spark,
 )
 from airflow_pglogrepl.lake.txnlog import HistoryExpiredError
+from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge import arrow as arrow_merge
 from airflow_pglogrepl.merge.materialize import materialize
@@ -117,7 +118,7 @@ def build(root: Path, seed: int, windows: int = 30) -> Built:
     live: dict[TableRef, dict[int, int]] = {t: {} for t in TABLES}
     lsn, seq, next_id = BEGIN, 0, 1
     for _ in range(windows):
-        window = lake.open_window(LSN(built.position))
+        window = Window(lake, LSN(built.position))
         pending: dict[TableRef, list[dict[str, Any]]] = {t: [] for t in TABLES}
         for xid in range(rng.choice([0, 1, 2, 3, 5])):
             lsn += rng.randrange(1, 100)
@@ -267,12 +268,12 @@ class Small:
         self.lake = Lake(self.root, SLOT)
         self.end = BEGIN
         self.seq = 0
-        self.window = self.lake.open_window(LSN(BEGIN))
+        self.window = Window(self.lake, LSN(BEGIN))
 
     def reopen(self) -> None:
         """A new run's view of the lake (what it caches of the tables is read again)."""
         self.lake = Lake(self.root, SLOT)
-        self.window = self.lake.open_window(LSN(self.end))
+        self.window = Window(self.lake, LSN(self.end))
 
     def change(self, table: TableRef, lsn: int, key: int, op: str = "I") -> None:
         self.seq += 1
@@ -282,7 +283,7 @@ class Small:
     def commit(self, end: int) -> None:
         self.window.commit(LSN(end), transactions=0, changes=0)
         self.end = end
-        self.window = self.lake.open_window(LSN(end))
+        self.window = Window(self.lake, LSN(end))
 
     def merge(self, table: TableRef) -> None:
         position = self.lake.position()
@@ -302,7 +303,7 @@ def test_rows_a_crashed_run_committed_past_the_position_are_read(lake_uri: str) 
     small = Small(lake_uri)
     small.change(PLAIN, BEGIN + 0x50, 1)
     small.commit(BEGIN + 0x100)
-    crashed = small.lake.open_window(LSN(BEGIN + 0x100))
+    crashed = Window(small.lake, LSN(BEGIN + 0x100))
     for key, lsn in ((2, BEGIN + 0x150), (3, BEGIN + 0x250)):
         row = {"id": key, "v": key, OP: "I", COMMIT_LSN: lsn, SEQ: key}
         crashed.write(PLAIN, pa.Table.from_pylist([row], schema=SCHEMA))

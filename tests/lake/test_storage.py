@@ -115,13 +115,6 @@ def test_real_world_stores_are_taken(store: dict[str, str]) -> None:
     ObjectStore(**store)
 
 
-def test_every_spelling_of_one_lake_is_one_asset() -> None:
-    from airflow_pglogrepl.operators._spark import lake_asset
-
-    uris = {lake_asset(s).uri for s in ("s3://b1b/lake", "s3a://b1b/lake/", "s3n://b1b/lake")}
-    assert uris == {"s3://b1b/lake"}
-
-
 def test_keys_for_executors_on_other_machines_are_refused_before_anything_starts(
     monkeypatch: pytest.MonkeyPatch, s3_server: S3Server
 ) -> None:

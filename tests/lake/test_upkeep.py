@@ -31,6 +31,7 @@ from airflow_pglogrepl.lake.upkeep import (
     upkeep,
     upkeep_level,
 )
+from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
 from tests.support.upkeep import APP, SLOT, Built, age, files, ids, log_names, versions
@@ -359,7 +360,7 @@ def test_a_changelog_under_column_mapping_is_compacted_row_for_row(lake_uri: str
     for i in range(8):
         names = ["id", "v"] if i < 4 else ["id", "v", "sp ace"]  # mapped in place at the fifth
         row = {"id": i, "v": f"v{i}", "sp ace": f"s{i}", "lsn": 100 * i + 50}
-        window = lake.open_window(LSN(100 * i))
+        window = Window(lake, LSN(100 * i))
         window.write(ref, _changes(names, [row]))
         window.commit(LSN(100 * i + 100), transactions=1, changes=1)
     uri = lake.paths.changes(ref)

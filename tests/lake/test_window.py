@@ -13,6 +13,7 @@ import pytest
 from airflow_pglogrepl.lake.delta import read_table, txn_version
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import app_id
+from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from tests.support.lake_batches import A, B, batch, columns_of, origins_stub, rows_of
 
@@ -23,7 +24,7 @@ def lake(tmp_path: Path) -> Lake:
 
 
 def test_a_window_is_invisible_until_committed_then_whole(lake: Lake) -> None:
-    window = lake.open_window(LSN(0x100))
+    window = Window(lake, LSN(0x100))
     window.write(A, batch((1, 0x110, 1), (2, 0x110, 2)))
     window.write(A, batch((3, 0x120, 1)))  # a second file of the same table
     window.write(B, batch((9, 0x120, 2)))
@@ -40,7 +41,7 @@ def test_a_window_is_invisible_until_committed_then_whole(lake: Lake) -> None:
 
 
 def test_an_empty_window_moves_the_position_only(lake: Lake) -> None:
-    lake.open_window(LSN(0x100)).commit(LSN(0x300), transactions=0, changes=0)
+    Window(lake, LSN(0x100)).commit(LSN(0x300), transactions=0, changes=0)
     assert lake.position() == LSN(0x300) and lake.changes_tables() == []
 
 
@@ -52,7 +53,7 @@ def test_a_crash_inside_the_commit_is_replayed_without_duplicates(
     the same changes again (its window may even end elsewhere) and each table keeps one copy."""
     root = str(tmp_path / "lake")
     first = Lake(root, "s")
-    window = first.open_window(LSN(0x100))
+    window = Window(first, LSN(0x100))
     window.write(A, batch((1, 0x110, 1), (2, 0x180, 1)))
     window.write(B, batch((7, 0x180, 2)))
     from airflow_pglogrepl.lake import delta
@@ -63,7 +64,7 @@ def test_a_crash_inside_the_commit_is_replayed_without_duplicates(
                            app=first.app, version=0x200, expected=None)  # fmt: skip
     rerun = Lake(root, "s")
     assert rerun.position() is None  # the window row is the commit point: not reached
-    again = rerun.open_window(LSN(0x100))  # the slot never moved: same start
+    again = Window(rerun, LSN(0x100))  # the slot never moved: same start
     written = again.write(A, batch((1, 0x110, 1), (2, 0x180, 1), (3, 0x220, 1)))
     again.write(B, batch((7, 0x180, 2)))
     again.commit(LSN(0x300), transactions=3, changes=4)
@@ -75,20 +76,20 @@ def test_a_crash_inside_the_commit_is_replayed_without_duplicates(
 
 def test_a_commit_may_not_end_before_it_starts(lake: Lake) -> None:
     with pytest.raises(ValueError, match="before its start"):
-        lake.open_window(LSN(0x200)).commit(LSN(0x100), transactions=0, changes=0)
+        Window(lake, LSN(0x200)).commit(LSN(0x100), transactions=0, changes=0)
 
 
 def test_an_added_column_is_added_with_what_earlier_rows_hold(tmp_path: Path) -> None:
     from airflow_pglogrepl.lake.evolve import added_at, fill_value
 
     lake = Lake(str(tmp_path / "lake"), "s", origins=origins_stub(added="7"))
-    first = lake.open_window(LSN(0x100))
+    first = Window(lake, LSN(0x100))
     first.write(A, batch((1, 0x110, 1)))
     first.commit(LSN(0x200), transactions=1, changes=1)
     wider = batch((2, 0x210, 3)).append_column(
         pa.field("added", pa.int64(), metadata={"pglogrepl.type": "20:-1"}), pa.array([5])
     )
-    window = lake.open_window(LSN(0x200))
+    window = Window(lake, LSN(0x200))
     window.write(A, wider)
     window.commit(LSN(0x300), transactions=1, changes=1)
     assert rows_of(lake, A) == [(1, 0x110), (2, 0x210)]
@@ -101,7 +102,7 @@ def test_an_added_column_is_added_with_what_earlier_rows_hold(tmp_path: Path) ->
 
 
 def test_columns_dropped_and_added_inside_one_window_all_commit(lake: Lake) -> None:
-    window = lake.open_window(LSN(0x100))
+    window = Window(lake, LSN(0x100))
     old = batch((1, 0x110, 1)).append_column("gone", pa.array(["g"]))
     window.write(A, old)
     window.write(A, batch((2, 0x120, 1)).append_column("new", pa.array([1.5])))
@@ -116,11 +117,11 @@ def test_columns_dropped_and_added_inside_one_window_all_commit(lake: Lake) -> N
 def test_a_column_changing_its_lake_type_is_refused_and_nothing_is_committed(lake: Lake) -> None:
     from airflow_pglogrepl.exceptions import IncompatibleSchemaChangeError
 
-    first = lake.open_window(LSN(0x100))
+    first = Window(lake, LSN(0x100))
     first.write(A, batch((1, 0x110, 1)).append_column("v", pa.array([1], pa.int64())))
     first.commit(LSN(0x200), transactions=1, changes=1)
     retyped = batch((2, 0x210, 1)).append_column("v", pa.array(["one"]))
-    window = lake.open_window(LSN(0x200))
+    window = Window(lake, LSN(0x200))
     with pytest.raises(IncompatibleSchemaChangeError, match=r"public\.a: column 'v' changed "
                        r"type from int64 to string.*re-snapshot"):  # fmt: skip
         window.write(A, retyped)
@@ -134,12 +135,12 @@ def test_a_volatile_default_stops_the_drain_naming_the_re_snapshot(tmp_path: Pat
     from airflow_pglogrepl.exceptions import ColumnBackfillError
 
     lake = Lake(str(tmp_path / "lake"), "s", origins=origins_stub(stamp=None))
-    first = lake.open_window(LSN(0x100))
+    first = Window(lake, LSN(0x100))
     first.write(A, batch((1, 0x110, 1)))
     first.commit(LSN(0x200), transactions=1, changes=1)
     stamped = batch((2, 0x210, 1)).append_column("stamp", pa.array(["now"]))
     with pytest.raises(ColumnBackfillError, match=r"'stamp' .*volatile default.*re-snapshot"):
-        lake.open_window(LSN(0x200)).write(A, stamped)
+        Window(lake, LSN(0x200)).write(A, stamped)
 
 
 def test_a_renamed_column_is_told_from_an_added_one_by_its_attribute_number(
@@ -151,11 +152,11 @@ def test_a_renamed_column_is_told_from_an_added_one_by_its_attribute_number(
     lake = Lake(
         str(tmp_path / "lake"), "s", origins=origins_stub(natts=3, attnums={"b": 3, "c": 3})
     )
-    first = lake.open_window(LSN(0x100))
+    first = Window(lake, LSN(0x100))
     first.write(A, batch((1, 0x110, 1)).append_column("b", pa.array(["x"])))
     first.commit(LSN(0x200), transactions=1, changes=1)
     renamed = batch((2, 0x210, 1)).append_column("c", pa.array(["y"]))
-    window = lake.open_window(LSN(0x200))
+    window = Window(lake, LSN(0x200))
     window.write(A, renamed)
     window.commit(LSN(0x300), transactions=1, changes=1)
     columns = columns_of(lake, A)
@@ -164,11 +165,11 @@ def test_a_renamed_column_is_told_from_an_added_one_by_its_attribute_number(
     assert [r["c"] for r in rows] == ["x", "y"]
     # the same names with "c" added after the table's 3 attributes: a drop and an add
     other = Lake(str(tmp_path / "other"), "s", origins=origins_stub(natts=3, attnums={"b": 3}))
-    first = other.open_window(LSN(0x100))
+    first = Window(other, LSN(0x100))
     first.write(A, batch((1, 0x110, 1)).append_column("b", pa.array(["x"])))
     first.commit(LSN(0x200), transactions=1, changes=1)
     other.origins = origins_stub(natts=4, attnums={"b": 3, "c": 4})
-    window = other.open_window(LSN(0x200))
+    window = Window(other, LSN(0x200))
     window.write(A, renamed)
     window.commit(LSN(0x300), transactions=1, changes=1)
     assert {"b", "c"} <= set(columns_of(other, A))
@@ -179,7 +180,7 @@ def test_a_column_delta_cannot_store_is_named_before_anything_is_written(lake: L
 
     opening = batch((1, 0x110, 1)).append_column("opens", pa.array([3600_000_000], pa.time64("us")))
     with pytest.raises(UnsupportedColumnTypeError, match=r"public\.a .*opens \(time64\[us\]\)"):
-        lake.open_window(LSN(0x100)).write(A, opening)
+        Window(lake, LSN(0x100)).write(A, opening)
     assert not Path(lake.paths.changes(A)).exists() and lake.position() is None
 
 

@@ -1,7 +1,7 @@
 """Any PostgreSQL column name through the window API (no JVM, no server): each column is stored
-under its lake name (``lake.names``), under Delta column mapping when a name needs it, and read
-back under that name by delta-rs; a table without such names keeps a plain schema, and one
-that gains such a name is turned to column mapping in place, its earlier rows kept."""
+under its lake name (``lake.column_names``), under Delta column mapping when a name needs it,
+and read back under that name by delta-rs; a table without such names keeps a plain schema, and
+one that gains such a name is turned to column mapping in place, its earlier rows kept."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import pyarrow as pa
 import pytest
 
 from airflow_pglogrepl.changelog import columns as cl
+from airflow_pglogrepl.lake.column_names import SOURCE_META, to_lake
 from airflow_pglogrepl.lake.delta import open_table, read_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.mapping import PHYSICAL_KEY, is_mapped
-from airflow_pglogrepl.lake.names import SOURCE_META, to_lake
+from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
 from tests.support.crash import commit_dying_before_the_point
@@ -57,7 +58,7 @@ def changes(names: list[str], rows: list[dict[str, Any]], *, unchanged: list[str
 def test_every_name_is_kept_and_one_taken_without_case_gets_a_suffix(tmp_path: Path) -> None:
     lake = Lake(str(tmp_path / "lake"), "s")
     row = {n: f"v{i}" for i, n in enumerate(NAMES)} | {"id": 1, "lsn": 0x110}
-    window = lake.open_window(LSN(0x100))
+    window = Window(lake, LSN(0x100))
     window.write(T, changes(NAMES, [row], unchanged=["name", "sp ace"],
                             old={"id": 0, "name": "was", "_op": "o"}))  # fmt: skip
     window.commit(LSN(0x200), transactions=1, changes=1)
@@ -88,7 +89,7 @@ def test_every_name_is_kept_and_one_taken_without_case_gets_a_suffix(tmp_path: P
 
     # the next window: the same columns find their recorded names, a new one is added
     later = {**row, "id": 2, "lsn": 0x210, "new col": "n"}
-    window = lake.open_window(LSN(0x200))
+    window = Window(lake, LSN(0x200))
     window.write(T, changes([*NAMES, "new col"], [later]))
     window.commit(LSN(0x300), transactions=1, changes=1)
     rows = sorted(read_table(uri).to_pylist(), key=lambda r: r["id"])
@@ -106,12 +107,12 @@ def test_a_window_drained_again_adds_nothing_to_a_mapped_table(
     the same changes again, and more, and the table holds each once."""
     root = lake_uri
     first = Lake(root, "s")
-    window = first.open_window(LSN(0x100))
+    window = Window(first, LSN(0x100))
     window.write(T, changes(["id", "sp ace"], [{"id": 1, "sp ace": "a", "lsn": 0x110}]))
     commit_dying_before_the_point(monkeypatch, window, LSN(0x200), changes=1)
     rerun = Lake(root, "s")
     assert rerun.position() is None
-    again = rerun.open_window(LSN(0x100))
+    again = Window(rerun, LSN(0x100))
     written = again.write(
         T,
         changes(
@@ -126,7 +127,7 @@ def test_a_window_drained_again_adds_nothing_to_a_mapped_table(
 
 def test_a_plain_table_that_gains_a_name_delta_refuses_is_mapped_in_place(lake_uri: str) -> None:
     lake = Lake(lake_uri, "s")
-    window = lake.open_window(LSN(0x100))
+    window = Window(lake, LSN(0x100))
     window.write(T, changes(["id", "v"], [{"id": 1, "v": "a", "lsn": 0x110}]))
     window.commit(LSN(0x200), transactions=1, changes=1)
     uri = lake.paths.changes(T)
@@ -134,7 +135,7 @@ def test_a_plain_table_that_gains_a_name_delta_refuses_is_mapped_in_place(lake_u
     assert table is not None and not is_mapped(table)
     assert table.to_pyarrow_table().column("v").to_pylist() == ["a"]  # plain: every reader
 
-    window = lake.open_window(LSN(0x200))
+    window = Window(lake, LSN(0x200))
     window.write(T, changes(["id", "v"], [{"id": 2, "v": "b", "lsn": 0x210}]))
     window.write(T, changes(["id", "v", "sp ace"], [{"id": 3, "v": "c", "sp ace": "s",
                                                       "lsn": 0x220}]))  # fmt: skip
@@ -153,7 +154,7 @@ def test_a_plain_table_that_gains_a_name_delta_refuses_is_mapped_in_place(lake_u
 
 def test_a_new_table_that_gains_such_a_name_inside_its_first_window(tmp_path: Path) -> None:
     lake = Lake(str(tmp_path / "lake"), "s")
-    window = lake.open_window(LSN(0x100))
+    window = Window(lake, LSN(0x100))
     window.write(T, changes(["id", "v"], [{"id": 1, "v": "a", "lsn": 0x110}]))
     window.write(T, changes(["id", "v", "a=b"], [{"id": 2, "v": "b", "a=b": "x", "lsn": 0x120}]))
     window.commit(LSN(0x200), transactions=2, changes=2)
@@ -194,13 +195,13 @@ def test_a_rename_inside_a_window_keeps_the_files_and_takes_the_key_along(
     added later under a former name is another column."""
     catalog = {"id": 1, "v": 2, "ident": 1, "val ue": 2}
     lake = Lake(str(tmp_path / "lake"), "s", origins=_catalog(catalog))
-    window = lake.open_window(LSN(0x100))
+    window = Window(lake, LSN(0x100))
     window.write(T, changes(["id", "v"], [{"id": 1, "v": "a", "lsn": 0x110}]))
     window.commit(LSN(0x200), transactions=1, changes=1)
     uri = lake.paths.changes(T)
     assert not is_mapped(open_table(uri))  # type: ignore[arg-type]
 
-    window = lake.open_window(LSN(0x200))
+    window = Window(lake, LSN(0x200))
     window.write(T, changes(["id", "v"], [{"id": 2, "v": "b", "lsn": 0x210}]))
     after = changes(["ident", "val ue"], [{"ident": 3, "val ue": "c", "lsn": 0x220}],
                     old={"ident": 2, "val ue": "b"})  # fmt: skip
@@ -217,7 +218,7 @@ def test_a_rename_inside_a_window_keeps_the_files_and_takes_the_key_along(
     assert json.loads(fields["val ue"]["metadata"]["pglogrepl.former_names"]) == ["v"]
 
     lake.origins = _catalog({**catalog, "v": 3})
-    window = lake.open_window(LSN(0x300))
+    window = Window(lake, LSN(0x300))
     window.write(T, changes(["ident", "val ue", "v"], [{"ident": 4, "v": "new", "lsn": 0x310}]))
     window.commit(LSN(0x400), transactions=1, changes=1)
     got = {r["ident"]: r["v__2"] for r in read_table(uri).to_pylist()}
@@ -265,7 +266,7 @@ def test_the_first_commit_of_a_mapped_table_carries_the_commit_lsn_statistics(
 ) -> None:
     """What the merge's range filter skips files by, as on every later commit."""
     lake = Lake(str(tmp_path / "lake"), "s")
-    window = lake.open_window(LSN(0x100))
+    window = Window(lake, LSN(0x100))
     window.write(T, changes(["id", "sp ace"], [{"id": 1, "lsn": 0x110}, {"id": 2, "lsn": 0x120}]))
     window.commit(LSN(0x200), transactions=1, changes=1)
     table = open_table(lake.paths.changes(T))
@@ -283,15 +284,15 @@ def test_names_that_moved_between_columns_are_refused_and_a_column_added_again_i
     from airflow_pglogrepl.exceptions import IncompatibleSchemaChangeError
 
     lake = Lake(str(tmp_path / "lake"), "s", origins=_catalog({"id": 1, "b": 2, "c": 3}))
-    window = lake.open_window(LSN(0x100))
+    window = Window(lake, LSN(0x100))
     window.write(T, changes(["id", "b", "c"], [{"id": 1, "b": "b1", "c": "c1", "lsn": 0x110}]))
     window.commit(LSN(0x200), transactions=1, changes=1)
     swapped = changes(["id", "c", "b"], [{"id": 2, "c": "was b", "b": "was c", "lsn": 0x210}])
     lake.origins = _catalog({"id": 1, "c": 2, "b": 3})
     with pytest.raises(IncompatibleSchemaChangeError, match=r"\['b', 'c'\] took each other"):
-        lake.open_window(LSN(0x200)).write(T, swapped)
+        Window(lake, LSN(0x200)).write(T, swapped)
     lake.origins = _catalog({"id": 1, "c": 3, "b": 4})  # b dropped, then added again
-    window = lake.open_window(LSN(0x200))
+    window = Window(lake, LSN(0x200))
     window.write(T, swapped)
     window.commit(LSN(0x300), transactions=1, changes=1)
     got = {r["id"]: (r["b"], r["c"]) for r in read_table(lake.paths.changes(T)).to_pylist()}
@@ -308,12 +309,12 @@ def test_a_rename_commits_with_the_rows_written_before_it(
     from airflow_pglogrepl.lake import delta as delta_module
 
     lake = Lake(str(tmp_path / "lake"), "s", origins=_catalog({"id": 1, "a": 2}))
-    window = lake.open_window(LSN(0x100))
+    window = Window(lake, LSN(0x100))
     window.write(T, changes(["id", "a"], [{"id": 1, "a": "x1", "lsn": 0x110}]))
     window.commit(LSN(0x200), transactions=1, changes=1)
 
     def renaming_window(lake: Lake) -> Any:
-        window = lake.open_window(LSN(0x200))
+        window = Window(lake, LSN(0x200))
         window.write(T, changes(["id", "a"], [{"id": 2, "a": "x2", "lsn": 0x210}]))  # before
         window.write(T, changes(["id", "b"], [{"id": 3, "b": "x3", "lsn": 0x220}]))  # after
         return window
@@ -343,16 +344,16 @@ def test_a_cycle_of_renames_after_a_column_was_added_again_is_refused(tmp_path: 
     from airflow_pglogrepl.exceptions import IncompatibleSchemaChangeError
 
     lake = Lake(str(tmp_path / "lake"), "s", origins=_catalog({"id": 1, "b": 2, "c": 3}))
-    window = lake.open_window(LSN(0x100))
+    window = Window(lake, LSN(0x100))
     window.write(T, changes(["id", "b", "c"], [{"id": 1, "b": "B1", "c": "C1", "lsn": 0x110}]))
     window.commit(LSN(0x200), transactions=1, changes=1)
     lake = Lake(lake.root, "s", origins=_catalog({"id": 1, "c": 3, "b": 4}))  # b added again
-    window = lake.open_window(LSN(0x200))
+    window = Window(lake, LSN(0x200))
     window.write(T, changes(["id", "c", "b"], [{"id": 2, "c": "C2", "b": "B2", "lsn": 0x210}]))
     window.commit(LSN(0x300), transactions=1, changes=1)
     cycled = Lake(lake.root, "s", origins=_catalog({"id": 1, "b": 3, "c": 4}))  # b <-> c
     with pytest.raises(IncompatibleSchemaChangeError, match=r"took each other's names"):
-        cycled.open_window(LSN(0x300)).write(
+        Window(cycled, LSN(0x300)).write(
             T, changes(["id", "b", "c"], [{"id": 3, "b": "C3", "c": "B3", "lsn": 0x310}])
         )
     got = {r["id"]: (r["b"], r["c"]) for r in read_table(lake.paths.changes(T)).to_pylist()}

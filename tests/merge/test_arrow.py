@@ -16,6 +16,7 @@ from airflow_pglogrepl.changelog.columns import IDENTITY_META, KEY_META
 from airflow_pglogrepl.exceptions import LakeError
 from airflow_pglogrepl.lake.delta import read_table, txn_version
 from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge import arrow as arrow_merge
 from airflow_pglogrepl.tables import TableRef
@@ -76,7 +77,7 @@ def state_table(lake: Lake, rows: Model, at: int) -> None:
 
 def commit(lake: Lake, log: Log, start: int, identity: str = "d") -> LSN:
     end = LSN(log.lsn + 0x10)
-    window = lake.open_window(LSN(start))
+    window = Window(lake, LSN(start))
     window.write(T, log.table(identity))
     window.commit(end, transactions=len(log.rows), changes=len(log.rows))
     return end
@@ -250,7 +251,7 @@ def test_what_it_declines_is_left_untouched_for_spark(tmp_path: Path) -> None:
     log = Log(0x100)
     log.add("I", 1, 1, "a")
     rows = log.table().rename_columns(["id", "__pglr_delete", *log.table().column_names[2:]])
-    window = hostile.open_window(LSN(0x100))
+    window = Window(hostile, LSN(0x100))
     window.write(T, rows)
     window.commit(LSN(0x200), transactions=1, changes=1)
     assert "named like" in str(arrow_merge.merge_table(hostile, "public.t", LSN(0x200)))
@@ -485,7 +486,7 @@ def test_a_table_without_a_key_has_its_inserts_appended(tmp_path: Path) -> None:
             log.add("I", n % 2, round_, "dup" if n % 2 else None)  # duplicate rows
             expected.append((n % 2, round_, "dup" if n % 2 else None))
         end = LSN(log.lsn + 0x10)
-        window = lake.open_window(LSN(start))
+        window = Window(lake, LSN(start))
         window.write(T, log.table().cast(changelog_schema(keyed=False)))
         window.commit(end, transactions=5, changes=5)
         assert arrow_merge.merge_small(lake, ["public.t"]) == ({"public.t": str(end)}, [])
@@ -498,7 +499,7 @@ def test_a_table_without_a_key_has_its_inserts_appended(tmp_path: Path) -> None:
     log = Log(start)
     log.add("T", None)
     log.add("I", 7, 7, "after")
-    window = lake.open_window(LSN(start))
+    window = Window(lake, LSN(start))
     window.write(T, log.table().cast(changelog_schema(keyed=False)))
     window.commit(LSN(log.lsn + 0x10), transactions=2, changes=2)
     assert arrow_merge.merge_table(lake, "public.t", LSN(log.lsn + 0x10)) == (
@@ -508,13 +509,13 @@ def test_a_table_without_a_key_has_its_inserts_appended(tmp_path: Path) -> None:
     raced = Lake(str(tmp_path / "raced"), "s")  # the state moved after it was read
     log = Log(0x100)
     log.add("I", 1, 1, "a")
-    window = raced.open_window(LSN(0x100))
+    window = Window(raced, LSN(0x100))
     window.write(T, log.table().cast(changelog_schema(keyed=False)))
     window.commit(LSN(0x200), transactions=1, changes=1)
     arrow_merge.merge_small(raced, ["public.t"])
     log = Log(0x200)
     log.add("I", 2, 2, "b")
-    window = raced.open_window(LSN(0x200))
+    window = Window(raced, LSN(0x200))
     window.write(T, log.table().cast(changelog_schema(keyed=False)))
     window.commit(LSN(0x300), transactions=1, changes=1)
     stale = DeltaTable(raced.paths.state(T))
@@ -534,7 +535,7 @@ def full_identity(log: Log, lake: Lake, start: int) -> LSN:
     schema = changelog_schema("f")
     marked = [f.with_metadata({KEY_META: str(i)}) if i < 3 else f for i, f in enumerate(schema)]
     end = LSN(log.lsn + 0x10)
-    window = lake.open_window(LSN(start))
+    window = Window(lake, LSN(start))
     window.write(T, pa.Table.from_pylist(log.rows, schema=pa.schema(marked)))
     window.commit(end, transactions=len(log.rows), changes=len(log.rows))
     return end

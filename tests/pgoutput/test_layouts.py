@@ -18,22 +18,44 @@ from airflow_pglogrepl.pgoutput.messages import (
     CommitMessage,
     DeleteMessage,
     InsertMessage,
+    LogicalDecodingMessage,
     MessageType,
     PgOutputMessage,
+    StreamCommitMessage,
     TruncateMessage,
+    TypeMessage,
     UpdateMessage,
 )
-from tests.support.pgoutput_encoder import T0, encode
-
-_MESSAGE_TYPES = ["BEGIN", "COMMIT", "ORIGIN", "RELATION", "TYPE", "INSERT", "UPDATE", "DELETE",
-                  "TRUNCATE"]  # fmt: skip
+from tests.support.pgoutput_encoder import T0, encode, relation
 
 
-@pytest.mark.parametrize("name", _MESSAGE_TYPES)
+@pytest.mark.parametrize("name", [t.name for t in MessageType])
 def test_message_types_are_the_protocol_bytes_as_plain_ints(name: str) -> None:
     value = getattr(lay, name)
     assert value == MessageType[name]
     assert type(value) is int  # numpy and the hot loops get an int, not an IntEnum member
+
+
+def test_the_messages_with_an_xid_in_a_block_are_the_data_messages() -> None:
+    """Inside a stream block these carry their (sub-)transaction's xid after the type byte:
+    Relation, Type, Insert, Update, Delete, Truncate and a logical Message, nothing else."""
+    xid = 0x0A0B0C0D
+    data = [
+        relation(7, "t", [("id", 23, True)], xid=xid),
+        TypeMessage(xid, 16400, "public", "mood"),
+        InsertMessage(xid, 7, (b"1",)),
+        UpdateMessage(xid, 7, None, None, (b"1",)),
+        DeleteMessage(xid, 7, "K", (b"1",)),
+        TruncateMessage(xid, 0, (7,)),
+        LogicalDecodingMessage(xid, 1, LSN(0x10), "p", b"x"),
+    ]
+    assert tuple(encode(m)[0] for m in data) == lay.WITH_XID_IN_BLOCK
+    assert all(encode(m)[1:5] == xid.to_bytes(4, "big") for m in data)
+
+
+def test_a_stream_commit_is_its_fixed_size() -> None:
+    data = encode(StreamCommitMessage(77, 0, LSN(0x100), LSN(0x180), T0))
+    assert data[0] == lay.STREAM_COMMIT and len(data) == lay.STREAM_COMMIT_SIZE
 
 
 def test_column_kinds_are_one_definition() -> None:

@@ -25,12 +25,9 @@ pytestmark = pytest.mark.unit
 
 
 def test_message_types_are_the_documented_bytes_and_the_layouts_agree() -> None:
-    assert [t.char for t in (MessageType.BEGIN, MessageType.COMMIT, MessageType.INSERT)] == [
-        "B", "C", "I"
-    ]  # fmt: skip
-    for name in ("BEGIN", "COMMIT", "ORIGIN", "RELATION", "TYPE", "INSERT", "UPDATE", "DELETE",
-                 "TRUNCATE"):  # fmt: skip
-        assert MessageType[name] == getattr(layouts, name), name
+    assert "".join(t.char for t in MessageType) == "BCORYIUDTMSEcAbPKrp"
+    for member in MessageType:
+        assert member == getattr(layouts, member.name), member.name
     kinds = (ColumnKind.NULL, ColumnKind.UNCHANGED_TOAST, ColumnKind.TEXT, ColumnKind.BINARY)
     assert kinds == (ord("n"), ord("u"), ord("t"), ord("b"))
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from airflow_pglogrepl.exceptions import DecodeError
-from airflow_pglogrepl.pgoutput import decoder
 from airflow_pglogrepl.pgoutput.messages import UNCHANGED_TOAST, Binary
 from airflow_pglogrepl.pgoutput.tuples import (
     BinaryRow,
@@ -96,13 +95,6 @@ def test_generated_parsers_are_made_once_per_column_count() -> None:
     assert tuple_parser(4) is tuple_parser(4)
     assert row_parser(4) is row_parser(4)
     assert tuple_parser(4) is not tuple_parser(5)
-
-
-def test_the_decoder_still_exports_the_tuple_readers() -> None:
-    assert decoder.parse_tuple is parse_tuple
-    assert decoder.tuple_parser is tuple_parser
-    assert decoder.row_parser is row_parser
-    assert decoder.BinaryRow is BinaryRow
 
 
 def test_rows_are_bytes_or_copied_to_bytes() -> None:

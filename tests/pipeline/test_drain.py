@@ -33,6 +33,7 @@ from airflow_pglogrepl.exceptions import (
 )
 from airflow_pglogrepl.lake.delta import open_table, read_table
 from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge.materialize import materialize
 from airflow_pglogrepl.models.verdicts import drain_refusal
@@ -193,7 +194,7 @@ def test_what_a_killed_stream_kept_in_progress_is_removed_by_a_run_that_peeks(
 
 def test_a_slot_ahead_of_the_lake_is_refused_and_nothing_moves(tmp_path: Path) -> None:
     lake = Lake(str(tmp_path / "lake"), "s")
-    lake.open_window(LSN(0x1000)).commit(LSN(0x1100), transactions=0, changes=0)
+    Window(lake, LSN(0x1000)).commit(LSN(0x1100), transactions=0, changes=0)
     source = FakeSource([], confirmed=0x1500, flush=0x2000)
     drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=1024)
     with pytest.raises(SlotAheadOfLakeError, match="0/1500"):
@@ -203,7 +204,7 @@ def test_a_slot_ahead_of_the_lake_is_refused_and_nothing_moves(tmp_path: Path) -
 
 def test_a_lake_ahead_of_the_slot_moves_the_slot_up_first(tmp_path: Path) -> None:
     lake = Lake(str(tmp_path / "lake"), "s")
-    lake.open_window(LSN(0x1000)).commit(LSN(0x1300), transactions=0, changes=0)
+    Window(lake, LSN(0x1000)).commit(LSN(0x1300), transactions=0, changes=0)
     source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1300)
     drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=1024)
     result = drain.run(time.monotonic()).to_dict()

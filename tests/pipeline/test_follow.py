@@ -14,6 +14,7 @@ import pytest
 from airflow_pglogrepl.lake.delta import read_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pipeline.committer import WindowCommitter
 from airflow_pglogrepl.pipeline.drain import Drain
 from airflow_pglogrepl.pipeline.follow import Follow, Freshness, freshness_of
 from airflow_pglogrepl.tables import TableRef
@@ -69,17 +70,20 @@ def three_transactions() -> Session:
     return session
 
 
-class SlowLake(Lake):
-    """A lake whose windows take a while to commit: the following run's clock moves on."""
+def slow_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows that take a while to open: the following run's clock moves on."""
+    opened = WindowCommitter.open
 
-    def open_window(self, start: LSN) -> Any:
+    def open_slowly(self: WindowCommitter, start: LSN) -> Any:
         time.sleep(0.02)  # the cost of a commit, not a synchronisation
-        return super().open_window(start)
+        return opened(self, start)
+
+    monkeypatch.setattr(WindowCommitter, "open", open_slowly)
 
 
 @pytest.mark.unit
 def test_a_following_run_commits_on_its_clock_at_what_the_server_sent_then_ends_clean(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The fake server sends two messages a batch, so transactions span batches, then keeps
     quiet. With a window every few milliseconds, windows are cut at batch ends, never inside a
@@ -88,10 +92,11 @@ def test_a_following_run_commits_on_its_clock_at_what_the_server_sent_then_ends_
     and the slot confirmed there."""
     source = FakeSource(three_transactions().rows, confirmed=0x1000, flush=0x1400)
     source.streams = True
-    lake = SlowLake(str(tmp_path / "lake"), "s")
+    lake = Lake(str(tmp_path / "lake"), "s")
     follow = Follow(window_s=0.001, max_windows=2)
     drain = Drain(source=source, lake=lake, slot="s", publications=["p"],
                   max_window_bytes=1 << 20, follow=follow)  # fmt: skip
+    slow_windows(monkeypatch)
     result = drain.run(time.monotonic()).to_dict()
     assert result["reader"] == "stream" and result["windows"] >= 2
     assert result["follow"]["stopped_by"] == "windows"
@@ -213,7 +218,8 @@ def test_a_following_run_that_folds_its_windows_still_counts_them_all(
     monkeypatch.setattr(results, "FOLD_AT", 1)
     source = FakeSource(three_transactions().rows, confirmed=0x1000, flush=0x1400)
     source.streams = True
-    lake = SlowLake(str(tmp_path / "lake"), "s")
+    lake = Lake(str(tmp_path / "lake"), "s")
+    slow_windows(monkeypatch)
     follow = Follow(window_s=0.001, max_windows=3)
     drain = Drain(source=source, lake=lake, slot="s", publications=["p"],
                   max_window_bytes=1 << 20, follow=follow)  # fmt: skip

@@ -31,6 +31,7 @@ from airflow_pglogrepl.lake import staging
 from airflow_pglogrepl.lake.delta import list_tables, open_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import table_dir
+from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.spark.snapshot import (
     SnapshotCopy,
@@ -439,7 +440,7 @@ def test_a_snapshot_into_another_slots_lake_is_refused_before_it_is_judged_or_cl
     owner = Lake(root, "a")
     owner.claim({"system_identifier": "7", "database_oid": 5}, publications=["p"],
                 began_with="drain")  # fmt: skip
-    window = owner.open_window(LSN(0x100))
+    window = Window(owner, LSN(0x100))
     rows = pa.table({"id": pa.array([1], pa.int64()), "_commit_lsn": pa.array([0x110], pa.int64()),
                      "_seq": pa.array([1], pa.int64())})  # fmt: skip
     window.write(TableRef("public", "t"), rows)

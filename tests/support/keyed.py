@@ -12,6 +12,7 @@ import pyarrow as pa
 from airflow_pglogrepl.changelog import columns as cl
 from airflow_pglogrepl.lake.delta import read_table
 from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
 
@@ -48,7 +49,7 @@ class KeyedBatches:
             else:
                 self.model[key] = str(value)
         end = LSN(self.start + len(changes) + 1)
-        window = self.lake.open_window(LSN(self.start))
+        window = Window(self.lake, LSN(self.start))
         window.write(self.table, pa.Table.from_pylist(rows, schema=SCHEMA))
         window.commit(end, transactions=len(changes), changes=len(changes))
         self.start = int(end)

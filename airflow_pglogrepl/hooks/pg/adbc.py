@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl import conninfo
-from airflow_pglogrepl.hooks.pg.connect import TEXT_OUTPUT, long_work_settings
+from airflow_pglogrepl.hooks.pg.connect import TEXT_OUTPUT, bounded_connect, long_work_settings
 
 __all__ = ["AdbcError", "AdbcSession", "adbc_session"]
 
@@ -107,14 +107,16 @@ def adbc_session(
 ) -> Iterator[AdbcSession]:
     """An open ADBC session in autocommit mode with ``connect.TEXT_OUTPUT`` and
     ``connect.long_work_settings`` applied (every bulk read may take long); closed on the way
-    out. ``what`` says in an error what was being done."""
+    out. ``what`` says in an error what was being done. The connection is made within
+    ``connect_timeout`` (``connect.bounded_connect``: libpq would wait for ever), or raises
+    ``AdbcError``."""
     secrets = conninfo.secrets_of(dict(params))
     try:
         from adbc_driver_postgresql import dbapi
     except ImportError as exc:
         raise AdbcError(f"{what}: adbc-driver-postgresql is not installed: {exc}") from None
     try:
-        conn = dbapi.connect(conninfo.make_dsn(dict(params)), autocommit=True)
+        conn = dbapi.connect(conninfo.make_dsn(bounded_connect(params)), autocommit=True)
     except Exception as exc:
         raise AdbcError(_message(what, exc, secrets)) from None
     try:

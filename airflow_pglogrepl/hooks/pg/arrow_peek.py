@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from airflow_pglogrepl.exceptions import ArrowPeekError, PublicationNotFoundError
 from airflow_pglogrepl.hooks.pg.adbc import AdbcError, adbc_session, text_array_literal
+from airflow_pglogrepl.identifiers import publication_list, validate_slot_name
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.names import publication_list, validate_slot_name
 
 if TYPE_CHECKING:
     import pyarrow as pa

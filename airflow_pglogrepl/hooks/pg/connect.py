@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import psycopg
@@ -50,6 +51,24 @@ def notice_logger(
         server_log.log(level, "PostgreSQL %s says: %s: %s", server, severity, text)
 
     return log_notice
+
+
+# Seconds a connection may take to be made when the user set no connect_timeout. libpq waits
+# for ever without one (ADBC's sessions: a frozen server hung a run in its connect), psycopg
+# 130 s per host; a reachable server answers in well under a second.
+CONNECT_TIMEOUT_S = 10
+
+
+def bounded_connect(params: Mapping[str, str]) -> dict[str, str]:
+    """``params`` with ``connect_timeout`` at ``CONNECT_TIMEOUT_S`` when the user set none:
+    not in them, nor in ``PGCONNECT_TIMEOUT``, nor maybe in a service's file (``service``,
+    ``PGSERVICE``: libpq reads it, we do not, so a service is left as it is)."""
+    bounded = dict(params)
+    if not any(key in params for key in ("connect_timeout", "service")) and not any(
+        os.environ.get(name) for name in ("PGCONNECT_TIMEOUT", "PGSERVICE")
+    ):
+        bounded["connect_timeout"] = str(CONNECT_TIMEOUT_S)
+    return bounded
 
 
 def dsn_params(dsn: str) -> dict[str, str]:
@@ -116,9 +135,11 @@ def connect(
     replication protocol's commands (``CREATE_REPLICATION_SLOT ... SNAPSHOT 'export'``).
     Failures raise ``ConnectionFailedError`` naming ``label`` (where the parameters came from),
     with the password removed. The server's notices are logged (``notice_logger``) with this
-    connection's secrets and ``secrets`` (others its statements carry) masked.
+    connection's secrets and ``secrets`` (others its statements carry) masked. A connection is
+    made within ``connect_timeout``, ``CONNECT_TIMEOUT_S`` when the user set none
+    (``bounded_connect``).
     """
-    params = dict(params)
+    params = bounded_connect(params)
     if replication:
         params["replication"] = "database"
     if application_name:

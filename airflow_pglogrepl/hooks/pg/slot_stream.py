@@ -13,16 +13,11 @@ position, so the slot's ``confirmed_flush_lsn`` never passes what the lake holds
 consumer is busy and the queue full, the reader stops reading but still reports on time: a
 walsender ends a client it has not heard from within ``wal_sender_timeout``.
 
-Silence is judged by what the server may do. A walsender decoding a transaction that sends
-nothing (rows a publication's row filter rejects, a big transaction on unpublished tables)
-sends nothing meanwhile, and reads our messages, so answers a request to reply, only at every
-hundredth change once half its ``wal_sender_timeout`` has passed since it last did (at every
-hundredth change when the timeout is 0, which may be seconds apart too). So the stream is
-ended for silence only past ``wal_sender_timeout`` and a margin, and then only once a short
-session of its own finds our walsender gone from the slot, or cannot reach the server
-(``walsender.gone``): a walsender still decoding is waited for, a frozen host or a partition
-still ends the stream in seconds instead of minutes of TCP. And a stream never leaves its
-walsender holding the slot as it closes, however it ended (``walsender.release``).
+Silence is judged by what the server may do (``walsender.Silence``): a walsender decoding a
+transaction that sends nothing is waited for while a session of its own finds it holding the
+slot, for as long as a healthy one may stay silent; one gone from the slot, stuck, or a server
+out of reach ends the stream. A stream never leaves its walsender holding the slot as it
+closes, however it ended (``walsender.release``), and says whether it did (``slot_free``).
 """
 
 from __future__ import annotations
@@ -31,7 +26,6 @@ import contextlib
 import logging
 import os
 import queue
-import re
 import select
 import threading
 import time
@@ -42,31 +36,26 @@ import psycopg
 from psycopg import pq
 
 from airflow_pglogrepl import conninfo
-from airflow_pglogrepl.exceptions import (
-    ConnectionFailedError,
-    PgLogReplError,
-    SlotStreamError,
-    SlotStreamUnavailableError,
-)
-from airflow_pglogrepl.hooks.pg.connect import (
-    TEXT_OUTPUT,
-    Conn,
-    connect,
-    long_work_settings,
-    server_of,
-    set_session,
-)
+from airflow_pglogrepl.exceptions import PgLogReplError, SlotStreamError
+from airflow_pglogrepl.hooks.pg.connect import server_of
 from airflow_pglogrepl.hooks.pg.errors import slot_errors
-from airflow_pglogrepl.hooks.pg.locks import KEEPALIVES
 from airflow_pglogrepl.hooks.pg.stream_frames import (
     FrameBatch,
     frames,
     start_replication,
     status_update,
 )
-from airflow_pglogrepl.hooks.pg.walsender import gone, release
+from airflow_pglogrepl.hooks.pg.walsender import (
+    Silence,
+    backend_pid,
+    brief,
+    open_walsender,
+    refuse_synchronous_standby,
+    release,
+    side_params,
+)
+from airflow_pglogrepl.identifiers import validate_slot_name
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.names import validate_slot_name
 
 __all__ = ["BATCH_BYTES", "SlotStream"]
 
@@ -80,18 +69,8 @@ QUEUED_BATCHES = 4  # batches read ahead of the consumer
 GATHER_BYTES = 256 << 10
 GATHER_S = 0.1
 WAKE_BYTES = 32 << 10  # the socket wakes the reader for this much (SO_RCVLOWAT)
-# Seconds between status updates when nothing else makes us send one; shorter when the server's
-# wal_sender_timeout is (a third of it), so two may be lost before it gives up on us.
-STATUS_INTERVAL_S = 10.0
 # Seconds to wait for the server to end the stream after our CopyDone before cutting it off.
 CLOSE_TIMEOUT_S = 30.0
-# A server we asked to answer that has sent nothing for this many status intervals, and for
-# wal_sender_timeout and SILENCE_MARGIN_S when it has one (its walsender may be decoding: see the
-# module's docstring), is asked through a session of its own whether our walsender still holds
-# the slot (``walsender.gone``): gone, or unreachable (a frozen host, a partition), the stream
-# ends instead of waiting on TCP for minutes; still there, it is waited for as long again.
-SILENT_INTERVALS = 3
-SILENCE_MARGIN_S = 5.0
 # Reply requests this close together are a walsender's shutdown, not its timeout (see
 # ``_check_stopping``).
 STOPPING_REQUESTS, STOPPING_WITHIN_S = 3, 1.0
@@ -111,8 +90,10 @@ class SlotStream:
     while the walsender waits, before it exits, for a confirm the lake cannot give yet and
     for us to read what it still has to send (which a full queue stops us from doing).
 
-    ``walsender_pid`` is the PID of the stream's walsender: the slot's ``active_pid`` while it
-    streams.
+    ``walsender_pid`` is the PID of the stream's walsender, asked of the server: the slot's
+    ``active_pid`` while it streams. ``slot_free`` is None until ``close``, then whether the
+    walsender was seen to let go of the slot (False: it still holds it, or the server could
+    not be asked): a peek of the slot can follow only when it is True.
 
     :raises SlotStreamUnavailableError: the server refused the replication connection.
     Errors on the slot (missing, in use, a publication missing) are raised as the peek raises
@@ -142,33 +123,35 @@ class SlotStream:
         self._sent_at = 0.0
         self._asked: list[float] = []  # when the server asked us to reply at once, lately
         self._heard_at = time.monotonic()  # when a frame last came
-        self._alive_at = 0.0  # when the silence check last found our walsender decoding
         self._ended_cleanly = False
+        self.slot_free: bool | None = None  # set by ``close``
         self._closed = False
         self._queue: queue.Queue[FrameBatch | BaseException | None] = queue.Queue(QUEUED_BATCHES)
         self._stop = threading.Event()
         self._secrets = conninfo.secrets_of(params)
-        self._params, self._label = params, label  # for the sessions beside the stream
-        self._conn = _open(params, slot, label=label)
-        # The walsender is this connection's backend: the process that will hold the slot.
-        self.walsender_pid = self._conn.info.backend_pid
+        self._label = label  # for the sessions beside the stream
+        self._conn = open_walsender(params, slot, label=label)
         self._started = False  # START_REPLICATION accepted: the walsender may hold the slot
         self._wake_r = self._wake_w = -1
         self._low_water = False
         try:
+            # The walsender is this connection's backend: the process that will hold the slot.
+            self.walsender_pid = backend_pid(self._conn)
+            # Side sessions go to the server this connection reached, whatever params list.
+            self._side = side_params(params, self._conn)
             self._wake_r, self._wake_w = os.pipe()
             os.set_blocking(self._wake_r, False)
             self._server = server_of(self._conn)
-            timeout_s = _sender_timeout_s(self._conn)
-            self._interval = status_interval(timeout_s)
-            self._silence_limit = silence_limit(self._interval, timeout_s)
+            self._silence = Silence.of(self._conn, self._side, slot, self.walsender_pid,
+                                       label=label, secrets=self._secrets)  # fmt: skip
+            self._interval = self._silence.interval
             # the options the stream was started with (read by its decoder): ``streaming``
             # needs protocol 2, which servers before 14 do not have
             self.options = dict(options)
             if self._conn.info.server_version < 140000 and "streaming" in self.options:
                 self.options.pop("streaming")
                 self.options["proto_version"] = "1"
-            _refuse_synchronous_standby(self._conn, slot)
+            refuse_synchronous_standby(self._conn, slot)
             command = start_replication(slot, self.start, self.options, self._conn)
             self._begin(command)
             self._started = True
@@ -211,17 +194,17 @@ class SlotStream:
         self._wake()
 
     def close(self) -> bool:
-        """Report the confirmed position a last time and end the stream; the slot is free
-        again when this returns (``_release``), however the stream ended. False: the stream
-        had already ended (its error was not read) or the server did not answer, so the last
-        confirm may not have reached it."""
+        """Report the confirmed position a last time and end the stream, and see the slot
+        free of its walsender, however the stream ended (``_release``; ``slot_free`` says
+        whether it is). False: the stream had already ended (its error was not read) or the
+        server did not answer, so the last confirm may not have reached it."""
         if not self._closed:
             self._closed = True
             self._stop.set()
             self._wake()
             self._thread.join()
             self._close_pipe()
-            self._release()
+            self.slot_free = self._release()
         return self._ended_cleanly
 
     def __enter__(self) -> SlotStream:
@@ -338,32 +321,19 @@ class SlotStream:
             raise SlotStreamError(self.slot, self._server, "the server is shutting down")
 
     def _check_silence(self) -> None:
-        """Ask a quiet server to answer; end the stream when it has not for longer than it may
-        (``silence_limit``) and our walsender is gone from the slot or the server unreachable
-        (``walsender.gone``). A walsender still decoding is waited for, a limit at a time."""
+        """Ask a quiet server to answer; past its limits, ``Silence.check`` ends the stream."""
+        self._silence.check(self._heard_at)
         now = time.monotonic()
-        silent = now - self._heard_at
-        if now - max(self._heard_at, self._alive_at) >= self._silence_limit:
-            why = gone(self._params, self.slot, self.walsender_pid, label=self._label,
-                       secrets=self._secrets)  # fmt: skip
-            if why is not None:
-                raise SlotStreamError(self.slot, self._server, f"the server sent nothing for "
-                                      f"{silent:.0f} s, though asked to answer, and "
-                                      f"{why}")  # fmt: skip
-            self._alive_at = time.monotonic()
-            log.info("slot %s: its walsender (pid %d) is still decoding and holds the slot, "
-                     "silent for %.0f s (a transaction that sends nothing: rows a row filter "
-                     "rejects, changes to unpublished tables); waiting for it", self.slot,
-                     self.walsender_pid, silent)  # fmt: skip
-        if silent >= self._interval and now - self._sent_at >= self._interval / 2:
+        if now - self._heard_at >= self._interval and now - self._sent_at >= self._interval / 2:
             self._report(force=True, reply=True)
 
-    def _release(self) -> None:
-        """Once START_REPLICATION was accepted: return only when our walsender no longer holds
-        the slot (``walsender.release``)."""
-        if self._started:
-            release(self._params, self.slot, self.walsender_pid, label=self._label,
-                    secrets=self._secrets)  # fmt: skip
+    def _release(self) -> bool:
+        """Once START_REPLICATION was accepted: whether our walsender no longer holds the slot,
+        waited for and ended if need be (``walsender.release``)."""
+        if not self._started:
+            return True
+        return release(self._side, self.slot, self.walsender_pid, label=self._label,
+                       secrets=self._secrets)  # fmt: skip
 
     def _report(self, *, force: bool = False, reply: bool = False) -> None:
         """A status update when the confirmed position moved, when forced, or when one is due;
@@ -485,8 +455,7 @@ class SlotStream:
             self._raise_result(result)
 
     def _ended(self, exc: Exception) -> SlotStreamError:
-        reason = conninfo.redact(str(exc).strip().rstrip("."), self._secrets)
-        return SlotStreamError(self.slot, self._server, reason)
+        return SlotStreamError(self.slot, self._server, brief(exc, self._secrets))
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):
@@ -498,49 +467,6 @@ class SlotStream:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._wake_r = self._wake_w = -1
-
-
-def _open(params: dict[str, str], slot: str, *, label: str) -> Conn:
-    """A replication connection with the session the decoder expects (``TEXT_OUTPUT``)."""
-    try:  # TCP keepalives, as the writer lock's session: a dead peer is noticed in a minute
-        conn = connect({**KEEPALIVES, **params}, label=label, replication=True)
-    except ConnectionFailedError as exc:
-        raise SlotStreamUnavailableError(slot, str(exc)) from None
-    try:
-        set_session(conn, TEXT_OUTPUT)  # pgoutput prints values with this session's settings
-        set_session(conn, long_work_settings(conn.info.server_version))
-        conn.pgconn.nonblocking = 1
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def _sender_timeout_s(conn: Conn) -> float:
-    """The server's ``wal_sender_timeout`` for this connection, in seconds (0: none)."""
-    row = conn.execute(
-        "SELECT setting::float8 AS ms FROM pg_settings WHERE name = %s", ("wal_sender_timeout",)
-    ).fetchone()
-    return max(0.0, float(row["ms"]) / 1000) if row else 0.0
-
-
-def status_interval(sender_timeout_s: float) -> float:
-    """Seconds between status updates: ``STATUS_INTERVAL_S``, or a third of the server's
-    ``wal_sender_timeout`` when that is shorter (0 means the server never times out)."""
-    if sender_timeout_s <= 0:
-        return STATUS_INTERVAL_S
-    return min(STATUS_INTERVAL_S, sender_timeout_s / 3)
-
-
-def silence_limit(interval: float, sender_timeout_s: float) -> float:
-    """Seconds of silence before the stream asks whether its walsender is still there: three
-    status intervals, and not before ``wal_sender_timeout`` and a margin (a walsender decoding
-    reads our request to answer every half timeout). With none (0) it may be silent as long as
-    the decoding takes: the check after every limit tells."""
-    limit = SILENT_INTERVALS * interval
-    if sender_timeout_s > 0:
-        limit = max(limit, sender_timeout_s + SILENCE_MARGIN_S)
-    return limit
 
 
 def _wake_for_bytes(fd: int, size: int) -> bool:
@@ -558,41 +484,3 @@ def _wake_for_bytes(fd: int, size: int) -> bool:
     except (OSError, AttributeError):
         return False
     return True
-
-
-def _refuse_synchronous_standby(conn: Conn, slot: str) -> None:
-    """Refuse to stream where the server would take this walsender for a synchronous standby.
-
-    The stream confirms only what the lake committed, and a run nothing past its end: every
-    commit on the source would wait for the drain. ``synchronous_standby_names`` naming
-    ``*`` or this connection's ``application_name`` is refused (``reader="auto"`` peeks).
-    """
-    row = conn.execute(
-        "SELECT current_setting('synchronous_standby_names') AS names, "
-        "current_setting('application_name') AS name"
-    ).fetchone()
-    if row and synchronous_standby_match(str(row["names"]), str(row["name"])):
-        raise SlotStreamUnavailableError(
-            slot, f"synchronous_standby_names ({row['names']!r}) would make its walsender "
-            f"({row['name']!r}) a synchronous standby, and every commit on the source wait for "
-            f"the lake. Fix: name the standbys in synchronous_standby_names instead of '*', or "
-            f"give the drain's connection another application_name",
-        )  # fmt: skip
-
-
-def synchronous_standby_match(setting: str, application_name: str) -> bool:
-    """Whether ``synchronous_standby_names`` (``FIRST 1 (a, "b")``, ``ANY 2 (*)``, ``a, b``)
-    names ``application_name`` or ``*`` (names compare case-insensitively, as the server's)."""
-    body = setting.strip()
-    match = re.match(r"(?is)^(?:(?:first|any)\s+)?\d+\s*\((.*)\)\s*$", body)
-    if match:
-        body = match.group(1)
-    names = [part.strip() for part in body.split(",") if part.strip()]
-    for name in names:
-        if name.startswith('"') and name.endswith('"') and len(name) >= 2:
-            name = name[1:-1].replace('""', '"')
-        elif name == "*":
-            return True
-        if name.lower() == application_name.lower():
-            return True
-    return False

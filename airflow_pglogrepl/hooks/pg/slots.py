@@ -33,9 +33,9 @@ from airflow_pglogrepl.hooks.pg.connect import (
 from airflow_pglogrepl.hooks.pg.errors import slot_errors
 from airflow_pglogrepl.hooks.pg.lsn_adapters import PG_LSN_OID
 from airflow_pglogrepl.hooks.pg.server import CURRENT_LSN
+from airflow_pglogrepl.identifiers import publication_list, validate_slot_name
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import SlotCreated, SlotInfo, SlotSpill
-from airflow_pglogrepl.names import publication_list, validate_slot_name
 from airflow_pglogrepl.versions import Features
 
 OUTPUT_PLUGINS = ("pgoutput", "test_decoding", "wal2json")
@@ -122,6 +122,22 @@ def slot_holder(conn: Conn, name: str) -> int | None:
         "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (name,)
     ).fetchone()
     return None if row is None or row["active_pid"] is None else int(row["active_pid"])
+
+
+def slot_holder_wait(conn: Conn, name: str) -> tuple[int | None, str | None]:
+    """``slot_holder``, and what that process waits on (``pg_stat_activity``'s
+    ``wait_event_type/wait_event``; None: on nothing, or not shown to this role)."""
+    row = conn.execute(
+        "SELECT s.active_pid, a.wait_event_type, a.wait_event FROM pg_replication_slots s"
+        " LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = %s",
+        (name,),
+    ).fetchone()
+    if row is None or row["active_pid"] is None:
+        return None, None
+    wait = None
+    if row["wait_event_type"] or row["wait_event"]:
+        wait = f"{row['wait_event_type']}/{row['wait_event']}"
+    return int(row["active_pid"]), wait
 
 
 def terminate_holder(conn: Conn, name: str, pid: int) -> bool:

@@ -41,8 +41,8 @@ from airflow_pglogrepl.hooks.pg.connect import (
 )
 from airflow_pglogrepl.hooks.pg.errors import slot_errors
 from airflow_pglogrepl.hooks.pg.passfile import PASSFILE_HINT
+from airflow_pglogrepl.identifiers import validate_slot_name
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.names import validate_slot_name
 from airflow_pglogrepl.tables import Column, TableRef
 
 if TYPE_CHECKING:

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 from psycopg import sql
 
 from airflow_pglogrepl.exceptions import StreamProtocolError
+from airflow_pglogrepl.identifiers import validate_slot_name
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.names import validate_slot_name
 
 if TYPE_CHECKING:
     import numpy as np

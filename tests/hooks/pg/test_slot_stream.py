@@ -1,8 +1,9 @@
 """A slot read through START_REPLICATION, on a live server: the same messages a peek gives,
 the slot confirmed exactly where we say and never further, the walsender kept alive while we
 are busy, and every way the stream can end named (a missing or busy slot, no replication
-privilege, a terminated walsender). A walsender decoding a transaction that sends nothing is
-waited for, and a stream that ends leaves the slot free (``tests.support.silent_decode``)."""
+privilege, a terminated walsender, a connection cut) in one line. A walsender decoding a
+transaction that sends nothing is waited for, and a stream that ends leaves the slot free
+(``tests.support.silent_decode``; more in ``test_walsender``)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,15 @@ from airflow_pglogrepl.exceptions import (
     SlotStreamError,
     SlotStreamUnavailableError,
 )
-from airflow_pglogrepl.hooks.pg import slot_stream
-from airflow_pglogrepl.hooks.pg.slot_stream import SlotStream, synchronous_standby_match
+from airflow_pglogrepl.hooks.pg import walsender
+from airflow_pglogrepl.hooks.pg.slot_stream import SlotStream
 from airflow_pglogrepl.hooks.pg.source import PgSource
 from airflow_pglogrepl.hooks.pg.stream_frames import FrameBatch
+from airflow_pglogrepl.hooks.pg.walsender import synchronous_standby_match
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import PgOutputStream
 from tests.support.databases import Database
+from tests.support.pg_proxy import pg_proxy
 from tests.support.silent_decode import (
     FILTERED_OPTIONS,
     filtered_slot,
@@ -76,6 +79,7 @@ def test_the_stream_sends_what_a_peek_gives_and_confirms_exactly_what_we_say(
     peeked = [bytes(d) for _, _, d in source.peek_changes(name, upto_lsn=end, options=OPTIONS)]
     with SlotStream(source.connection_params(), name, label="L", start=start, options=OPTIONS,
                     batch_bytes=4096) as stream:  # fmt: skip
+        assert stream.slot_free is None  # not closed yet
         batches = list(_until(stream, end))
         assert len(batches) > 1
         streamed = [m for b in batches for m in b.messages.to_pylist()]
@@ -87,6 +91,7 @@ def test_the_stream_sends_what_a_peek_gives_and_confirms_exactly_what_we_say(
         first_commit = first_end  # the first transaction commits before this
         stream.confirm(first_commit)
     assert source.get_slot(name).confirmed_flush_lsn == first_commit
+    assert stream.slot_free is True
     # The slot is free once closed, and the rest comes again from where we confirmed.
     with SlotStream(source.connection_params(), name, label="L", start=start,
                     options=OPTIONS) as again:  # fmt: skip
@@ -150,7 +155,32 @@ def test_a_terminated_walsender_ends_the_stream_with_a_retryable_error_and_keeps
             for _ in batches:
                 pass
     assert caught.value.retryable and name in str(caught.value)
+    # the server's first line and its SQLSTATE, not libpq's text after it
+    reason = caught.value.reason
+    assert reason == "terminating connection due to administrator command (SQLSTATE 57P01)"
     assert source.get_slot(name).confirmed_flush_lsn == confirmed
+    assert stream.slot_free is True
+
+
+def test_a_cut_connection_ends_the_stream_with_its_reason_in_one_line(
+    slot: tuple[PgSource, str],
+) -> None:
+    """Before: the reason was libpq's text whole, four lines ("server closed the connection
+    unexpectedly", then "This probably means ..." and "connection not open"), which the
+    drain's one-line warning and the task's error carried as they were."""
+    source, name = slot
+    params = source.connection_params()
+    with pg_proxy((params["host"], int(params["port"]))) as proxy:
+        stream = SlotStream({**params, "port": str(proxy.port)}, name, label="L", start=0,
+                            options=OPTIONS)  # fmt: skip
+        proxy.cut()
+        with pytest.raises(SlotStreamError) as caught:
+            for _ in stream.batches():
+                pass
+        stream.close()
+    assert caught.value.reason == "server closed the connection unexpectedly"
+    assert "\n" not in str(caught.value) and params["password"] not in str(caught.value)
+    assert stream.slot_free is True  # its walsender saw the end, or was ended
 
 
 def test_a_consumer_busy_longer_than_the_senders_timeout_is_not_cut_off(
@@ -205,7 +235,7 @@ def test_a_silent_decode_shorter_than_the_senders_timeout_does_not_end_the_strea
     wal_sender_timeout, though a walsender decoding such a transaction reads our request to
     answer only every half of it. Here 3 s of silence, the old limit 0.3 s, the timeout 60 s."""
     source, name, dsn = filtered
-    monkeypatch.setattr(slot_stream, "STATUS_INTERVAL_S", QUICK_INTERVAL_S)
+    monkeypatch.setattr(walsender, "STATUS_INTERVAL_S", QUICK_INTERVAL_S)
     caplog.set_level(logging.INFO, logger="airflow_pglogrepl.stream")
     write_silent_transaction(dsn, "fpub", "f", 3.0, pad_bytes=30)
     database.sql("INSERT INTO ok VALUES (1)")
@@ -214,7 +244,7 @@ def test_a_silent_decode_shorter_than_the_senders_timeout_does_not_end_the_strea
                     options=FILTERED_OPTIONS) as stream:  # fmt: skip
         assert len(_inserts(stream, end)) == 1  # the row after it: the stream went through
     # within wal_sender_timeout: not even asked about (the check is for longer silences)
-    assert "is still decoding" not in caplog.text
+    assert "holds the slot but has sent nothing" not in caplog.text
 
 
 def test_with_no_senders_timeout_a_silent_walsender_is_waited_for_while_it_holds_the_slot(
@@ -228,7 +258,7 @@ def test_with_no_senders_timeout_a_silent_walsender_is_waited_for_while_it_holds
     session of its own finds our walsender still holding the slot: the stream waits, and says
     so."""
     source, name, dsn = filtered
-    monkeypatch.setattr(slot_stream, "STATUS_INTERVAL_S", QUICK_INTERVAL_S)
+    monkeypatch.setattr(walsender, "STATUS_INTERVAL_S", QUICK_INTERVAL_S)
     caplog.set_level(logging.INFO, logger="airflow_pglogrepl.stream")
     write_silent_transaction(dsn, "fpub", "f", 4.0, pad_bytes=100)
     database.sql("INSERT INTO ok VALUES (1)")
@@ -237,19 +267,26 @@ def test_with_no_senders_timeout_a_silent_walsender_is_waited_for_while_it_holds
     with SlotStream(params, name, label="L", start=0, options=FILTERED_OPTIONS) as stream:
         assert len(_inserts(stream, end)) == 1
         pid = stream.walsender_pid
-    waited = [r.getMessage() for r in caplog.records if "is still decoding" in r.getMessage()]
-    assert waited and f"(pid {pid})" in waited[0], caplog.text
+    waited = [r for r in caplog.records if "holds the slot but has sent nothing" in r.message]
+    assert waited and f"(pid {pid})" in waited[0].message, caplog.text
+    assert waited[0].levelno == logging.INFO  # the first time; later ones warn
 
 
 @pytest.mark.unit
 def test_the_silence_limit_follows_the_senders_timeout() -> None:
     """Three status intervals, and never less than wal_sender_timeout and a margin; with no
-    timeout, three intervals (a check follows every one)."""
-    assert slot_stream.silence_limit(10.0, 60.0) == 65.0
-    assert slot_stream.silence_limit(10.0, 300.0) == 305.0
-    assert slot_stream.silence_limit(10.0, 0.0) == 30.0
-    assert slot_stream.silence_limit(slot_stream.status_interval(1.0), 1.0) == 6.0
-    assert slot_stream.status_interval(0.0) == slot_stream.STATUS_INTERVAL_S == 10.0
+    timeout, three intervals (a check follows every one). A walsender that holds the slot is
+    borne four limits where it owes a keepalive every half timeout (15 and later), else half
+    an hour."""
+    assert walsender.silence_limit(10.0, 60.0) == 65.0
+    assert walsender.silence_limit(10.0, 300.0) == 305.0
+    assert walsender.silence_limit(10.0, 0.0) == 30.0
+    assert walsender.silence_limit(walsender.status_interval(1.0), 1.0) == 6.0
+    assert walsender.status_interval(0.0) == walsender.STATUS_INTERVAL_S == 10.0
+    assert walsender.stuck_after(65.0, 60.0, 150000) == 260.0
+    assert walsender.stuck_after(8.0, 3.0, 170000) == 32.0
+    assert walsender.stuck_after(30.0, 0.0, 170000) == 1800.0
+    assert walsender.stuck_after(65.0, 60.0, 140000) == 1800.0
 
 
 def _wait_for(condition: object, timeout: float = 30.0) -> None:

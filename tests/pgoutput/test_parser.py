@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from airflow_pglogrepl.exceptions import DecodeError
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.pgoutput.decoder import decode_message
 from airflow_pglogrepl.pgoutput.messages import (
     UNCHANGED_TOAST,
     BeginMessage,
@@ -45,6 +44,7 @@ from airflow_pglogrepl.pgoutput.messages import (
     TypeMessage,
     UpdateMessage,
 )
+from airflow_pglogrepl.pgoutput.parser import decode_message
 from tests.support.pgoutput_encoder import cstr, encode, i32, ts, u8, u16, u32, u64
 
 T1 = dt.datetime(2026, 11, 22, 5, 10, 25, 790058, tzinfo=dt.UTC)

@@ -1,4 +1,4 @@
-"""Names: slot names are validated before any statement is built, and pgoutput's
+"""Identifiers: slot names are validated before any statement is built, and pgoutput's
 publication_names splits as the server splits it (the inverse of how we write it).
 """
 
@@ -9,7 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from airflow_pglogrepl.exceptions import InvalidSlotNameError
-from airflow_pglogrepl.names import publication_list, publication_names_option, validate_slot_name
+from airflow_pglogrepl.identifiers import (
+    publication_list,
+    publication_names_option,
+    validate_slot_name,
+)
 
 
 @pytest.mark.parametrize("name", ["a", "drain_orders_1", "x" * 63, "_0"])

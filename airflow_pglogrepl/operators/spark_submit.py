@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import Asset, Context
+from airflow.sdk import Context
 
 from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV, SUBMITTED_ENV
 from airflow_pglogrepl.exceptions import SparkApplicationError
+from airflow_pglogrepl.operators.assets import lake_asset
 from airflow_pglogrepl.spark.submit_output import QuietSubmitOutput
 
 if TYPE_CHECKING:
@@ -41,17 +42,6 @@ if TYPE_CHECKING:
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 DSN_ENV = SOURCE_DSN_ENV
-
-
-def lake_asset(lake_root: str) -> Asset:
-    """The Asset a lake is known by: its URI (``file://`` + absolute path for local paths). A
-    URI with credentials in it is refused (it would be in every Asset event)."""
-    from airflow_pglogrepl.hooks.object_store import check_lake_uri
-    from airflow_pglogrepl.lake.storage import canonical
-
-    check_lake_uri(lake_root)
-    uri = canonical(lake_root) if "://" in lake_root else f"file://{os.path.abspath(lake_root)}"
-    return Asset(uri=uri)
 
 
 def state_vectors_args(value: bool | None) -> list[str]:
@@ -67,7 +57,7 @@ class CapturingSparkSubmitHook(SparkSubmitHook):
 
     The Spark provider has no public way to read the application's output: this overrides its
     private ``_process_spark_submit_log`` and keeps each line on the way through.
-    tests/operators/test__spark.py pins what this relies on, so a provider upgrade
+    tests/operators/test_spark_submit.py pins what this relies on, so a provider upgrade
     that changes it fails there, not silently in a drain.
     """
 
@@ -303,7 +293,7 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
     def _get_hook(self) -> SparkSubmitHook:
         # The provider builds its hook from a dozen operator fields in its private _get_hook;
         # the capturing hook takes that hook's state as it is rather than repeat the list
-        # (pinned by tests/operators/test__spark.py).
+        # (pinned by tests/operators/test_spark_submit.py).
         from airflow_pglogrepl.spark.log4j import is_quiet, spark_log_level
 
         base = super()._get_hook()

@@ -14,7 +14,7 @@ them here in order. The stream keeps what the protocol leaves to the receiver:
 - two-phase transactions (protocol 3, ``two_phase 'on'``): changes between Begin Prepare and
   Prepare (or a Stream Prepare) wait until COMMIT PREPARED, and are dropped on ROLLBACK PREPARED.
 
-Parsing of each message is ``decoder``'s; Insert/Update/Delete, which are nearly all of the
+Parsing of each message is ``parser``'s; Insert/Update/Delete, which are nearly all of the
 traffic, are parsed inline here with the same checks, to keep up with the server.
 See https://www.postgresql.org/docs/15/protocol-logical-replication.html
 """
@@ -44,7 +44,6 @@ from airflow_pglogrepl.pgoutput.changes import (
     TransactionBegin,
     TransactionCommit,
 )
-from airflow_pglogrepl.pgoutput.decoder import check_protocol_version, decode_message
 from airflow_pglogrepl.pgoutput.layouts import NEW_TUPLE, OLD_KEY, OLD_ROW
 from airflow_pglogrepl.pgoutput.messages import (
     BeginMessage,
@@ -66,6 +65,7 @@ from airflow_pglogrepl.pgoutput.messages import (
     TypeMessage,
     message_type_name,
 )
+from airflow_pglogrepl.pgoutput.parser import check_protocol_version, decode_message
 from airflow_pglogrepl.pgoutput.relations import RelationCache
 from airflow_pglogrepl.pgoutput.tuples import as_bytes
 

@@ -20,7 +20,7 @@ from airflow_pglogrepl.pgoutput.messages import (
     StreamStartMessage,
     StreamStopMessage,
 )
-from airflow_pglogrepl.pgoutput.stream_blocks import (
+from airflow_pglogrepl.pgoutput.transaction_blocks import (
     Block,
     BlockSplitter,
     Plain,

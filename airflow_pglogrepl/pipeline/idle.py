@@ -1,4 +1,5 @@
-"""Whether a drain run has anything to do, decided on the Airflow worker without Spark.
+"""Whether a drain run has anything to do, decided on the Airflow worker without Spark: the
+drain's own first question, asked before Spark starts (``SlotDrainOperator(skip_when_idle=...)``).
 
 A drain run is idle when all of these hold, read in this order (each read is cheap) under the
 lake's writer lock (another run writing the lake: not idle, and the peek below never holds the
@@ -32,12 +33,23 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from airflow_pglogrepl.pipeline.readers import peek_options, published_before
+from airflow_pglogrepl.pipeline.source import DrainSource
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
+    from contextlib import AbstractContextManager
+
     from airflow_pglogrepl.lsn import LSN
     from airflow_pglogrepl.models.records import SlotInfo
+
+
+class IdleSource(DrainSource, Protocol):
+    """The drain's source (the Airflow hook), and the lake's writer lock it takes."""
+
+    def writer_lock(self, slot: str, *, role: str) -> AbstractContextManager[object]: ...
+
 
 log = logging.getLogger("airflow_pglogrepl.drain")
 
@@ -54,7 +66,7 @@ class Idle:
 
 
 def idle_run(
-    hook: PgLogicalReplicationHook,
+    hook: IdleSource,
     slot: SlotInfo,
     *,
     lake_root: str,
@@ -80,7 +92,7 @@ def idle_run(
 
 
 def _idle_run(
-    hook: PgLogicalReplicationHook,
+    hook: IdleSource,
     slot: SlotInfo,
     *,
     lake_root: str,
@@ -99,7 +111,7 @@ def _idle_run(
 
 
 def _judge(
-    hook: PgLogicalReplicationHook,
+    hook: IdleSource,
     slot: SlotInfo,
     *,
     lake_root: str,
@@ -110,7 +122,6 @@ def _judge(
     from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.lake.quarantine import held
     from airflow_pglogrepl.merge.materialize import pending_tables
-    from airflow_pglogrepl.names import publication_names_option
 
     confirmed = slot.confirmed_flush_lsn
     name = slot.name
@@ -161,20 +172,9 @@ def _judge(
     if missing:
         log.info("publication(s) %s missing: the application reports it", ", ".join(missing))
         return None
-    options = {
-        "proto_version": "1",
-        "publication_names": publication_names_option(publications),
-        "messages": "false",
-    }
     began = time.monotonic()
-    rows = hook.peek_changes(name, upto_lsn=flush, options=options, upto_nchanges=1)
-    try:
-        found = next(iter(rows), None)
-    finally:
-        close = getattr(rows, "close", None)
-        if close is not None:
-            close()
-    if found is not None:
+    found = published_before(hook, name, peek_options(publications), flush)
+    if found:
         log.info("slot %s has changes to drain after %s: Spark submitted", name, confirmed)
         return None
     return Idle(

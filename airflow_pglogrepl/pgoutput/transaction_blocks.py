@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from airflow_pglogrepl.pgoutput import layouts as lay
 from airflow_pglogrepl.pgoutput.columnar import ColumnarUnsupportedError, buffers
 
 if TYPE_CHECKING:
@@ -26,13 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Block", "BlockSplitter", "Plain", "StreamAbort", "StreamCommit"]
 
-STREAM_START, STREAM_STOP = ord("S"), ord("E")
-STREAM_COMMIT, STREAM_ABORT = ord("c"), ord("A")
-_CONTROL = (STREAM_START, STREAM_STOP, STREAM_COMMIT, STREAM_ABORT)
-# the messages that carry an xid after their type byte inside a block
-_WITH_XID = tuple(ord(k) for k in "RYIUDTM")
-_STREAM_COMMIT_SIZE = 30  # type, xid, flags, commit LSN, end LSN, commit time
-_PG_EPOCH_US = 946_684_800_000_000
+_CONTROL = (lay.STREAM_START, lay.STREAM_STOP, lay.STREAM_COMMIT, lay.STREAM_ABORT)
 
 
 @dataclass(frozen=True)
@@ -108,17 +103,17 @@ class BlockSplitter:
                 break
             raw = buf[starts[index] : ends[index]].tobytes()
             kind = raw[0]
-            if kind == STREAM_START:
+            if kind == lay.STREAM_START:
                 if self._open is not None or len(raw) != 6:
                     raise ColumnarUnsupportedError("a Stream Start inside a block, or malformed")
                 self._open, first = int.from_bytes(raw[1:5], "big"), raw[5] == 1
-            elif kind == STREAM_STOP:
+            elif kind == lay.STREAM_STOP:
                 if self._open is None:
                     raise ColumnarUnsupportedError("a Stream Stop outside a block")
                 self._open, first = None, False
             elif self._open is not None:
                 raise ColumnarUnsupportedError(f"a {chr(kind)!r} message inside a block")
-            elif kind == STREAM_COMMIT:
+            elif kind == lay.STREAM_COMMIT:
                 parts.append(_stream_commit(raw))
             else:  # STREAM_ABORT; proto 4 adds its LSN and time (streaming 'parallel' only)
                 if len(raw) not in (9, 25):
@@ -130,13 +125,13 @@ class BlockSplitter:
 
 
 def _stream_commit(raw: bytes) -> StreamCommit:
-    if len(raw) != _STREAM_COMMIT_SIZE:
+    if len(raw) != lay.STREAM_COMMIT_SIZE:
         raise ColumnarUnsupportedError("a Stream Commit of unexpected length")
     return StreamCommit(
         xid=int.from_bytes(raw[1:5], "big"),
         commit_lsn=int.from_bytes(raw[6:14], "big"),
         end_lsn=int.from_bytes(raw[14:22], "big"),
-        commit_ts_us=int.from_bytes(raw[22:30], "big", signed=True) + _PG_EPOCH_US,
+        commit_ts_us=int.from_bytes(raw[22:30], "big", signed=True) + lay.PG_EPOCH_US,
     )
 
 
@@ -147,7 +142,7 @@ def _without_xids(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tupl
     import pyarrow as pa
 
     kinds = buf[starts]
-    carries = np.isin(kinds, np.array(_WITH_XID, dtype=np.uint8))
+    carries = np.isin(kinds, np.array(lay.WITH_XID_IN_BLOCK, dtype=np.uint8))
     if ((ends - starts)[carries] < 5).any():
         raise ColumnarUnsupportedError("a streamed message shorter than its xid")
     at = starts[carries]

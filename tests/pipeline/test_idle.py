@@ -1,5 +1,5 @@
 """Whether a drain run has anything to do, judged on the worker without Spark
-(``operators._idle``), against a live slot and a real lake: idle when nothing the publications
+(``pipeline.idle``), against a live slot and a real lake: idle when nothing the publications
 produce was committed past the slot (WAL of other tables does not count) or when no WAL was
 written at all; not idle, so the application runs, when a published change waits, a merge
 waits, the lake is not where the slot is, the slot is in use, holds more WAL than an idle run
@@ -18,9 +18,10 @@ import pytest
 
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
 from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import SlotInfo
-from airflow_pglogrepl.operators._idle import IDLE_WAL_BYTES, Idle, _judge, idle_run, idle_summary
+from airflow_pglogrepl.pipeline.idle import IDLE_WAL_BYTES, Idle, _judge, idle_run, idle_summary
 from airflow_pglogrepl.tables import TableRef
 from tests.support.sources import Source
 
@@ -46,7 +47,7 @@ class Judge:
 
     def commit_lake(self, *, with_change: bool = False) -> None:
         """The lake's position at the slot's (with a change of ``t`` to merge, if asked)."""
-        window = self.lake.open_window(LSN(0))
+        window = Window(self.lake, LSN(0))
         if with_change:
             window.write(TableRef("public", "t"), pa.table({
                 "id": pa.array([1], pa.int64()), "_op": pa.array(["I"]),

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from airflow_pglogrepl.exceptions import DecodeError
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pgoutput.layouts import WITH_XID_IN_BLOCK
 from airflow_pglogrepl.pgoutput.messages import (
     BeginMessage,
     BeginPrepareMessage,
@@ -48,18 +49,9 @@ from airflow_pglogrepl.pgoutput.messages import (
     UpdateMessage,
     message_type_name,
 )
-from airflow_pglogrepl.pgoutput.tuples import BinaryRow, parse_tuple, row_parser, tuple_parser
+from airflow_pglogrepl.pgoutput.tuples import parse_tuple
 
-__all__ = [
-    "MAX_PROTOCOL_VERSION",
-    "BinaryRow",
-    "decode_message",
-    "message_type_name",
-    "parse_tuple",
-    "pg_timestamp",
-    "row_parser",
-    "tuple_parser",
-]
+__all__ = ["MAX_PROTOCOL_VERSION", "check_protocol_version", "decode_message", "pg_timestamp"]
 
 MAX_PROTOCOL_VERSION: Final = 4
 
@@ -363,17 +355,7 @@ PARSERS: Final[dict[int, tuple[_Parser, int]]] = {
 }
 
 # data messages carry the (sub)transaction id first while inside a stream block
-STREAMABLE: Final = frozenset(
-    {
-        MessageType.RELATION,
-        MessageType.TYPE,
-        MessageType.INSERT,
-        MessageType.UPDATE,
-        MessageType.DELETE,
-        MessageType.TRUNCATE,
-        MessageType.MESSAGE,
-    }
-)
+STREAMABLE: Final = frozenset(WITH_XID_IN_BLOCK)
 
 
 def check_protocol_version(proto_version: int) -> None:

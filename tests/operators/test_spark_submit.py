@@ -20,7 +20,7 @@ import pytest
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from airflow_pglogrepl.operators._spark import (
+from airflow_pglogrepl.operators.spark_submit import (
     CapturingSparkSubmitHook,
     PackageSparkSubmitOperator,
     with_delta,

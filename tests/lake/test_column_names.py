@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from airflow_pglogrepl.changelog.columns import META_COLUMNS
-from airflow_pglogrepl.lake.names import (
+from airflow_pglogrepl.lake.column_names import (
     assign,
     needs_mapping,
     same_without_case,

@@ -41,7 +41,6 @@ from airflow_pglogrepl.pgoutput import (
     TransactionCommit,
 )
 from airflow_pglogrepl.pgoutput.changes import Event
-from airflow_pglogrepl.pgoutput.decoder import decode_message
 from airflow_pglogrepl.pgoutput.messages import (
     BeginPrepareMessage,
     Binary,
@@ -61,6 +60,7 @@ from airflow_pglogrepl.pgoutput.messages import (
     TypeMessage,
     UpdateMessage,
 )
+from airflow_pglogrepl.pgoutput.parser import decode_message
 from airflow_pglogrepl.pgoutput.values import (
     ARRAY_ELEMENT,
     FORMAT_TYPE_NAMES,

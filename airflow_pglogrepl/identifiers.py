@@ -1,9 +1,11 @@
-"""Checks on names PostgreSQL restricts beyond ordinary identifiers.
+"""PostgreSQL's identifier rules where a statement cannot simply quote a name: slot names, and
+the publication names pgoutput takes as one option.
 
 Most object names (tables, publications) are composed with ``psycopg.sql.Identifier`` and may
 hold any character. Replication slot names may not: the server accepts only ``[a-z0-9_]``
 (``ReplicationSlotValidateName`` in ``src/backend/replication/slot.c``). Checking here gives the
-user one clear message before any statement is built.
+user one clear message before any statement is built. pgoutput's ``publication_names`` is a
+list of identifiers in one string, quoted and split here as the server splits it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,68 @@
+"""What the drain needs of its source database: read, peek, stream and advance the slot, the
+flushed WAL position, the publications and the server's identity.
+
+``hooks.pg.source.PgSource`` (in the Spark application's driver) and the Airflow hook have these
+methods; the tests give fakes. Nothing in ``pipeline`` speaks SQL: it asks this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from airflow_pglogrepl.lsn import LSN
+
+if TYPE_CHECKING:
+    from airflow_pglogrepl.hooks.pg.slot_stream import SlotStream
+    from airflow_pglogrepl.models.records import SlotInfo
+
+__all__ = ["DrainSource", "check_slot"]
+
+
+class DrainSource(Protocol):
+    """What the drain needs of its source database (``hooks.pg.source.PgSource``, or the Airflow
+    hook, which has the same methods): read, peek and advance the slot, and the flush LSN."""
+
+    def get_slot(self, name: str, *, plugin: str | None = None) -> SlotInfo: ...
+
+    def advance_slot(self, name: str, upto: LSN | str) -> LSN: ...
+
+    def flush_lsn(self) -> LSN: ...
+
+    def missing_publications(self, names: Sequence[str]) -> list[str]: ...
+
+    def source_identity(self) -> dict[str, object]: ...
+
+    def peek_changes(
+        self,
+        slot: str,
+        *,
+        upto_lsn: LSN | str | None,
+        options: Mapping[str, str],
+        batch_rows: int = ...,
+        upto_nchanges: int | None = ...,
+    ) -> Iterator[tuple[LSN, int | None, Any]]: ...
+
+    def peek_arrow(
+        self, slot: str, *, upto_lsn: LSN | str, options: Mapping[str, str]
+    ) -> Iterator[Any]: ...
+
+    def stream_slot(
+        self,
+        slot: str,
+        *,
+        start: LSN,
+        options: Mapping[str, str],
+        alive: Callable[[], object] | None = None,
+    ) -> SlotStream: ...
+
+
+def check_slot(source: DrainSource, slot_name: str) -> SlotInfo:
+    """The slot, if it can be drained now: exists, pgoutput, and ``verdicts.drain_refusal``."""
+    from airflow_pglogrepl.models.verdicts import drain_refusal
+
+    slot = source.get_slot(slot_name, plugin="pgoutput")
+    refusal = drain_refusal(slot)
+    if refusal is not None:
+        raise refusal
+    return slot
