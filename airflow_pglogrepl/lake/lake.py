@@ -239,7 +239,7 @@ class Lake:
         (``DeltaTable.to_pandas()``) read it.
 
         A new state is under column mapping (``lake.mapping``) when ``mapped`` says so, or
-        (None) when the table's changelog is: it holds the same column_names."""
+        (None) when the table's changelog is: it holds the same names."""
         current = delta.open_table(self.paths.state(table))
         if current is not None:
             setting = current.metadata().configuration.get(DV_PROPERTY, "false")
@@ -259,7 +259,7 @@ class Lake:
         writes into it: columns renamed at the source are renamed (metadata only: the state
         keeps their values), and column mapping is turned on in place when the changelog has
         it, a rename needs it, or ``needed`` (a re-snapshot brings a name that needs it). The
-        state's files keep their names as physical column_names."""
+        state's files keep their names as physical names."""
         uri = self.paths.state(table)
         state = delta.open_table(uri)
         if state is None:

@@ -298,7 +298,7 @@ def _quarantine_commit(lake: Lake, rows: list[pa.Table], prefix: str, end: LSN) 
 def _origins_by_lake_name(origins: Origins, table: TableRef, asked: Sequence[str],
                           lake_names: dict[str, str]) -> ColumnOrigins:  # fmt: skip
     """What the catalog says of the columns ``asked`` (lake names), asked by their source
-    names and keyed by their lake column_names."""
+    names and keyed by their lake names."""
     import dataclasses
 
     source_of = {lake: source for source, lake in lake_names.items()}

@@ -34,6 +34,7 @@ from airflow_pglogrepl.exceptions import (
     LakeFromAnotherSourceError,
     LakeSnapshotUnfinishedError,
     SlotAheadOfLakeError,
+    SlotStreamError,
 )
 from airflow_pglogrepl.lake.in_progress import InProgressTransactions
 from airflow_pglogrepl.lake.lake import Lake
@@ -147,6 +148,7 @@ class Drain:
         # from their start, and a run that peeks never needs them (``lake.in_progress``).
         InProgressTransactions(self.lake).clear()
         start = self._reconcile(before, self.lake.position())
+        self.held.clear()  # (a Drain run again: what is held now, not what was)
         self.held.update(held(self.lake))
         if self.held:
             log.warning("tables in quarantine (their changes go there, not to changes/): %s",
@@ -252,7 +254,21 @@ class Drain:
         if part.note is not None:
             self.reader_note = part.note
         windows.extend(part.windows)
+        if part.slot_free is False and self._peeks_on(part.position, run_end, windows):
+            # A walsender still holding the slot: the peek would fail on it (slot active), or
+            # read beside it. The run fails as retryable; what it committed is kept.
+            raise SlotStreamError(self.slot, "the source", f"its stream ended ({part.note}) "
+                                  f"and its walsender could not be seen to let go of the "
+                                  f"slot, so the run cannot peek it now")  # fmt: skip
         return part.position
+
+    def _peeks_on(self, position: LSN, run_end: LSN, windows: list[WindowStats]) -> bool:
+        """Whether the run goes on with peeks from ``position``."""
+        if self.follow is not None:
+            return not self.follow.over()
+        return position < run_end and (
+            self.max_windows is None or committed(windows) < self.max_windows
+        )
 
     def _stream_refusal(self) -> str | None:
         """Why this run cannot stream (None: it can)."""

@@ -348,6 +348,32 @@ def test_a_writer_that_lost_its_lock_commits_and_advances_nothing(tmp_path: Path
     assert len(lake.changes_tables()) == 1  # one table committed, the second refused
 
 
+def test_a_drain_run_again_holds_only_what_is_in_quarantine_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: a Drain run twice kept a table released between its runs in the
+    quarantine (the held tables were added to, never replaced)."""
+    from airflow_pglogrepl.lake.quarantine import Cause
+    from airflow_pglogrepl.pipeline import drain as drain_module
+
+    items = TableRef("public", "items")
+    answers = iter([{items: Cause("X", "a test", "0/1000")}, {}])
+    monkeypatch.setattr(drain_module, "held", lambda lake: next(answers))
+    session = Session(start=0x1000)
+    described = relation(16384, "items", [("id", INT8, True), ("name", TEXT)])
+    session.add(described).begin(700, 0x1100).insert(16384, b"1", b"one").commit(0x1100, 0x1108)
+    session.lsn = 0x1300  # the second run's transaction, past the first run's end
+    session.add(described).begin(701, 0x1400).insert(16384, b"2", b"two").commit(0x1400, 0x1408)
+    source = FakeSource(session.rows, confirmed=0x1000, flush=0x1200)
+    lake = Lake(str(tmp_path / "lake"), "s")
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=1 << 20)
+    first = drain.run(time.monotonic())
+    assert list(first.quarantined) == ["public.items"]
+    source.flush = LSN(0x1500)
+    second = drain.run(time.monotonic())
+    assert second.quarantined == {} and second.windows[-1].tables == {"public.items": 1}
+
+
 def test_drain_refusal_names_lost_before_in_use() -> None:
     slot = FakeSource([], confirmed=0x10, flush=0x10).slot
     assert drain_refusal(slot) is None

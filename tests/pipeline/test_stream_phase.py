@@ -185,6 +185,36 @@ def test_a_stream_that_ends_early_hands_over_to_the_peek_with_auto_and_every_row
     assert "goes on reading the slot with peeks" in warning.getMessage()
 
 
+class _HoldsTheSlot(_EndsEarly):
+    """As ``_EndsEarly``, and its walsender was not seen to let go of the slot."""
+
+    slot_free = False
+
+
+def test_a_stream_whose_walsender_may_still_hold_the_slot_never_hands_over_to_the_peek(
+    tmp_path: Path,
+) -> None:
+    """Review finding: a hand-over peeked though the stream's walsender might still hold the
+    slot (a server refuses that peek; a fake would read beside it). The run fails as retryable,
+    the stream's window kept, the slot confirmed there; a run told to stop does not fail."""
+    source = _ending_early()
+    source.stream_slot = lambda slot, *, start, options, alive=None: _HoldsTheSlot(  # type: ignore[method-assign]
+        source, start, dict(options))  # fmt: skip
+    lake = Lake(str(tmp_path / "lake"), "s")
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x180)
+    with pytest.raises(SlotStreamError, match="could not be seen to let go of the slot"):
+        drain.run(time.monotonic())
+    assert _ids(lake) == [1, 2] and source.advances == [LSN(0x1180)]
+
+    from airflow_pglogrepl.pipeline.follow import Follow
+
+    stopped = Follow(window_s=60.0)
+    stopped.request_stop()
+    again = Drain(source=source, lake=lake, slot="s", publications=["p"],
+                  max_window_bytes=0x180, follow=stopped)  # fmt: skip
+    assert again.run(time.monotonic()).follow["stopped_by"] == "signal"  # type: ignore[index]
+
+
 def test_a_following_run_whose_stream_ends_early_follows_on_with_peek_passes(
     tmp_path: Path,
 ) -> None:
