@@ -114,7 +114,7 @@ def _quote_if_needed(ident: str) -> str:
 @dataclass(frozen=True)
 class Column:
     """One live column of a table (``pg_attribute``: ``attnum > 0``, not dropped), as
-    ``hooks.pg.columns`` reads it: the one column model of the preflight, the snapshot and the
+    ``postgres.columns`` reads it: the one column model of the preflight, the snapshot and the
     lake's schema evolution.
 
     ``type`` is ``format_type()`` text (``character varying(20)``), ``type_oid`` and

@@ -54,9 +54,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
 
-    from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader
     from airflow_pglogrepl.hooks.replication import DsnReplicationHook
     from airflow_pglogrepl.lake.lake import Lake
+    from airflow_pglogrepl.postgres.snapshot import SnapshotReader
     from airflow_pglogrepl.spark.range_copy import BlockRange, CopyTask
     from airflow_pglogrepl.spark.session import local_session
     from airflow_pglogrepl.spark.snapshot import SnapshotCopy, SnapshotPoint

@@ -108,8 +108,8 @@ def disk_files(root: str) -> int:
 
 
 def one_run(dsn: str, lake_root: str, window: int, with_upkeep: bool) -> dict[str, float]:
-    from airflow_pglogrepl.hooks.pg.source import PgSource
     from airflow_pglogrepl.pipeline.drain import Drain
+    from airflow_pglogrepl.postgres.source import PgSource
 
     source = PgSource(dsn)
     times: dict[str, float] = {}

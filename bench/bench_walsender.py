@@ -15,8 +15,8 @@ import argparse
 import os
 import time
 
-from airflow_pglogrepl.hooks.pg.slot_stream import SlotStream
-from airflow_pglogrepl.hooks.pg.source import PgSource
+from airflow_pglogrepl.postgres.slot_stream import SlotStream
+from airflow_pglogrepl.postgres.source import PgSource
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, local_cluster
 from bench.bench_follow import process_cpu_s
 

@@ -223,7 +223,7 @@ def test_a_lock_or_an_unreachable_publisher_lets_a_subscription_statement_retry(
     import psycopg
     from psycopg import errors as pgerr
 
-    from airflow_pglogrepl.hooks.pg.errors import subscription_statement_errors as _redacted
+    from airflow_pglogrepl.postgres.errors import subscription_statement_errors as _redacted
 
     def failing(error: Exception) -> exceptions.SubscriptionStatementError:
         with pytest.raises(exceptions.SubscriptionStatementError) as raised, _redacted(["pw"]):
@@ -241,7 +241,7 @@ def test_a_publisher_short_of_a_setting_is_named_with_its_fix_and_retry_decision
     SubscriptionStatementError with the server's text only."""
     import psycopg
 
-    from airflow_pglogrepl.hooks.pg.errors import subscription_statement_errors as _redacted
+    from airflow_pglogrepl.postgres.errors import subscription_statement_errors as _redacted
 
     publisher = {"host": "pub.example", "port": "5433", "user": "rep", "dbname": "shop"}
 
@@ -293,7 +293,7 @@ def _relayed(text: str) -> Exception:
     import psycopg
     from psycopg import errors as pgerr
 
-    from airflow_pglogrepl.hooks.pg.errors import subscription_statement_errors as _redacted
+    from airflow_pglogrepl.postgres.errors import subscription_statement_errors as _redacted
 
     publisher = {"host": "pub.example", "port": "5433", "user": "rep", "dbname": "shop"}
     with pytest.raises(exceptions.PgLogReplError) as raised, _redacted(["pw"], publisher):

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-    from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
+    from airflow_pglogrepl.pgoutput.table_info import ColumnInfo, TableInfo
 
 __all__ = ["ColumnarDecoder", "ColumnarUnsupportedError", "InProgress", "TablePiece"]
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_pglogrepl.pgoutput.changes import TableInfo
+    from airflow_pglogrepl.pgoutput.table_info import TableInfo
 
 OP = "_op"
 COMMIT_LSN = "_commit_lsn"

@@ -45,7 +45,7 @@ from airflow_pglogrepl.pgoutput.values import ARRAY_ELEMENT, OID, Interval, text
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
+    from airflow_pglogrepl.pgoutput.table_info import ColumnInfo, TableInfo
 
 __all__ = [
     "TYPE_META",

@@ -16,7 +16,7 @@ from airflow.providers.postgres.hooks.postgres import PostgresHook
 from psycopg.rows import dict_row
 
 from airflow_pglogrepl import conninfo
-from airflow_pglogrepl.hooks.pg.connect import (
+from airflow_pglogrepl.postgres.connect import (
     AsyncConn,
     Conn,
     connect,
@@ -25,7 +25,7 @@ from airflow_pglogrepl.hooks.pg.connect import (
     run_ddl,
     show,
 )
-from airflow_pglogrepl.hooks.pg.lsn_adapters import register_lsn_adapters
+from airflow_pglogrepl.postgres.lsn_adapters import register_lsn_adapters
 
 __all__ = ["AsyncConn", "Conn", "PgSessionHook", "mask", "run_ddl", "show"]
 

@@ -1,5 +1,5 @@
 """Catalog inspection for preflight checks: roles, tables, columns, replica identity, privileges
-(the statements: ``hooks/pg/catalog.py``).
+(the statements: ``postgres/catalog.py``).
 
 Every method reads a batch in one statement (all tables at once, never one query per table) and
 returns the plain records of ``airflow_pglogrepl.models.facts``, which the pure preflight rules
@@ -15,9 +15,9 @@ from psycopg import errors as pgerr
 
 from airflow_pglogrepl.exceptions import ReplicaIdentityChangeError
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
-from airflow_pglogrepl.hooks.pg import catalog, columns
 from airflow_pglogrepl.models.facts import PublisherUsage, RoleFacts, SubscriberUsage, TableFacts
 from airflow_pglogrepl.models.records import ColumnOrigins
+from airflow_pglogrepl.postgres import catalog, columns
 from airflow_pglogrepl.tables import TableRef
 
 

@@ -1,5 +1,5 @@
 """Apply errors on the subscriber and the transaction they are stuck on, from the publisher
-(the statements: ``hooks/pg/conflicts.py``).
+(the statements: ``postgres/conflicts.py``).
 
 The error text is only in the subscriber's server log; over SQL there are counters
 (``pg_stat_subscription_stats``), the workers, the origin's progress and a pending ``SKIP``. The
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from airflow_pglogrepl.hooks.pg import conflicts
 from airflow_pglogrepl.hooks.slots import SlotsMixin
 from airflow_pglogrepl.hooks.subscriptions import SubscriptionsMixin
 from airflow_pglogrepl.identifiers import publication_names_option
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import SubscriptionErrors
 from airflow_pglogrepl.pgoutput.pending import PendingTransaction, first_pending_transaction
+from airflow_pglogrepl.postgres import conflicts
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.versions import Features
 

@@ -1,5 +1,5 @@
 """The write fence on the publisher: revoke writes, guard them, release exactly what was taken
-(the statements: ``hooks/pg/fence.py`` and ``hooks/pg/fence_guard.py``; the records:
+(the statements: ``postgres/fence.py`` and ``postgres/fence_guard.py``; the records:
 ``models/fence.py``).
 
 A write fence lives in the publisher's catalogs, not in Airflow: what it revoked and which role
@@ -22,15 +22,6 @@ from psycopg import sql
 
 from airflow_pglogrepl.exceptions import FenceLockBusyError, FenceNotHeldError, PrivilegeError
 from airflow_pglogrepl.hooks.base import PgSessionHook, run_ddl
-from airflow_pglogrepl.hooks.pg import fence
-from airflow_pglogrepl.hooks.pg.fence_guard import (
-    GuardHijackedError,
-    fenced_members,
-    guarded_tables,
-    install_guard,
-    lock_holders,
-    remove_guard,
-)
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.fence import (
     FENCE_MESSAGE_PREFIX,
@@ -46,6 +37,15 @@ from airflow_pglogrepl.models.fence import (
     RoleFence,
     grouped,
     parse_role_settings,
+)
+from airflow_pglogrepl.postgres import fence
+from airflow_pglogrepl.postgres.fence_guard import (
+    GuardHijackedError,
+    fenced_members,
+    guarded_tables,
+    install_guard,
+    lock_holders,
+    remove_guard,
 )
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.versions import Features

@@ -1,11 +1,11 @@
-"""The lake's writer lock for the Airflow hook (``hooks.pg.locks`` has the statements)."""
+"""The lake's writer lock for the Airflow hook (``postgres.locks`` has the statements)."""
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
 
 from airflow_pglogrepl.hooks.base import PgSessionHook
-from airflow_pglogrepl.hooks.pg import locks
+from airflow_pglogrepl.postgres import locks
 
 
 class WriterLockMixin(PgSessionHook):

@@ -1,13 +1,13 @@
 """Table checksums for the cutover's parity check, read the same way on both servers (the
-statements: ``hooks/pg/parity.py``)."""
+statements: ``postgres/parity.py``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from airflow_pglogrepl.hooks.base import PgSessionHook
-from airflow_pglogrepl.hooks.pg import parity
 from airflow_pglogrepl.models.records import TableChecksum
+from airflow_pglogrepl.postgres import parity
 from airflow_pglogrepl.tables import TableRef
 
 __all__ = ["ParityMixin", "TableChecksum"]
@@ -18,7 +18,7 @@ class ParityMixin(PgSessionHook):
 
     def table_columns(self, tables: Sequence[TableRef]) -> dict[TableRef, tuple[str, ...]]:
         """Replicated columns of each table that exists, in column order (no dropped or
-        generated columns: ``hooks.pg.parity.table_columns``)."""
+        generated columns: ``postgres.parity.table_columns``)."""
         if not tables:
             return {}
         with self.session() as conn:
@@ -26,6 +26,6 @@ class ParityMixin(PgSessionHook):
 
     def table_checksum(self, table: TableRef, columns: Sequence[str]) -> TableChecksum:
         """Row count and order-independent checksum of ``columns`` of ``table``
-        (``hooks.pg.parity.table_checksum``)."""
+        (``postgres.parity.table_checksum``)."""
         with self.session() as conn:
             return parity.table_checksum(conn, table, columns)

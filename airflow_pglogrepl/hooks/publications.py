@@ -1,5 +1,5 @@
 """Publications on the publisher: read, create, reconcile, drop (the statements:
-``hooks/pg/publications.py``).
+``postgres/publications.py``).
 
 Reconciling relies on PostgreSQL's transactional DDL: the desired definition is applied inside a
 transaction and read back as the server normalises it (row filters as ``pg_get_expr`` prints
@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from airflow_pglogrepl import conninfo
 from airflow_pglogrepl.exceptions import DefinitionConflictError
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl, show
-from airflow_pglogrepl.hooks.pg import publications
-from airflow_pglogrepl.hooks.pg.errors import WAL_LEVEL_FIX
-from airflow_pglogrepl.hooks.pg.publications import PUBLISH_OPERATIONS
 from airflow_pglogrepl.models.records import PublicationInfo, PublishedTable, Reconciled
+from airflow_pglogrepl.postgres import publications
+from airflow_pglogrepl.postgres.errors import WAL_LEVEL_FIX
+from airflow_pglogrepl.postgres.publications import PUBLISH_OPERATIONS
 from airflow_pglogrepl.tables import TableRef
 
 __all__ = ["PUBLISH_OPERATIONS", "PublicationsMixin"]
@@ -51,15 +51,15 @@ class PublicationsMixin(PgSessionHook):
 
     def source_identity(self) -> dict[str, object]:
         """The server's system identifier, timeline and the database (see
-        ``hooks.pg.server.source_identity``)."""
-        from airflow_pglogrepl.hooks.pg.server import source_identity
+        ``postgres.server.source_identity``)."""
+        from airflow_pglogrepl.postgres.server import source_identity
 
         with self.session() as conn:
             return source_identity(conn)
 
     def missing_publications(self, names: Sequence[str]) -> list[str]:
         """The ``names`` no publication of the connected database has."""
-        from airflow_pglogrepl.hooks.pg.server import missing_publications
+        from airflow_pglogrepl.postgres.server import missing_publications
 
         with self.session() as conn:
             return missing_publications(conn, names)
@@ -71,7 +71,7 @@ class PublicationsMixin(PgSessionHook):
         the connected database: the ones that do are listed, the closest suggested.
         ``consequence`` says what was not done because of it."""
         from airflow_pglogrepl.exceptions import PublicationNotFoundError
-        from airflow_pglogrepl.hooks.pg.server import missing_publications, publication_names
+        from airflow_pglogrepl.postgres.server import missing_publications, publication_names
 
         with self.session() as conn:
             missing = missing_publications(conn, names)

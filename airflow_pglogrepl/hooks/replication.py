@@ -56,13 +56,13 @@ class DsnReplicationHook(PgLogicalReplicationHook):
     """The same hook for a libpq DSN instead of an Airflow connection (scripts, benchmarks and
     tests that want every hook method on a server they reach by DSN).
 
-    The Spark applications do not use it: they need no Airflow, and use ``hooks.pg.source``'s
+    The Spark applications do not use it: they need no Airflow, and use ``postgres.source``'s
     ``PgSource`` over the same statements.
     """
 
     def __init__(self, dsn: str, *, label: str = SOURCE_DSN_ENV) -> None:
         super().__init__(postgres_conn_id=label)
-        from airflow_pglogrepl.hooks.pg.connect import dsn_params
+        from airflow_pglogrepl.postgres.connect import dsn_params
 
         self._dsn_params = dsn_params(dsn)
         self._label = label

@@ -3,7 +3,7 @@
 The subscriber's sequences stay where the schema copy left them; before the new primary takes
 writes, each is set past what the publisher used (``SyncSequencesOperator`` decides by how much).
 See https://www.postgresql.org/docs/15/logical-replication-restrictions.html (the statements:
-``hooks/pg/sequences.py``)
+``postgres/sequences.py``)
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from airflow_pglogrepl.exceptions import ObjectNotFoundError
 from airflow_pglogrepl.hooks.base import PgSessionHook
-from airflow_pglogrepl.hooks.pg import sequences as statements
 from airflow_pglogrepl.models.records import OwnedSequence, SequenceState
+from airflow_pglogrepl.postgres import sequences as statements
 from airflow_pglogrepl.tables import TableRef
 
 __all__ = ["OwnedSequence", "SequenceState", "SequencesMixin"]

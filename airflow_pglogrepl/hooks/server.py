@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
-from airflow_pglogrepl.hooks.pg import server
-from airflow_pglogrepl.hooks.pg.errors import wal_level_error
-from airflow_pglogrepl.hooks.pg.server import CURRENT_LSN
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import ServerFacts
+from airflow_pglogrepl.postgres import server
+from airflow_pglogrepl.postgres.errors import wal_level_error
+from airflow_pglogrepl.postgres.server import CURRENT_LSN
 
 __all__ = ["CURRENT_LSN", "ServerMixin"]
 
@@ -19,7 +19,7 @@ class ServerMixin(PgSessionHook):
 
     def server_facts(self, *, conn: Conn | None = None) -> ServerFacts:
         """Version, recovery state and the replication settings, sizes in bytes
-        (``hooks.pg.server.server_facts``)."""
+        (``postgres.server.server_facts``)."""
         with self._use(conn) as c:
             return server.server_facts(c)
 
@@ -77,7 +77,7 @@ class ServerMixin(PgSessionHook):
             return server.instance_identity(c)
 
     def flush_lsn(self, *, conn: Conn | None = None) -> LSN:
-        """WAL flushed to disk: the furthest logical decoding can read (``hooks.pg.server``)."""
+        """WAL flushed to disk: the furthest logical decoding can read (``postgres.server``)."""
         with self._use(conn) as c:
             return server.flush_lsn(c)
 

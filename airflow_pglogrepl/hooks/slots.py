@@ -1,6 +1,6 @@
 """Logical replication slots for the Airflow hook: create, read, list, advance, drop, peek.
 
-The statements are ``hooks.pg.slots``' functions; these methods only supply the session (the
+The statements are ``postgres.slots``' functions; these methods only supply the session (the
 hook's own short one, or ``conn=``) and the hook's logger.
 """
 
@@ -10,12 +10,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
-from airflow_pglogrepl.hooks.pg import arrow_peek, slots
-from airflow_pglogrepl.hooks.pg.slot_stream import SlotStream
-from airflow_pglogrepl.hooks.pg.slots import OUTPUT_PLUGINS
 from airflow_pglogrepl.identifiers import validate_slot_name
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import SlotCreated, SlotInfo, SlotSpill
+from airflow_pglogrepl.postgres import arrow_peek, slots
+from airflow_pglogrepl.postgres.slot_stream import SlotStream
+from airflow_pglogrepl.postgres.slots import OUTPUT_PLUGINS
 
 __all__ = ["OUTPUT_PLUGINS", "SlotsMixin"]
 
@@ -24,7 +24,7 @@ class SlotsMixin(PgSessionHook):
     """Replication slots on the connected database."""
 
     def slot_spill(self, name: str) -> SlotSpill | None:
-        """The slot's decoding statistics (``hooks.pg.slots.slot_spill``), or None when the
+        """The slot's decoding statistics (``postgres.slots.slot_spill``), or None when the
         server keeps none for it."""
         with self.session() as conn:
             return slots.slot_spill(conn, name)
@@ -38,7 +38,7 @@ class SlotsMixin(PgSessionHook):
         two_phase: bool = False,
         conn: Conn | None = None,
     ) -> SlotCreated:
-        """Create a logical slot (``hooks.pg.slots.create_logical_slot``).
+        """Create a logical slot (``postgres.slots.create_logical_slot``).
 
         A temporary slot is dropped when its session ends, so it needs ``conn=`` (a session the
         caller keeps open).
@@ -54,14 +54,14 @@ class SlotsMixin(PgSessionHook):
             )
 
     def drop_slot(self, name: str, *, missing_ok: bool = False, conn: Conn | None = None) -> bool:
-        """Drop a slot; False when absent and ``missing_ok`` (``hooks.pg.slots.drop_slot``)."""
+        """Drop a slot; False when absent and ``missing_ok`` (``postgres.slots.drop_slot``)."""
         with self._use(conn) as c:
             return slots.drop_slot(c, name, missing_ok=missing_ok)
 
     def get_slot(
         self, name: str, *, plugin: str | None = None, conn: Conn | None = None
     ) -> SlotInfo:
-        """The slot's current record (``hooks.pg.slots.get_slot``)."""
+        """The slot's current record (``postgres.slots.get_slot``)."""
         with self._use(conn) as c:
             return slots.get_slot(c, name, plugin=plugin)
 
@@ -77,7 +77,7 @@ class SlotsMixin(PgSessionHook):
             return slots.list_slots(c, logical_only=logical_only)
 
     def advance_slot(self, name: str, upto: LSN | str, *, conn: Conn | None = None) -> LSN:
-        """Move the slot's confirmed position to ``upto`` (``hooks.pg.slots.advance_slot``)."""
+        """Move the slot's confirmed position to ``upto`` (``postgres.slots.advance_slot``)."""
         with self._use(conn) as c:
             return slots.advance_slot(c, name, upto)
 
@@ -91,7 +91,7 @@ class SlotsMixin(PgSessionHook):
         upto_nchanges: int | None = None,
         batch_rows: int = 5000,
     ) -> Iterator[tuple[LSN, int | None, Any]]:
-        """Stream the slot's changes without consuming it (``hooks.pg.slots.peek_changes``)."""
+        """Stream the slot's changes without consuming it (``postgres.slots.peek_changes``)."""
         return slots.peek_changes(
             self.connection_params(), slot, label=self._source_label(),
             upto_lsn=upto_lsn, options=options, binary=binary, upto_nchanges=upto_nchanges,
@@ -99,14 +99,14 @@ class SlotsMixin(PgSessionHook):
         )  # fmt: skip
 
     def stream_slot(self, slot: str, **arguments: Any) -> SlotStream:
-        """The slot through the replication protocol (``hooks.pg.slot_stream.SlotStream``;
+        """The slot through the replication protocol (``postgres.slot_stream.SlotStream``;
         ``arguments``: its ``start``, ``options`` and ``alive``)."""
         return SlotStream(self.connection_params(), slot, label=self._source_label(), **arguments)
 
     def peek_arrow(
         self, slot: str, *, upto_lsn: LSN | str, options: Mapping[str, str]
     ) -> Iterator[Any]:
-        """The slot's messages as Arrow batches (``hooks.pg.arrow_peek.peek_arrow``)."""
+        """The slot's messages as Arrow batches (``postgres.arrow_peek.peek_arrow``)."""
         return arrow_peek.peek_arrow(
             self.connection_params(), slot, label=self._source_label(),
             upto_lsn=upto_lsn, options=options,

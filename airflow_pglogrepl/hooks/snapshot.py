@@ -1,13 +1,13 @@
 """Initial snapshots for the Airflow hook: a slot created with an exported snapshot.
 
-The statement and the readers are in ``hooks.pg.snapshot`` (no Airflow: Spark executors use
+The statement and the readers are in ``postgres.snapshot`` (no Airflow: Spark executors use
 them); this mixin only supplies the hook's connection.
 """
 
 from __future__ import annotations
 
 from airflow_pglogrepl.hooks.base import PgSessionHook
-from airflow_pglogrepl.hooks.pg.snapshot import ExportedSnapshot, create_slot_with_snapshot
+from airflow_pglogrepl.postgres.snapshot import ExportedSnapshot, create_slot_with_snapshot
 
 
 class SnapshotMixin(PgSessionHook):
@@ -17,7 +17,7 @@ class SnapshotMixin(PgSessionHook):
         self, name: str, *, plugin: str = "pgoutput", temporary: bool = False
     ) -> ExportedSnapshot:
         """``CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export')`` (see
-        ``hooks.pg.snapshot.create_slot_with_snapshot``); the result holds the session."""
+        ``postgres.snapshot.create_slot_with_snapshot``); the result holds the session."""
         return create_slot_with_snapshot(
             self.connection_params(), name, plugin=plugin, temporary=temporary,
             label=self._source_label(),

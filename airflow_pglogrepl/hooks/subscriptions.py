@@ -1,9 +1,9 @@
 """Subscriptions on the subscriber: read, create, reconcile, alter, drop, and their progress
-(the statements: ``hooks/pg/subscriptions.py``; the publisher's refusals the subscriber relays:
-``hooks/pg/errors.py``).
+(the statements: ``postgres/subscriptions.py``; the publisher's refusals the subscriber relays:
+``postgres/errors.py``).
 
 A statement that carries the publisher's password is sent only once the subscriber will keep it
-out of every log and statistic (``hooks.pg.secret_statements``), and its errors are re-raised
+out of every log and statistic (``postgres.secret_statements``), and its errors are re-raised
 without it.
 """
 
@@ -23,20 +23,20 @@ from airflow_pglogrepl.exceptions import (
     PrivilegeError,
 )
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl
-from airflow_pglogrepl.hooks.pg import subscriptions
-from airflow_pglogrepl.hooks.pg.errors import publisher_unreachable, subscription_statement_errors
-from airflow_pglogrepl.hooks.pg.secret_statements import quiet_secret_statements
-from airflow_pglogrepl.hooks.pg.subscriptions import (
-    CREATE_OPTIONS,
-    OPTION_SINCE,
-    SETTABLE_OPTIONS,
-    TARGET_KEYS,
-)
 from airflow_pglogrepl.models.records import (
     Reconciled,
     Record,
     SubscriptionInfo,
     SubscriptionStatus,
+)
+from airflow_pglogrepl.postgres import subscriptions
+from airflow_pglogrepl.postgres.errors import publisher_unreachable, subscription_statement_errors
+from airflow_pglogrepl.postgres.secret_statements import quiet_secret_statements
+from airflow_pglogrepl.postgres.subscriptions import (
+    CREATE_OPTIONS,
+    OPTION_SINCE,
+    SETTABLE_OPTIONS,
+    TARGET_KEYS,
 )
 from airflow_pglogrepl.versions import Features
 

@@ -85,7 +85,7 @@ def store_put(store: Any, key: str, data: bytes) -> None:
 def require_conditional_create(uri: str) -> None:
     """Refuse the store of ``uri`` as a lake's unless it refuses to create an object twice;
     checked once per bucket and process (``LakeLocationError`` names what it needs). A local
-    lake needs nothing: its entries are created by a hard link (``delta.put_commit``)."""
+    lake needs nothing: its entries are created by a hard link (``durability.put_commit``)."""
     if not storage.is_object_store(uri):
         return
     bucket, key = _split(uri)

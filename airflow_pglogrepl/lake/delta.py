@@ -6,17 +6,13 @@ and one Delta commit per table and window then adds all of the window's files to
 app transaction that makes a replay a no-op. Writing the files first and committing once keeps
 memory bounded (a batch is written and dropped) while the window stays atomic for readers.
 
-Local lakes are made durable before a commit returns: delta-rs does not fsync, and the slot may
-be advanced as soon as the commit is known, so the data files, the log entry and their
-directories are fsynced here (a power cut must not take back what the slot forgot). On an
-object store a PUT that returned is durable (``lake.storage``): nothing is added there.
+Local lakes are made durable before a commit returns, by ``lake.durability``, which says why
+(and writes the log entries delta-rs cannot).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -24,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.changelog.columns import COMMIT_LSN
-from airflow_pglogrepl.lake import storage
+from airflow_pglogrepl.lake import durability
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lake.mapping import FEATURE, mapped_of, physical_names
 from airflow_pglogrepl.lake.storage import delta_options, filesystem
@@ -185,7 +181,7 @@ def evolve_schema(uri: str, schema: pa.Schema) -> None:
         if field.name in now.names and _text_metadata(now.field(field.name)) != wanted:
             table.alter.set_column_metadata(field.name, wanted)
     if is_local(uri):
-        make_log_durable(uri, after=before)
+        durability.make_log_durable(uri, after=before)
 
 
 def _text_metadata(field: pa.Field) -> dict[str, str]:
@@ -262,7 +258,7 @@ def write_file(uri: str, batch: pa.Table, prefix: str) -> DataFile:
     path = f"{base}/{name}"
     pq.write_table(batch, path, filesystem=system, compression="snappy")
     if is_local(uri):
-        fsync(path)
+        durability.fsync(path)
     lsn_range = None
     if COMMIT_LSN in batch.column_names and batch.num_rows:
         bounds = pc.min_max(batch.column(COMMIT_LSN))
@@ -319,7 +315,7 @@ def commit_files(
         create_table(uri, schema, files, app=app, version=version,
                      configuration=dict(configuration or {}), mapping=mapping)  # fmt: skip
         if is_local(uri):
-            make_log_durable(uri)
+            durability.make_log_durable(uri)
         return
     mapped = None if table is None else mapped_of(table)
     if mapping is not None and mapped is None:
@@ -352,7 +348,7 @@ def commit_files(
         now = txn_version(uri, app)
         raise LakeCommitConflictError(uri, app, expected, now, version) from None
     if is_local(uri):
-        make_log_durable(uri, after=before)
+        durability.make_log_durable(uri, after=before)
 
 
 def check_physical(uri: str, mapped: MappedSchema, files: Sequence[DataFile]) -> None:
@@ -378,34 +374,6 @@ def lost_race(exc: Exception) -> bool:
     )
 
 
-def make_log_durable(uri: str, *, after: int | None = None) -> None:
-    """fsync a local table's log entries newer than version ``after`` (None: all of them, a
-    new table), its log directory, its directory and, for a new table, the directories that
-    gained it (``changes/``, ``state/`` or ``_pglogrepl/``, the lake root, and the root's
-    parent, for a lake that is new)."""
-    log_dir = os.path.join(uri, "_delta_log")
-    for entry in os.listdir(log_dir):
-        stem, _, ext = entry.partition(".")
-        if ext == "json" and stem.isdigit() and (after is None or int(stem) > after):
-            fsync(os.path.join(log_dir, entry))
-    fsync(log_dir)
-    fsync(uri)
-    if after is None:  # the table's directory is new, and maybe its parents up to the root's
-        parent = os.path.abspath(uri)
-        for _ in range(3):
-            parent = os.path.dirname(parent)
-            fsync(parent)
-
-
-def fsync(path: str) -> None:
-    """Make a local file's content, or a directory's entries, durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # Set on every table the lake creates: no writer (Spark, delta-rs) deletes log entries when it
 # checkpoints. Log cleanup is the upkeep's alone (``lake.upkeep``), which first checks that the
 # positions it was asked to keep stay readable; an explicit cleanup still works.
@@ -414,50 +382,6 @@ KEEP_LOGS = {"delta.enableExpiredLogCleanup": "false"}
 # rewriting files. A lake created with ``state_deletion_vectors=False`` turns them off for its new
 # state tables (``Lake.state_config``), for readers that cannot apply them.
 STATE_CONFIG = {**KEEP_LOGS, "delta.enableDeletionVectors": "true"}
-
-FIRST_COMMIT = f"{0:020d}.json"
-
-
-def put_first_commit(table_uri: str, data: bytes) -> bool:
-    """Write the table's ``_delta_log/00000000000000000000.json`` whole, only if it does not
-    exist; False (nothing written) when it does (``put_commit`` of version 0)."""
-    return put_commit(table_uri, 0, data)
-
-
-def put_commit(table_uri: str, version: int, data: bytes) -> bool:
-    """Write the table's log entry of ``version`` whole, only if it does not exist; False
-    (nothing written) when it does: another writer committed that version first.
-
-    Locally a complete, fsynced temporary file is hard-linked to its name, which fails if the
-    name exists. On an object store one create-only PUT (``If-None-Match: *``, as delta-rs's
-    own commits; ``lake.create_only``), which the store refuses where the entry exists: a
-    writer that stalled after it chose ``version`` cannot overwrite what another committed.
-    For the commits delta-rs cannot make: a table created with column mapping, a column
-    renamed or added under it, a snapshot's publish."""
-    from airflow_pglogrepl.lake.create_only import put_if_absent
-
-    entry = f"{version:020d}.json"
-    if not is_local(table_uri):
-        return put_if_absent(f"{storage.canonical(table_uri)}/_delta_log/{entry}", data)
-    _, base = filesystem(table_uri)
-    directory = f"{base}/_delta_log"
-    os.makedirs(directory, exist_ok=True)
-    temporary = os.path.join(directory, f".{entry}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(temporary, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        try:
-            os.link(temporary, os.path.join(directory, entry))
-        except FileExistsError:
-            return False
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-    for path in (directory, base, os.path.dirname(base)):
-        fsync(path)  # the new entry, the table's directory, and the parent that lists it
-    return True
 
 
 def create_table(
@@ -509,7 +433,7 @@ def create_table(
         *add_entries(files, now),
     ]  # fmt: skip
     text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
-    if not put_first_commit(uri, text.encode()):
+    if not durability.put_first_commit(uri, text.encode()):
         raise LakeCommitConflictError(uri, app, None, txn_version(uri, app), version, log_version=0)
 
 

@@ -38,7 +38,7 @@ from airflow_pglogrepl.lake import storage
 if TYPE_CHECKING:
     from airflow_pglogrepl.changelog.columnar import InProgress, TablePiece
     from airflow_pglogrepl.lake.lake import Lake
-    from airflow_pglogrepl.pgoutput.changes import TableInfo
+    from airflow_pglogrepl.pgoutput.table_info import TableInfo
     from airflow_pglogrepl.pgoutput.transaction_blocks import StreamCommit
 
 __all__ = ["InProgressTransactions"]

@@ -3,8 +3,9 @@
 ``Lake`` reads the lake's position (the version of ``_pglogrepl/windows``) and each table's
 (``changes_version``, ``covered``), claims the lake for one slot and source, keeps the state
 tables' settings in step with the changelog's, and commits the row that makes a window part of
-the lake (``record``). Writing a window's changes is ``lake.window``'s, which also says why a
-crash at any point loses nothing.
+the lake (``record``; what the rows of ``_pglogrepl/windows`` hold is ``lake.windows_table``'s).
+Writing a window's changes is ``lake.window``'s, which also says why a crash at any point loses
+nothing.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
-import socket
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +23,14 @@ from airflow_pglogrepl.exceptions import (
 )
 from airflow_pglogrepl.lake import column_names, delta, evolve, mapping, schema_commits
 from airflow_pglogrepl.lake.layout import LAKE_APP, LakePaths, app_id, table_dir
+from airflow_pglogrepl.lake.windows_table import (
+    CLAIM,
+    STATE_VECTORS,
+    claim_row,
+    identity_of,
+    window_row,
+    windows_schema,
+)
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
 
@@ -43,27 +50,6 @@ log = logging.getLogger("airflow_pglogrepl.lake")
 COMPACT_EVERY = 100
 
 
-def windows_schema() -> pa.Schema:
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            pa.field("kind", pa.string()),  # "window", "snapshot" or "claim" (Lake.claim)
-            pa.field("slot", pa.string()),
-            pa.field("start_lsn", pa.string()),
-            pa.field("end_lsn", pa.string()),
-            pa.field("transactions", pa.int64()),
-            pa.field("changes", pa.int64()),
-            pa.field("tables", pa.string()),  # JSON: table -> rows written
-            pa.field("committed_at", pa.timestamp("us", tz="UTC")),
-            pa.field("writer", pa.string()),  # host:pid
-            # JSON: system_identifier, timeline, database of the source (``source_identity``);
-            # in a claim, the lake's identity (``Lake.claim``)
-            pa.field("source", pa.string()),
-        ]
-    )
-
-
 _UNREAD = object()  # the lake's position before this object read it
 
 
@@ -71,7 +57,7 @@ class Lake:
     """One lake root as the drain of one slot sees it.
 
     ``writer_check`` proves the run still holds the lake's writer lock
-    (``hooks.pg.locks.WriterLock.check``); it is called before every commit this object makes,
+    (``postgres.locks.WriterLock.check``); it is called before every commit this object makes,
     and the drain calls it before every slot advance.
 
     ``state_deletion_vectors`` is what this run asks of the state tables it creates (None: what
@@ -298,7 +284,7 @@ class Lake:
         """The lake's owner as its newest claim records it (slot, system_identifier, database,
         database_oid, publications, created_at, began_with); for a lake from before claims, what
         its windows say of it; None for a lake nothing ever claimed or committed."""
-        return _identity(self._rows(), self.slot)
+        return identity_of(self._rows(), self.slot)
 
     def claim(
         self,
@@ -327,7 +313,7 @@ class Lake:
         """
         self.source = dict(source)
         held, rows = self._claims_and_rows()
-        recorded = _identity(rows, self.slot)
+        recorded = identity_of(rows, self.slot)
         wanted: dict[str, Any] = {
             "slot": self.slot,
             "system_identifier": source.get("system_identifier"),
@@ -393,7 +379,7 @@ class Lake:
         run does before it judges or cleans the lake by its contents (``claim`` checks the rest
         once the source is known)."""
         rows = self._rows()
-        recorded = _identity(rows, self.slot)
+        recorded = identity_of(rows, self.slot)
         mine = recorded is None or recorded.get("slot") == self.slot
         if not mine and not self._holds_nothing(rows):
             raise LakeOfAnotherSlotError(self.root, recorded or {}, self.slot)
@@ -411,9 +397,7 @@ class Lake:
 
         uri = self.paths.windows()
         version = (held or 0) + 1
-        row = {**_empty_row(), "kind": CLAIM, "slot": self.slot,
-               "committed_at": dt.datetime.now(dt.UTC), "writer": _writer(),
-               "source": json.dumps({**identity, CLAIM_KEY: version}, sort_keys=True)}  # fmt: skip
+        row = claim_row(self.slot, identity, version)
         rows = pa.Table.from_pylist([row], schema=windows_schema())
         self._upgrade_windows(uri)
         written = delta.write_file(uri, rows, prefix="claim")
@@ -436,18 +420,9 @@ class Lake:
         """Commit the row that makes ``[start, end)`` part of the lake: the commit point."""
         import pyarrow as pa
 
-        row = {
-            "kind": kind,
-            "slot": self.slot,
-            "start_lsn": str(start),
-            "end_lsn": str(end),
-            "transactions": transactions,
-            "changes": changes,
-            "tables": json.dumps(tables or {}, sort_keys=True),
-            "committed_at": dt.datetime.now(dt.UTC),
-            "writer": _writer(),
-            "source": json.dumps(self.source, sort_keys=True) if self.source else None,
-        }
+        row = window_row(kind=kind, slot=self.slot, start=start, end=end,
+                         transactions=transactions, changes=changes, tables=tables,
+                         source=self.source)  # fmt: skip
         rows = pa.Table.from_pylist([row], schema=windows_schema())
         uri = self.paths.windows()
         self._upgrade_windows(uri)
@@ -484,45 +459,4 @@ class Lake:
         self._covered.pop(name, None)
 
 
-CLAIM = "claim"  # the kind of a windows row that records whose lake it is (``Lake.claim``)
-CLAIM_KEY = "claim_version"  # in a claim's JSON: its version of ``LAKE_APP``, newest wins
-# In a claim's JSON: whether the lake creates its state tables with deletion vectors (a lake
-# whose claims do not say: with them, as every lake did before the option)
-STATE_VECTORS = "state_deletion_vectors"
 DV_PROPERTY = "delta.enableDeletionVectors"
-
-
-def _identity(rows: list[dict[str, Any]], slot: str) -> dict[str, Any] | None:
-    """``Lake.identity`` of the windows table's ``rows``, seen by the drain of ``slot``."""
-    claims = [json.loads(r["source"]) for r in rows if r["kind"] == CLAIM]
-    if claims:  # the newest: claims carry versions 1, 2, ... of their app (``LAKE_APP``)
-        newest: dict[str, Any] = max(claims, key=lambda c: int(c[CLAIM_KEY]))
-        return {k: v for k, v in newest.items() if k != CLAIM_KEY}
-    committed = sorted((r for r in rows if r["end_lsn"]), key=lambda r: LSN(r["end_lsn"]))
-    if not committed:
-        return None
-    slots = {r["slot"] for r in committed}
-    # A lake from before claims that several slots wrote: the slot asking keeps it if it wrote
-    # there (its first claim then makes it the only one), else the last writer's.
-    owner = slot if slot in slots else committed[-1]["slot"]
-    mine = [r for r in committed if r["slot"] == owner]
-    first, last = mine[0], mine[-1]
-    source = json.loads(last["source"]) if last.get("source") else {}
-    return {
-        "slot": owner,
-        "system_identifier": source.get("system_identifier"),
-        "database": source.get("database"),
-        "database_oid": source.get("database_oid"),
-        "timeline": source.get("timeline"),
-        "publications": None,
-        "created_at": str(first["committed_at"]),
-        "began_with": first["kind"],
-    }
-
-
-def _writer() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _empty_row() -> dict[str, Any]:
-    return dict.fromkeys(windows_schema().names)

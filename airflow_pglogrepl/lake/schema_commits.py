@@ -4,8 +4,8 @@ on, a table replaced by an empty one of a new schema, an append under a new mapp
 delta-rs changes the schema of a table without column mapping itself; under mapping it can
 neither change the schema nor turn mapping on, so the lake writes those log entries whole: the
 table's metadata with the new schema (``lake.mapping`` builds it), put as the next version only
-if no other writer took it (``delta.put_commit``: a create-only write, locally and on an object
-store). A lost race is ``LakeCommitConflictError``: nothing of the commit was made.
+if no other writer took it (``durability.put_commit``: a create-only write, locally and on an
+object store). A lost race is ``LakeCommitConflictError``: nothing of the commit was made.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.exceptions import LakeCommitConflictError
-from airflow_pglogrepl.lake import delta, storage
+from airflow_pglogrepl.lake import delta, durability, storage
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lake.mapping import (
     FEATURE,
@@ -62,7 +62,7 @@ def reset_table(uri: str, schema: pa.Schema, *, app: str, version: int) -> int |
     write_deltalake(uri, schema.empty_table(), mode="overwrite", schema_mode="overwrite",
                     commit_properties=commit, storage_options=options)  # fmt: skip
     if is_local(uri):
-        delta.make_log_durable(uri, after=before)
+        durability.make_log_durable(uri, after=before)
     return None
 
 
@@ -169,7 +169,7 @@ def _put_metadata(uri: str, table: Any, mapped: MappedSchema, operation: str,
     ]  # fmt: skip
     data = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
     version = int(table.version()) + 1
-    if not delta.put_commit(uri, version, data):
+    if not durability.put_commit(uri, version, data):
         raise LakeCommitConflictError(uri, operation, None, None, version, log_version=version)
     return version
 

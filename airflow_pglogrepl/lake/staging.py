@@ -48,7 +48,7 @@ import shutil
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.exceptions import LakeError, SnapshotTableExistsError
-from airflow_pglogrepl.lake import delta, storage
+from airflow_pglogrepl.lake import delta, durability, storage
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lsn import LSN
 
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 STAGED_PREFIX = "snapshot-"
 LOG_DIR = "_delta_log"
-FIRST_COMMIT = delta.FIRST_COMMIT
+FIRST_COMMIT = durability.FIRST_COMMIT
 _STAGED = re.compile(r"snapshot-([0-9A-F]{16})")
 _VERSION = re.compile(r"\d{20}\.json")
 
@@ -110,7 +110,7 @@ def publish(table_uri: str, staged: str) -> int:
     returns how many files it holds. Raises ``SnapshotTableExistsError`` (a
     ``LakeCommitConflictError``, not retried) if a table is already there: another writer
     published or created it first (on an object store too: the log's
-    first entry is a create-only PUT, ``delta.put_commit``)."""
+    first entry is a create-only PUT, ``durability.put_commit``)."""
     filesystem, staged_base = storage.filesystem(staged)
     _, base = storage.filesystem(table_uri)
     actions = _first_commit(filesystem, staged_base)
@@ -122,10 +122,10 @@ def publish(table_uri: str, staged: str) -> int:
             files.append(action["add"]["path"])
     if is_local(table_uri):
         for path in files:  # Spark does not fsync: the lake's commit must not outlive its data
-            delta.fsync(os.path.join(base, path))
-        delta.fsync(staged_base)
+            durability.fsync(os.path.join(base, path))
+        durability.fsync(staged_base)
     text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
-    if not delta.put_first_commit(table_uri, text.encode()):
+    if not durability.put_first_commit(table_uri, text.encode()):
         raise SnapshotTableExistsError(table_uri)
     remove(f"{staged}/{LOG_DIR}")
     return len(files)

@@ -12,7 +12,7 @@ reads after writes since 2020; the S3-compatible stores this is run against say 
 nothing is added there: a commit that returned is as final as the store makes it. Delta commits
 are create-only PUTs (delta-rs sends ``If-None-Match: *``), so two writers of one table cannot
 both win a version; Spark's S3 log store checks only inside one JVM, which is why every writer
-of a lake holds the lake's writer lock on the publisher (``hooks.pg.locks``).
+of a lake holds the lake's writer lock on the publisher (``postgres.locks``).
 
 The store's settings hold secrets. An ``ObjectStore`` never shows them (``repr``), the process
 holds one store (``use``), a child process gets it through its environment as it gets the

@@ -16,27 +16,22 @@ window, and replaced files fill the storage. So, for one lake root, per table:
    under column mapping, which delta-rs cannot compact, is packed by
    ``lake.mapped_compaction`` (its files without deletion vectors);
 2. **VACUUM** in delta-rs's "lite" mode (only files the log removed), with a retention computed
-   per table so that every version from the kept position on stays readable (``Keep``), and
-   that version's own files protected by name (``keep_versions``). Never the "full" mode: it
-   judges unreferenced files by modification time and removed the deletion-vector files of
-   versions still kept (measured), and it cannot see removals older than the last checkpoint's
-   tombstones;
+   per table so that every version from the kept position on stays readable (``Keep``,
+   ``lake.retention``), and that version's own files protected by name (``keep_versions``).
+   Never the "full" mode: it judges unreferenced files by modification time and removed the
+   deletion-vector files of versions still kept (measured), and it cannot see removals older
+   than the last checkpoint's tombstones;
 3. a **checkpoint** at the table's version, so readers replay a short log;
 4. **log cleanup** (``cleanup_metadata``, by the table's ``delta.logRetentionDuration``) only
    when, simulated on the listed log, it leaves the kept version readable; else it is skipped and
    the report says why.
 
-The retention rule. A file the log removed at version r is needed by versions before r only. If
-version K holds the kept position (its newest version whose app transaction is at or below the
-kept LSN, as ``lake.cut`` reads it; or, for kept hours, the version current that many hours
-ago), every file a version >= K needs was removed after K was committed. A retention of "the
-age of K, plus a margin for writers' clocks" therefore keeps them all. The retention is never
-below a floor that protects running readers: ``min_retention_hours`` (default Delta's 7 days)
-or the table's own ``delta.deletedFileRetentionDuration`` when longer. A kept-hours shorter than
-that floor is refused (``UnsafeRetentionError``), before anything is done; a kept LSN younger
-than it is simply kept longer.
+How long is long enough is ``lake.retention``'s (the retention rule, and why it is safe): the
+age of the version holding the kept position plus a margin, never below a floor that protects
+running readers. A kept-hours below that floor is refused (``UnsafeRetentionError``) before
+anything is done.
 
-Exclusivity: the caller holds the lake's writer lock (``hooks.pg.locks``), and ``writer_check``
+Exclusivity: the caller holds the lake's writer lock (``postgres.locks``), and ``writer_check``
 proves it before every commit made here (a ``WriterLockLostError`` stops the upkeep before its
 next commit). A lake being drained is maintained by the next run, never concurrently.
 """
@@ -45,35 +40,32 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from airflow_pglogrepl.exceptions import LakeError, UnsafeRetentionError, WriterLockLostError
-from airflow_pglogrepl.lake import delta, mapped_compaction
+from airflow_pglogrepl.exceptions import LakeError, WriterLockLostError
+from airflow_pglogrepl.lake import delta, durability, mapped_compaction
 from airflow_pglogrepl.lake.layout import LakePaths, app_id, is_local
 from airflow_pglogrepl.lake.mapping import is_mapped
+from airflow_pglogrepl.lake.retention import (
+    LOG_RETENTION_HOURS,
+    MARGIN_HOURS,
+    Keep,
+    interval_hours,
+    kept_versions,
+    list_log,
+    retention_floor,
+    retention_hours,
+    table_property,
+)
 from airflow_pglogrepl.lake.storage import filesystem
-from airflow_pglogrepl.lake.txnlog import HistoryExpiredError, TxnLog
-from airflow_pglogrepl.lsn import LSN
 
 log = logging.getLogger("airflow_pglogrepl.lake")
 
 WINDOWS = "_pglogrepl/windows"
 QUARANTINE = "_pglogrepl/quarantine"  # (lake.quarantine): a file a window while a table is held
-# Writers stamp removals with their own clocks and storage stamps log files with its: an hour
-# more than the computed age absorbs any skew between them.
-MARGIN_HOURS = 1.0
-# Delta's defaults when a table does not set them (delta-rs and Spark agree).
-DELETED_FILE_RETENTION_HOURS = 7 * 24.0
-LOG_RETENTION_HOURS = 30 * 24.0
-_COMMIT = re.compile(r"(\d{20})\.json")
-# classic, multi-part and V2 checkpoints (as ``lake.txnlog`` lists them)
-_CHECKPOINT = re.compile(r"(\d{20})\.checkpoint\..+")
-_INTERVAL = re.compile(r"\s*(?:interval\s+)?(\d+(?:\.\d+)?)\s*([a-z]+)\s*", re.IGNORECASE)
-_UNIT_HOURS = {"second": 1 / 3600, "minute": 1 / 60, "hour": 1.0, "day": 24.0, "week": 168.0}
 
 
 @dataclass(frozen=True)
@@ -92,17 +84,6 @@ class Thresholds:
     # a table's log is checkpointed once it has none, or this many versions since its last one
     # (Delta's own interval): a checkpoint every run is a file per table per run
     checkpoint_every: int = 10
-
-
-@dataclass(frozen=True)
-class Keep:
-    """What VACUUM and log cleanup must leave readable: every version from the one holding
-    ``lsn`` (an LSN of the lake's drain), and every version of the last ``hours``; never fewer
-    than ``min_retention_hours`` of removed files (a running reader's snapshot)."""
-
-    lsn: LSN | None = None
-    hours: float | None = 7 * 24.0
-    min_retention_hours: float = 7 * 24.0
 
 
 @dataclass
@@ -149,40 +130,6 @@ class UpkeepReport:
         }
 
 
-@dataclass(frozen=True)
-class _Log:
-    """One listing of a table's ``_delta_log``: modification times (epoch seconds) of its
-    commit files and checkpoints by version."""
-
-    commits: dict[int, float]
-    checkpoints: dict[int, float]
-
-    @property
-    def newest(self) -> int:
-        return max(self.commits)
-
-    def readable_from(
-        self, gone: set[int] | None = None, gone_checkpoints: set[int] | None = None
-    ) -> int | None:
-        """The oldest version that can be read (None: none), with the commit files of ``gone``
-        and the checkpoints of ``gone_checkpoints`` deleted."""
-        commits = set(self.commits) - (gone or set())
-        checkpoints = set(self.checkpoints) - (gone_checkpoints or set())
-        if not commits:
-            return None
-        newest = max(commits)
-        missing = newest
-        while missing in commits:
-            missing -= 1
-        if missing < 0:
-            return 0
-        usable = [c for c in checkpoints if missing <= c <= newest]
-        return min(usable) if usable else None
-
-    def time_of(self, version: int) -> float | None:
-        return self.commits.get(version, self.checkpoints.get(version))
-
-
 def upkeep(
     root: str,
     slot: str,
@@ -208,7 +155,7 @@ def upkeep(
     for name, uri in ((WINDOWS, paths.windows()), (QUARANTINE, paths.quarantine())):
         if delta.open_table(uri) is not None:
             targets.append((name, uri))
-    floors = {name: _floor(name, uri, keep) for name, uri in targets}  # refusals first
+    floors = {name: retention_floor(name, uri, keep) for name, uri in targets}  # refusals first
     report = UpkeepReport(
         paths.root, slot, {"lsn": None if keep.lsn is None else str(keep.lsn),
                            "hours": keep.hours, "min_retention_hours": keep.min_retention_hours},
@@ -243,23 +190,10 @@ def upkeep(
     return report
 
 
-def _floor(name: str, uri: str, keep: Keep) -> float:
-    """The shortest retention the table allows; refuses a kept-hours below it."""
-    table = delta.open_table(uri)
-    own = _hours(_property(table, "delta.deletedFileRetentionDuration"), None)
-    floor = max(keep.min_retention_hours, own or 0.0)
-    if keep.hours is not None and keep.hours < floor:
-        why = (
-            f"its delta.deletedFileRetentionDuration ({own:g} hours)"
-            if own is not None and own > keep.min_retention_hours
-            else f"min_retention_hours ({keep.min_retention_hours:g})"
-        )
-        raise UnsafeRetentionError(name, keep.hours, floor, why)
-    return floor
-
-
 def _maintain(name: str, uri: str, app: str, keep: Keep, floor: float, thresholds: Thresholds,
               lake: Any) -> TableReport:  # fmt: skip
+    """The upkeep of one table, step by step (see the module docstring); each step is safe
+    alone, so a table whose upkeep stops between two keeps what the first committed."""
     table = delta.open_table(uri)
     assert table is not None
     report = TableReport(name, version_before=int(table.version()))
@@ -267,12 +201,31 @@ def _maintain(name: str, uri: str, app: str, keep: Keep, floor: float, threshold
     report.files_before = len(sizes)
     report.small_files_before = sum(s < thresholds.small_file_bytes for s in sizes)
     report.dv_files_before = _dv_files(table)
-    # -- compaction
+    table = _compact(name, uri, table, report, thresholds, lake)
+    _vacuum(uri, app, table, report, keep, floor, lake)
+    table = _checkpoint(uri, report, thresholds, lake)
+    # again on the log as it is now: the versions VACUUM added hold the kept position too
+    listing = list_log(uri)
+    kept_now = kept_versions(uri, app, keep, listing, time.time(), [])
+    kept = min((v for v in kept_now if v is not None), default=None)
+    _clean_log(uri, table, report, kept, lake)
+    table = delta.open_table(uri)
+    assert table is not None
+    report.version_after = int(table.version())
+    report.files_after = len(delta.file_sizes(table))
+    return report
+
+
+def _compact(name: str, uri: str, table: Any, report: TableReport, thresholds: Thresholds,
+             lake: Any) -> Any:  # fmt: skip
+    """Compaction once the table passes a threshold (``lake.mapped_compaction`` under column
+    mapping, which delta-rs refuses), and the advice to purge what deletion vectors it left;
+    returns the table as it is now."""
     reasons = _compaction_reasons(name, report, thresholds)
     if reasons and is_mapped(table):  # delta-rs refuses: packed here (lake.mapped_compaction)
         before = int(table.version())
         target = thresholds.target_file_bytes or int(
-            _property(table, "delta.targetFileSize") or 100 * 1024 * 1024
+            table_property(table, "delta.targetFileSize") or 100 * 1024 * 1024
         )
         packed = mapped_compaction.compact(
             uri, table, small_bytes=thresholds.small_file_bytes, target_bytes=target,
@@ -302,49 +255,7 @@ def _maintain(name: str, uri: str, app: str, keep: Keep, floor: float, threshold
             f"be packed without a JVM); purge them with Spark: REORG TABLE delta.`{uri}` "
             f"APPLY (PURGE)"
         )
-    # -- VACUUM
-    listing = _list_log(uri)
-    now = time.time()
-    by_lsn, by_hours = _kept_versions(uri, app, keep, listing, now, report.notes)
-    retention = max(floor, keep.hours or 0.0)
-    if by_lsn is not None:
-        stamp = listing.time_of(by_lsn)
-        retention = max(retention, math.inf if stamp is None else (now - stamp) / 3600)
-        retention += MARGIN_HOURS
-    kept = min((v for v in (by_lsn, by_hours) if v is not None), default=None)
-    report.keep_version = kept
-    if math.isfinite(retention):
-        report.retention_hours = math.ceil(retention)
-        _vacuum(uri, table, report, kept, lake)
-    else:
-        report.skipped.append(f"vacuum: the log no longer dates version {by_lsn}")
-    # -- checkpoint and log cleanup
-    table = delta.open_table(uri)
-    assert table is not None
-    listing = _list_log(uri)
-    version = int(table.version())
-    last = max(listing.checkpoints, default=None)
-    log_hours = _hours(_property(table, "delta.logRetentionDuration"), LOG_RETENTION_HOURS) or 0
-    stale = last is not None and listing.checkpoints[last] < time.time() - log_hours * 3600
-    # a checkpoint older than the log retention is renewed too: log cleanup stops at one
-    if last is None or stale or version - last >= max(thresholds.checkpoint_every, 1):
-        lake.check_writer()
-        table.create_checkpoint()
-        last = version
-    else:
-        report.skipped.append(f"checkpoint: {version - last} versions since the last one "
-                              f"(every {thresholds.checkpoint_every})")  # fmt: skip
-    report.checkpoint = last
-    # again on the log as it is now: the versions VACUUM added hold the kept position too
-    listing = _list_log(uri)
-    kept_now = _kept_versions(uri, app, keep, listing, time.time(), [])
-    kept = min((v for v in kept_now if v is not None), default=None)
-    _clean_log(uri, table, report, kept, lake)
-    table = delta.open_table(uri)
-    assert table is not None
-    report.version_after = int(table.version())
-    report.files_after = len(delta.file_sizes(table))
-    return report
+    return table
 
 
 def _compacted(uri: str, before: int, report: TableReport, note: str) -> Any:
@@ -371,32 +282,31 @@ def _compaction_reasons(name: str, report: TableReport, thresholds: Thresholds) 
     return reasons
 
 
-def _kept_versions(uri: str, app: str, keep: Keep, listing: _Log, now: float,
-                   notes: list[str]) -> tuple[int | None, int | None]:  # fmt: skip
-    """The version holding the kept LSN, and the version current ``keep.hours`` ago (None: not
-    asked). A table with no version at or below the LSN (created after it, or whose log no
-    longer reaches it) is kept from its oldest readable version."""
-    oldest = listing.readable_from()
-    by_lsn = by_hours = None
-    if keep.lsn is not None:
-        try:
-            found = TxnLog(uri, app).at_or_below(int(keep.lsn))
-        except HistoryExpiredError:
-            found = None
-            notes.append(f"the log no longer reaches {keep.lsn}: kept from version {oldest}")
-        by_lsn = found.version if found is not None else oldest
-    if keep.hours is not None:
-        then = now - keep.hours * 3600
-        older = [v for v, stamp in listing.commits.items() if stamp <= then]
-        by_hours = max(max(older), oldest or 0) if older else oldest
-    return by_lsn, by_hours
+def _vacuum(uri: str, app: str, table: Any, report: TableReport, keep: Keep, floor: float,
+            lake: Any) -> None:  # fmt: skip
+    """VACUUM with the retention that leaves every version from the kept position readable
+    (``lake.retention``), and that version's own files protected by name."""
+    listing = list_log(uri)
+    now = time.time()
+    by_lsn, by_hours = kept_versions(uri, app, keep, listing, now, report.notes)
+    retention = retention_hours(floor, keep, listing, by_lsn, now)
+    kept = min((v for v in (by_lsn, by_hours) if v is not None), default=None)
+    report.keep_version = kept
+    if math.isfinite(retention):
+        report.retention_hours = math.ceil(retention)
+        _vacuum_files(uri, table, report, kept, lake)
+    else:
+        report.skipped.append(f"vacuum: the log no longer dates version {by_lsn}")
 
 
-def _vacuum(uri: str, table: Any, report: TableReport, kept: int | None, lake: Any) -> None:
+def _vacuum_files(uri: str, table: Any, report: TableReport, kept: int | None,
+                  lake: Any) -> None:  # fmt: skip
+    """The VACUUM itself, in delta-rs's "lite" mode: a dry run first (nothing to remove: no
+    commit), then the commit, made durable like the drain's."""
     assert report.retention_hours is not None
     options: dict[str, Any] = {
         "retention_hours": report.retention_hours,
-        "enforce_retention_duration": False,  # the floor above is the check (_floor)
+        "enforce_retention_duration": False,  # the floor is the check (retention_floor)
         "full": False,
         "keep_versions": None if kept is None else [kept],
     }
@@ -420,6 +330,30 @@ def _vacuum(uri: str, table: Any, report: TableReport, kept: int | None, lake: A
     report.bytes_removed = sum(sizes.get(path, 0) for path in removed)
 
 
+def _checkpoint(uri: str, report: TableReport, thresholds: Thresholds, lake: Any) -> Any:
+    """A checkpoint at the table's version, so readers replay a short log: when it has none,
+    every ``checkpoint_every`` versions, or when its last is older than the log retention;
+    returns the table as it is now."""
+    table = delta.open_table(uri)
+    assert table is not None
+    listing = list_log(uri)
+    version = int(table.version())
+    last = max(listing.checkpoints, default=None)
+    log_hours = interval_hours(table_property(table, "delta.logRetentionDuration"),
+                               LOG_RETENTION_HOURS) or 0  # fmt: skip
+    stale = last is not None and listing.checkpoints[last] < time.time() - log_hours * 3600
+    # a checkpoint older than the log retention is renewed too: log cleanup stops at one
+    if last is None or stale or version - last >= max(thresholds.checkpoint_every, 1):
+        lake.check_writer()
+        table.create_checkpoint()
+        last = version
+    else:
+        report.skipped.append(f"checkpoint: {version - last} versions since the last one "
+                              f"(every {thresholds.checkpoint_every})")  # fmt: skip
+    report.checkpoint = last
+    return table
+
+
 def _clean_log(uri: str, table: Any, report: TableReport, kept: int | None, lake: Any) -> None:
     """``cleanup_metadata`` when, simulated on the listed log, the kept version stays readable.
 
@@ -427,8 +361,9 @@ def _clean_log(uri: str, table: Any, report: TableReport, kept: int | None, lake
     checkpoint that is older than ``delta.logRetentionDuration`` (less a margin) is taken as
     deleted. delta-rs deletes no more than that (it stops at a checkpoint older than the
     cutoff, so it often deletes less)."""
-    listing = _list_log(uri)
-    hours = _hours(_property(table, "delta.logRetentionDuration"), LOG_RETENTION_HOURS)
+    listing = list_log(uri)
+    hours = interval_hours(table_property(table, "delta.logRetentionDuration"),
+                           LOG_RETENTION_HOURS)  # fmt: skip
     assert hours is not None
     cutoff = time.time() - (hours - MARGIN_HOURS) * 3600
     last = max(listing.checkpoints, default=None)
@@ -451,25 +386,6 @@ def _clean_log(uri: str, table: Any, report: TableReport, kept: int | None, lake
     lake.check_writer()
     table.cleanup_metadata()
     report.log_cleaned = True
-
-
-def _list_log(uri: str) -> _Log:
-    from pyarrow import fs
-
-    system, base = filesystem(uri)
-    infos = system.get_file_info(fs.FileSelector(f"{base}/_delta_log", allow_not_found=True))
-    commits: dict[int, float] = {}
-    checkpoints: dict[int, float] = {}
-    for info in infos:
-        stamp = info.mtime.timestamp() if info.mtime is not None else 0.0
-        if match := _COMMIT.fullmatch(info.base_name):
-            commits[int(match.group(1))] = stamp
-        elif match := _CHECKPOINT.fullmatch(info.base_name):
-            version = int(match.group(1))
-            checkpoints[version] = max(stamp, checkpoints.get(version, 0.0))
-    if not commits:
-        raise LakeError(f"{uri} has no Delta commit file: not a table the upkeep can maintain")
-    return _Log(commits, checkpoints)
 
 
 # the skips every run of a table with nothing to do says; any other skip (a cleanup refused with
@@ -519,22 +435,6 @@ def _file_sizes(uri: str, paths: list[str]) -> dict[str, int]:
             if i.type == fs.FileType.File and i.size is not None}  # fmt: skip
 
 
-def _property(table: Any, key: str) -> str | None:
-    value = table.metadata().configuration.get(key)
-    return None if value is None else str(value)
-
-
-def _hours(text: str | None, default: float | None) -> float | None:
-    """A Delta interval (``interval 7 days``, ``168 hours`` ...) in hours."""
-    if text is None:
-        return default
-    match = _INTERVAL.fullmatch(text)
-    unit = match.group(2).lower().rstrip("s") if match else ""
-    if match is None or unit not in _UNIT_HOURS:
-        raise LakeError(f"cannot read the Delta interval {text!r}: expected e.g. 'interval 7 days'")
-    return float(match.group(1)) * _UNIT_HOURS[unit]
-
-
 def _no_hooks() -> Any:
     """No checkpoint or log cleanup as a side effect of a commit: the upkeep does both itself,
     and a log cleanup must first be judged against the kept position."""
@@ -551,7 +451,7 @@ def _marked(step: str) -> Any:
 
 def _durable(uri: str, before: int) -> None:
     if is_local(uri):
-        delta.make_log_durable(uri, after=before)
+        durability.make_log_durable(uri, after=before)
 
 
 def _summary(report: TableReport) -> str:

@@ -245,7 +245,7 @@ class Window:
             now = None if table is None else mapping.mapped_of(table)
             if pending.mapped is not None and table is not None and now != pending.mapped:
                 # columns added or renamed, or mapping turned on, in one commit with the files
-                # (delta-rs cannot change a mapped table's schema; durable: delta.put_commit)
+                # (delta-rs cannot change a mapped table's schema; durable: durability.put_commit)
                 schema_commits.commit_with_schema(uri, pending.mapped, pending.files, app=lake.app,
                                            version=int(end), expected=expected)  # fmt: skip
                 lake.committed_changes(name, end)

@@ -6,15 +6,12 @@ passes), so a drain of 40 small tables spent almost three minutes merging 1,960 
 batches are small and simple, and for those the reduction is a sort and a group-by in Arrow and
 the merge one ``deltalake`` MERGE: milliseconds.
 
-Which batches, and why they reduce this simply (``net_upserts``): a keyed table (primary key or
-unique index as replica identity), no ``TRUNCATE`` and no update that moved a row to another key
-in the batch. Then a row never leaves its key, so its lineage (``merge.reduce``) is the key
-itself; and because an INSERT sends every column, each column's latest value actually sent is
-the key's latest: one group-by per key gives the net change. The last change deletes the row or
-upserts it; columns never sent in the batch (unchanged TOAST values of a row the batch did not
-insert) keep the target's value. Everything else (TRUNCATE, key changes, updates and deletes
-under REPLICA IDENTITY FULL, columns added with a fill, a state that lacks a column, a big batch or
-a big state) is declined and goes to Spark, whose reduction handles all of it.
+Which batches: a keyed table (primary key or unique index as replica identity), no ``TRUNCATE``
+and no update that moved a row to another key in the batch; one group-by per key gives their
+net change (``merge.net_upserts`` says why). Everything else (TRUNCATE, key changes, updates and
+deletes under REPLICA IDENTITY FULL, columns added with a fill, a state that lacks a column, a big
+batch or a big state) is declined, from the schemas before a row is read where it can be
+(``_plan``), and goes to Spark, whose reduction handles all of it.
 
 A table without a key (no replica identity, or REPLICA IDENTITY FULL) has a multiset of rows for
 its state: a batch of inserts alone adds one copy of each row, so it is appended as it is
@@ -43,7 +40,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.changelog.columns import (
     COMMIT_LSN,
-    DELETE,
     INSERT,
     META_COLUMNS,
     OLD,
@@ -51,13 +47,12 @@ from airflow_pglogrepl.changelog.columns import (
     SEQ,
     TRUNCATE,
     UNCHANGED,
-    UPDATE,
     described_identity,
     described_key,
 )
 from airflow_pglogrepl.exceptions import LakeCommitConflictError, LakeError, PgLogReplError
 from airflow_pglogrepl.faults import fault
-from airflow_pglogrepl.lake import delta
+from airflow_pglogrepl.lake import delta, durability
 from airflow_pglogrepl.lake.column_names import former_names, with_current_names
 from airflow_pglogrepl.lake.evolve import added_at, base_fields, fill_value
 from airflow_pglogrepl.lake.layout import is_local
@@ -71,6 +66,13 @@ from airflow_pglogrepl.lake.mapping import (
 )
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge.lineage import INTERNAL
+from airflow_pglogrepl.merge.net_upserts import (
+    DELETE_COLUMN,
+    net_upserts,
+    quote,
+    sent_column,
+    updates_of_missing_rows,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -88,76 +90,6 @@ MAX_STATE_BYTES = 256 << 20
 # (the benchmark's 1,250,000 changes of a 4-column table peak at about 785 MiB: docs/benchmarks.md).
 APPEND_ROWS = 2_000_000
 FILE_ROWS = 1_000_000  # rows of one file of a first state
-# keys per IN list when the rows of unchanged values are looked up (``_updates_of_missing_rows``)
-IN_LIST_KEYS = 1_000
-
-DELETE_COLUMN, _FILL = f"{INTERNAL}delete", f"{INTERNAL}fill_target"
-
-
-def sent_column(i: int) -> str:
-    """The column of a net change that says whether its ``i``-th value was sent at all."""
-    return f"{INTERNAL}sent{i}"
-
-
-def net_upserts(batch: pa.Table, keys: Sequence[str], values: Sequence[str]) -> pa.Table | None:
-    """The net change of a batch with no TRUNCATE and no key change, one row per touched key:
-    the key columns, each value column (its latest sent value), ``sent_column(i)`` (whether the
-    ``i``-th value was sent at all), ``_FILL`` (no INSERT of the key in the batch: unsent
-    columns keep the target's value) and ``DELETE_COLUMN`` (the key's last change is a delete).
-    None when the batch has a TRUNCATE or moves a row to another key."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    op = batch.column(OP)
-    if pc.any(pc.equal(op, TRUNCATE)).as_py():
-        return None
-    old = batch.column(OLD)
-    if pc.any(pc.is_valid(old)).as_py():
-        for key in keys:
-            same = pc.equal(pc.struct_field(old, key), batch.column(key))
-            moved = pc.and_(pc.is_valid(old), pc.invert(pc.fill_null(same, False)))
-            if pc.any(moved).as_py():
-                return None
-    # Commit order as indices: only the columns the grouping needs are reordered (a sorted copy
-    # of the whole batch cost a third of a first state's time); values are taken once, at the end.
-    order = pc.sort_indices(batch.select([COMMIT_LSN, SEQ]),
-                            sort_keys=[(COMMIT_LSN, "ascending"), (SEQ, "ascending")])  # fmt: skip
-    op = pc.take(batch.column(OP), order)
-    rows = batch.num_rows
-    position = pa.array(np.arange(rows, dtype=np.int64))
-    carries = pc.is_in(op, pa.array([INSERT, UPDATE])).to_numpy(zero_copy_only=False)
-    unchanged = pc.take(batch.column(UNCHANGED), order)
-    names = pc.list_flatten(unchanged)
-    owners = pc.list_parent_indices(unchanged).to_numpy(zero_copy_only=False)
-    work: dict[str, Any] = {key: pc.take(batch.column(key), order) for key in keys}
-    work[f"{INTERNAL}pos"] = position
-    work[f"{INTERNAL}ins"] = pc.equal(op, INSERT)
-    for i, name in enumerate(values):
-        sent = carries.copy()
-        if len(names):
-            hits = pc.equal(names, name).to_numpy(zero_copy_only=False)
-            sent[owners[hits]] = False
-        work[f"{INTERNAL}sp{i}"] = pa.array(np.where(sent, np.arange(rows), -1), pa.int64())
-    grouped = (
-        pa.table(work)
-        .group_by(list(keys), use_threads=False)
-        .aggregate(
-            [(f"{INTERNAL}pos", "max"), (f"{INTERNAL}ins", "any")]
-            + [(f"{INTERNAL}sp{i}", "max") for i in range(len(values))]
-        )
-    )
-    out: dict[str, Any] = {key: grouped.column(key) for key in keys}
-    last = grouped.column(f"{INTERNAL}pos_max")
-    out[DELETE_COLUMN] = pc.equal(pc.take(op, last), DELETE)
-    out[_FILL] = pc.invert(grouped.column(f"{INTERNAL}ins_any"))
-    for i, name in enumerate(values):
-        at = grouped.column(f"{INTERNAL}sp{i}_max")
-        valid = pc.greater_equal(at, 0)
-        sorted_at = pc.if_else(valid, at, pa.scalar(None, pa.int64()))
-        out[name] = pc.take(batch.column(name), pc.take(order, sorted_at))
-        out[sent_column(i)] = valid
-    return pa.table(out)
 
 
 @dataclass(frozen=True)
@@ -226,10 +158,6 @@ def merge_table(
     """Merge ``changes/<name>`` up to ``end`` into ``state/<name>`` here; None when done, else
     why this path declines the table (nothing was written). A state too big to rewrite here
     is declined after its batch is reduced, into ``reduced`` when given (``merge_small``)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    from deltalake import CommitProperties, Transaction
-
     target = delta.open_table(lake.paths.state(name))
     have = None if target is None else target.transaction_version(lake.app)
     if have is not None and int(have) >= int(end):
@@ -237,6 +165,53 @@ def merge_table(
     changes = delta.open_table(lake.paths.changes(name))
     if changes is None:
         return "no changelog"
+    plan = _plan(target, None if have is None else int(have), changes, max_rows)
+    if isinstance(plan, str):
+        return plan
+    if plan.too_big is not None and reduced is None:
+        return plan.too_big
+    try:
+        in_range = _InRange(changes, plan.schema, plan.have, int(end))
+        count = in_range.count()  # before reading: the batch may be huge
+    except Exception as exc:  # delta-rs raises its own classes for what it cannot read so
+        return f"changelog not readable here ({type(exc).__name__}: {exc})"
+    if count == 0 and target is not None:  # nothing in range (a commit of no rows): record it
+        lake.check_writer()
+        _record_position(lake.paths.state(name), lake.app, plan.state, end, plan.have)
+        return None
+    if count == 0 or count > plan.limit:
+        return f"{count} changes"
+    if not plan.keys:  # an append takes inserts alone: known from one column, before the batch
+        operations = in_range.operations()
+        if operations - {INSERT}:
+            return _not_appendable(plan.full, operations)
+    batch = _read_batch(in_range, plan)
+    if not plan.keys:
+        return _append(lake, name, end, target, batch, plan.columns, plan.state, full=plan.full)
+    return _merge_keyed(lake, name, end, plan, batch, reduced)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What ``_plan`` found from the schemas alone, before a row is read: found once, so that
+    the steps after it read the batch and write the state by the same answers."""
+
+    target: Any | None  # the state (None: none yet)
+    have: int | None  # the state's transaction version the batch is read against
+    schema: pa.Schema  # the changelog's, by logical names
+    columns: list[str]  # the table's own, without the changelog's metadata columns
+    keys: list[str]  # empty: a keyless table (no replica identity, or FULL), appended
+    full: bool  # REPLICA IDENTITY FULL
+    state: pa.Schema  # the state's (or the first state's) columns and types
+    limit: int  # changes this path takes at most
+    too_big: str | None  # why the state is too big to rewrite here, when it is
+
+
+def _plan(target: Any | None, have: int | None, changes: Any, max_rows: int) -> _Plan | str:
+    """The path of a table's batch from the changelog's and the state's schemas (a str: why this
+    path declines it), before a row is read: what the schemas decline costs no read."""
+    import pyarrow as pa
+
     schema = delta.unmapped(pa.schema(changes.schema().to_arrow()))
     fields = [(f.name, _text(f.metadata)) for f in schema]
     full = described_identity(fields) == "f"
@@ -262,44 +237,39 @@ def merge_table(
         size = sum(delta.file_sizes(target)) if keys else 0  # an append rewrites nothing
         if size > MAX_STATE_BYTES:
             too_big = f"a state of {size} bytes (this path rewrites the files it touches)"
-            if reduced is None:
-                return too_big
-    try:
-        in_range = _InRange(changes, schema, None if have is None else int(have), int(end))
-        count = in_range.count()  # before reading: the batch may be huge
-    except Exception as exc:  # delta-rs raises its own classes for what it cannot read so
-        return f"changelog not readable here ({type(exc).__name__}: {exc})"
-    if count == 0 and target is not None:  # nothing in range (a commit of no rows): record it
-        lake.check_writer()
-        delta.commit_files(lake.paths.state(name), state, [], app=lake.app, version=int(end),
-                           expected=None if have is None else int(have))  # fmt: skip
-        return None
-    if count == 0 or count > limit:
-        return f"{count} changes"
-    if not keys:  # an append takes inserts alone: known from one column, before the batch
-        operations = in_range.operations()
-        if operations - {INSERT}:
-            return _not_appendable(full, operations)
-    # only what the reduction reads (not the transaction id, commit time ...)
-    needed = [*columns, OP, COMMIT_LSN, SEQ, UNCHANGED, OLD]
-    batch = in_range.read([c for c in needed if c in schema.names])
+    return _Plan(target, have, schema, columns, keys, full, state, limit, too_big)
+
+
+def _read_batch(in_range: _InRange, plan: _Plan) -> pa.Table:
+    """The batch in range, each column by its current name, with only what the reduction reads
+    (not the transaction id, commit time ...): the whole batch is held in memory."""
+    needed = [*plan.columns, OP, COMMIT_LSN, SEQ, UNCHANGED, OLD]
+    batch = in_range.read([c for c in needed if c in plan.schema.names])
     # rows from before a rename name the column as it was then
-    batch = with_current_names(batch, former_names(schema))
-    if not keys:
-        return _append(lake, name, end, target, batch, columns, state, full=full)
+    return with_current_names(batch, former_names(plan.schema))
+
+
+def _merge_keyed(lake: Lake, name: str, end: LSN, plan: _Plan, batch: pa.Table,
+                 reduced: dict[str, Reduced] | None) -> str | None:  # fmt: skip
+    """A keyed table's batch as its net change: put in ``reduced`` for Spark when the state is
+    too big to rewrite here, else written (``_write_upserts``) unless it would insert NULLs for
+    unsent values with no row to keep them from, which fails here as on Spark's path."""
+    import pyarrow as pa
+
+    keys, columns = plan.keys, plan.columns
     values = [c for c in columns if c not in keys]
     net = net_upserts(batch, keys, values)
     if net is None:
         return "a TRUNCATE or a key change"
-    if too_big is not None and reduced is not None:
+    if plan.too_big is not None and reduced is not None:
         try:
-            rows = net.cast(_wanted(net, state, columns))
+            rows = net.cast(_wanted(net, plan.state, columns))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
             return f"types the state holds differently ({exc})"
-        reduced[name] = Reduced(name, end, None if have is None else int(have), tuple(keys),
-                                tuple(values), rows, batch.num_rows)  # fmt: skip
-        return f"{too_big}; reduced here ({batch.num_rows} changes, {net.num_rows} keys)"
-    missing = _updates_of_missing_rows(target, net, keys, values)  # (no state: every such row)
+        reduced[name] = Reduced(name, end, plan.have, tuple(keys), tuple(values), rows,
+                                batch.num_rows)  # fmt: skip
+        return f"{plan.too_big}; reduced here ({batch.num_rows} changes, {net.num_rows} keys)"
+    missing = updates_of_missing_rows(plan.target, net, keys, values)  # (no state: every such row)
     if missing is None:
         return "an update with unchanged TOAST values to check against a non-integer, non-text key"
     if missing:
@@ -308,8 +278,19 @@ def merge_table(
             f"version to keep: row {missing[0]} is neither in the state nor inserted earlier. "
             f"Nothing was merged. Fix: re-snapshot the table (tables=[...])"
         )
+    return _write_upserts(lake, name, end, plan, net, values, batch.num_rows)
+
+
+def _write_upserts(lake: Lake, name: str, end: LSN, plan: _Plan, net: pa.Table,
+                   values: list[str], changes: int) -> str | None:  # fmt: skip
+    """A keyed table's net change, in the state's types, written: as a first state (its deleted
+    keys left out: one append, no MERGE), or merged into the state (``_merge_into``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    target, columns = plan.target, plan.columns
     try:
-        source = net.cast(_wanted(net, state, columns))
+        source = net.cast(_wanted(net, plan.state, columns))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
         return f"types the state holds differently ({exc})"
     uri = lake.paths.state(name)
@@ -318,23 +299,38 @@ def merge_table(
         rows = source.filter(pc.invert(source.column(DELETE_COLUMN))).select(columns)
         _create(lake, name, rows, end)
     else:
-        before = int(target.version())
-        commit = CommitProperties(app_transactions=[Transaction(lake.app, int(end))])
-        lake.check_writer()
-        _merge(target, source, keys, values, commit)
-        if is_local(uri):
-            delta.make_log_durable(uri, after=before)
-        if delta.txn_version(uri, lake.app) != int(end):
-            # Nothing to change (every key's net effect cancelled out: an insert then a delete):
-            # delta-rs then commits nothing, yet the state must say it includes the batch, or
-            # it looks behind for ever (merged again each run, cuts held back).
-            delta.commit_files(uri, state, [], app=lake.app, version=int(end),
-                               expected=None if have is None else int(have))  # fmt: skip
+        _merge_into(lake, uri, end, plan, target, source, values)
     fault("merge_committed")
     log.info("state of %s %s up to %s without a JVM (%d changes, %d keys)", name,
-             "written" if target is None else "merged", end, batch.num_rows,
+             "written" if target is None else "merged", end, changes,
              net.num_rows)  # fmt: skip
     return None
+
+
+def _merge_into(lake: Lake, uri: str, end: LSN, plan: _Plan, target: Any, source: pa.Table,
+                values: list[str]) -> None:  # fmt: skip
+    """The MERGE into an existing state with the app transaction ``(lake.app, end)``, right after
+    the writer lock is proven; made durable before this returns (delta-rs does not fsync, and the
+    slot may move once the merge is known); the position recorded even if it committed nothing."""
+    from deltalake import CommitProperties, Transaction
+
+    before = int(target.version())
+    commit = CommitProperties(app_transactions=[Transaction(lake.app, int(end))])
+    lake.check_writer()
+    _merge(target, source, plan.keys, values, commit)
+    if is_local(uri):
+        durability.make_log_durable(uri, after=before)
+    if delta.txn_version(uri, lake.app) != int(end):
+        # Nothing to change (every key's net effect cancelled out: an insert then a delete):
+        # delta-rs then commits nothing, yet the state must say it includes the batch, or
+        # it looks behind for ever (merged again each run, cuts held back).
+        _record_position(uri, lake.app, plan.state, end, plan.have)
+
+
+def _record_position(uri: str, app: str, state: pa.Schema, end: LSN, have: int | None) -> None:
+    """A version of the state with no files that says it includes the changes up to ``end``
+    (nothing to write), a compare-and-set on ``have``, the version the batch was read against."""
+    delta.commit_files(uri, state, [], app=app, version=int(end), expected=have)
 
 
 class _InRange:
@@ -348,8 +344,8 @@ class _InRange:
 
         self.changes, self.schema = changes, schema
         self.mapped = is_mapped(changes)
-        self.predicate = f"{_quote(COMMIT_LSN)} < {end}" + (
-            "" if have is None else f" AND {_quote(COMMIT_LSN)} >= {have}"
+        self.predicate = f"{quote(COMMIT_LSN)} < {end}" + (
+            "" if have is None else f" AND {quote(COMMIT_LSN)} >= {have}"
         )  # integers only
         expression = pc.field(COMMIT_LSN) < end
         if have is not None:
@@ -458,62 +454,14 @@ def _text(metadata: dict[bytes, bytes] | None) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in (metadata or {}).items()}
 
 
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _updates_of_missing_rows(
-    target: Any | None, net: pa.Table, keys: Sequence[str], values: Sequence[str]
-) -> list[Any] | None:
-    """The keys of net upserts that must keep target values (an unchanged TOAST value, no
-    INSERT in the batch) but have no target row (``target`` None: no state yet): Spark's path
-    fails there rather than insert NULLs. None: such rows exist and their keys cannot be looked
-    up here (not integer or text)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if not values:
-        return []
-    from functools import reduce
-
-    complete = reduce(pc.and_, [net.column(sent_column(i)) for i in range(len(values))])
-    needs = pc.and_(
-        pc.invert(net.column(DELETE_COLUMN)), pc.and_(net.column(_FILL), pc.invert(complete))
-    )
-    asked = net.filter(needs).select(list(keys))
-    if asked.num_rows == 0:
-        return []
-    if target is None:  # no state: no such row is anywhere
-        return [row if len(keys) > 1 else row[keys[0]] for row in asked.slice(0, 1).to_pylist()]
-    if len(keys) != 1 or not (
-        pa.types.is_integer(asked.schema[0].type) or pa.types.is_string(asked.schema[0].type)
-    ):
-        return None
-    key = keys[0]
-    wanted = asked.column(0).to_pylist()
-    present: set[Any] = set()
-    # a DataFusion predicate over the state (no PostgreSQL): the name is quoted, each value is
-    # an integer or a text literal with its quotes doubled. In lists of IN_LIST_KEYS: DataFusion
-    # parses a longer list recursively, and at about 21,000 keys it overflows the stack and the
-    # process dies by SIGSEGV, with no error to report
-    for first in range(0, len(wanted), IN_LIST_KEYS):
-        literals = ", ".join(
-            str(int(v)) if isinstance(v, int) else "'" + str(v).replace("'", "''") + "'"
-            for v in wanted[first : first + IN_LIST_KEYS]
-        )
-        found = target.scan(columns=[key], predicate=f"{_quote(key)} IN ({literals})")
-        present.update(pa.table(found).column(0).to_pylist())
-    return [v for v in wanted if v not in present]
-
-
 def _merge(target: Any, source: pa.Table, keys: Sequence[str], values: Sequence[str],
            commit: Any) -> None:  # fmt: skip
-    on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in keys)
+    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
     update = {
-        _quote(c): f"CASE WHEN s.{sent_column(i)} THEN s.{_quote(c)} ELSE t.{_quote(c)} END"
+        quote(c): f"CASE WHEN s.{sent_column(i)} THEN s.{quote(c)} ELSE t.{quote(c)} END"
         for i, c in enumerate(values)
     }
-    insert = {_quote(c): f"s.{_quote(c)}" for c in [*keys, *values]}
+    insert = {quote(c): f"s.{quote(c)}" for c in [*keys, *values]}
     merger = target.merge(source, on, source_alias="s", target_alias="t",
                           commit_properties=commit)  # fmt: skip
     merger = merger.when_matched_delete(predicate=f"s.{DELETE_COLUMN}")

@@ -49,6 +49,7 @@ from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge import arrow as arrow_merge
 from airflow_pglogrepl.merge.lineage import column, value_column
+from airflow_pglogrepl.merge.net_upserts import DELETE_COLUMN, sent_column
 from airflow_pglogrepl.merge.reduce import (
     DELETE_ROW,
     FILL,
@@ -159,12 +160,12 @@ def merge_reduced(spark: Any, lake: Lake, batch: arrow_merge.Reduced) -> LSN:
                                       None if found is None else int(found), int(end))  # fmt: skip
     session = spark.newSession()
     source = session.createDataFrame(batch.rows).alias("s")
-    deleting = _in_source(arrow_merge.DELETE_COLUMN)
+    deleting = _in_source(DELETE_COLUMN)
     on = _all([_in_target(k) == _in_source(_name(k)) for k in batch.keys])
     update: dict[str, str | Column] = {}
     insert: dict[str, str | Column] = {_name(k): _in_source(_name(k)) for k in batch.keys}
     for i, column_name in enumerate(batch.values):
-        sent = _in_source(arrow_merge.sent_column(i))
+        sent = _in_source(sent_column(i))
         value = _in_source(_name(column_name))
         update[_name(column_name)] = sf.when(sent, value).otherwise(_in_target(column_name))
         insert[_name(column_name)] = sf.when(sent, value).otherwise(_unsent(column_name))

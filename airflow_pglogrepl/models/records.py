@@ -300,7 +300,7 @@ class ColumnOrigins(Record):
 
 @dataclass(frozen=True)
 class TableChecksum(Record):
-    """Row count and order-independent checksum of a table (``hooks.pg.parity.table_checksum``)."""
+    """Row count and order-independent checksum of a table (``postgres.parity.table_checksum``)."""
 
     rows: int
     checksum: int

@@ -188,12 +188,12 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         self._check_spark_connection()
         self._use_lake_store(str(self.lake))
         if self.skip_when_idle and not self.accept_source_change and not self.follow:
-            from airflow_pglogrepl.pipeline.idle import idle_run
+            from airflow_pglogrepl.pipeline.idle import IdleCheck
 
             started = time.monotonic()
-            idle = idle_run(hook, slot, lake_root=str(self.lake), publications=self.publications,
-                            materialize=self.materialize,
-                            max_wal_bytes=int(str(self.idle_wal_bytes)))  # fmt: skip
+            idle = IdleCheck(hook, lake_root=str(self.lake), publications=self.publications,
+                             materialize=self.materialize,
+                             max_wal_bytes=int(str(self.idle_wal_bytes))).run(slot)  # fmt: skip
             if idle is not None:
                 metrics.slot(slot)
                 return self._idle(context, idle, started)

@@ -22,7 +22,8 @@ from airflow_pglogrepl.operators.arguments import names, resolve_tables
 
 if TYPE_CHECKING:
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
-    from airflow_pglogrepl.models.fence import FencedBackend
+    from airflow_pglogrepl.lsn import LSN
+    from airflow_pglogrepl.models.fence import FenceApplied, FencedBackend
     from airflow_pglogrepl.tables import TableRef
 
 TerminateMode = Literal["auto", "transactions", "sessions", "none"]
@@ -40,7 +41,7 @@ class WriteFenceOperator(TaskBoundary, BaseOperator):
        Then (``guard``, on by default) a trigger on each table refuses the writes of the roles
        and their members whatever path they take: ``BEGIN READ WRITE`` past a read-only
        default, a ``SECURITY DEFINER`` function, a session that ran ``SET ROLE``
-       (``hooks.pg.fence_guard``). Putting it in waits for transactions that wrote to the tables:
+       (``postgres.fence_guard``). Putting it in waits for transactions that wrote to the tables:
        those still open after ``grace_period`` are ended (per ``terminate``), and a prepared
        transaction holding writes fails the task (``COMMIT``/``ROLLBACK PREPARED`` it first).
        What the fence does not stop is logged and returned under ``not_stopped``.
@@ -115,8 +116,6 @@ class WriteFenceOperator(TaskBoundary, BaseOperator):
         self.guard = guard
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_pglogrepl.exceptions import FenceNotHeldError
-
         hook = replication_hook(self.postgres_conn_id, self.database)
         roles = names(self.roles)
         tables = resolve_tables(hook, names(self.tables), self.publication)
@@ -135,50 +134,17 @@ class WriteFenceOperator(TaskBoundary, BaseOperator):
         terminated: list[dict[str, Any]] = []
         if self.guard:
             terminated += self._guard(hook, roles, tables)
-        prepared = hook.fence_prepared_writers(tables)
-        if prepared:
-            raise FenceNotHeldError(
-                "write fence is in place but prepared transaction(s) hold writes to fenced "
-                "tables and would commit them after it: "
-                + ", ".join(f"{p['gid']!r} (on {p['relation']})" for p in prepared)
-                + ". Fix: COMMIT PREPARED or ROLLBACK PREPARED each (pg_prepared_xacts) and "
-                "run the fence again; WriteFenceReleaseOperator undoes the fence"
-            )
+        _refuse_prepared_writers(hook, tables)
         sessions = self._terminate_sessions()
         left = self._wait(hook, roles, applied.fenced_at, sessions)
         waited = time.monotonic() - started
         if left and self.terminate != "none":
-            gone = set(
-                hook.terminate_backends([b.pid for b in left], timeout_s=self.terminate_timeout)
+            ended, left = self._end_left_sessions(
+                hook, left, roles, fenced_at=applied.fenced_at, sessions=sessions
             )
-            terminated = [b.to_dict() for b in left if b.pid in gone]
-            for backend in left:
-                if backend.pid in gone:
-                    self.log.warning(
-                        "Ended session %d of %s (%s, transaction since %s) after the grace period",
-                        backend.pid, backend.role, backend.state, backend.xact_start,
-                    )  # fmt: skip
-            left = hook.fence_backends(roles, fenced_at=applied.fenced_at, sessions=sessions)
-        if left:
-            raise FenceNotHeldError(
-                f"write fence on {len(applied.tables)} tables is in place but {len(left)} "
-                f"session(s) of the fenced roles may still commit writes: "
-                + ", ".join(f"pid {b.pid} ({b.role}, {b.state})" for b in left)
-                + ". Fix: end them (pg_terminate_backend needs pg_signal_backend), or set "
-                "terminate='transactions'/'sessions'; WriteFenceReleaseOperator undoes the fence"
-            )
-        fence_lsn = hook.mark_fence_lsn(
-            {
-                "roles": roles,
-                "fenced_at": applied.fenced_at.isoformat(),
-                "dag_run": _run_id(context),
-            }
-        )
-        self.log.info(
-            "Write fence holds on %d tables for roles %s; fence LSN %s", len(applied.tables),
-            ", ".join(roles), fence_lsn,
-        )  # fmt: skip
-        context["ti"].xcom_push(key="fence_lsn", value=str(fence_lsn))
+            terminated += ended  # after those the guard ended: the summary names every one
+        _refuse_open_sessions(applied, left)
+        fence_lsn = self._mark_fence_lsn(hook, context, roles, applied)
         not_stopped = self._not_stopped()
         for path in not_stopped:
             self.log.warning("Write fence does not stop: %s", path)
@@ -195,6 +161,48 @@ class WriteFenceOperator(TaskBoundary, BaseOperator):
             "server_version": server_version,
             **applied.to_dict(),
         }
+
+    def _end_left_sessions(
+        self,
+        hook: PgLogicalReplicationHook,
+        left: list[FencedBackend],
+        roles: list[str],
+        *,
+        fenced_at: dt.datetime,
+        sessions: bool,
+    ) -> tuple[list[dict[str, Any]], list[FencedBackend]]:
+        """End the sessions still open after the grace period; return those ended and those left."""
+        gone = set(hook.terminate_backends([b.pid for b in left], timeout_s=self.terminate_timeout))
+        terminated = [b.to_dict() for b in left if b.pid in gone]
+        for backend in left:
+            if backend.pid in gone:
+                self.log.warning(
+                    "Ended session %d of %s (%s, transaction since %s) after the grace period",
+                    backend.pid, backend.role, backend.state, backend.xact_start,
+                )  # fmt: skip
+        return terminated, hook.fence_backends(roles, fenced_at=fenced_at, sessions=sessions)
+
+    def _mark_fence_lsn(
+        self,
+        hook: PgLogicalReplicationHook,
+        context: Context,
+        roles: list[str],
+        applied: FenceApplied,
+    ) -> LSN:
+        """Record the fence LSN on the publisher and push it (XCom ``fence_lsn``)."""
+        fence_lsn = hook.mark_fence_lsn(
+            {
+                "roles": roles,
+                "fenced_at": applied.fenced_at.isoformat(),
+                "dag_run": _run_id(context),
+            }
+        )
+        self.log.info(
+            "Write fence holds on %d tables for roles %s; fence LSN %s", len(applied.tables),
+            ", ".join(roles), fence_lsn,
+        )  # fmt: skip
+        context["ti"].xcom_push(key="fence_lsn", value=str(fence_lsn))
+        return fence_lsn
 
     def _guard(
         self, hook: PgLogicalReplicationHook, roles: list[str], tables: list[TableRef]
@@ -246,7 +254,7 @@ class WriteFenceOperator(TaskBoundary, BaseOperator):
         return terminated
 
     def _not_stopped(self) -> list[str]:
-        from airflow_pglogrepl.hooks.pg.fence_guard import NOT_STOPPED
+        from airflow_pglogrepl.postgres.fence_guard import NOT_STOPPED
 
         if self.guard:
             return list(NOT_STOPPED)
@@ -329,6 +337,36 @@ class WriteFenceReleaseOperator(TaskBoundary, BaseOperator):
 
 # XCom key WriteFenceOperator pushes the moment the fence is applied (CutoverSummaryOperator).
 FENCE_APPLIED_KEY = "fence_applied"
+
+
+def _refuse_prepared_writers(hook: PgLogicalReplicationHook, tables: list[TableRef]) -> None:
+    """Fail when a prepared transaction holds writes to the fenced tables: it would commit them
+    after the fence."""
+    from airflow_pglogrepl.exceptions import FenceNotHeldError
+
+    prepared = hook.fence_prepared_writers(tables)
+    if prepared:
+        raise FenceNotHeldError(
+            "write fence is in place but prepared transaction(s) hold writes to fenced "
+            "tables and would commit them after it: "
+            + ", ".join(f"{p['gid']!r} (on {p['relation']})" for p in prepared)
+            + ". Fix: COMMIT PREPARED or ROLLBACK PREPARED each (pg_prepared_xacts) and "
+            "run the fence again; WriteFenceReleaseOperator undoes the fence"
+        )
+
+
+def _refuse_open_sessions(applied: FenceApplied, left: list[FencedBackend]) -> None:
+    """Fail when sessions of the fenced roles that may still commit writes are left."""
+    from airflow_pglogrepl.exceptions import FenceNotHeldError
+
+    if left:
+        raise FenceNotHeldError(
+            f"write fence on {len(applied.tables)} tables is in place but {len(left)} "
+            f"session(s) of the fenced roles may still commit writes: "
+            + ", ".join(f"pid {b.pid} ({b.role}, {b.state})" for b in left)
+            + ". Fix: end them (pg_terminate_backend needs pg_signal_backend), or set "
+            "terminate='transactions'/'sessions'; WriteFenceReleaseOperator undoes the fence"
+        )
 
 
 def _plain(value: Any) -> Any:

@@ -20,7 +20,9 @@ from airflow_pglogrepl.hooks.for_connection import replication_hook
 from airflow_pglogrepl.operators.arguments import names, resolve_tables
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.hooks.sequences import SequenceState
+    from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
+    from airflow_pglogrepl.hooks.sequences import OwnedSequence, SequenceState
+    from airflow_pglogrepl.tables import TableRef
 
 
 @dataclass(frozen=True)
@@ -134,70 +136,106 @@ class SyncSequencesOperator(TaskBoundary, BaseOperator):
         sub_owned = subscriber.owned_sequences(tables)
         pub_states = publisher.sequence_states([s.sequence for s in pub_owned.values()] + named)
         sub_states = subscriber.sequence_states([s.sequence for s in sub_owned] + named)
+        _refuse_unreadable(pub_states, sub_states)
 
         report: list[dict[str, Any]] = []
         errors: list[str] = []
-
-        def handle(entry: dict[str, Any], state: SequenceState | None, plan: SequencePlan) -> None:
-            entry.update(old_value=state.last_value if state else None, new_value=None,
-                         changed=False, reason=plan.reason)  # fmt: skip
-            if plan.new_value is not None and state is not None:
-                if not self.plan_only:
-                    subscriber.set_sequence(state.sequence, plan.new_value)
-                entry.update(new_value=plan.new_value, changed=not self.plan_only)
-            if plan.error:
-                errors.append(f"{entry['sequence']}: {plan.reason}")
-            report.append(entry)
-
-        unreadable = [
-            f"{side} sequence {state.sequence}: this role may not read its last_value (it "
-            f"reads NULL, as for a sequence never used); GRANT SELECT ON SEQUENCE "
-            f"{state.sequence} to the {side} connection's role"
-            for side, states in (("publisher", pub_states), ("subscriber", sub_states))
-            for state in states.values()
-            if not state.readable
-        ]
-        if unreadable:
-            raise SequenceSyncError(unreadable, refused=True)
         for owned in sub_owned:
-            source = pub_owned.get((owned.table, owned.column))
-            pub_state = pub_states.get(source.sequence) if source else None
-            publisher_last = pub_state.last_value if pub_state else None
-            column_max = subscriber.column_max(owned.table, owned.column)
-            entry = {
-                "sequence": str(owned.sequence),
-                "table": str(owned.table),
-                "column": owned.column,
-                "kind": owned.kind,
-                "publisher_sequence": str(source.sequence) if source else None,
-                "publisher_last_value": publisher_last,
-                "subscriber_column_max": column_max,
-            }
-            state = sub_states.get(owned.sequence)
-            if state is None:
-                handle(entry, None, SequencePlan(None, "sequence not readable", True))
-                continue
-            plan = plan_sequence(
-                state, publisher_last=publisher_last, column_max=column_max, margin=self.margin
-            )
-            handle(entry, state, plan)
+            planned = self._plan_owned(subscriber, owned, pub_owned, pub_states, sub_states)
+            self._apply(subscriber, *planned, report=report, errors=errors)
         for sequence in named:
-            pub_state, state = pub_states.get(sequence), sub_states.get(sequence)
-            entry = {"sequence": str(sequence), "table": None, "column": None, "kind": "named",
-                     "publisher_sequence": str(sequence),
-                     "publisher_last_value": pub_state.last_value if pub_state else None,
-                     "subscriber_column_max": None}  # fmt: skip
-            if pub_state is None or state is None:
-                side = "publisher" if pub_state is None else "subscriber"
-                handle(entry, state, SequencePlan(None, f"sequence missing on the {side}", True))
-                continue
-            plan = plan_sequence(
-                state, publisher_last=pub_state.last_value, column_max=None, margin=self.margin
-            )
-            handle(entry, state, plan)
+            planned = self._plan_named(sequence, pub_states, sub_states)
+            self._apply(subscriber, *planned, report=report, errors=errors)
 
         missing = [f"{t}.{c}" for (t, c) in pub_owned if (t, c) not in
                    {(s.table, s.column) for s in sub_owned}]  # fmt: skip
+        self._log_report(report, missing)
+        result = {
+            "sequences": report,
+            "changed": sum(1 for e in report if e["changed"]),
+            "plan_only": self.plan_only,
+            "columns_without_subscriber_sequence": missing,
+        }
+        if errors:
+            context["ti"].xcom_push(key="return_value", value=result)
+            raise SequenceSyncError(errors)
+        return result
+
+    def _plan_owned(
+        self,
+        subscriber: PgLogicalReplicationHook,
+        owned: OwnedSequence,
+        pub_owned: dict[tuple[TableRef, str], OwnedSequence],
+        pub_states: dict[TableRef, SequenceState],
+        sub_states: dict[TableRef, SequenceState],
+    ) -> tuple[dict[str, Any], SequenceState | None, SequencePlan]:
+        """The report entry and plan of a subscriber sequence behind an identity/serial column.
+
+        Its publisher counterpart is the sequence behind the same table and column there.
+        """
+        source = pub_owned.get((owned.table, owned.column))
+        pub_state = pub_states.get(source.sequence) if source else None
+        publisher_last = pub_state.last_value if pub_state else None
+        column_max = subscriber.column_max(owned.table, owned.column)
+        entry = {
+            "sequence": str(owned.sequence),
+            "table": str(owned.table),
+            "column": owned.column,
+            "kind": owned.kind,
+            "publisher_sequence": str(source.sequence) if source else None,
+            "publisher_last_value": publisher_last,
+            "subscriber_column_max": column_max,
+        }
+        state = sub_states.get(owned.sequence)
+        if state is None:
+            return entry, None, SequencePlan(None, "sequence not readable", True)
+        plan = plan_sequence(
+            state, publisher_last=publisher_last, column_max=column_max, margin=self.margin
+        )
+        return entry, state, plan
+
+    def _plan_named(
+        self,
+        sequence: TableRef,
+        pub_states: dict[TableRef, SequenceState],
+        sub_states: dict[TableRef, SequenceState],
+    ) -> tuple[dict[str, Any], SequenceState | None, SequencePlan]:
+        """The report entry and plan of a free-standing sequence, matched by name on both sides."""
+        pub_state, state = pub_states.get(sequence), sub_states.get(sequence)
+        entry = {"sequence": str(sequence), "table": None, "column": None, "kind": "named",
+                 "publisher_sequence": str(sequence),
+                 "publisher_last_value": pub_state.last_value if pub_state else None,
+                 "subscriber_column_max": None}  # fmt: skip
+        if pub_state is None or state is None:
+            side = "publisher" if pub_state is None else "subscriber"
+            return entry, state, SequencePlan(None, f"sequence missing on the {side}", True)
+        plan = plan_sequence(
+            state, publisher_last=pub_state.last_value, column_max=None, margin=self.margin
+        )
+        return entry, state, plan
+
+    def _apply(
+        self,
+        subscriber: PgLogicalReplicationHook,
+        entry: dict[str, Any],
+        state: SequenceState | None,
+        plan: SequencePlan,
+        *,
+        report: list[dict[str, Any]],
+        errors: list[str],
+    ) -> None:
+        """Carry out ``plan`` (``setval`` unless ``plan_only``) and record it in ``report``."""
+        entry.update(old_value=state.last_value if state else None, new_value=None,
+                     changed=False, reason=plan.reason)  # fmt: skip
+        if plan.new_value is not None and state is not None:
+            if not self.plan_only:
+                subscriber.set_sequence(state.sequence, plan.new_value)
+            entry.update(new_value=plan.new_value, changed=not self.plan_only)
+        if plan.error:
+            errors.append(f"{entry['sequence']}: {plan.reason}")
+        report.append(entry)
+
+    def _log_report(self, report: list[dict[str, Any]], missing: list[str]) -> None:
         for entry in report:
             self.log.info(
                 "%s: %s -> %s (%s)", entry["sequence"], entry["old_value"],
@@ -210,13 +248,25 @@ class SyncSequencesOperator(TaskBoundary, BaseOperator):
                 "values come from elsewhere there): %s",
                 ", ".join(missing),
             )
-        result = {
-            "sequences": report,
-            "changed": sum(1 for e in report if e["changed"]),
-            "plan_only": self.plan_only,
-            "columns_without_subscriber_sequence": missing,
-        }
-        if errors:
-            context["ti"].xcom_push(key="return_value", value=result)
-            raise SequenceSyncError(errors)
-        return result
+
+
+def _refuse_unreadable(
+    pub_states: dict[TableRef, SequenceState], sub_states: dict[TableRef, SequenceState]
+) -> None:
+    """Refuse, before anything is set, when the roles may not read a sequence's ``last_value``.
+
+    Without the privilege ``pg_sequences`` reads NULL, as for a sequence never used: the plan
+    would take it for unused, and aim too low (publisher) or move the sequence back (subscriber).
+    """
+    from airflow_pglogrepl.exceptions import SequenceSyncError
+
+    unreadable = [
+        f"{side} sequence {state.sequence}: this role may not read its last_value (it "
+        f"reads NULL, as for a sequence never used); GRANT SELECT ON SEQUENCE "
+        f"{state.sequence} to the {side} connection's role"
+        for side, states in (("publisher", pub_states), ("subscriber", sub_states))
+        for state in states.values()
+        if not state.readable
+    ]
+    if unreadable:
+        raise SequenceSyncError(unreadable, refused=True)

@@ -27,8 +27,8 @@ from airflow_pglogrepl.operators.spark_submit import (
 from airflow_pglogrepl.operators.task_reports import snapshot_paragraph
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.hooks.pg.snapshot import ExportedSnapshot
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
+    from airflow_pglogrepl.postgres.snapshot import ExportedSnapshot
 
 
 SNAPSHOT_APP = str(PACKAGE_DIR / "spark" / "snapshot_app.py")

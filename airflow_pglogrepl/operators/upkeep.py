@@ -112,7 +112,8 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
         from airflow.sdk.exceptions import AirflowSkipException
 
         from airflow_pglogrepl.exceptions import LakeWriterBusyError
-        from airflow_pglogrepl.lake.upkeep import Keep, Thresholds, upkeep
+        from airflow_pglogrepl.lake.retention import Keep
+        from airflow_pglogrepl.lake.upkeep import Thresholds, upkeep
         from airflow_pglogrepl.lsn import LSN
 
         keep = Keep(

@@ -11,16 +11,15 @@ from __future__ import annotations
 from airflow_pglogrepl.pgoutput.buffer import InMemoryTransactionBuffer, TransactionBuffer
 from airflow_pglogrepl.pgoutput.changes import (
     Change,
-    ColumnInfo,
     Event,
     LogicalMessage,
-    TableInfo,
     TransactionBegin,
     TransactionCommit,
 )
 from airflow_pglogrepl.pgoutput.messages import UNCHANGED_TOAST, MessageType, PgOutputMessage
 from airflow_pglogrepl.pgoutput.parser import decode_message
 from airflow_pglogrepl.pgoutput.per_message import PgOutputStream
+from airflow_pglogrepl.pgoutput.table_info import ColumnInfo, TableInfo
 from airflow_pglogrepl.pgoutput.values import Interval
 
 __all__ = [

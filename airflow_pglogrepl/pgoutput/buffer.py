@@ -19,10 +19,10 @@ from airflow_pglogrepl.pgoutput.changes import (
     Change,
     Event,
     LogicalMessage,
-    TableInfo,
     TransactionBegin,
     TransactionCommit,
 )
+from airflow_pglogrepl.pgoutput.table_info import TableInfo
 
 __all__ = ["InMemoryTransactionBuffer", "Pending", "Prepared", "TransactionBuffer", "deliver"]
 

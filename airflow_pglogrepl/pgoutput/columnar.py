@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-    from airflow_pglogrepl.pgoutput.changes import TableInfo
+    from airflow_pglogrepl.pgoutput.table_info import TableInfo
 
 __all__ = ["Column", "ColumnarParser", "ColumnarUnsupportedError", "ParsedBatch", "TupleRows",
            "Txn", "parse_rows", "pick"]  # fmt: skip

@@ -14,6 +14,9 @@ them here in order. The stream keeps what the protocol leaves to the receiver:
 - two-phase transactions (protocol 3, ``two_phase 'on'``): changes between Begin Prepare and
   Prepare (or a Stream Prepare) wait until COMMIT PREPARED, and are dropped on ROLLBACK PREPARED.
 
+The messages that open, deliver and drop those two kinds of waiting transactions are handled by
+``waiting_transactions.WaitingTransactionsMixin``, which the stream inherits.
+
 Parsing of each message is ``parser``'s; Insert/Update/Delete, which are nearly all of the
 traffic, are parsed inline here with the same checks, to keep up with the server.
 See https://www.postgresql.org/docs/15/protocol-logical-replication.html
@@ -33,14 +36,12 @@ from airflow_pglogrepl.pgoutput.buffer import (
     Pending,
     Prepared,
     TransactionBuffer,
-    deliver,
 )
 from airflow_pglogrepl.pgoutput.changes import (
     FLAG_OLD_IS_KEY,
     Change,
     Event,
     LogicalMessage,
-    TableInfo,
     TransactionBegin,
     TransactionCommit,
 )
@@ -49,25 +50,20 @@ from airflow_pglogrepl.pgoutput.messages import (
     BeginMessage,
     BeginPrepareMessage,
     CommitMessage,
-    CommitPreparedMessage,
     LogicalDecodingMessage,
     MessageType,
     OriginMessage,
     PgOutputMessage,
-    PrepareMessage,
     RelationMessage,
-    RollbackPreparedMessage,
-    StreamAbortMessage,
-    StreamCommitMessage,
-    StreamPrepareMessage,
-    StreamStartMessage,
     TruncateMessage,
     TypeMessage,
     message_type_name,
 )
 from airflow_pglogrepl.pgoutput.parser import check_protocol_version, decode_message
 from airflow_pglogrepl.pgoutput.relations import RelationCache
+from airflow_pglogrepl.pgoutput.table_info import TableInfo
 from airflow_pglogrepl.pgoutput.tuples import as_bytes
+from airflow_pglogrepl.pgoutput.waiting_transactions import WaitingTransactionsMixin
 
 __all__ = ["PgOutputStream"]
 
@@ -75,7 +71,7 @@ _U32 = struct.Struct("!I").unpack_from
 _MULTI: Final = (list, tuple, GeneratorType)
 
 
-class PgOutputStream:
+class PgOutputStream(WaitingTransactionsMixin):
     """Decode pgoutput rows into ``Change``/``LogicalMessage`` records with transaction bounds.
 
     :param proto_version: the ``proto_version`` option the slot is read with (1 to 4).
@@ -309,123 +305,6 @@ class PgOutputStream:
         if not self.in_transaction:
             raise DecodeError("O", 0, "Origin outside a transaction")
         self._origin = message.name
-
-    def _on_begin_prepare(self, lsn: LSN, data: bytes) -> None:
-        message = self._parse(data)
-        assert isinstance(message, BeginPrepareMessage)
-        self._require_idle("b")
-        if message.gid in self._prepared:
-            raise DecodeError("b", 0, f"transaction {message.gid!r} is already prepared")
-        self._preparing = message
-        self._origin = None
-        self._buffer.open(("prepared", message.gid))
-
-    def _on_prepare(self, lsn: LSN, data: bytes) -> None:
-        message = self._parse(data)
-        assert isinstance(message, PrepareMessage)
-        begin = self._preparing
-        if begin is None or begin.gid != message.gid or begin.xid != message.xid:
-            raise DecodeError("P", 0, f"Prepare of {message.gid!r} without its Begin Prepare")
-        self._preparing = None
-        self._prepared[message.gid] = Prepared(
-            message.xid, message.gid, message.prepare_lsn, message.end_lsn, self._origin
-        )
-
-    def _on_commit_prepared(self, lsn: LSN, data: bytes) -> Iterator[Event]:
-        message = self._parse(data)
-        assert isinstance(message, CommitPreparedMessage)
-        self._require_idle("K")
-        prepared = self._prepared.pop(message.gid, None)
-        if prepared is None:
-            raise DecodeError(
-                "K",
-                0,
-                f"COMMIT PREPARED {message.gid!r} (xid {message.xid}) for a transaction whose "
-                f"PREPARE this decoding session did not see: its changes were delivered before. "
-                f"Never advance a two-phase slot past a prepared transaction that is still open",
-            )
-        items = self._buffer.pop(("prepared", message.gid))
-        begin = TransactionBegin(message.xid, message.commit_lsn, message.commit_ts, message.gid)
-        return deliver(begin, items, message.end_lsn, prepared.origin)
-
-    def _on_rollback_prepared(self, lsn: LSN, data: bytes) -> None:
-        message = self._parse(data)
-        assert isinstance(message, RollbackPreparedMessage)
-        self._require_idle("r")
-        self._prepared.pop(message.gid, None)
-        self._buffer.discard(("prepared", message.gid))
-
-    # -- streaming ------------------------------------------------------------------------
-
-    def _on_stream_start(self, lsn: LSN, data: bytes) -> None:
-        message = self._parse(data)
-        assert isinstance(message, StreamStartMessage)
-        if self._stream_xid is not None:
-            raise DecodeError("S", 0, "Stream Start inside an open stream block")
-        if self._txn is not None or self._preparing is not None:
-            raise DecodeError("S", 0, "Stream Start inside a transaction")
-        xid = message.xid
-        if message.first_segment:
-            if xid in self._streams:
-                raise DecodeError("S", 1, f"first stream block of xid {xid} seen twice")
-            self._streams[xid] = {}
-            self._buffer.open(("stream", xid))
-        elif xid not in self._streams:
-            raise DecodeError(
-                "S",
-                1,
-                f"stream block of xid {xid} continues a transaction whose first block this "
-                f"session did not see; decode from the slot's start position",
-            )
-        self._stream_xid = xid
-
-    def _on_stream_stop(self, lsn: LSN, data: bytes) -> None:
-        self._parse(data)
-        if self._stream_xid is None:
-            raise DecodeError("E", 0, "Stream Stop without Stream Start")
-        self._stream_xid = None
-
-    def _closed_stream(self, mtype: str, xid: int) -> dict[int, TableInfo]:
-        if self._stream_xid is not None:
-            raise DecodeError(mtype, 0, "arrived inside a stream block (no Stream Stop)")
-        overlay = self._streams.pop(xid, None)
-        if overlay is None:
-            raise DecodeError(mtype, 1, f"no streamed transaction {xid} is open")
-        return overlay
-
-    def _on_stream_commit(self, lsn: LSN, data: bytes) -> Iterator[Event]:
-        message = self._parse(data)
-        assert isinstance(message, StreamCommitMessage)
-        for table in self._closed_stream("c", message.xid).values():
-            self._relations.describe(table)
-        items = self._buffer.pop(("stream", message.xid))
-        begin = TransactionBegin(message.xid, message.commit_lsn, message.commit_ts)
-        return deliver(begin, items, message.end_lsn, None)
-
-    def _on_stream_abort(self, lsn: LSN, data: bytes) -> None:
-        message = self._parse(data)
-        assert isinstance(message, StreamAbortMessage)
-        if self._stream_xid is not None:
-            raise DecodeError("A", 0, "arrived inside a stream block (no Stream Stop)")
-        if message.xid not in self._streams:
-            return  # nothing of it was kept
-        if message.subxid == message.xid:
-            del self._streams[message.xid]
-            self._buffer.discard(("stream", message.xid))
-        else:
-            self._buffer.abort_subtransaction(("stream", message.xid), message.subxid)
-
-    def _on_stream_prepare(self, lsn: LSN, data: bytes) -> None:
-        message = self._parse(data)
-        assert isinstance(message, StreamPrepareMessage)
-        for table in self._closed_stream("p", message.xid).values():
-            self._relations.describe(table)
-        if message.gid in self._prepared:
-            raise DecodeError("p", 0, f"transaction {message.gid!r} is already prepared")
-        self._buffer.rename(("stream", message.xid), ("prepared", message.gid))
-        self._prepared[message.gid] = Prepared(
-            message.xid, message.gid, message.prepare_lsn, message.end_lsn, None
-        )
 
     # -- relations ------------------------------------------------------------------------
 

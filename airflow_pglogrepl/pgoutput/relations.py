@@ -15,9 +15,9 @@ import struct
 from collections.abc import Mapping
 
 from airflow_pglogrepl.exceptions import DecodeError, UnknownRelationError
-from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
 from airflow_pglogrepl.pgoutput.messages import RelationMessage, TypeMessage, message_type_name
 from airflow_pglogrepl.pgoutput.parser import check_protocol_version, decode_message
+from airflow_pglogrepl.pgoutput.table_info import ColumnInfo, TableInfo
 from airflow_pglogrepl.pgoutput.values import value_type
 
 __all__ = ["RelationCache"]

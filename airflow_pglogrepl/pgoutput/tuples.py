@@ -4,7 +4,7 @@
 ``row_parser`` generate, once per column count, straight-line readers for the common case
 (text, NULL and unchanged-TOAST columns) that hand anything else back to the checked path.
 These are the decoder's hot loops: ``parser`` parses whole messages around them, and
-``changes.TableInfo`` keeps the generated readers of its column count.
+``table_info.TableInfo`` keeps the generated readers of its column count.
 See https://www.postgresql.org/docs/15/protocol-logicalrep-message-formats.html (TupleData)
 """
 

@@ -65,124 +65,115 @@ class Idle:
     reason: str
 
 
-def idle_run(
-    hook: IdleSource,
-    slot: SlotInfo,
-    *,
-    lake_root: str,
-    publications: Sequence[str],
-    materialize: bool,
-    max_wal_bytes: int,
-) -> Idle | None:
-    """The run's ``Idle`` when it has nothing to drain or merge, else None (with the reason
-    logged). Any error while deciding is logged and answers None: the application decides."""
-    from airflow_pglogrepl.exceptions import LakeWriterBusyError
+@dataclass(frozen=True)
+class IdleCheck:
+    """The drain's first question about one lake and its slot, with the run's settings:
+    ``IdleCheck(hook, lake_root=..., ...).run(slot)`` is the run's ``Idle``, or None."""
 
-    try:
-        return _idle_run(hook, slot, lake_root=lake_root, publications=publications,
-                         materialize=materialize, max_wal_bytes=max_wal_bytes)  # fmt: skip
-    except LakeWriterBusyError:  # said once: by the application, with who holds it and the fix
-        log.info("another run holds the writer lock of slot %s's lake: the application is "
-                 "started and reports it", slot.name)  # fmt: skip
-        return None
-    except Exception as exc:  # the application meets the same error and reports it properly
-        log.info("could not tell whether slot %s has anything to drain (%s: %s): submitting",
-                 slot.name, type(exc).__name__, exc)  # fmt: skip
-        return None
+    hook: IdleSource
+    lake_root: str
+    publications: Sequence[str]
+    materialize: bool
+    max_wal_bytes: int
 
+    def run(self, slot: SlotInfo) -> Idle | None:
+        """The run's ``Idle`` when it has nothing to drain or merge, else None (with the reason
+        logged). Any error while deciding is logged and answers None: the application decides."""
+        from airflow_pglogrepl.exceptions import LakeWriterBusyError
 
-def _idle_run(
-    hook: IdleSource,
-    slot: SlotInfo,
-    *,
-    lake_root: str,
-    publications: Sequence[str],
-    materialize: bool,
-    max_wal_bytes: int,
-) -> Idle | None:
-    # Judged under the lake's writer lock, as a drain would hold it: no other run commits to the
-    # lake or moves the slot between the reads below, and the peek never holds the slot while
-    # another run's drain peeks it (that run would fail: slot active). Another holder:
-    # LakeWriterBusyError, and the run is submitted.
-    with hook.writer_lock(slot.name, role="idle-check"):
-        return _judge(hook, hook.get_slot(slot.name), lake_root=lake_root,
-                      publications=publications, materialize=materialize,
-                      max_wal_bytes=max_wal_bytes)  # fmt: skip
+        try:
+            # Judged under the lake's writer lock, as a drain would hold it: no other run
+            # commits to the lake or moves the slot between the reads below, and the peek never
+            # holds the slot while another run's drain peeks it (that run would fail: slot
+            # active). Another holder: LakeWriterBusyError, and the run is submitted.
+            with self.hook.writer_lock(slot.name, role="idle-check"):
+                return self.judge(self.hook.get_slot(slot.name))
+        except LakeWriterBusyError:  # said once: by the application, with who holds it and the fix
+            log.info("another run holds the writer lock of slot %s's lake: the application is "
+                     "started and reports it", slot.name)  # fmt: skip
+            return None
+        except Exception as exc:  # the application meets the same error and reports it properly
+            log.info("could not tell whether slot %s has anything to drain (%s: %s): submitting",
+                     slot.name, type(exc).__name__, exc)  # fmt: skip
+            return None
 
+    def judge(self, slot: SlotInfo) -> Idle | None:
+        """The verdict on ``slot`` as read under the writer lock: 1, 2 and 3 of the module's
+        list, the cheap reads first."""
+        confirmed = slot.confirmed_flush_lsn
+        if confirmed is None or not self._lake_settled(slot, confirmed):
+            return None
+        flush = self.hook.flush_lsn()
+        if flush <= confirmed:
+            return Idle(confirmed, flush, "no WAL was written after the slot's confirmed_flush_lsn")
+        if not self._slot_may_wait(slot, confirmed, flush):
+            return None
+        missing = self.hook.missing_publications(list(self.publications))
+        if missing:
+            log.info("publication(s) %s missing: the application reports it", ", ".join(missing))
+            return None
+        began = time.monotonic()
+        if published_before(self.hook, slot.name, peek_options(self.publications), flush):
+            log.info("slot %s has changes to drain after %s: Spark submitted", slot.name,
+                     confirmed)  # fmt: skip
+            return None
+        return Idle(
+            confirmed,
+            flush,
+            f"no published change in the {flush - confirmed} WAL bytes after the slot's "
+            f"confirmed_flush_lsn (peeked in {time.monotonic() - began:.2f} s)",
+        )
 
-def _judge(
-    hook: IdleSource,
-    slot: SlotInfo,
-    *,
-    lake_root: str,
-    publications: Sequence[str],
-    materialize: bool,
-    max_wal_bytes: int,
-) -> Idle | None:
-    from airflow_pglogrepl.lake.lake import Lake
-    from airflow_pglogrepl.lake.quarantine import held
-    from airflow_pglogrepl.merge.materialize import pending_tables
+    def _lake_settled(self, slot: SlotInfo, confirmed: LSN) -> bool:
+        """The slot is free, the lake stands where it does, nothing is quarantined and (when
+        the run merges) nothing waits for its merge: 1 and 2 of the module's list."""
+        from airflow_pglogrepl.lake.lake import Lake
+        from airflow_pglogrepl.lake.quarantine import held
+        from airflow_pglogrepl.merge.materialize import pending_tables
 
-    confirmed = slot.confirmed_flush_lsn
-    name = slot.name
-    if confirmed is None:
-        return None
-    if slot.active:
-        log.info("slot %s is in use by backend %s: Spark submitted, the application reports it",
-                 name, slot.active_pid)  # fmt: skip
-        return None
-    lake = Lake(lake_root, name)
-    position = lake.position()
-    if position != confirmed:
-        log.info("lake at %s, slot %s at %s: the application reconciles them (Spark submitted)",
-                 position, name, confirmed)  # fmt: skip
-        return None
-    quarantined = held(lake)
-    if quarantined:  # the run reports them (and fails, unless told to warn)
-        log.info("tables in the lake's quarantine (%s): Spark submitted",
-                 ", ".join(map(str, quarantined)))  # fmt: skip
-        return None
-    if materialize:
-        pending = pending_tables(lake)
+        if slot.active:
+            log.info("slot %s is in use by backend %s: Spark submitted, the application "
+                     "reports it", slot.name, slot.active_pid)  # fmt: skip
+            return False
+        lake = Lake(self.lake_root, slot.name)
+        position = lake.position()
+        if position != confirmed:
+            log.info("lake at %s, slot %s at %s: the application reconciles them (Spark "
+                     "submitted)", position, slot.name, confirmed)  # fmt: skip
+            return False
+        quarantined = held(lake)
+        if quarantined:  # the run reports them (and fails, unless told to warn)
+            log.info("tables in the lake's quarantine (%s): Spark submitted",
+                     ", ".join(map(str, quarantined)))  # fmt: skip
+            return False
+        pending = pending_tables(lake) if self.materialize else []
         if pending:
             log.info("%d table(s) wait for their merge (%s): Spark submitted",
                      len(pending), ", ".join(pending[:5]))  # fmt: skip
-            return None
-    flush = hook.flush_lsn()
-    if flush <= confirmed:
-        return Idle(confirmed, flush, "no WAL was written after the slot's confirmed_flush_lsn")
-    # The WAL the slot holds, and every peek decodes again, starts at restart_lsn, not at
-    # confirmed_flush_lsn: a transaction open across the last drain left restart_lsn behind,
-    # and only an advance moves it on.
-    restart = min(slot.restart_lsn or confirmed, confirmed)
-    if flush - restart > max_wal_bytes:
-        log.info("slot %s holds %d WAL bytes from its restart_lsn %s (%d past its "
-                 "confirmed_flush_lsn %s), more than %d: the application drains, so the slot "
-                 "moves on", name, flush - restart, restart, flush - confirmed, confirmed,
-                 max_wal_bytes)  # fmt: skip
-        return None
-    safe = slot.safe_wal_size  # None: max_slot_wal_keep_size is -1 (no limit)
-    if safe is not None and safe < max_wal_bytes:
-        log.info("slot %s is lost after %d more WAL bytes (max_slot_wal_keep_size), fewer than "
-                 "an idle run may leave (%d): the application drains, so the slot moves on "
-                 "(a smaller idle_wal_bytes lets such a run skip)", name, safe,
-                 max_wal_bytes)  # fmt: skip
-        return None
-    missing = hook.missing_publications(list(publications))
-    if missing:
-        log.info("publication(s) %s missing: the application reports it", ", ".join(missing))
-        return None
-    began = time.monotonic()
-    found = published_before(hook, name, peek_options(publications), flush)
-    if found:
-        log.info("slot %s has changes to drain after %s: Spark submitted", name, confirmed)
-        return None
-    return Idle(
-        confirmed,
-        flush,
-        f"no published change in the {flush - confirmed} WAL bytes after the slot's "
-        f"confirmed_flush_lsn (peeked in {time.monotonic() - began:.2f} s)",
-    )
+            return False
+        return True
+
+    def _slot_may_wait(self, slot: SlotInfo, confirmed: LSN, flush: LSN) -> bool:
+        """Whether leaving the slot where it is keeps the WAL it holds within
+        ``max_wal_bytes``, and the slot that far from being lost: the bound of 3."""
+        # The WAL the slot holds, and every peek decodes again, starts at restart_lsn, not at
+        # confirmed_flush_lsn: a transaction open across the last drain left restart_lsn
+        # behind, and only an advance moves it on.
+        restart = min(slot.restart_lsn or confirmed, confirmed)
+        if flush - restart > self.max_wal_bytes:
+            log.info("slot %s holds %d WAL bytes from its restart_lsn %s (%d past its "
+                     "confirmed_flush_lsn %s), more than %d: the application drains, so the "
+                     "slot moves on", slot.name, flush - restart, restart, flush - confirmed,
+                     confirmed, self.max_wal_bytes)  # fmt: skip
+            return False
+        safe = slot.safe_wal_size  # None: max_slot_wal_keep_size is -1 (no limit)
+        if safe is not None and safe < self.max_wal_bytes:
+            log.info("slot %s is lost after %d more WAL bytes (max_slot_wal_keep_size), fewer "
+                     "than an idle run may leave (%d): the application drains, so the slot moves "
+                     "on (a smaller idle_wal_bytes lets such a run skip)", slot.name, safe,
+                     self.max_wal_bytes)  # fmt: skip
+            return False
+        return True
 
 
 def idle_summary(slot: str, idle: Idle, *, materialize: bool, started: float) -> dict[str, Any]:

@@ -17,9 +17,9 @@ from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pipeline.overlap import prefetched
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.hooks.pg.slot_stream import SlotStream
     from airflow_pglogrepl.pipeline.follow import Follow
     from airflow_pglogrepl.pipeline.source import DrainSource
+    from airflow_pglogrepl.postgres.slot_stream import SlotStream
 
 __all__ = [
     "PeekReader",
@@ -75,7 +75,7 @@ class PeekReader:
 
 
 class StreamReader:
-    """The slot read through one replication stream (``hooks.pg.slot_stream``), from the run's
+    """The slot read through one replication stream (``postgres.slot_stream``), from the run's
     start: up to a span's end, or, following, until the run is told to stop."""
 
     exact_end = True

@@ -1,7 +1,7 @@
 """What the drain needs of its source database: read, peek, stream and advance the slot, the
 flushed WAL position, the publications and the server's identity.
 
-``hooks.pg.source.PgSource`` (in the Spark application's driver) and the Airflow hook have these
+``postgres.source.PgSource`` (in the Spark application's driver) and the Airflow hook have these
 methods; the tests give fakes. Nothing in ``pipeline`` speaks SQL: it asks this.
 """
 
@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from airflow_pglogrepl.lsn import LSN
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.hooks.pg.slot_stream import SlotStream
     from airflow_pglogrepl.models.records import SlotInfo
+    from airflow_pglogrepl.postgres.slot_stream import SlotStream
 
 __all__ = ["DrainSource", "check_slot"]
 
 
 class DrainSource(Protocol):
-    """What the drain needs of its source database (``hooks.pg.source.PgSource``, or the Airflow
+    """What the drain needs of its source database (``postgres.source.PgSource``, or the Airflow
     hook, which has the same methods): read, peek and advance the slot, and the flush LSN."""
 
     def get_slot(self, name: str, *, plugin: str | None = None) -> SlotInfo: ...

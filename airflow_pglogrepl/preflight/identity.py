@@ -151,6 +151,9 @@ def _key_fix(t: TableRef, table: TableFacts, best: IndexFacts | None) -> str | N
     return None
 
 
+# An assessment's finding: (check, severity, message, fix).
+_IdentityFinding = tuple[Check, Severity, str, str]
+
 _FAILS = (
     "so every UPDATE and DELETE on it fails on the publisher once it is in a publication that "
     'publishes them ("cannot update table ... because it does not have a replica identity")'
@@ -167,7 +170,7 @@ def assess(table: TableFacts) -> IdentityAssessment:
     def verdict(
         cls: IdentityClass,
         keys: tuple[str, ...] = (),
-        finding: tuple[Check, Severity, str, str] | None = None,
+        finding: _IdentityFinding | None = None,
     ) -> IdentityAssessment:
         return IdentityAssessment(t, cls, keys, best, finding)
 
@@ -179,84 +182,90 @@ def assess(table: TableFacts) -> IdentityAssessment:
     if ri == "i" and identity_index is not None:
         return verdict(IdentityClass.INDEX, identity_index.columns)
     if ri == "f":
-        key_fix = _key_fix(t, table, best)
         return verdict(
-            IdentityClass.FULL,
-            tuple(c.name for c in table.columns),
-            (
-                Check.IDENTITY_FULL,
-                Severity.WARNING,
-                "has REPLICA IDENTITY FULL: every UPDATE and DELETE logs the whole old row, and "
-                "unless the subscriber's table has a primary key or identity index the subscriber "
-                "scans the whole table to find each changed row.",
-                key_fix
-                or f"add a primary key or a unique index on NOT NULL columns, then use it as the "
-                f"replica identity (ALTER TABLE {t} REPLICA IDENTITY DEFAULT / USING INDEX ...); "
-                f"keep FULL only for small tables",
-            ),
+            IdentityClass.FULL, tuple(c.name for c in table.columns), _full_finding(table, best)
         )
+    cls, finding = _no_identity(table, best)
+    return verdict(cls, finding=finding)
+
+
+def _full_finding(table: TableFacts, best: IndexFacts | None) -> _IdentityFinding:
+    """REPLICA IDENTITY FULL works, but logs whole old rows and makes the subscriber search."""
+    t = table.table
+    key_fix = _key_fix(t, table, best)
+    return (
+        Check.IDENTITY_FULL,
+        Severity.WARNING,
+        "has REPLICA IDENTITY FULL: every UPDATE and DELETE logs the whole old row, and "
+        "unless the subscriber's table has a primary key or identity index the subscriber "
+        "scans the whole table to find each changed row.",
+        key_fix
+        or f"add a primary key or a unique index on NOT NULL columns, then use it as the "
+        f"replica identity (ALTER TABLE {t} REPLICA IDENTITY DEFAULT / USING INDEX ...); "
+        f"keep FULL only for small tables",
+    )
+
+
+def _no_identity(
+    table: TableFacts, best: IndexFacts | None
+) -> tuple[IdentityClass, _IdentityFinding]:
+    """The class and finding of a table with no identity: NOTHING, a dropped identity index,
+    or DEFAULT without a primary key."""
+    t = table.table
     nullable = _nullable_candidate(table)
     key_fix = _key_fix(t, table, best)
-    if ri == "n":
-        return verdict(
-            IdentityClass.NOTHING,
-            finding=(
-                Check.IDENTITY_NOTHING,
-                Severity.ERROR,
-                f"has REPLICA IDENTITY NOTHING, {_FAILS}; only INSERT and TRUNCATE replicate.",
-                key_fix or _no_key_fix(t, nullable),
-            ),
+    if table.replica_identity == "n":
+        return IdentityClass.NOTHING, (
+            Check.IDENTITY_NOTHING,
+            Severity.ERROR,
+            f"has REPLICA IDENTITY NOTHING, {_FAILS}; only INSERT and TRUNCATE replicate.",
+            key_fix or _no_key_fix(t, nullable),
         )
-    if ri == "i":
-        return verdict(
-            IdentityClass.INDEX_MISSING,
-            finding=(
-                Check.IDENTITY_INDEX_MISSING,
-                Severity.ERROR,
-                "has REPLICA IDENTITY USING INDEX, but that index no longer exists (dropped or "
-                f"replaced without re-pointing the identity); it acts as NOTHING, {_FAILS}.",
-                key_fix or _no_key_fix(t, nullable),
-            ),
+    if table.replica_identity == "i":
+        return IdentityClass.INDEX_MISSING, (
+            Check.IDENTITY_INDEX_MISSING,
+            Severity.ERROR,
+            "has REPLICA IDENTITY USING INDEX, but that index no longer exists (dropped or "
+            f"replaced without re-pointing the identity); it acts as NOTHING, {_FAILS}.",
+            key_fix or _no_key_fix(t, nullable),
         )
-    # DEFAULT without a primary key: no identity at all.
+    return _default_without_key(table, best, nullable, key_fix)
+
+
+def _default_without_key(
+    table: TableFacts, best: IndexFacts | None, nullable: IndexFacts | None, key_fix: str | None
+) -> tuple[IdentityClass, _IdentityFinding]:
+    """DEFAULT without a primary key: no identity at all; say which index could serve."""
+    t = table.table
     if best is not None:
-        return verdict(
-            IdentityClass.UNIQUE_INDEX_UNUSED,
-            finding=(
-                Check.IDENTITY_UNIQUE_INDEX_UNUSED,
-                Severity.ERROR,
-                f"has no primary key and REPLICA IDENTITY DEFAULT, which then means no identity, "
-                f"{_FAILS}. Its unique index {ident(best.name)} on NOT NULL column(s) "
-                f"{idents(best.columns)} can serve as the identity.",
-                key_fix or "",
-            ),
+        return IdentityClass.UNIQUE_INDEX_UNUSED, (
+            Check.IDENTITY_UNIQUE_INDEX_UNUSED,
+            Severity.ERROR,
+            f"has no primary key and REPLICA IDENTITY DEFAULT, which then means no identity, "
+            f"{_FAILS}. Its unique index {ident(best.name)} on NOT NULL column(s) "
+            f"{idents(best.columns)} can serve as the identity.",
+            key_fix or "",
         )
     if nullable is not None:
-        return verdict(
-            IdentityClass.NULLABLE_UNIQUE_INDEX,
-            finding=(
-                Check.IDENTITY_NULLABLE_UNIQUE_INDEX,
-                Severity.ERROR,
-                f"has no primary key, and its unique index {ident(nullable.name)} cannot be used "
-                f"as replica identity because {nullable.unusable_reason} (a unique index allows "
-                f"several NULLs, so it does not identify a row); with REPLICA IDENTITY DEFAULT "
-                f"there is no identity, {_FAILS}.",
-                _no_key_fix(t, nullable),
-            ),
+        return IdentityClass.NULLABLE_UNIQUE_INDEX, (
+            Check.IDENTITY_NULLABLE_UNIQUE_INDEX,
+            Severity.ERROR,
+            f"has no primary key, and its unique index {ident(nullable.name)} cannot be used "
+            f"as replica identity because {nullable.unusable_reason} (a unique index allows "
+            f"several NULLs, so it does not identify a row); with REPLICA IDENTITY DEFAULT "
+            f"there is no identity, {_FAILS}.",
+            _no_key_fix(t, nullable),
         )
     unusable = [i for i in table.indexes if not i.usable]
     why = "".join(
         f" Unique index {ident(i.name)} cannot serve: {i.unusable_reason}." for i in unusable
     )
-    return verdict(
-        IdentityClass.NO_KEY,
-        finding=(
-            Check.IDENTITY_NO_KEY,
-            Severity.ERROR,
-            f"has no primary key and no unique index on NOT NULL columns, and REPLICA IDENTITY "
-            f"DEFAULT, {_FAILS}.{why}",
-            _no_key_fix(t, None),
-        ),
+    return IdentityClass.NO_KEY, (
+        Check.IDENTITY_NO_KEY,
+        Severity.ERROR,
+        f"has no primary key and no unique index on NOT NULL columns, and REPLICA IDENTITY "
+        f"DEFAULT, {_FAILS}.{why}",
+        _no_key_fix(t, None),
     )
 
 

@@ -63,10 +63,20 @@ def compare(
                 f"replace the subscriber's {sub.kind} {t} with a table of the same columns",
             )
         ]
-    findings: list[Finding] = []
     sent = replicated_columns(pub)
     sent_names = {c.name for c in sent}
+    extra = [c for c in sub.columns if c.name not in sent_names]
+    findings = _sent_column_findings(pub, sub, sent)
+    findings += _extra_column_findings(pub, extra)
+    findings += _key_findings(pub, sub, identity, extra)
+    return findings
 
+
+def _sent_column_findings(pub: TableFacts, sub: TableFacts, sent: list[Column]) -> list[Finding]:
+    """Can every column the publisher sends land on the subscriber (present, not generated,
+    of a type its text converts to)?"""
+    t = pub.table
+    findings: list[Finding] = []
     missing = [c for c in sent if sub.column(c.name) is None]
     if missing:
         adds = ", ".join(f"ADD COLUMN {ident(c.name)} {c.type}" for c in missing)
@@ -113,26 +123,29 @@ def compare(
                 "converts",
             )
         )
-    extra = [c for c in sub.columns if c.name not in sent_names]
-    stuck = [c for c in extra if c.not_null and not c.fills_itself]
-    if stuck:
-        sets = "; ".join(
-            f"ALTER TABLE {t} ALTER COLUMN {ident(c.name)} SET DEFAULT <value>" for c in stuck
-        )
-        findings.append(
-            _finding(
-                Check.NOT_NULL_WITHOUT_DEFAULT,
-                Severity.ERROR,
-                pub,
-                f"subscriber-only column(s) {idents(c.name for c in stuck)} are NOT NULL without "
-                f"a default: the initial copy and the first replicated INSERT fail with a "
-                f"not-null violation and replication stops.",
-                f"on the subscriber: {sets} (or DROP NOT NULL, or add the column on the "
-                f"publisher too)",
-            )
-        )
-    findings += _key_findings(pub, sub, identity, extra)
     return findings
+
+
+def _extra_column_findings(pub: TableFacts, extra: list[Column]) -> list[Finding]:
+    """A subscriber-only NOT NULL column needs a default: replicated rows never carry it."""
+    t = pub.table
+    stuck = [c for c in extra if c.not_null and not c.fills_itself]
+    if not stuck:
+        return []
+    sets = "; ".join(
+        f"ALTER TABLE {t} ALTER COLUMN {ident(c.name)} SET DEFAULT <value>" for c in stuck
+    )
+    return [
+        _finding(
+            Check.NOT_NULL_WITHOUT_DEFAULT,
+            Severity.ERROR,
+            pub,
+            f"subscriber-only column(s) {idents(c.name for c in stuck)} are NOT NULL without "
+            f"a default: the initial copy and the first replicated INSERT fail with a "
+            f"not-null violation and replication stops.",
+            f"on the subscriber: {sets} (or DROP NOT NULL, or add the column on the publisher too)",
+        )
+    ]
 
 
 def _key_findings(

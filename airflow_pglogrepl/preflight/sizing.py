@@ -98,26 +98,8 @@ def check_publisher(inspection: Inspection) -> list[Finding]:
             )
         )
     if server.temp_file_limit is not None:
-        largest = server.largest_decoded_transaction
-        above = ": above it" if largest and largest >= server.temp_file_limit else ""
-        seen = (
-            f" Slots here already decoded transactions of at least {largest} bytes "
-            f"(pg_stat_replication_slots){above}."
-            if largest
-            else " No slot here decoded a transaction big enough to spill yet."
-        )
         findings.append(
-            Finding(
-                Check.TEMP_FILE_LIMIT,
-                Severity.WARNING,
-                Side.PUBLISHER,
-                f"temp_file_limit is {server.temp_file_limit} bytes. A drain's peek holds each "
-                f"window, and at least its biggest transaction, in a temporary file: one "
-                f"transaction bigger than that stops the drain for good while WAL piles up "
-                f"(subscriptions are not affected).{seen}",
-                "ALTER ROLE <drain role> SET temp_file_limit = -1 (a superuser may), or keep "
-                "it above the biggest transaction the application writes",
-            )
+            _temp_file_limit(server.temp_file_limit, server.largest_decoded_transaction)
         )
     if server.idle_replication_slot_timeout_s is not None:
         findings.append(
@@ -133,8 +115,38 @@ def check_publisher(inspection: Inspection) -> list[Finding]:
                 "idle_replication_slot_timeout = 0 (off)",
             )
         )
+    findings += _publisher_shortages(inspection)
+    return findings
+
+
+def _temp_file_limit(limit: int, largest: int | None) -> Finding:
+    """A drain's peek spills to temporary files: a transaction above the limit stops it."""
+    above = ": above it" if largest and largest >= limit else ""
+    seen = (
+        f" Slots here already decoded transactions of at least {largest} bytes "
+        f"(pg_stat_replication_slots){above}."
+        if largest
+        else " No slot here decoded a transaction big enough to spill yet."
+    )
+    return Finding(
+        Check.TEMP_FILE_LIMIT,
+        Severity.WARNING,
+        Side.PUBLISHER,
+        f"temp_file_limit is {limit} bytes. A drain's peek holds each "
+        f"window, and at least its biggest transaction, in a temporary file: one "
+        f"transaction bigger than that stops the drain for good while WAL piles up "
+        f"(subscriptions are not affected).{seen}",
+        "ALTER ROLE <drain role> SET temp_file_limit = -1 (a superuser may), or keep "
+        "it above the biggest transaction the application writes",
+    )
+
+
+def _publisher_shortages(inspection: Inspection) -> list[Finding]:
+    """Replication slots and WAL senders short of what the planned subscriptions need."""
+    server = inspection.publisher.server
     usage = inspection.publisher.publisher_usage or PublisherUsage(0, 0)
     need = demand(inspection)
+    findings: list[Finding] = []
     for finding in (
         _shortage(
             check=Check.REPLICATION_SLOTS,

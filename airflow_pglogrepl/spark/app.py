@@ -160,8 +160,8 @@ def _reportable(message: str, dsn: str) -> str:
     sees: any secret of the DSN or of the lake's store removed (ours never carry one; a foreign
     error might: an S3 error repeats an expired session token), cut short."""
     from airflow_pglogrepl.conninfo import redact, secrets_of
-    from airflow_pglogrepl.hooks.pg.connect import dsn_params
     from airflow_pglogrepl.lake import storage
+    from airflow_pglogrepl.postgres.connect import dsn_params
 
     store = storage.current()
     if store is not None:

@@ -124,12 +124,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
-    from airflow_pglogrepl.hooks.pg.source import PgSource
     from airflow_pglogrepl.lake import create_only, storage
     from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.pipeline.drain import Drain, check_slot
     from airflow_pglogrepl.pipeline.follow import Follow
     from airflow_pglogrepl.pipeline.results import peak_rss_mb
+    from airflow_pglogrepl.postgres.source import PgSource
 
     follow = None
     if args.follow:

@@ -24,13 +24,13 @@ from airflow_pglogrepl.changelog.types import (
 )
 from airflow_pglogrepl.exceptions import UnstorableValueError
 from airflow_pglogrepl.faults import fault, pause
-from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
+from airflow_pglogrepl.pgoutput.table_info import ColumnInfo, TableInfo
 from airflow_pglogrepl.pgoutput.values import OID, value_type
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_pglogrepl.hooks.pg.snapshot import SnapshotTable
+    from airflow_pglogrepl.postgres.snapshot import SnapshotTable
 
 __all__ = ["CHUNK_BYTES", "BlockRange", "CopyTask", "lake_batch", "plain_schema", "plan_ranges",
            "read_plan", "table_info"]  # fmt: skip
@@ -196,7 +196,7 @@ class CopyTask:
 
     def copy(self, block_range: BlockRange) -> Iterator[pa.RecordBatch]:
         """One range's rows, a batch at a time (memory stays at about two batches)."""
-        from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader
+        from airflow_pglogrepl.postgres.snapshot import SnapshotReader
 
         info = table_info(self.table)
         schema = plain_schema(info)

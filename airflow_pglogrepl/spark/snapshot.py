@@ -69,13 +69,13 @@ from airflow_pglogrepl.spark.range_copy import (
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
-    from airflow_pglogrepl.hooks.pg.snapshot import SnapshotTable
-    from airflow_pglogrepl.hooks.pg.snapshot_guard import SnapshotGuard
+    from airflow_pglogrepl.postgres.snapshot import SnapshotTable
+    from airflow_pglogrepl.postgres.snapshot_guard import SnapshotGuard
 
 log = logging.getLogger("airflow_pglogrepl.snapshot")
 
 DEFAULT_ROWS_PER_TASK = 1_000_000
-DEFAULT_LOCK_TIMEOUT_S = 60.0  # for the copied tables' locks (see hooks.pg.snapshot_guard)
+DEFAULT_LOCK_TIMEOUT_S = 60.0  # for the copied tables' locks (see postgres.snapshot_guard)
 # What the lake records of its snapshots moved to lake/snapshots.py: importable here as before.
 __all__ = [
     "BootstrapPlan",
@@ -254,8 +254,8 @@ class SnapshotCopy:
                 f"lake {self.lake.root} holds no commit yet: take an initial snapshot of the "
                 f"whole publication first (tables=None)"
             )
-        from airflow_pglogrepl.hooks.pg.passfile import travelling_params
-        from airflow_pglogrepl.hooks.pg.snapshot_guard import SnapshotGuard
+        from airflow_pglogrepl.postgres.passfile import travelling_params
+        from airflow_pglogrepl.postgres.snapshot_guard import SnapshotGuard
 
         with ExitStack() as stack:
             guard = stack.enter_context(SnapshotGuard(self.reader_params, result.snapshot_name))
@@ -437,7 +437,7 @@ class SnapshotCopy:
     def copy_task(self, table: SnapshotTable, copied_bytes: Any = None) -> CopyTask:
         """The function the executors run for ``table``'s ranges (only inside ``run``: its
         parameters name the job's passfile instead of holding the password)."""
-        from airflow_pglogrepl.hooks.pg.snapshot_guard import readers_application_name
+        from airflow_pglogrepl.postgres.snapshot_guard import readers_application_name
 
         if self._task_params is None:
             raise RuntimeError("SnapshotCopy.copy_task is only available inside run()")

@@ -112,9 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
-    from airflow_pglogrepl.hooks.pg.source import PgSource
     from airflow_pglogrepl.lake import create_only, storage
     from airflow_pglogrepl.lake.lake import Lake
+    from airflow_pglogrepl.postgres.source import PgSource
 
     storage.use_for_lake(args.lake_root)
     # a store that would let two writers commit one version is refused before anything starts

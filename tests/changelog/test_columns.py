@@ -53,7 +53,7 @@ def test_the_key_and_the_identity_read_back_from_the_schema() -> None:
 
 def test_a_tables_changelog_schema_is_its_typed_columns_key_marked_then_the_metadata() -> None:
     from airflow_pglogrepl.changelog.types import arrow_schema
-    from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
+    from airflow_pglogrepl.pgoutput.table_info import ColumnInfo, TableInfo
     from airflow_pglogrepl.pgoutput.values import OID
 
     table = TableInfo("public", "t", [ColumnInfo("id", OID.INT8, -1, True, OID.INT8),

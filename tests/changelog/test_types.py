@@ -30,7 +30,7 @@ from airflow_pglogrepl.changelog.types import (
     arrow_value,
     numeric_precision_scale,
 )
-from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
+from airflow_pglogrepl.pgoutput.table_info import ColumnInfo, TableInfo
 from airflow_pglogrepl.pgoutput.values import OID, Interval, from_text
 from airflow_pglogrepl.tables import TableRef
 from tests.support.drain import ONE_WINDOW, assert_state_equals_source, drain_in_process, read_delta

@@ -205,7 +205,7 @@ def test_hostile_slot_name_is_rejected_and_never_executed(
         with pytest.raises(InvalidSlotNameError):
             call(HOSTILE)
     # Past the client-side check, the name still reaches the server only as a bound value.
-    import airflow_pglogrepl.hooks.pg.slots as module
+    import airflow_pglogrepl.postgres.slots as module
 
     monkeypatch.setattr(module, "validate_slot_name", lambda name: name)
     monkeypatch.setattr(identifiers, "validate_slot_name", lambda name: name)

@@ -22,7 +22,15 @@ from airflow_pglogrepl.exceptions import (
     LakeStoreUnreachableError,
     SnapshotTableExistsError,
 )
-from airflow_pglogrepl.lake import create_only, delta, mapping, schema_commits, staging, storage
+from airflow_pglogrepl.lake import (
+    create_only,
+    delta,
+    durability,
+    mapping,
+    schema_commits,
+    staging,
+    storage,
+)
 from airflow_pglogrepl.lake.mapping import MappedSchema, mapped_of, mapped_schema, to_physical
 from airflow_pglogrepl.lsn import LSN
 from tests.support.s3 import S3Server
@@ -184,7 +192,7 @@ def test_a_store_that_ignores_conditional_writes_is_refused_as_a_lake(
     bucket = s3_server.new_bucket()
     try:
         with storage.using(careless.store), pytest.raises(LakeLocationError) as refused:
-            delta.put_commit(f"s3://{bucket}/lake/t", 0, b"{}\n")
+            durability.put_commit(f"s3://{bucket}/lake/t", 0, b"{}\n")
     finally:
         careless.close()
     assert "conditional writes" in str(refused.value) and "overwrite" in str(refused.value)
@@ -202,7 +210,7 @@ def test_a_create_answered_with_a_conflict_after_our_own_write_landed_is_ours(
         assert create_only.put_if_absent(uri, b"mine\n")
         assert create_only.put_if_absent(uri, b"mine\n")
         assert not create_only.put_if_absent(uri, b"theirs\n")
-        assert not delta.put_commit(uri.rsplit("/_delta_log/", 1)[0], 0, b"theirs\n")
+        assert not durability.put_commit(uri.rsplit("/_delta_log/", 1)[0], 0, b"theirs\n")
 
 
 def _commit_through(server: S3Server, answer: Answer) -> tuple[str, BaseException | bool]:
@@ -212,7 +220,7 @@ def _commit_through(server: S3Server, answer: Answer) -> tuple[str, BaseExceptio
     try:
         with storage.using(gate.store):
             try:
-                return uri, delta.put_commit(uri, 0, b'{"commitInfo":{}}\n')
+                return uri, durability.put_commit(uri, 0, b'{"commitInfo":{}}\n')
             except Exception as exc:
                 return uri, exc
     finally:

@@ -1,9 +1,9 @@
 """The Delta log operations without a JVM: commits are compare-and-set on the app transaction
-version, and everything a commit depends on is fsynced."""
+version, and the tables the lake creates leave log cleanup to the upkeep (what a commit depends
+on is fsynced: tests/lake/test_durability.py)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -68,35 +68,6 @@ def test_the_check_and_the_commit_are_one(tmp_path: Path, monkeypatch: pytest.Mo
         _commit(uri, 0x300, 0x100, 3)
     monkeypatch.undo()
     assert _ids(uri) == [1, 2] and delta.txn_version(uri, APP) == 0x200
-
-
-def test_every_new_log_entry_and_new_directory_is_fsynced(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Before: only the two newest log entries were fsynced, while a schema evolution makes
-    several commits in a row, and the directory that gained a new table never was."""
-    synced: list[str] = []
-    real = delta.fsync
-    monkeypatch.setattr(delta, "fsync", lambda path: (synced.append(path), real(path)))
-    root = tmp_path / "lake"
-    uri = str(root / "changes" / "public.t")
-    _commit(uri, 0x100, None, 1)
-    assert {str(root / "changes"), str(root)} <= set(synced)  # the new table's parents
-    synced.clear()
-    wider = pa.schema(
-        [
-            *(f.with_metadata({"k": f.name}) for f in _rows(1).schema),
-            pa.field("c", pa.int64(), metadata={"k": "c"}),
-        ]
-    )
-    delta.evolve_schema(uri, wider)  # a commit adding the column, then one per changed metadata
-    log_dir = Path(uri, "_delta_log")
-    entries = sorted(p.name for p in log_dir.glob("*.json"))
-    assert len(entries) >= 4
-    new = {str(log_dir / name) for name in entries[1:]}
-    assert new <= set(synced), sorted(new - set(synced))
-    assert str(log_dir / entries[0]) not in synced  # what an earlier commit made durable
-    assert os.path.realpath(uri) in {os.path.realpath(p) for p in synced}
 
 
 def test_every_table_the_lake_creates_leaves_log_cleanup_to_the_upkeep(tmp_path: Path) -> None:

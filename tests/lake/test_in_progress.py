@@ -111,7 +111,7 @@ def test_clear_removes_what_an_earlier_run_left(tmp_path: Path) -> None:
 
 # -- frames a walsender sent (tests/support/recorded_frames.py --streaming; PostgreSQL 15) ----
 
-RECORDED = Path(__file__).parents[1] / "hooks" / "pg" / "recorded" / "pgoutput_v2_streamed.frames"
+RECORDED = Path(__file__).parents[1] / "postgres" / "recorded" / "pgoutput_v2_streamed.frames"
 
 
 def test_recorded_streamed_transactions_give_the_changes_the_per_message_decoder_gives(
@@ -122,8 +122,8 @@ def test_recorded_streamed_transactions_give_the_changes_the_per_message_decoder
     transaction committing in its middle; another of 1,000 inserts sent in blocks, then rolled
     back; a small one after. The columnar decoder and the lake give, row for row, what the
     per-message decoder (which holds streamed transactions in memory) gives."""
-    from airflow_pglogrepl.hooks.pg.stream_frames import frames
     from airflow_pglogrepl.pgoutput import Change, PgOutputStream
+    from airflow_pglogrepl.postgres.stream_frames import frames
     from tests.support.recorded_frames import STREAMING, load
 
     messages = frames(load(RECORDED)).messages

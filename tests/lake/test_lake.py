@@ -133,20 +133,6 @@ def test_a_renamed_database_is_the_same_source_and_another_database_is_not(
         lake.claim({**SOURCE, "database_oid": 6}, publications=["p"], began_with="drain")
 
 
-def test_a_lake_from_before_claims_that_two_slots_wrote_stays_its_writers(tmp_path: Path) -> None:
-    """Review finding: such a lake was refused to every slot, its owner included."""
-    from airflow_pglogrepl.exceptions import LakeOfAnotherSlotError
-
-    root = str(tmp_path / "lake")
-    for slot, end in (("old", 0x200), ("new", 0x300)):
-        writer = Lake(root, slot)
-        writer.source = SOURCE
-        writer.record(kind="window", start=LSN(end - 0x100), end=LSN(end))
-    assert Lake(root, "old").claim(SOURCE, publications=["p"], began_with="drain")["slot"] == "old"
-    with pytest.raises(LakeOfAnotherSlotError):  # the first to claim it keeps it
-        Lake(root, "new").claim(SOURCE, publications=["p"], began_with="drain")
-
-
 def test_a_changelog_is_never_emptied_at_or_below_what_it_holds(lake: Lake) -> None:
     """Review finding: a stale re-snapshot's restart of a changelog was a blind overwrite, which
     could forget changes a later run committed past its consistent point."""

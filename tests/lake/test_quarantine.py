@@ -91,7 +91,8 @@ def test_a_table_is_held_until_a_release_and_never_merged_meanwhile(tmp_path: Pa
     again.commit(LSN(0x800), transactions=1, changes=1)
     assert set(held(Lake(lake.root, "s"))) == {t, odd} and str(odd) == '"Sales"."my.Table"'
     # the upkeep keeps the quarantine's one file per window in check
-    from airflow_pglogrepl.lake.upkeep import QUARANTINE, Keep, Thresholds, upkeep
+    from airflow_pglogrepl.lake.retention import Keep
+    from airflow_pglogrepl.lake.upkeep import QUARANTINE, Thresholds, upkeep
 
     report = upkeep(lake.root, "s", keep=Keep(hours=None, min_retention_hours=0.0),
                     thresholds=Thresholds())  # fmt: skip

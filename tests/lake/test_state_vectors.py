@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from airflow_pglogrepl.lake.delta import open_table
-from airflow_pglogrepl.lake.lake import STATE_VECTORS, Lake
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.windows_table import STATE_VECTORS
 from airflow_pglogrepl.merge import arrow as arrow_merge
 from airflow_pglogrepl.tables import TableRef
 from tests.support.keyed import KeyedBatches

@@ -251,7 +251,7 @@ def test_a_sliced_batch_with_null_unchanged_lists_is_renamed() -> None:
 @pytest.mark.parametrize("name", ["_op", "_old", "_unchanged", "_commit_lsn"])
 def test_the_decoders_take_a_source_column_named_like_the_changelogs_own(name: str) -> None:
     from airflow_pglogrepl.changelog.rows import ChangelogBatch
-    from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
+    from airflow_pglogrepl.pgoutput.table_info import ColumnInfo, TableInfo
     from airflow_pglogrepl.pgoutput.values import OID
 
     info = TableInfo("public", "t", [ColumnInfo("id", OID.INT8, -1, True, OID.INT8),

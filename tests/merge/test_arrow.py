@@ -4,8 +4,6 @@ real Delta lake (delta-rs), and what it declines to Spark."""
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -603,24 +601,3 @@ def test_a_batch_with_no_change_in_range_records_the_position_without_spark(
     lake.record(kind="window", start=LSN(0x200), end=LSN(0x300))
     assert arrow_merge.merge_small(lake, ["public.t"]) == ({"public.t": "0/300"}, [])
     assert state(lake) == {1: (1, "a"), 2: (2, "b")}
-
-
-def test_the_rows_of_unchanged_values_are_looked_up_for_any_number_of_keys(tmp_path: Path) -> None:
-    """An UPDATE of 25,000 rows that leaves a TOASTed column unchanged: the lookup of their
-    rows in the state was one IN list, which DataFusion parsed recursively until the process
-    died by SIGSEGV, with nothing reported (each retry died the same way). Run in a process of
-    its own: the failure was that process dying."""
-    code = f"""
-import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
-from airflow_pglogrepl.merge import arrow as m
-n = 25_000
-write_deltalake({str(tmp_path / "state")!r}, pa.table({{"id": pa.array(range(n), pa.int64())}}))
-net = pa.table({{"id": pa.array(range(n + 1), pa.int64()), m.sent_column(0): [False] * (n + 1),
-                m.DELETE_COLUMN: [False] * (n + 1), m._FILL: [True] * (n + 1)}})
-print(m._updates_of_missing_rows(DeltaTable({str(tmp_path / "state")!r}), net, ["id"], ["v"]))
-"""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, check=False)  # fmt: skip
-    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
-    assert done.stdout.strip() == "[25000]"

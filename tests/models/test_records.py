@@ -46,12 +46,12 @@ def test_every_dataclass_the_hooks_return_is_a_record() -> None:
     # the snapshot's catalog description travels to executors, and the replication stream's
     # frames and its walsender's state stay inside the source stage: no XCom records
     assert sorted(not_records) == [
-        "airflow_pglogrepl.hooks.pg.secret_statements.Quiet",
-        "airflow_pglogrepl.hooks.pg.snapshot.ExportedSnapshot",
-        "airflow_pglogrepl.hooks.pg.snapshot.SnapshotTable",
-        "airflow_pglogrepl.hooks.pg.stream_frames.FrameBatch",
-        "airflow_pglogrepl.hooks.pg.stream_frames.Keepalive",
-        "airflow_pglogrepl.hooks.pg.walsender.Look",
+        "airflow_pglogrepl.postgres.secret_statements.Quiet",
+        "airflow_pglogrepl.postgres.snapshot.ExportedSnapshot",
+        "airflow_pglogrepl.postgres.snapshot.SnapshotTable",
+        "airflow_pglogrepl.postgres.stream_frames.FrameBatch",
+        "airflow_pglogrepl.postgres.stream_frames.Keepalive",
+        "airflow_pglogrepl.postgres.walsender.Look",
     ]
 
 

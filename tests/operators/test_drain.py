@@ -129,7 +129,7 @@ def test_an_error_the_application_reports_is_in_the_task_log_once(
     import traceback
 
     from airflow_pglogrepl.exceptions import SparkApplicationError
-    from airflow_pglogrepl.hooks.pg.source import PgSource
+    from airflow_pglogrepl.postgres.source import PgSource
 
     drains.src.sql("INSERT INTO t VALUES (100, 'x')")  # something to do: the run is submitted
     caplog.set_level(logging.DEBUG)
@@ -262,7 +262,7 @@ def test_an_error_of_the_application_on_the_worker_is_raised_once(
     import traceback
 
     from airflow_pglogrepl.exceptions import SparkApplicationError
-    from airflow_pglogrepl.hooks.pg.source import PgSource
+    from airflow_pglogrepl.postgres.source import PgSource
 
     drains.src.sql("INSERT INTO t VALUES (100, 'x')")
     with (

@@ -203,6 +203,11 @@ def test_the_fence_holds_against_every_way_around_it(pair: Pair) -> None:
     set_role.execute("BEGIN")
     set_role.execute(sql.SQL("SET ROLE {}").format(app_id))
     set_role.execute("INSERT INTO f_t VALUES (1)")
+    # and a transaction of app's open since before the fence that wrote nothing fenced: the
+    # guard does not see it, the wait ends it; the summary names both sessions ended
+    reader = pair.connect_as(app, app_pw)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM f_t")
 
     def fence(**options: Any) -> dict[str, Any]:
         return WriteFenceOperator(
@@ -211,7 +216,8 @@ def test_the_fence_holds_against_every_way_around_it(pair: Pair) -> None:
         ).execute(context())  # fmt: skip
 
     result = fence(revoke_privileges=False, read_only=True)
-    assert set_role.info.backend_pid in [t["pid"] for t in result["terminated"]]
+    ended = [t["pid"] for t in result["terminated"]]
+    assert set_role.info.backend_pid in ended and reader.info.backend_pid in ended, ended
     with pytest.raises(psycopg.OperationalError):
         set_role.execute("COMMIT")
     assert result["guard"] and any("DISABLE TRIGGER" in p for p in result["not_stopped"])

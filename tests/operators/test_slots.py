@@ -70,7 +70,7 @@ def test_a_temp_file_limit_below_the_slots_transactions_is_reported(
     peek's failure names temp_file_limit. Before: healthy, and the error was reported as
     max_replication_slots exhausted (both are SQLSTATE 53400)."""
     from airflow_pglogrepl.exceptions import ServerNotConfiguredError
-    from airflow_pglogrepl.hooks.pg.source import PgSource
+    from airflow_pglogrepl.postgres.source import PgSource
 
     db = "ops_temp_limit"
     publisher.create_database(db)

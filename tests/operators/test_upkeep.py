@@ -11,7 +11,8 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_pglogrepl.exceptions import UnsafeRetentionError, WriterLockLostError
 from airflow_pglogrepl.hooks.for_connection import replication_hook
-from airflow_pglogrepl.lake.upkeep import Keep, Thresholds, upkeep
+from airflow_pglogrepl.lake.retention import Keep
+from airflow_pglogrepl.lake.upkeep import Thresholds, upkeep
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.operators.upkeep import LakeUpkeepOperator
 from airflow_pglogrepl.testing.pgcluster import PgCluster

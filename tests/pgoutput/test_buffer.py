@@ -9,13 +9,12 @@ from airflow_pglogrepl.pgoutput.buffer import Pending, deliver
 from airflow_pglogrepl.pgoutput.changes import (
     FLAG_OLD_IS_KEY,
     Change,
-    ColumnInfo,
     LogicalMessage,
-    TableInfo,
     TransactionBegin,
     TransactionCommit,
 )
 from airflow_pglogrepl.pgoutput.oids import OID
+from airflow_pglogrepl.pgoutput.table_info import ColumnInfo, TableInfo
 from tests.support.pgoutput_encoder import T0
 
 

@@ -1,7 +1,7 @@
-"""What a decoded change carries: its table's description (key columns, conversion, equality
-and pickling to Spark's executors), values converted only when asked and then kept, an old key
-holding only the key, unchanged TOAST columns named and left out, TRUNCATE's options, and a
-value that cannot be converted named with its column, table and type."""
+"""What a decoded change carries: values converted (with its table's description) only when
+asked and then kept, an old key holding only the key, unchanged TOAST columns named and left
+out, TRUNCATE's options, and a value that cannot be converted named with its column, table and
+type. The description on its own is test_table_info's."""
 
 from __future__ import annotations
 
@@ -10,18 +10,17 @@ import pickle
 
 import pytest
 
+from airflow_pglogrepl.exceptions import DecodeError
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput.changes import (
     FLAG_CASCADE,
     FLAG_OLD_IS_KEY,
     FLAG_RESTART_IDENTITY,
     Change,
-    ColumnInfo,
-    DecodeError,
-    TableInfo,
     TransactionBegin,
 )
 from airflow_pglogrepl.pgoutput.messages import UNCHANGED_TOAST
+from airflow_pglogrepl.pgoutput.table_info import ColumnInfo, TableInfo
 from airflow_pglogrepl.pgoutput.values import OID
 
 pytestmark = pytest.mark.unit
@@ -36,14 +35,6 @@ def _table() -> TableInfo:
         ColumnInfo("v", OID.TEXT, -1, False, OID.TEXT, "text"),
         ColumnInfo("n", OID.INT8, -1, False, OID.INT8, "bigint"),
     ], relation_id=16384, replica_identity="d")  # fmt: skip
-
-
-def test_a_table_knows_its_key_and_travels_to_executors_whole() -> None:
-    table = _table()
-    assert table.relation == ("public", "t") and table.key_names == ("id",)
-    again = pickle.loads(pickle.dumps(table))
-    assert again == table and again.values([b"1", b"a", b"2"]) == {"id": 1, "v": "a", "n": 2}
-    assert table != TableInfo("public", "t", table.columns[:2], relation_id=16384)
 
 
 def test_values_are_converted_when_asked_and_an_old_key_holds_only_the_key() -> None:

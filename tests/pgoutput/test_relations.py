@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from airflow_pglogrepl.exceptions import DecodeError, UnknownRelationError
-from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
 from airflow_pglogrepl.pgoutput.messages import TypeMessage
 from airflow_pglogrepl.pgoutput.oids import OID
 from airflow_pglogrepl.pgoutput.relations import RelationCache
+from airflow_pglogrepl.pgoutput.table_info import ColumnInfo, TableInfo
 from tests.support.pgoutput_encoder import encode, relation, u32
 
 DOMAIN = 16500  # past the built-in OIDs: pgoutput sends a Type message for it

@@ -278,7 +278,7 @@ def test_a_windows_table_from_before_source_identities_takes_them(tmp_path: Path
     import pyarrow as pa
 
     from airflow_pglogrepl.lake import delta
-    from airflow_pglogrepl.lake.lake import windows_schema
+    from airflow_pglogrepl.lake.windows_table import windows_schema
 
     lake = Lake(str(tmp_path / "lake"), "s")
     old = pa.schema([f for f in windows_schema() if f.name != "source"])
@@ -388,7 +388,7 @@ def test_the_spark_applications_import_no_airflow() -> None:
         "import sys\n"
         "import airflow_pglogrepl.spark.drain_app, airflow_pglogrepl.spark.snapshot_app\n"
         "import airflow_pglogrepl.pipeline.drain, airflow_pglogrepl.spark.snapshot\n"
-        "import airflow_pglogrepl.hooks.pg.source, airflow_pglogrepl.merge.materialize\n"
+        "import airflow_pglogrepl.postgres.source, airflow_pglogrepl.merge.materialize\n"
         "bad = [m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')]\n"
         "assert not bad, bad[:5]\n"
     )

@@ -21,7 +21,7 @@ from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import SlotInfo
-from airflow_pglogrepl.pipeline.idle import IDLE_WAL_BYTES, Idle, _judge, idle_run, idle_summary
+from airflow_pglogrepl.pipeline.idle import IDLE_WAL_BYTES, Idle, IdleCheck, idle_summary
 from airflow_pglogrepl.tables import TableRef
 from tests.support.sources import Source
 
@@ -58,9 +58,19 @@ class Judge:
     def run(self, *, materialize: bool = True, max_wal_bytes: int = IDLE_WAL_BYTES,
             publications: list[str] | None = None,
             hook: DsnReplicationHook | None = None) -> Idle | None:  # fmt: skip
-        return idle_run(hook or self.hook, self.slot(), lake_root=self.root,
-                        publications=publications or [self.source.publication],
-                        materialize=materialize, max_wal_bytes=max_wal_bytes)  # fmt: skip
+        return self.check(
+            hook=hook,
+            materialize=materialize,
+            max_wal_bytes=max_wal_bytes,
+            publications=publications,
+        ).run(self.slot())
+
+    def check(self, *, materialize: bool = True, max_wal_bytes: int = IDLE_WAL_BYTES,
+              publications: list[str] | None = None,
+              hook: DsnReplicationHook | None = None) -> IdleCheck:  # fmt: skip
+        return IdleCheck(hook or self.hook, lake_root=self.root,
+                         publications=publications or [self.source.publication],
+                         materialize=materialize, max_wal_bytes=max_wal_bytes)  # fmt: skip
 
 
 @pytest.fixture
@@ -99,8 +109,7 @@ def test_no_wal_past_the_slot_is_idle_without_a_peek(judge: Judge) -> None:
     judge.confirmed = far
     judge.commit_lake()
     slot = dataclasses.replace(judge.slot(), confirmed_flush_lsn=far)
-    idle = _judge(judge.hook, slot, lake_root=judge.root, publications=["no_such_pub"],
-                  materialize=True, max_wal_bytes=IDLE_WAL_BYTES)  # fmt: skip
+    idle = judge.check(publications=["no_such_pub"]).judge(slot)
     assert idle is not None and idle.reason == (
         "no WAL was written after the slot's confirmed_flush_lsn"
     )
@@ -132,10 +141,9 @@ def test_a_slot_in_use_or_close_to_being_lost_is_not_idle(
     judge.commit_lake()
     judge.source.sql("INSERT INTO other VALUES (1, 'o')")
     assert judge.run() is not None  # idle as it is
-    # the slot as read under the lake's writer lock (idle_run reads it again there)
+    # the slot as read under the lake's writer lock (IdleCheck.run reads it again there)
     slot = dataclasses.replace(judge.slot(), **change)
-    assert _judge(judge.hook, slot, lake_root=judge.root, publications=[judge.source.publication],
-                  materialize=True, max_wal_bytes=IDLE_WAL_BYTES) is None  # fmt: skip
+    assert judge.check().judge(slot) is None
     assert logged is None or logged in caplog.text
 
 

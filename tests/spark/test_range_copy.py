@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 from airflow_pglogrepl.exceptions import UnstorableValueError
-from airflow_pglogrepl.hooks.pg.snapshot import SnapshotTable
-from airflow_pglogrepl.pgoutput.changes import ColumnInfo, TableInfo
+from airflow_pglogrepl.pgoutput.table_info import ColumnInfo, TableInfo
 from airflow_pglogrepl.pgoutput.values import OID
+from airflow_pglogrepl.postgres.snapshot import SnapshotTable
 from airflow_pglogrepl.spark.range_copy import (
     BlockRange,
     lake_batch,

@@ -349,8 +349,8 @@ def test_the_task_reads_hostile_names_in_the_snapshot_through_adbc_and_fails_cle
     the table; rows written after the snapshot unseen. A snapshot that is gone, or a wrong
     password, is ``SnapshotReadError`` naming the table, and never the password."""
     from airflow_pglogrepl.exceptions import ConnectionFailedError, SnapshotReadError
-    from airflow_pglogrepl.hooks.pg.passfile import travelling_params
-    from airflow_pglogrepl.hooks.pg.snapshot import SnapshotReader
+    from airflow_pglogrepl.postgres.passfile import travelling_params
+    from airflow_pglogrepl.postgres.snapshot import SnapshotReader
     from airflow_pglogrepl.spark.range_copy import BlockRange, CopyTask
 
     table = '"Sch; ema"."Tab ""le"" é"'

@@ -11,10 +11,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from airflow_pglogrepl.hooks.pg.source import PgSource
 from airflow_pglogrepl.lake import staging, storage
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.postgres.source import PgSource
 from airflow_pglogrepl.spark import snapshot_app
 from airflow_pglogrepl.spark.snapshot_app import SNAPSHOT_ENV, parse_args
 from tests.support.sources import Source

@@ -26,18 +26,16 @@ from airflow_pglogrepl.exceptions import DecodeError
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput.buffer import InMemoryTransactionBuffer, TransactionBuffer
 from airflow_pglogrepl.pgoutput.changes import (
-    ABSENT,
     FLAG_CASCADE,
     FLAG_RESTART_IDENTITY,
     Change,
-    ColumnInfo,
     Event,
     LogicalMessage,
-    TableInfo,
     TransactionBegin,
     TransactionCommit,
 )
 from airflow_pglogrepl.pgoutput.messages import UNCHANGED_TOAST
+from airflow_pglogrepl.pgoutput.table_info import ABSENT, ColumnInfo, TableInfo
 from airflow_pglogrepl.pgoutput.values import FORMAT_TYPE_NAMES, text_converter
 
 __all__ = ["TestDecodingStream", "parse_tuple_text"]

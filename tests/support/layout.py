@@ -14,11 +14,11 @@ from tests.support.paths import REPO
 PACKAGE = REPO / "airflow_pglogrepl"
 
 # The layers, bottom to top: a module may import its own layer and those below it. The plain
-# records (models) sit under everything that uses them, the statements (hooks.pg) under the
+# records (models) sit under everything that uses them, the statements (postgres) under the
 # lake and the Spark applications, the changelog's contract and row builder (changelog) between
 # the decoder (pgoutput) and the storage (lake), the roles (hooks, triggers, sensors, operators)
 # on top.
-LAYERS = ("root", "models", "preflight", "hooks.pg", "pgoutput", "changelog", "lake", "merge",
+LAYERS = ("root", "models", "preflight", "postgres", "pgoutput", "changelog", "lake", "merge",
           "pipeline", "spark", "hooks", "triggers", "sensors", "operators", "testing")  # fmt: skip
 
 
@@ -34,8 +34,6 @@ def modules() -> Iterator[tuple[str, Path]]:
 def layer(module: str) -> str:
     """The layer of a dotted module name (a module at the package's root is ``root``)."""
     parts = module.split(".")[1:]
-    if parts[:2] == ["hooks", "pg"]:
-        return "hooks.pg"
     return parts[0] if parts and parts[0] in LAYERS else "root"
 
 

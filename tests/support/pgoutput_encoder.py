@@ -190,6 +190,18 @@ def relation(
     return RelationMessage(xid, relation_id, namespace, name, identity, tuple(cols))
 
 
+# the relation most decoder tests send: a key, a text and a numeric(10,2)
+ACCOUNTS = relation(
+    16384,
+    "accounts",
+    [
+        ("id", 23, True),  # int4
+        ("owner", 25),  # text
+        ("balance", 1700, False, (10 << 16 | 2) + 4),  # numeric(10,2)
+    ],
+)
+
+
 class Session:
     """Rows as ``pg_logical_slot_peek_binary_changes`` returns them, LSNs counting up."""
 

@@ -12,9 +12,9 @@ import struct
 import sys
 from pathlib import Path
 
-from airflow_pglogrepl.hooks.pg import slot_stream
-from airflow_pglogrepl.hooks.pg.source import PgSource
-from airflow_pglogrepl.hooks.pg.stream_frames import FrameBatch
+from airflow_pglogrepl.postgres import slot_stream
+from airflow_pglogrepl.postgres.source import PgSource
+from airflow_pglogrepl.postgres.stream_frames import FrameBatch
 
 OPTIONS = {"proto_version": "1", "publication_names": '"pub"', "messages": "false"}
 STREAMING = {**OPTIONS, "proto_version": "2", "streaming": "on"}

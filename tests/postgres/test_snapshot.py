@@ -1,0 +1,112 @@
+"""The initial snapshot's statements: exported snapshot names checked before they reach SQL,
+the range read composed for each kind of table, the published tables as pgoutput sees them at
+the snapshot (column lists, row filters combined, the key under FULL) and the refusals, rows
+read in ctid ranges through ADBC, and a snapshot gone said so with the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from airflow_pglogrepl.exceptions import SnapshotReadError
+from airflow_pglogrepl.postgres.snapshot import (
+    ExportedSnapshot,
+    SnapshotReader,
+    SnapshotTable,
+    select_statement,
+    validate_snapshot_name,
+)
+from airflow_pglogrepl.tables import Column, TableRef
+from tests.support.databases import Database
+
+T = TableRef('Sch"; ema', "T a'b")
+
+
+def _table(relkind: str = "r", row_filter: str | None = None) -> SnapshotTable:
+    columns = (Column("id", "integer", is_key=True), Column('v"x', "text"))
+    return SnapshotTable(T, 1, relkind, "d", columns, row_filter, 10, 100.0, 10, ("p",))
+
+
+@pytest.mark.parametrize("name", ["00000003-0000001B-1", "0000000a-00000000000001ab-12"])
+def test_exported_snapshot_names_are_taken(name: str) -> None:
+    assert validate_snapshot_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "3-1B-1", "00000003-0000001B-1'; DROP TABLE t; --",
+                                  "00000003-0000001B-x", " 00000003-0000001B-1"])  # fmt: skip
+def test_anything_else_is_refused_before_it_reaches_sql(name: str) -> None:
+    with pytest.raises(ValueError, match="is not the name of an exported snapshot"):
+        validate_snapshot_name(name)
+
+
+def test_a_range_read_is_composed_for_each_kind_of_table() -> None:
+    text = select_statement(_table(), ["int8", None], 2, 5).as_string(None)
+    assert text == (
+        'SELECT "id"::"pg_catalog"."int8" AS "id", CASE WHEN pg_catalog.num_nulls("v""x")'
+        ' OPERATOR(pg_catalog.=) 0 THEN pg_catalog.format(\'%s\'::pg_catalog.text, "v""x") END'
+        ' AS "v""x" FROM ONLY "Sch""; ema"."T a\'b"'
+        " WHERE ctid >= '(2,0)'::tid AND ctid < '(5,0)'::tid"
+    )
+    whole = select_statement(_table(), [None, None]).as_string(None)
+    assert "WHERE" not in whole and "FROM ONLY" in whole  # the first range has no lower bound
+    partitioned = select_statement(_table("p", "(id > 1)"), [None, None], 2, 5).as_string(None)
+    assert partitioned.endswith(' FROM "Sch""; ema"."T a\'b" WHERE ((id > 1))')
+    with pytest.raises(ValueError, match="1 casts for the 2 columns"):
+        select_statement(_table(), ["int8"])
+
+
+@pytest.fixture
+def published(database: Database, slot_name: str) -> Iterator[tuple[Database, ExportedSnapshot]]:
+    database.sql(
+        'CREATE SCHEMA "Sch""; ema";'
+        'CREATE TABLE "Sch""; ema"."T a\'b" (id int PRIMARY KEY, "v""x" text, w int);'
+        'ALTER TABLE "Sch""; ema"."T a\'b" REPLICA IDENTITY FULL;'
+        'INSERT INTO "Sch""; ema"."T a\'b" SELECT g, \'v\' || g, g FROM generate_series(1, 9) g;'
+        "CREATE TABLE other (id int PRIMARY KEY, a int, b int);"
+        'CREATE PUBLICATION p1 FOR TABLE "Sch""; ema"."T a\'b" WHERE (id > 7);'
+        'CREATE PUBLICATION p2 FOR TABLE "Sch""; ema"."T a\'b" WHERE (w < 2);'
+        "CREATE PUBLICATION p3 FOR TABLE other (id, a);"
+        "CREATE PUBLICATION p4 FOR TABLE other (id, b)"
+    )
+    with database.hook.create_slot_with_snapshot(slot_name, temporary=True) as exported:
+        yield database, exported
+
+
+def test_published_tables_as_pgoutput_sees_them_and_what_it_refuses(
+    published: tuple[Database, ExportedSnapshot],
+) -> None:
+    database, exported = published
+    reader = SnapshotReader(database.hook.connection_params(), label="the test's source")
+    with reader.transaction(exported.snapshot_name) as conn:
+        (table,) = reader.published_tables(conn, ["p1", "p2"], [T])
+        assert [c.name for c in table.columns] == ["id", 'v"x', "w"]
+        assert all(c.is_key for c in table.columns)  # FULL: every column is the key
+        assert table.row_filter == "((id > 7)) OR ((w < 2))" and table.publications == ("p1", "p2")
+        with pytest.raises(ValueError, match="are not published by"):
+            reader.published_tables(conn, ["p1"], [TableRef("public", "absent")])
+        conn.rollback()
+    different = pytest.raises(ValueError, match=r"public\.other is published with different col")
+    with reader.transaction(exported.snapshot_name) as conn, different:
+        reader.published_tables(conn, ["p3", "p4"])
+    database.sql('DELETE FROM "Sch""; ema"."T a\'b" WHERE id = 9')  # after the snapshot
+    rows = [
+        row
+        for batch in reader.arrow_batches(exported.snapshot_name, table, ["int8", None, None])
+        for row in batch.to_pylist()
+    ]
+    assert rows == [{"id": 1, 'v"x': "v1", "w": "1"}, {"id": 8, 'v"x': "v8", "w": "8"},
+                    {"id": 9, 'v"x': "v9", "w": "9"}]  # fmt: skip
+    empty = reader.arrow_batches(exported.snapshot_name, table, ["int8", None, None],
+                                 start_block=1, stop_block=2)  # fmt: skip
+    assert sum(batch.num_rows for batch in empty) == 0  # nine short rows fill one block
+
+
+def test_a_snapshot_gone_is_said_with_the_fix(database: Database, slot_name: str) -> None:
+    database.sql("CREATE TABLE t (id int); CREATE PUBLICATION p FOR TABLE t")
+    reader = SnapshotReader(database.hook.connection_params())
+    exported = database.hook.create_slot_with_snapshot(slot_name, temporary=True)
+    with exported, reader.transaction(exported.snapshot_name) as conn:
+        (table,) = reader.published_tables(conn, ["p"])
+    with pytest.raises(SnapshotReadError, match=r"The exported snapshot no longer exists\. Fix:"):
+        list(reader.arrow_batches(exported.snapshot_name, table, [None]))
