@@ -19,6 +19,7 @@ from airflow_pglogrepl import conninfo
 from airflow_pglogrepl.postgres.connect import (
     AsyncConn,
     Conn,
+    bounded_connect,
     connect,
     connect_error,
     notice_logger,
@@ -91,11 +92,13 @@ class PgSessionHook(PostgresHook):
 
     @asynccontextmanager
     async def asession(self) -> AsyncIterator[AsyncConn]:
-        """``session()`` for triggers: an autocommit ``psycopg.AsyncConnection``."""
+        """``session()`` for triggers: an autocommit ``psycopg.AsyncConnection``, given up
+        within the connect timeout as ``session()`` is (``bounded_connect``): a server that
+        accepts and never answers would otherwise hold the triggerer's poll for minutes."""
         params = await self.aconnection_params()
         try:
             conn = await psycopg.AsyncConnection.connect(
-                conninfo.make_dsn(params), autocommit=True, row_factory=dict_row
+                conninfo.make_dsn(bounded_connect(params)), autocommit=True, row_factory=dict_row
             )
         except psycopg.OperationalError as exc:
             raise connect_error(params, exc, self._source_label()) from None

@@ -1,13 +1,14 @@
 """The hook family's sessions, through the public hook of an Airflow connection: the libpq
 parameters the connection gives (its extras, another database, an IAM token), sessions that
 read ``pg_lsn`` as ``LSN`` in every mode, the server's notices logged with the secrets masked,
-a failed login that names the connection and never the password, and a caller's session used
-as it is (what it has not committed is seen)."""
+a failed login that names the connection and never the password, a trigger's session that gives
+up on a frozen server, and a caller's session used as it is (what it has not committed is seen)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -16,9 +17,11 @@ import pytest
 from airflow_pglogrepl.exceptions import ConnectionFailedError
 from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.postgres import connect
 from airflow_pglogrepl.testing.pgcluster import PgCluster
 from tests.support.airflow import set_airflow_connection
 from tests.support.databases import Database
+from tests.support.pg_proxy import error_within, frozen_endpoint
 
 WRONG = "wr'ong;pw"
 
@@ -152,3 +155,27 @@ def test_a_caller_s_session_is_used_as_it_is(database: Database) -> None:
         assert hook.get_publication("not yet", conn=conn) is not None  # its own transaction
         assert hook.get_publication("not yet") is None  # a session of its own: not committed
         conn.rollback()
+
+
+def test_a_trigger_s_session_gives_up_on_a_frozen_server_within_the_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A deferred sensor's trigger polls through ``asession``: without a bound, a server that
+    accepts and never answers held the triggerer's poll for psycopg's 130 s per host."""
+    monkeypatch.setattr(connect, "CONNECT_TIMEOUT_S", 2)  # libpq's least
+    for name in ("PGCONNECT_TIMEOUT", "PGSERVICE"):
+        monkeypatch.delenv(name, raising=False)
+    with frozen_endpoint() as port:
+        set_airflow_connection("base_frozen", f"postgres://u:Secr3t-pw@127.0.0.1:{port}/d")
+        hook = PgLogicalReplicationHook(postgres_conn_id="base_frozen")
+
+        async def open_async() -> None:
+            async with hook.asession():
+                pass
+
+        began = time.monotonic()
+        error = error_within(lambda: asyncio.run(open_async()), 30)
+        took = time.monotonic() - began
+    assert isinstance(error, ConnectionFailedError) and error.retryable, error
+    assert "base_frozen" in str(error) and "Secr3t-pw" not in str(error)
+    assert 1.5 < took < 10, took
