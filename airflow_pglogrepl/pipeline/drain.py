@@ -41,7 +41,7 @@ from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.quarantine import TABLE_ERRORS, Cause, held
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pipeline.committer import WindowCommitter
-from airflow_pglogrepl.pipeline.follow import NO_END, Follow
+from airflow_pglogrepl.pipeline.follow import NO_END, REOPEN_MAX_S, Follow
 from airflow_pglogrepl.pipeline.message_windows import MessageWindows
 from airflow_pglogrepl.pipeline.readers import (
     PeekReader,
@@ -282,13 +282,29 @@ class Drain:
 
     def _following(self, start: LSN, windows: list[WindowStats], follow: Follow) -> None:
         """A following run: the stream, kept open until ``follow.over``; where the stream
-        cannot be used, or once it declined a window, passes of the peek every
-        ``follow.window_s`` (each drains up to the WAL position it found)."""
+        cannot be used, or once it ended or declined a window, passes of the peek every
+        ``follow.window_s`` (each drains up to the WAL position it found), and the stream
+        opened again after ``follow.reopen_s`` (a run of days outlives a dropped connection)."""
         follow.cpu_at_start = cpu_s()
-        if self.reader != "peek":
+        streams = self.reader != "peek"
+        reopen_s, reopen_at = follow.reopen_s, 0.0
+        if streams:
             start = self._streamed(start, LSN(NO_END), windows)
+            reopen_at = time.monotonic() + reopen_s
         while not self._following_ends(follow):
             began = time.monotonic()
+            if streams and began >= reopen_at and self._stream_refusal() is None:
+                follow.reopens += 1
+                log.info("slot %s: opening its stream again from %s", self.slot, start)
+                opened = time.monotonic()
+                start = self._streamed(start, LSN(NO_END), windows)
+                # a stream that lasted less than the wait before it: wait twice as long
+                lasted = time.monotonic() - opened
+                reopen_s = (
+                    follow.reopen_s if lasted >= reopen_s else min(2 * reopen_s, REOPEN_MAX_S)
+                )
+                reopen_at = time.monotonic() + reopen_s
+                continue
             run_end = self.committer.run_end = max(self.run_end, self.source.flush_lsn())
             if start < run_end and (
                 run_end - start >= self.max_window_bytes or self.published_before(run_end)

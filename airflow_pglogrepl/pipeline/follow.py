@@ -26,6 +26,11 @@ STOPPED_BY = ("signal", "time", "windows", "quarantine")
 
 NO_END = (1 << 64) - 1  # a following stream's span: it ends when told, not at an LSN
 _WAKE_S = 0.05  # how often a waiting run looks at its stop flag
+# A following run whose stream ended (a dropped connection, a walsender restarted, a window its
+# decoder declined) drains with peeks, which decode again from restart_lsn on every pass: it
+# tries the stream again after REOPEN_S, backing off to REOPEN_MAX_S while streams keep ending.
+REOPEN_S = 30.0
+REOPEN_MAX_S = 600.0
 _BUCKET_S = 0.01  # the freshness histogram's resolution
 _BUCKETS = 60_000  # 10 ms buckets up to 10 minutes; anything later falls in the last
 
@@ -95,6 +100,10 @@ class Follow:
     stopped_by: str | None = None
     windows: int = 0  # committed so far
     cpu_at_start: float | None = None  # this process's CPU seconds when the following began
+    # after its stream ended, the run peeks and opens the stream again this long after (then
+    # twice as long each time a stream ends before it has lasted that long, up to REOPEN_MAX_S)
+    reopen_s: float = REOPEN_S
+    reopens: int = 0  # streams opened again after one ended
 
     def __post_init__(self) -> None:
         if not self.window_s > 0:
@@ -141,6 +150,7 @@ class Follow:
             # CPU of this process (all its threads) while it followed: the cost of the changes
             "cpu_s": round(cpu_s() - self.cpu_at_start, 3) if self.cpu_at_start else None,
             "stopped_by": self.stopped_by,
+            "stream_reopens": self.reopens,
             "freshness": self.freshness.to_dict(),
         }
 

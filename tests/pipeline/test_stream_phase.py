@@ -240,6 +240,33 @@ def test_a_following_run_whose_stream_ends_early_follows_on_with_peek_passes(
     assert follow.stopped_by == "signal"
 
 
+def test_a_following_run_opens_its_stream_again_after_it_ended_and_every_row_lands_once(
+    tmp_path: Path,
+) -> None:
+    """Before: a following run whose stream ended peeked for the rest of its life (days), every
+    pass decoding again from restart_lsn. Now the stream is opened again after ``reopen_s``."""
+    from airflow_pglogrepl.pipeline.follow import Follow
+
+    source = _ending_early()
+    follow = Follow(window_s=0.05, seconds=60.0, reopen_s=0.2)
+    opened: list[LSN] = []
+
+    def stream_slot(slot: str, *, start: LSN, options: Any, alive: Any = None) -> FakeStream:
+        opened.append(start)
+        if len(opened) == 1:
+            return _EndsEarly(source, start, dict(options))
+        follow.request_stop()  # the second stream is the one this test waits for
+        return FakeStream(source, start, dict(options))
+
+    source.stream_slot = stream_slot  # type: ignore[method-assign]
+    lake = Lake(str(tmp_path / "lake"), "s")
+    result = Drain(source=source, lake=lake, slot="s", publications=["p"],
+                   max_window_bytes=0x180, follow=follow).run(time.monotonic())  # fmt: skip
+    assert _ids(lake) == [1, 2, 3, 4] and lake.position() == LSN(0x3000)
+    assert opened == [LSN(0x1000), LSN(0x3000)]  # again from where the peeks left the slot
+    assert result.to_dict()["follow"]["stream_reopens"] == 1
+
+
 def test_a_stream_that_ends_early_and_cannot_be_confirmed_never_hands_over_to_the_peek(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -437,3 +464,57 @@ def test_a_transaction_decoded_silently_for_longer_than_30_s_is_drained_on_the_f
     assert took > 30, f"the decoding took {took:.0f} s, not past the old limit: this proves nothing"
     assert result["reader"] == "stream" and result["reader_note"] is None, result
     assert _ok_ids(str(tmp_path / "lake")) == [1]
+
+
+def test_a_following_run_whose_walsender_was_ended_streams_again_and_stores_every_row_once(
+    source: Source, tmp_path: Path
+) -> None:
+    """Live: the following stream's walsender is terminated (a dropped connection in a run of
+    days). Before, the run peeked for the rest of its life; now it peeks, then streams again
+    from where the lake is, and every row lands once."""
+    from airflow_pglogrepl.pipeline.follow import Follow
+
+    source.sql("CREATE TABLE ok (id int PRIMARY KEY)")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE ok")
+    hook, lake_root = source.hook(), str(tmp_path / "lake")
+    follow = Follow(window_s=0.2, seconds=120.0, reopen_s=0.5)
+    outcome: list[Any] = []
+
+    def follow_the_slot() -> None:
+        lake = Lake(lake_root, source.slot, origins=hook.column_origins)
+        try:
+            with hook.writer_lock(source.slot) as lock:
+                lake.writer_check = lock.check
+                outcome.append(Drain(source=hook, lake=lake, slot=source.slot,
+                                     publications=[source.publication], max_window_bytes=1 << 16,
+                                     follow=follow).run(time.monotonic()))  # fmt: skip
+        except BaseException as exc:  # raised in the test's thread
+            outcome.append(exc)
+
+    def walsender() -> int | None:
+        rows = source.sql("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                          (source.slot,))  # fmt: skip
+        return rows[0][0] if rows else None
+
+    runner = threading.Thread(target=follow_the_slot)
+    runner.start()
+    try:
+        source.sql("INSERT INTO ok VALUES (1)")
+        wait_until(lambda: _ok_ids(lake_root) == [1], what="row 1 in the lake")
+        first = wait_until(walsender, what="the stream's walsender")
+        assert source.sql("SELECT pg_terminate_backend(%s)", (first,)) == [(True,)]
+        source.sql("INSERT INTO ok VALUES (2)")
+        wait_until(lambda: _ok_ids(lake_root) == [1, 2], what="row 2 in the lake")
+        second = wait_until(lambda: (pid := walsender()) not in (None, first) and pid,
+                            what="a new walsender: the stream opened again")  # fmt: skip
+        source.sql("INSERT INTO ok VALUES (3)")
+        wait_until(lambda: _ok_ids(lake_root) == [1, 2, 3], what="row 3 in the lake")
+        assert walsender() == second  # row 3 came through the stream opened again
+    finally:
+        follow.request_stop()
+        runner.join(timeout=120)
+    (result,) = outcome
+    assert not isinstance(result, BaseException), result
+    assert result.to_dict()["follow"]["stream_reopens"] >= 1
+    assert "ended early" in (result.reader_note or "")
+    assert _ok_ids(lake_root) == [1, 2, 3]
