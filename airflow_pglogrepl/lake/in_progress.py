@@ -85,12 +85,23 @@ class InProgressTransactions:
                         "the next run tries again. The lake's store must let the drain delete "
                         "under _pglogrepl/", self.uri, type(exc).__name__, exc)  # fmt: skip
 
-    def report(self) -> None:
-        """Log the transactions still in progress that this run received and drops (a run
-        ends, or hands over to the peek): the next run receives them again from their start."""
+    def report(self, *, cut_short: bool = False) -> None:
+        """Log the transactions whose rows came without their commit and are dropped (a run
+        ends, or hands over to the peek): the next run receives them again from their start.
+
+        ``cut_short``: the stream ended before the run's end (a lost connection, a declined
+        window), so the commit may well have been sent and lost with it: nothing is claimed
+        of the source, and the hand-over's peek reads such a transaction whole. Otherwise the
+        transaction had not committed at the run's end: a long open one costs every run."""
         for xid, txn in self._open.items():
-            if txn.rows:
-                log.warning("transaction %s is still in progress at the source: %d of its rows "
+            if not txn.rows:
+                continue
+            if cut_short:
+                log.info("transaction %s: %d of its rows came before the stream ended, without "
+                         "its commit; they are dropped, and whatever reads on receives the "
+                         "transaction whole", xid, txn.rows)  # fmt: skip
+            else:
+                log.warning("transaction %s had not committed at this run's end: %d of its rows "
                             "came and are dropped; every run receives it again from its start "
                             "until it commits or rolls back (a long open transaction: see "
                             "pg_stat_activity)", xid, txn.rows)  # fmt: skip

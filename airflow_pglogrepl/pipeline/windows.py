@@ -92,6 +92,7 @@ class ColumnarWindows:
         """Read ``fetched`` to its end (or a following run's stop), committing windows into
         ``done`` as they are cut. ``fetched`` is closed on a failure."""
         self.done = done
+        cut_short = True  # until the stream's end, or the run's stop, is reached
         try:
             for item in fetched:
                 data, wal_end = item if isinstance(item, tuple) else (item, None)
@@ -105,10 +106,12 @@ class ColumnarWindows:
                 if wal_end is not None:
                     self._cut_to_wal_end(int(wal_end))
                 if self.follow is not None and self._cut_following(self.follow):
+                    cut_short = False
                     return
             if self.follow is not None:  # the stream ended without an error: only a close does
                 self.current.abandon()
                 return
+            cut_short = False
             self._finish()
         except BaseException:
             fetched.close()
@@ -116,7 +119,7 @@ class ColumnarWindows:
             raise
         finally:
             if self.in_progress is not None:  # what is still in progress is sent again
-                self.in_progress.report()
+                self.in_progress.report(cut_short=cut_short)
                 self.in_progress.clear()
 
     def _open(self, start: LSN | int, boundary: int) -> OpenWindow:

@@ -5,6 +5,7 @@ dropped on a Stream Abort; replaced by a first block sent again; never left behi
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -203,7 +204,15 @@ def test_a_store_that_refuses_to_delete_is_logged_not_raised_and_what_is_dropped
     with the rows it dropped: the next run receives them again."""
     _, kept = run(tmp_path, batch(*opening(600), ins(600, 1), ins(600, 2), StreamStopMessage()))
     kept.report()
-    assert "transaction 600 is still in progress" in caplog.text and "2 of its rows" in caplog.text
+    assert "transaction 600 had not committed at this run's end" in caplog.text
+    assert "2 of its rows" in caplog.text
+    # a stream that ended early may have lost the commit with it: nothing is claimed, no warning
+    caplog.clear()
+    caplog.set_level(logging.INFO, logger="airflow_pglogrepl")
+    kept.report(cut_short=True)
+    (said,) = caplog.records
+    assert said.levelno == logging.INFO and "before the stream ended" in said.getMessage()
+    assert "still in progress" not in caplog.text and "had not committed" not in caplog.text
 
     def refuse(path: str) -> None:
         raise PermissionError("AccessDenied (simulated)")

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,63 @@ def test_a_stopping_run_reads_a_batch_up_to_its_first_commit_and_no_further() ->
     assert cut.to_pylist() == data.to_pylist()[2 : first + 1] and end == LSN(0x1108)
     none, same = through_first_commit(data.slice(0, first), LSN(0x77))
     assert len(none) == first and same == LSN(0x77)
+
+
+class _Fetched:
+    """Batches of a stream, then its end: an error (the stream cut short) or none."""
+
+    def __init__(self, batches: list[object], error: BaseException | None) -> None:
+        self.batches, self.error = batches, error
+
+    def __iter__(self) -> Iterator[object]:
+        yield from self.batches
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("cut_short", [True, False])
+def test_a_transaction_without_its_commit_is_said_truly_when_the_stream_ends(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, cut_short: bool
+) -> None:
+    """Before: a stream cut short in the middle of a streamed transaction (a hand-over to the
+    peek) warned that the transaction was still in progress at the source, though its commit
+    may have been sent and lost with the stream. Now that case is said at INFO and claims
+    nothing; a run that reached its end still warns of a transaction open at its end."""
+    import pyarrow as pa
+
+    from airflow_pglogrepl.exceptions import SlotStreamError
+    from airflow_pglogrepl.pgoutput.messages import (
+        InsertMessage,
+        StreamStartMessage,
+        StreamStopMessage,
+    )
+    from airflow_pglogrepl.pipeline.committer import WindowCommitter
+    from airflow_pglogrepl.pipeline.windows import ColumnarWindows
+    from tests.support.pgoutput_encoder import encode
+
+    messages = [StreamStartMessage(600, True),
+                relation(16384, "items", [("id", INT8, True), ("name", TEXT)], xid=600),
+                InsertMessage(600, 16384, (b"1", b"one")), StreamStopMessage()]  # fmt: skip
+    data = pa.array([encode(m) for m in messages], pa.large_binary())  # type: ignore[arg-type]
+    source = FakeSource([], confirmed=0x1000, flush=0x2000)
+    committer = WindowCommitter(source=source, lake=Lake(str(tmp_path / "lake"), "s"), slot="s",
+                                publications=["p"], batch_rows=1000)  # fmt: skip
+    options = {"proto_version": "2", "streaming": "on", "publication_names": "p"}
+    windows = ColumnarWindows(committer, start=LSN(0x1000), span_end=LSN(0x2000),
+                              window_bytes=0x1000, options=options, exact_end=True)  # fmt: skip
+    fetched = _Fetched([data], SlotStreamError("s", "h:1", "lost") if cut_short else None)
+    caplog.set_level(logging.INFO, logger="airflow_pglogrepl")
+    if cut_short:
+        with pytest.raises(SlotStreamError):
+            windows.run(fetched, [])
+    else:
+        windows.run(fetched, [])
+    (said,) = [r for r in caplog.records if "transaction 600" in r.getMessage()]
+    assert "still in progress" not in said.getMessage()
+    if cut_short:
+        assert said.levelno == logging.INFO and "before the stream ended" in said.getMessage()
+    else:
+        assert said.levelno == logging.WARNING and "had not committed" in said.getMessage()
