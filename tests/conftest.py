@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
 from airflow_pglogrepl.testing.pgcluster import (
     LOGICAL_SETTINGS,
     PgCluster,
@@ -30,6 +31,7 @@ from airflow_pglogrepl.testing.pgcluster import (
     start_cluster,
 )
 from tests.support.airflow import airflow_environment, set_airflow_connection
+from tests.support.databases import Database
 from tests.support.paths import TESTS
 from tests.support.s3 import S3Server, configure_spark
 
@@ -247,6 +249,27 @@ def subscriber_conn_id(subscriber: PgCluster) -> str:
 
 
 _names = itertools.count(1)
+
+
+@pytest.fixture
+def hook(publisher_conn_id: str) -> PgLogicalReplicationHook:
+    """The hook of the publisher's Airflow connection."""
+    return PgLogicalReplicationHook(postgres_conn_id=publisher_conn_id)
+
+
+_databases = itertools.count(1)
+
+
+@pytest.fixture
+def database(publisher: PgCluster, publisher_conn_id: str) -> Database:
+    """A database of its own on the publisher, named like an injection, with the hook of the
+    publisher's Airflow connection pointed at it (``database=``): the hooks' tests and the
+    statements' (``tests/postgres``)."""
+    from airflow_pglogrepl.hooks.for_connection import replication_hook
+
+    name = f"hook db {next(_databases)}; '\""
+    publisher.create_database(name)
+    return Database(publisher, name, replication_hook(publisher_conn_id, database=name))
 
 
 @pytest.fixture

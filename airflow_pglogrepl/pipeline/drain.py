@@ -110,6 +110,7 @@ class Drain:
         self.follow = follow
         self.reader_used = "peek"
         self.reader_note: str | None = None
+        self.stream_opened = False  # whether the last stream asked for was opened
         self.columnar = columnar
         self.held: dict[TableRef, Cause] = {}  # tables in quarantine (``lake.quarantine``)
         self.accept_source_change = accept_source_change
@@ -235,6 +236,7 @@ class Drain:
         """Drain what the stream can (``stream_phase``) from ``start``: the windows of
         ``[start, run_end)``, up to ``max_windows``, appended to ``windows``; returns where the
         peek goes on (``run_end`` when the stream took all of it)."""
+        self.stream_opened = False
         refusal = self._stream_refusal()
         if refusal is not None:
             if self.reader == "stream":
@@ -249,6 +251,7 @@ class Drain:
                             options=self.options, reader=self.reader, follow=self.follow,
                             drain_span=self._columnar_span)  # fmt: skip
         part = phase.read(start, run_end, span_end)
+        self.stream_opened = part.opened
         if part.opened:
             self.reader_used = "stream"
         if part.note is not None:
@@ -283,23 +286,28 @@ class Drain:
     def _following(self, start: LSN, windows: list[WindowStats], follow: Follow) -> None:
         """A following run: the stream, kept open until ``follow.over``; where the stream
         cannot be used, or once it ended or declined a window, passes of the peek every
-        ``follow.window_s`` (each drains up to the WAL position it found), and the stream
-        opened again after ``follow.reopen_s`` (a run of days outlives a dropped connection)."""
+        ``follow.window_s`` (each drains up to the WAL position it found), and a stream that
+        had opened is opened again after ``follow.reopen_s`` (a run of days outlives a dropped
+        connection). A stream refused (a role without REPLICATION) is not asked for again."""
         follow.cpu_at_start = cpu_s()
         streams = self.reader != "peek"
         reopen_s, reopen_at = follow.reopen_s, 0.0
         if streams:
             start = self._streamed(start, LSN(NO_END), windows)
+            streams = self.stream_opened
             reopen_at = time.monotonic() + reopen_s
         while not self._following_ends(follow):
             began = time.monotonic()
             if streams and began >= reopen_at and self._stream_refusal() is None:
-                follow.reopens += 1
                 log.info("slot %s: opening its stream again from %s", self.slot, start)
-                opened = time.monotonic()
                 start = self._streamed(start, LSN(NO_END), windows)
+                fold_older(windows)
+                if not self.stream_opened:  # refused now: peeks for the rest of the run
+                    streams = False
+                    continue
+                follow.reopens += 1
                 # a stream that lasted less than the wait before it: wait twice as long
-                lasted = time.monotonic() - opened
+                lasted = time.monotonic() - began
                 reopen_s = (
                     follow.reopen_s if lasted >= reopen_s else min(2 * reopen_s, REOPEN_MAX_S)
                 )

@@ -103,12 +103,15 @@ class Follow:
     # after its stream ended, the run peeks and opens the stream again this long after (then
     # twice as long each time a stream ends before it has lasted that long, up to REOPEN_MAX_S)
     reopen_s: float = REOPEN_S
-    reopens: int = 0  # streams opened again after one ended
+    reopens: int = 0  # streams opened again after one ended (refused attempts not counted)
 
     def __post_init__(self) -> None:
         if not self.window_s > 0:
             raise ValueError(f"the follow window must be a positive number of seconds, got "
                              f"{self.window_s!r}")  # fmt: skip
+        if not self.reopen_s > 0:
+            raise ValueError(f"the wait before a stream is opened again must be a positive "
+                             f"number of seconds, got {self.reopen_s!r}")  # fmt: skip
         if self.seconds is not None and not self.seconds > 0:
             raise ValueError(f"a follow bound must be a positive number of seconds, got "
                              f"{self.seconds!r}")  # fmt: skip

@@ -106,8 +106,7 @@ class ColumnarWindows:
                 if wal_end is not None:
                     self._cut_to_wal_end(int(wal_end))
                 if self.follow is not None and self._cut_following(self.follow):
-                    cut_short = False
-                    return
+                    return  # (cut short: the walsender lags the source, a commit may be near)
             if self.follow is not None:  # the stream ended without an error: only a close does
                 self.current.abandon()
                 return

@@ -518,3 +518,27 @@ def test_a_following_run_whose_walsender_was_ended_streams_again_and_stores_ever
     assert result.to_dict()["follow"]["stream_reopens"] >= 1
     assert "ended early" in (result.reader_note or "")
     assert _ok_ids(lake_root) == [1, 2, 3]
+
+
+def test_a_following_run_whose_stream_was_refused_does_not_ask_again(tmp_path: Path) -> None:
+    """Review finding: a refused stream (a role without REPLICATION) was asked for again every
+    reopen for the life of the run, each a failed login in the server's log."""
+    from airflow_pglogrepl.exceptions import SlotStreamUnavailableError
+    from airflow_pglogrepl.pipeline.follow import Follow
+
+    source = FakeSource(three_transactions().rows, confirmed=0x1000, flush=0x3000)
+    asked: list[LSN] = []
+
+    def refused(slot: str, *, start: LSN, options: Any, alive: Any = None) -> FakeStream:
+        asked.append(start)
+        raise SlotStreamUnavailableError(slot, "the role may not replicate")
+
+    source.stream_slot = refused  # type: ignore[method-assign]
+    follow = Follow(window_s=0.05, seconds=1.0, reopen_s=0.05)
+    drain = Drain(source=source, lake=Lake(str(tmp_path / "lake"), "s"), slot="s",
+                  publications=["p"], max_window_bytes=0x180, follow=follow)  # fmt: skip
+    result = drain.run(time.monotonic())
+    assert asked == [LSN(0x1000)]
+    assert result.to_dict()["follow"]["stream_reopens"] == 0
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        Follow(window_s=1.0, reopen_s=0)

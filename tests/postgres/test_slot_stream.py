@@ -11,6 +11,7 @@ import datetime as dt
 import itertools
 import logging
 import os
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -334,3 +335,26 @@ def test_only_reply_requests_in_quick_succession_are_taken_for_a_shutdown() -> N
     stream._check_stopping(ask)
     with pytest.raises(SlotStreamError, match="shutting down"):
         stream._check_stopping(ask)
+
+
+def test_closing_a_stream_whose_walsender_decodes_silently_takes_seconds_not_half_a_minute(
+    database: Database, filtered: tuple[PgSource, str, str]
+) -> None:
+    """A run ends (its last window committed) while the server decodes, past the run's end, a
+    transaction that sends nothing: the walsender reads our CopyDone only at its next look at
+    the socket, half its wal_sender_timeout (30 s) away. Before, close waited 30 s for it; now
+    it waits ``CLOSE_TIMEOUT_S``, then the walsender is ended (``release``), the slot free, and
+    close says the last confirm may not have reached the server (the drain then advances)."""
+    source, name, dsn = filtered
+    database.sql("INSERT INTO ok VALUES (1)")
+    end = source.flush_lsn()
+    write_silent_transaction(dsn, "fpub", "f", 45.0, pad_bytes=30)
+    stream = SlotStream(source.connection_params(), name, label="L", start=0,
+                        options=FILTERED_OPTIONS)  # fmt: skip
+    assert len(_inserts(stream, end)) == 1
+    began = time.monotonic()
+    stream.close()
+    took = time.monotonic() - began
+    assert took < 15, f"close took {took:.1f} s"
+    assert stream.slot_free is True
+    assert source.get_slot(name).active_pid is None
