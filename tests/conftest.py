@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
 from airflow_pglogrepl.testing.pgcluster import (
     LOGICAL_SETTINGS,
     PgCluster,
@@ -31,11 +30,12 @@ from airflow_pglogrepl.testing.pgcluster import (
     start_cluster,
 )
 from tests.support.airflow import airflow_environment, set_airflow_connection
-from tests.support.databases import Database
 from tests.support.paths import TESTS
 from tests.support.s3 import S3Server, configure_spark
 
 if TYPE_CHECKING:  # imported in the fixture: the hook imports Airflow, configured below first
+    from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
+    from tests.support.databases import Database
     from tests.support.sources import Source
 
 _AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="pglogrepl-airflow-"))
@@ -253,7 +253,10 @@ _names = itertools.count(1)
 
 @pytest.fixture
 def hook(publisher_conn_id: str) -> PgLogicalReplicationHook:
-    """The hook of the publisher's Airflow connection."""
+    """The hook of the publisher's Airflow connection (imported here: importing Airflow
+    before ``pytest_configure`` set its home would read the wrong configuration)."""
+    from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
+
     return PgLogicalReplicationHook(postgres_conn_id=publisher_conn_id)
 
 
@@ -266,6 +269,7 @@ def database(publisher: PgCluster, publisher_conn_id: str) -> Database:
     publisher's Airflow connection pointed at it (``database=``): the hooks' tests and the
     statements' (``tests/postgres``)."""
     from airflow_pglogrepl.hooks.for_connection import replication_hook
+    from tests.support.databases import Database
 
     name = f"hook db {next(_databases)}; '\""
     publisher.create_database(name)
