@@ -12,6 +12,7 @@ import json
 import pkgutil
 
 import airflow_pglogrepl.hooks
+import airflow_pglogrepl.postgres
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.fence import FenceApplied, FenceGrant, FenceReleased, RoleFence
 from airflow_pglogrepl.models.records import (
@@ -30,10 +31,15 @@ ORDERS = TableRef("sales", "Orders;")
 
 
 def test_every_dataclass_the_hooks_return_is_a_record() -> None:
-    """What the hooks' modules define, and the records they return from ``models`` (the
-    catalog facts and verdicts are the pure rules' inputs, no XCom values)."""
-    package = airflow_pglogrepl.hooks
-    names = [info.name for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
+    """What the hooks' modules and the statements under them (``postgres``) define, and the
+    records they return from ``models`` (the catalog facts and verdicts are the pure rules'
+    inputs, no XCom values)."""
+    packages = (airflow_pglogrepl.hooks, airflow_pglogrepl.postgres)
+    names = [
+        info.name
+        for package in packages
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+    ]
     not_records = [
         f"{module.__name__}.{name}"
         for module_name in [*names, "airflow_pglogrepl.models.records",
