@@ -11,18 +11,9 @@ import pytest
 
 from airflow_pglogrepl.exceptions import LakeCommitConflictError
 from airflow_pglogrepl.lake import delta
+from tests.support.lake_batches import DELTA_APP, commit_ids
 
-APP = "airflow-pglogrepl/s"
-
-
-def _rows(*ids: int) -> pa.Table:
-    return pa.table({"id": pa.array(ids, pa.int64()), "_commit_lsn": pa.array(ids, pa.int64())})
-
-
-def _commit(uri: str, version: int, expected: int | None, *ids: int) -> None:
-    rows = _rows(*ids)
-    written = delta.write_file(uri, rows, prefix="t")
-    delta.commit_files(uri, rows.schema, [written], app=APP, version=version, expected=expected)
+APP = DELTA_APP
 
 
 def _ids(uri: str) -> list[int]:
@@ -32,10 +23,10 @@ def _ids(uri: str) -> list[int]:
 def test_a_commit_whose_version_does_not_go_forward_is_refused(tmp_path: Path) -> None:
     """Before: delta-rs committed version 100, then 50, and the table reported 50."""
     uri = str(tmp_path / "t")
-    _commit(uri, 100, None, 1)
+    commit_ids(uri, 100, None, 1)
     for lower in (50, 100):
         with pytest.raises(LakeCommitConflictError, match=r"versions only go forward"):
-            _commit(uri, lower, 100, 2)
+            commit_ids(uri, lower, 100, 2)
     assert delta.txn_version(uri, APP) == 100 and _ids(uri) == [1]
 
 
@@ -43,16 +34,16 @@ def test_a_commit_against_a_version_another_writer_moved_is_refused(tmp_path: Pa
     """A writer filters its rows against the version it read; if another committed since, its
     rows may be the other's too: refused, whatever version it carries."""
     uri = str(tmp_path / "t")
-    _commit(uri, 0x100, None, 1)
-    _commit(uri, 0x200, 0x100, 2)  # the other writer
+    commit_ids(uri, 0x100, None, 1)
+    commit_ids(uri, 0x200, 0x100, 2)  # the other writer
     with pytest.raises(LakeCommitConflictError, match=r"another writer committed there since"):
-        _commit(uri, 0x300, 0x100, 2, 3)  # the stale one, with a higher version
+        commit_ids(uri, 0x300, 0x100, 2, 3)  # the stale one, with a higher version
     with pytest.raises(LakeCommitConflictError, match=r"another writer"):
-        _commit(str(tmp_path / "t"), 0x300, None, 2, 3)  # believed the table new
+        commit_ids(str(tmp_path / "t"), 0x300, None, 2, 3)  # believed the table new
     assert _ids(uri) == [1, 2]
     other = str(tmp_path / "new")
     with pytest.raises(LakeCommitConflictError):  # believed it held something: no table
-        _commit(other, 0x100, 0x50, 1)
+        commit_ids(other, 0x100, 0x50, 1)
     assert delta.open_table(other) is None
 
 
@@ -60,12 +51,12 @@ def test_the_check_and_the_commit_are_one(tmp_path: Path, monkeypatch: pytest.Mo
     """A commit lands between the version read and the commit: delta-rs refuses a commit made
     on a snapshot older than a commit of the same app id, and that is a conflict too."""
     uri = str(tmp_path / "t")
-    _commit(uri, 0x100, None, 1)
+    commit_ids(uri, 0x100, None, 1)
     stale = delta.open_table(uri)  # read before the other writer's commit
-    _commit(uri, 0x200, 0x100, 2)
+    commit_ids(uri, 0x200, 0x100, 2)
     monkeypatch.setattr(delta, "open_table", lambda _: stale)
     with pytest.raises(LakeCommitConflictError, match=r"another writer"):
-        _commit(uri, 0x300, 0x100, 3)
+        commit_ids(uri, 0x300, 0x100, 3)
     monkeypatch.undo()
     assert _ids(uri) == [1, 2] and delta.txn_version(uri, APP) == 0x200
 
@@ -73,7 +64,6 @@ def test_the_check_and_the_commit_are_one(tmp_path: Path, monkeypatch: pytest.Mo
 def test_every_table_the_lake_creates_leaves_log_cleanup_to_the_upkeep(tmp_path: Path) -> None:
     """Writers clean expired log entries when they checkpoint, whatever positions a user asked
     to keep; the lake's tables turn that off, and only the upkeep cleans, after its check."""
-    import pyarrow as pa
     from deltalake import DeltaTable
 
     from airflow_pglogrepl.changelog.columns import COMMIT_LSN, KEY_META, OLD, OP, SEQ, UNCHANGED

@@ -11,18 +11,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_pglogrepl.lake import delta, durability
-
-APP = "airflow-pglogrepl/s"
-
-
-def _rows(*ids: int) -> pa.Table:
-    return pa.table({"id": pa.array(ids, pa.int64()), "_commit_lsn": pa.array(ids, pa.int64())})
-
-
-def _commit(uri: str, version: int, expected: int | None, *ids: int) -> None:
-    rows = _rows(*ids)
-    written = delta.write_file(uri, rows, prefix="t")
-    delta.commit_files(uri, rows.schema, [written], app=APP, version=version, expected=expected)
+from tests.support.lake_batches import commit_ids, id_rows
 
 
 def test_every_new_log_entry_and_new_directory_is_fsynced(
@@ -35,12 +24,12 @@ def test_every_new_log_entry_and_new_directory_is_fsynced(
     monkeypatch.setattr(durability, "fsync", lambda path: (synced.append(path), real(path)))
     root = tmp_path / "lake"
     uri = str(root / "changes" / "public.t")
-    _commit(uri, 0x100, None, 1)
+    commit_ids(uri, 0x100, None, 1)
     assert {str(root / "changes"), str(root)} <= set(synced)  # the new table's parents
     synced.clear()
     wider = pa.schema(
         [
-            *(f.with_metadata({"k": f.name}) for f in _rows(1).schema),
+            *(f.with_metadata({"k": f.name}) for f in id_rows(1).schema),
             pa.field("c", pa.int64(), metadata={"k": "c"}),
         ]
     )

@@ -7,22 +7,14 @@ import pickle
 
 import pytest
 
-from airflow_pglogrepl.pgoutput.table_info import ColumnInfo, TableInfo
-from airflow_pglogrepl.pgoutput.values import OID
+from airflow_pglogrepl.pgoutput.table_info import TableInfo
+from tests.support.pgoutput_encoder import table_t
 
 pytestmark = pytest.mark.unit
 
 
-def _table() -> TableInfo:
-    return TableInfo("public", "t", [
-        ColumnInfo("id", OID.INT4, -1, True, OID.INT4, "integer"),
-        ColumnInfo("v", OID.TEXT, -1, False, OID.TEXT, "text"),
-        ColumnInfo("n", OID.INT8, -1, False, OID.INT8, "bigint"),
-    ], relation_id=16384, replica_identity="d")  # fmt: skip
-
-
 def test_a_table_knows_its_key_and_travels_to_executors_whole() -> None:
-    table = _table()
+    table = table_t()
     assert table.relation == ("public", "t") and table.key_names == ("id",)
     again = pickle.loads(pickle.dumps(table))
     assert again == table and again.values([b"1", b"a", b"2"]) == {"id": 1, "v": "a", "n": 2}

@@ -59,3 +59,22 @@ def origins_stub(
         return ColumnOrigins(natts=natts, columns=columns)
 
     return origins
+
+
+DELTA_APP = "airflow-pglogrepl/s"
+
+
+def id_rows(*ids: int) -> pa.Table:
+    """Rows ``(id, _commit_lsn)`` with the same values: a Delta table's least content."""
+    return pa.table({"id": pa.array(ids, pa.int64()), "_commit_lsn": pa.array(ids, pa.int64())})
+
+
+def commit_ids(uri: str, version: int, expected: int | None, *ids: int) -> None:
+    """One file of ``id_rows(*ids)`` committed as ``version`` (``expected``: the version the
+    commit must follow, ``delta.commit_files``'s own check)."""
+    from airflow_pglogrepl.lake import delta
+
+    rows = id_rows(*ids)
+    written = delta.write_file(uri, rows, prefix="t")
+    delta.commit_files(uri, rows.schema, [written], app=DELTA_APP, version=version,
+                       expected=expected)  # fmt: skip

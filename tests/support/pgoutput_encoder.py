@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import struct
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput.messages import (
@@ -39,6 +39,9 @@ from airflow_pglogrepl.pgoutput.messages import (
     TypeMessage,
     UpdateMessage,
 )
+
+if TYPE_CHECKING:
+    from airflow_pglogrepl.pgoutput.table_info import TableInfo
 
 PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 
@@ -200,6 +203,18 @@ ACCOUNTS = relation(
         ("balance", 1700, False, (10 << 16 | 2) + 4),  # numeric(10,2)
     ],
 )
+
+
+def table_t() -> TableInfo:
+    """A decoded table description: ``public.t (id int4 key, v text, n int8)``."""
+    from airflow_pglogrepl.pgoutput.table_info import ColumnInfo, TableInfo
+    from airflow_pglogrepl.pgoutput.values import OID
+
+    return TableInfo("public", "t", [
+        ColumnInfo("id", OID.INT4, -1, True, OID.INT4, "integer"),
+        ColumnInfo("v", OID.TEXT, -1, False, OID.TEXT, "text"),
+        ColumnInfo("n", OID.INT8, -1, False, OID.INT8, "bigint"),
+    ], relation_id=16384, replica_identity="d")  # fmt: skip
 
 
 class Session:
