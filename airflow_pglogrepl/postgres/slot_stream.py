@@ -10,8 +10,9 @@ One reader thread owns the connection: it reads frames, hands them over in batch
 bounded queue (``batches``), answers the walsender's keepalives and sends status updates. The
 flushed position it reports is only ever what ``confirm`` was given, the lake's committed
 position, so the slot's ``confirmed_flush_lsn`` never passes what the lake holds. While the
-consumer is busy and the queue full, the reader stops reading but still reports on time: a
-walsender ends a client it has not heard from within ``wal_sender_timeout``.
+consumer is busy and the queue full, the reader reads one batch's bytes further
+(``frame_queue``: a server shutting down is heard asking), then stops reading but still
+reports on time: a walsender ends a client it has not heard from within ``wal_sender_timeout``.
 
 Silence is judged by what the server may do (``walsender.Silence``): a walsender decoding a
 transaction that sends nothing is waited for while a session of its own finds it holding the
@@ -41,6 +42,7 @@ from airflow_pglogrepl.identifiers import validate_slot_name
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.postgres.connect import server_of
 from airflow_pglogrepl.postgres.errors import slot_errors
+from airflow_pglogrepl.postgres.frame_queue import FrameQueue
 from airflow_pglogrepl.postgres.stream_frames import (
     FrameBatch,
     frames,
@@ -131,7 +133,9 @@ class SlotStream:
         self._ended_cleanly = False
         self.slot_free: bool | None = None  # set by ``close``
         self._closed = False
-        self._queue: queue.Queue[FrameBatch | BaseException | None] = queue.Queue(QUEUED_BATCHES)
+        self._frames = FrameQueue(
+            QUEUED_BATCHES, ahead_bytes=batch_bytes, waiting=self._reader_waits, wait_s=1.0
+        )
         self._stop = threading.Event()
         self._secrets = conninfo.secrets_of(params)
         self._label = label  # for the sessions beside the stream
@@ -150,6 +154,7 @@ class SlotStream:
             self._silence = Silence.of(self._conn, self._side, slot, self.walsender_pid,
                                        label=label, secrets=self._secrets)  # fmt: skip
             self._interval = self._silence.interval
+            self._frames.wait_s = min(self._interval, 1.0)
             # the options the stream was started with (read by its decoder): ``streaming``
             # needs protocol 2, which servers before 14 do not have
             self.options = dict(options)
@@ -182,10 +187,12 @@ class SlotStream:
         that acts on time (a following drain) is woken though the source is quiet."""
         while True:
             try:
-                item = self._queue.get(timeout=idle_s)
+                item = self._frames.get(idle_s)
             except queue.Empty:
                 yield None
                 continue
+            if self._frames.pending:
+                self._wake()  # a batch waits for the room this take made
             if item is None:
                 return
             if isinstance(item, BaseException):
@@ -230,6 +237,7 @@ class SlotStream:
             self._raise_result(result)
 
     def _run(self) -> None:
+        end: BaseException | None = None
         try:
             try:
                 self._read()
@@ -240,12 +248,11 @@ class SlotStream:
                 raise self._ended(exc) from None
             self._finish()
         except BaseException as exc:  # handed to the consumer, raised there
-            self._put_final(exc)
-        else:
-            self._put_final(None)
-        finally:
+            end = exc
+        finally:  # closed before the hand-over: a busy consumer must not keep the walsender
             with contextlib.suppress(Exception):
                 self._conn.close()
+        self._frames.end(end, stopped=self._stop.is_set)
 
     def _read(self) -> None:
         pg = self._conn.pgconn
@@ -256,6 +263,7 @@ class SlotStream:
         first_at = 0.0  # when the batch's first frame came
         while not self._stop.is_set():
             self._report()
+            self._frames.pass_pending()
             nbytes, data = get_copy_data(1)
             if nbytes > 0:
                 self._heard_at = time.monotonic()
@@ -297,17 +305,16 @@ class SlotStream:
         self._check_stopping(batch)
         if batch.keepalives:
             self._report(force=True)  # every ping answered, at once when a reply is asked
-        while True:
-            try:
-                self._queue.put(batch, timeout=min(self._interval, 1.0))
-                self._heard_at = max(self._heard_at, time.monotonic())  # we were not listening
-                return
-            except queue.Full:
-                if self._stop.is_set():
-                    raise _StoppedError from None
-                self._report()
-                if self._alive is not None:
-                    self._alive()
+        if self._frames.offer(batch):
+            self._heard_at = max(self._heard_at, time.monotonic())  # we were not listening
+
+    def _reader_waits(self) -> None:
+        """While the queue is full: answer on time, and stop when the consumer closed."""
+        if self._stop.is_set():
+            raise _StoppedError
+        self._report()
+        if self._alive is not None:
+            self._alive()
 
     def _check_stopping(self, batch: FrameBatch) -> None:
         """End the stream when the server is shutting down.
@@ -383,17 +390,6 @@ class SlotStream:
         log.info("slot %s: the server did not end the stream within %.0f s of our end (a "
                  "walsender decoding reads nothing meanwhile); closing the connection",
                  self.slot, CLOSE_TIMEOUT_S)  # fmt: skip
-
-    def _put_final(self, item: BaseException | None) -> None:
-        """Hand the end (None) or the error to the consumer after every batch before it: never
-        in place of one (a consumer that stops at a position must have had all before it).
-        Given up only once the consumer has closed the stream."""
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=1.0)
-                return
-            except queue.Full:
-                continue
 
     # -- libpq, nonblocking ---------------------------------------------------------------------
 

@@ -291,13 +291,15 @@ class PgCluster:
             )
         self.started = True
 
-    def stop(self, mode: str = "fast") -> None:
-        """pg_ctl stop (``fast`` by default, ``immediate`` to simulate a crash)."""
+    def stop(self, mode: str = "fast", *, timeout: int = 60) -> None:
+        """pg_ctl stop (``fast`` by default, ``immediate`` to simulate a crash), waiting up to
+        ``timeout`` seconds for the server to go."""
         if not self.started:
             return
         result = self._run(
-            [str(self.bindir / "pg_ctl"), "stop", "-D", str(self.datadir), "-m", mode, "-w"]
-        )
+            [str(self.bindir / "pg_ctl"), "stop", "-D", str(self.datadir), "-m", mode, "-w",
+             "-t", str(timeout)]
+        )  # fmt: skip
         self.started = False
         if result.returncode != 0 and "not running" not in result.stderr:
             raise ClusterError(f"cluster {self.name} did not stop:\n{result.stderr}")

@@ -30,6 +30,7 @@ from airflow_pglogrepl.postgres.slot_stream import SlotStream
 from airflow_pglogrepl.postgres.source import PgSource
 from airflow_pglogrepl.postgres.stream_frames import FrameBatch
 from airflow_pglogrepl.postgres.walsender import synchronous_standby_match
+from airflow_pglogrepl.testing.pgcluster import ClusterError
 from tests.support.databases import Database
 from tests.support.pg_proxy import pg_proxy
 from tests.support.silent_decode import (
@@ -205,6 +206,45 @@ def test_a_consumer_busy_longer_than_the_senders_timeout_is_not_cut_off(
                 break
         else:
             pytest.fail("the stream ended before the last change")
+
+
+def test_a_server_shutting_down_is_not_kept_waiting_by_a_busy_consumer(
+    database: Database, slot: tuple[PgSource, str]
+) -> None:
+    """Before: a reader that found the queue full stopped reading and went on answering. A
+    walsender at shutdown waits until its client confirms everything it sent; the reader never
+    read it asking, so ``pg_ctl stop -m fast`` waited for the consumer (a CI run failed on it).
+    Now the server goes at once, and the consumer still gets every batch before the error."""
+    source, name = slot
+    # 39 kB of messages: four 8 kB batches fill the queue, the rest waits behind it, and the
+    # walsender has sent everything (more would wait in the socket: the server must wait then)
+    database.sql("INSERT INTO t SELECT g, now(), repeat('z', 100) FROM generate_series(1, 250) g")
+    end = source.flush_lsn()
+    cluster = database.cluster
+    stream = SlotStream(source.connection_params(), name, label="L", start=0, options=OPTIONS,
+                        batch_bytes=8 << 10)  # fmt: skip
+    try:  # the consumer takes nothing
+        _wait_for(lambda: database.sql(
+            "SELECT sent_lsn >= %s::pg_lsn FROM pg_stat_replication WHERE pid = %s",
+            (str(end), stream.walsender_pid)) == [(True,)])  # fmt: skip
+        try:
+            cluster.stop(timeout=20)  # the stimulus
+        except ClusterError:  # the shared cluster is left up for the next test all the same
+            stream.close()
+            cluster.started = True
+            cluster.stop()
+            raise
+        finally:
+            cluster.start()
+        received: list[bytes] = []
+        with pytest.raises(SlotStreamError, match=r"shutting down|a shutdown"):
+            for batch in stream.batches():
+                received += batch.messages.to_pylist()
+    finally:
+        stream.close()
+    inserts = [m for m in received if m[:1] == b"I"]
+    assert len(inserts) == 250
+    assert source.get_slot(name).confirmed_flush_lsn < end  # nothing confirmed for us
 
 
 # -- a walsender decoding a transaction that sends nothing ------------------------------------
