@@ -123,7 +123,7 @@ class SchemaChangedError(LakeError):
         super().__init__(
             f"table {table}: {what}. Nothing of this window was committed and the slot did not "
             f"move. Fix: re-snapshot the table (InitialSnapshotOperator(tables=[{table!r}], ...) "
-            f"or snapshot_app --tables): its state is copied again and its changelog goes on with "
+            f"or snapshot_app --table): its state is copied again and its changelog goes on with "
             f"the new columns, then run the drain again"
         )
 
@@ -198,8 +198,27 @@ class QuarantinedTablesError(LakeError):
             f"{len(tables)} table(s) of lake {lake} are in quarantine, their changes kept in "
             f"{lake}/_pglogrepl/quarantine while every other table goes on: {shown}. Fix: "
             f"correct the cause (a value on the publisher, or the column), then re-snapshot "
-            f"(InitialSnapshotOperator(tables={names!r}, ...) or snapshot_app --tables): the "
+            f"(InitialSnapshotOperator(tables={names!r}, ...) or snapshot_app --table): the "
             f"snapshot holds every quarantined change, and the drain goes on with the table"
+        )
+
+
+class LakeIncompleteError(LakeError):
+    """Published tables whose state the WAL could not keep equal to the source: a table added
+    to the publication holding rows, a partition attached holding rows, or one detached or
+    dropped (``pipeline.coverage``). Every change was committed and the slot moved on; the
+    tables are named with the fix until they are re-snapshotted or the difference accepted."""
+
+    def __init__(self, lake: str, tables: dict[str, dict[str, str]]) -> None:
+        self.lake = lake
+        self.tables = tables
+        shown = "; ".join(
+            f"{table}: {gap['what']} (since {gap['since']}). Fix: {gap['fix']}"
+            for table, gap in sorted(tables.items())
+        )
+        super().__init__(
+            f"{len(tables)} table(s) of lake {lake} may differ from their source, which the "
+            f"WAL cannot repair: {shown}"
         )
 
 

@@ -17,6 +17,7 @@ from airflow_pglogrepl.exceptions import DefinitionConflictError
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl, show
 from airflow_pglogrepl.models.records import PublicationInfo, PublishedTable, Reconciled
 from airflow_pglogrepl.postgres import publications
+from airflow_pglogrepl.postgres.coverage import SourceCoverage, publication_coverage
 from airflow_pglogrepl.postgres.errors import WAL_LEVEL_FIX
 from airflow_pglogrepl.postgres.publications import PUBLISH_OPERATIONS
 from airflow_pglogrepl.tables import TableRef
@@ -63,6 +64,12 @@ class PublicationsMixin(PgSessionHook):
 
         with self.session() as conn:
             return missing_publications(conn, names)
+
+    def publication_coverage(self, names: Sequence[str]) -> SourceCoverage:
+        """Every relation ``names`` publish now, with its leaves and whether each was born
+        published (``postgres.coverage``): what the drain compares the lake with."""
+        with self.session() as conn:
+            return publication_coverage(conn, names)
 
     def require_publications(
         self, names: Sequence[str], *, slot: str | None = None, consequence: str

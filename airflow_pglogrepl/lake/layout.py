@@ -110,6 +110,10 @@ class LakePaths:
     def quarantine(self) -> str:
         return self._join("_pglogrepl", "quarantine")
 
+    def coverage(self) -> str:
+        """What the lake holds of each published relation (``lake.coverage``)."""
+        return self._join("_pglogrepl", "coverage")
+
     def in_progress(self) -> str:
         """Where rows of streamed transactions still in progress wait (``lake.in_progress``)."""
         return self._join("_pglogrepl", "in_progress")

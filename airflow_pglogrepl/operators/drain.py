@@ -33,6 +33,7 @@ __all__ = ["DRAIN_APP", "SlotDrainOperator"]
 
 DRAIN_APP = str(PACKAGE_DIR / "spark" / "drain_app.py")
 ON_QUARANTINE = ("fail", "warn")
+ON_INCOMPLETE = ("resnapshot", "report")
 READERS = ("auto", "stream", "peek")  # pipeline.results.READERS, without importing the pipeline
 
 
@@ -84,7 +85,19 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         every other table is drained and merged, the slot moves on): ``"fail"`` (the task
         fails naming each table, its error and the fix, every run until the tables are
         re-snapshotted) or ``"warn"`` (it logs that and succeeds; the summary's
-        ``quarantined`` names them).
+        ``quarantined`` names them). The same holds for tables whose state the WAL could
+        not keep equal to the source (a table added to the publication holding rows, a
+        partition attached or detached: the summary's ``incomplete``; docs/drain.md).
+    :param on_incomplete: what a run does with a table whose state the WAL could not keep
+        equal to the source: ``"resnapshot"`` (default) copies it again in the run, before
+        draining, each table replaced whole at a temporary slot's consistent point (the role
+        needs ``REPLICATION``; a partitioned root is copied whole, detached partitions'
+        rows go); ``"report"`` only names it (``on_quarantine`` says whether the task fails).
+    :param accept_incomplete: differences from the source the lake stops reporting, each
+        ``"schema.table"`` (any reason) or ``"schema.table:reason"`` (``added``,
+        ``attached``, ``detached``, ``removed``). Given in the DAG it applies to every run:
+        ``["public.events:detached"]`` keeps the rows of partitions dropped by retention as
+        history, while a partition attached holding rows is still repaired or reported.
     :param reader: how the slot is read. ``"stream"``: the streaming replication protocol
         (``START_REPLICATION``), which decodes each WAL record once and overlaps the server's
         decoding with the lake's writes; the connection's role needs ``REPLICATION`` and
@@ -116,7 +129,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         *SparkSubmitOperator.template_fields,
         "postgres_conn_id", "slot_name", "publications", "lake", "database",
         "max_window_bytes", "max_windows", "small_merge_rows", "idle_wal_bytes", "spark_log_level",
-        "lake_conn_id", "reader", "window_seconds", "follow_seconds",
+        "lake_conn_id", "reader", "window_seconds", "follow_seconds", "accept_incomplete",
     )  # fmt: skip
     ui_color = "#fdebd0"
     IN_WORKER_MODULE = "airflow_pglogrepl.spark.drain_app"
@@ -143,10 +156,14 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         follow: bool = False,
         window_seconds: float = 5.0,
         follow_seconds: float | None = None,
+        accept_incomplete: Sequence[str] = (),
+        on_incomplete: str = "resnapshot",
         **kwargs: Any,
     ) -> None:
         if on_quarantine not in ON_QUARANTINE:
             raise ValueError(f"on_quarantine must be one of {ON_QUARANTINE}, not {on_quarantine!r}")
+        if on_incomplete not in ON_INCOMPLETE:
+            raise ValueError(f"on_incomplete must be one of {ON_INCOMPLETE}, not {on_incomplete!r}")
         if "{" not in reader and reader not in READERS:  # a template is checked once rendered
             raise ValueError(f"reader must be one of {READERS}, not {reader!r}")
         kwargs.setdefault("name", "pglogrepl-drain")
@@ -167,6 +184,8 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         self.follow = follow
         self.window_seconds = window_seconds
         self.follow_seconds = follow_seconds
+        self.accept_incomplete = accept_incomplete
+        self.on_incomplete = on_incomplete
         if not follow and follow_seconds is not None:
             raise ValueError("follow_seconds bounds a following run: set follow=True as well")
 
@@ -280,6 +299,10 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
             args.append("--no-materialize")
         args += ["--small-merge-rows", str(int(str(self.small_merge_rows)))]
         args += ["--on-quarantine", self.on_quarantine]
+        args += ["--on-incomplete", self.on_incomplete]
+        accepted = self.accept_incomplete
+        for table in [accepted] if isinstance(accepted, str) else accepted:
+            args += ["--accept-incomplete", str(table)]
         if self.reader not in READERS:
             raise ValueError(f"reader must be one of {READERS}, not {self.reader!r}")
         args += ["--reader", self.reader]

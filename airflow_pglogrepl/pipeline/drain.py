@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from airflow_pglogrepl.changelog.columnar import ColumnarUnsupportedError
 from airflow_pglogrepl.exceptions import (
@@ -36,11 +36,13 @@ from airflow_pglogrepl.exceptions import (
     SlotAheadOfLakeError,
     SlotStreamError,
 )
+from airflow_pglogrepl.lake.coverage import Gap
 from airflow_pglogrepl.lake.in_progress import InProgressTransactions
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.quarantine import TABLE_ERRORS, Cause, held
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pipeline.committer import WindowCommitter
+from airflow_pglogrepl.pipeline.coverage import CoverageCheck
 from airflow_pglogrepl.pipeline.follow import NO_END, REOPEN_MAX_S, Follow
 from airflow_pglogrepl.pipeline.message_windows import MessageWindows
 from airflow_pglogrepl.pipeline.readers import (
@@ -98,6 +100,8 @@ class Drain:
         quarantine: bool = True,
         reader: str = "auto",
         follow: Follow | None = None,
+        accept_incomplete: Sequence[str] = (),
+        repair: Callable[[Mapping[str, Gap]], list[str]] | None = None,
     ) -> None:
         if max_window_bytes <= 0:
             raise ValueError("max_window_bytes must be positive")
@@ -114,6 +118,11 @@ class Drain:
         self.columnar = columnar
         self.held: dict[TableRef, Cause] = {}  # tables in quarantine (``lake.quarantine``)
         self.accept_source_change = accept_source_change
+        # tables whose difference from the source the user accepts (``pipeline.coverage``)
+        self.accept_incomplete = list(accept_incomplete)
+        # what re-snapshots the tables the check names, before the run reads the slot (None:
+        # they are only named): ``spark.resnapshot``
+        self.repair = repair
         self.source = source
         self.lake = lake
         self.slot = slot
@@ -154,6 +163,11 @@ class Drain:
         if self.held:
             log.warning("tables in quarantine (their changes go there, not to changes/): %s",
                         {str(t): c.to_dict() for t, c in self.held.items()})  # fmt: skip
+        gaps = CoverageCheck(self.source, self.lake, self.publications,
+                             accept=self.accept_incomplete).run()  # fmt: skip
+        if gaps and self.repair is not None:
+            for table in self.repair(gaps):
+                gaps.pop(table, None)
         run_end = self.committer.run_end = self.source.flush_lsn()
         startup = time.monotonic() - started
         windows: list[WindowStats] = []
@@ -177,6 +191,7 @@ class Drain:
             reader=self.reader_used,
             reader_note=self.reader_note,
             follow=self.follow.to_dict() if self.follow is not None else None,
+            incomplete={table: gap.to_dict() for table, gap in gaps.items()},
         )
 
     def peeked(self, start: LSN, run_end: LSN, windows: list[WindowStats]) -> LSN:

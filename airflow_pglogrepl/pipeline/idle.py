@@ -41,6 +41,7 @@ from airflow_pglogrepl.pipeline.source import DrainSource
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
+    from airflow_pglogrepl.lake.coverage import Coverage
     from airflow_pglogrepl.lsn import LSN
     from airflow_pglogrepl.models.records import SlotInfo
 
@@ -101,7 +102,8 @@ class IdleCheck:
         """The verdict on ``slot`` as read under the writer lock: 1, 2 and 3 of the module's
         list, the cheap reads first."""
         confirmed = slot.confirmed_flush_lsn
-        if confirmed is None or not self._lake_settled(slot, confirmed):
+        recorded = None if confirmed is None else self._lake_settled(slot, confirmed)
+        if confirmed is None or recorded is None:
             return None
         flush = self.hook.flush_lsn()
         if flush <= confirmed:
@@ -111,6 +113,8 @@ class IdleCheck:
         missing = self.hook.missing_publications(list(self.publications))
         if missing:
             log.info("publication(s) %s missing: the application reports it", ", ".join(missing))
+            return None
+        if self._coverage_moved(recorded):
             return None
         began = time.monotonic()
         if published_before(self.hook, slot.name, peek_options(self.publications), flush):
@@ -124,9 +128,11 @@ class IdleCheck:
             f"confirmed_flush_lsn (peeked in {time.monotonic() - began:.2f} s)",
         )
 
-    def _lake_settled(self, slot: SlotInfo, confirmed: LSN) -> bool:
-        """The slot is free, the lake stands where it does, nothing is quarantined and (when
-        the run merges) nothing waits for its merge: 1 and 2 of the module's list."""
+    def _lake_settled(self, slot: SlotInfo, confirmed: LSN) -> Coverage | None:
+        """The slot is free, the lake stands where it does, nothing is quarantined, (when the
+        run merges) nothing waits for its merge, and the lake records what it covers with no
+        table incomplete: 1 and 2 of the module's list. Its coverage record, or None."""
+        from airflow_pglogrepl.lake import coverage
         from airflow_pglogrepl.lake.lake import Lake
         from airflow_pglogrepl.lake.quarantine import held
         from airflow_pglogrepl.merge.materialize import pending_tables
@@ -134,23 +140,40 @@ class IdleCheck:
         if slot.active:
             log.info("slot %s is in use by backend %s: Spark submitted, the application "
                      "reports it", slot.name, slot.active_pid)  # fmt: skip
-            return False
+            return None
         lake = Lake(self.lake_root, slot.name)
         position = lake.position()
         if position != confirmed:
             log.info("lake at %s, slot %s at %s: the application reconciles them (Spark "
                      "submitted)", position, slot.name, confirmed)  # fmt: skip
-            return False
+            return None
         quarantined = held(lake)
         if quarantined:  # the run reports them (and fails, unless told to warn)
             log.info("tables in the lake's quarantine (%s): Spark submitted",
                      ", ".join(map(str, quarantined)))  # fmt: skip
-            return False
+            return None
         pending = pending_tables(lake) if self.materialize else []
         if pending:
             log.info("%d table(s) wait for their merge (%s): Spark submitted",
                      len(pending), ", ".join(pending[:5]))  # fmt: skip
+            return None
+        recorded = coverage.read(lake)
+        if recorded is None or recorded.gaps:  # the run records it, or reports the gaps again
+            log.info("the lake records no coverage yet, or names incomplete tables: Spark "
+                     "submitted")  # fmt: skip
+            return None
+        return recorded
+
+    def _coverage_moved(self, recorded: Coverage) -> bool:
+        """The publications cover other relations or partitions than the lake records: a
+        table added or a partition attached sends nothing a peek would see."""
+        from airflow_pglogrepl.pipeline.coverage import judge
+
+        now = self.hook.publication_coverage(list(self.publications))
+        if judge(recorded, now, "").holds_as(recorded):
             return False
+        log.info("the publications cover other tables or partitions than the lake records: "
+                 "Spark submitted")  # fmt: skip
         return True
 
     def _slot_may_wait(self, slot: SlotInfo, confirmed: LSN, flush: LSN) -> bool:

@@ -65,6 +65,9 @@ class DrainResult:
     reader: str = "peek"
     reader_note: str | None = None
     follow: dict[str, Any] | None = None  # a following run's ``Follow.to_dict``
+    # relations whose state the WAL could not keep equal to the source (``pipeline.coverage``):
+    # table -> reason, what, fix, since
+    incomplete: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         changes = sum(w.changes for w in self.windows)
@@ -100,6 +103,7 @@ class DrainResult:
                 table: {**cause, "changes": sum(w.quarantined.get(table, 0) for w in self.windows)}
                 for table, cause in self.quarantined.items()
             },
+            "incomplete": self.incomplete,
         }
 
 

@@ -14,6 +14,7 @@ from airflow_pglogrepl.lsn import LSN
 
 if TYPE_CHECKING:
     from airflow_pglogrepl.models.records import SlotInfo
+    from airflow_pglogrepl.postgres.coverage import SourceCoverage
     from airflow_pglogrepl.postgres.slot_stream import SlotStream
 
 __all__ = ["DrainSource", "check_slot"]
@@ -30,6 +31,8 @@ class DrainSource(Protocol):
     def flush_lsn(self) -> LSN: ...
 
     def missing_publications(self, names: Sequence[str]) -> list[str]: ...
+
+    def publication_coverage(self, names: Sequence[str]) -> SourceCoverage: ...
 
     def source_identity(self) -> dict[str, object]: ...
 

@@ -17,6 +17,7 @@ from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import ColumnOrigins, SlotInfo
 from airflow_pglogrepl.postgres import arrow_peek, columns, locks, server, slots
 from airflow_pglogrepl.postgres.connect import Conn, connect, dsn_params
+from airflow_pglogrepl.postgres.coverage import SourceCoverage, publication_coverage
 from airflow_pglogrepl.postgres.slot_stream import SlotStream
 from airflow_pglogrepl.postgres.snapshot import ExportedSnapshot, create_slot_with_snapshot
 from airflow_pglogrepl.tables import TableRef
@@ -57,6 +58,10 @@ class PgSource:
     def missing_publications(self, names: Sequence[str]) -> list[str]:
         with self.session() as conn:
             return server.missing_publications(conn, names)
+
+    def publication_coverage(self, names: Sequence[str]) -> SourceCoverage:
+        with self.session() as conn:
+            return publication_coverage(conn, names)
 
     def flush_lsn(self) -> LSN:
         with self.session() as conn:

@@ -57,8 +57,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "--on-quarantine", choices=("fail", "warn"), default="fail", help="tables in the "
-        "lake's quarantine (their changes could not be stored; every other table went on): "
-        "exit failed naming them (fail), or only say so (warn)",
+        "lake's quarantine (their changes could not be stored; every other table went on), "
+        "or whose state the WAL could not keep equal to the source (a table added to the "
+        "publication, a partition attached or detached): exit failed naming them (fail), or "
+        "only say so (warn)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--on-incomplete", choices=("resnapshot", "report"), default="resnapshot", help="a "
+        "table the WAL could not keep equal to the source (added to the publication holding "
+        "rows, a partition attached or detached): re-snapshot it in this run before draining "
+        "(resnapshot: the role needs REPLICATION), or only name it (report)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--accept-incomplete", action="append", default=[], metavar="TABLE", help="a table "
+        "the lake reports as differing from its source (added to the publication holding "
+        "rows, a partition attached or detached): accept the difference and stop reporting "
+        "it (repeat for several)",
     )  # fmt: skip
     parser.add_argument(
         "--reader", choices=("auto", "stream", "peek"), default="auto", help="read the slot "
@@ -130,6 +144,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     from airflow_pglogrepl.pipeline.follow import Follow
     from airflow_pglogrepl.pipeline.results import peak_rss_mb
     from airflow_pglogrepl.postgres.source import PgSource
+    from airflow_pglogrepl.spark.resnapshot import Resnapshot
 
     follow = None
     if args.follow:
@@ -152,6 +167,10 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                 args.lake_root, args.slot, origins=source.column_origins, writer_check=lock.check,
                 state_deletion_vectors=args.state_deletion_vectors,
             )  # fmt: skip
+            repair = None
+            if args.on_incomplete == "resnapshot":
+                repair = Resnapshot(spark=spark.get, source=source, lake=lake, slot=args.slot,
+                                    publications=args.publication)  # fmt: skip
             drain = Drain(
                 source=source,
                 lake=lake,
@@ -160,6 +179,8 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                 max_window_bytes=args.max_window_bytes,
                 max_windows=args.max_windows,
                 accept_source_change=args.accept_source_change,
+                accept_incomplete=args.accept_incomplete,
+                repair=repair,
                 batch_rows=args.batch_rows,
                 reader=args.reader,
                 follow=follow,
@@ -179,6 +200,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                 result["materialize_s"] = round(time.monotonic() - began, 3)
                 result["peak_rss_mb"] = peak_rss_mb()  # a merge without a JVM holds its batch
         result.update(spark.summary())
+        _report_incomplete(args, result)
         if result.get("quarantined"):
             from airflow_pglogrepl.exceptions import QuarantinedTablesError
 
@@ -191,6 +213,18 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
         return result
     finally:
         spark.stop()
+
+
+def _report_incomplete(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Tables whose state may differ from the source (``pipeline.coverage``): the run fails
+    naming them, or warns (``--on-quarantine warn``); a table no longer published only warns."""
+    from airflow_pglogrepl.exceptions import LakeIncompleteError
+    from airflow_pglogrepl.pipeline.coverage import WARN_ONLY
+
+    gaps = result.get("incomplete") or {}
+    failing = {t: g for t, g in gaps.items() if g["reason"] not in WARN_ONLY}
+    if failing and args.on_quarantine == "fail":
+        raise LakeIncompleteError(args.lake_root, failing)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ from airflow_pglogrepl.spark.range_copy import (
     plan_ranges,
     table_info,
 )
+from airflow_pglogrepl.spark.snapshot_coverage import record_coverage
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
@@ -313,6 +314,10 @@ class SnapshotCopy:
             raise
         result.commit_s = time.monotonic() - began
         result.committed = True
+        # after the commit point: a failure here leaves the next drain to judge the tables
+        copied = [c.table for c in result.tables]
+        record_coverage(self.lake, guard, self.publications, self.point.consistent_point,
+                        copied, initial=self.tables is None)  # fmt: skip
 
     # -- steps --------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import SlotInfo
+from airflow_pglogrepl.pipeline.coverage import CoverageCheck
 from airflow_pglogrepl.pipeline.idle import IDLE_WAL_BYTES, Idle, IdleCheck, idle_summary
 from airflow_pglogrepl.tables import TableRef
 from tests.support.sources import Source
@@ -54,6 +55,8 @@ class Judge:
                 "_commit_lsn": pa.array([int(self.confirmed) - 1], pa.int64()),
                 "_seq": pa.array([0], pa.int64())}))  # fmt: skip
         window.commit(self.confirmed, transactions=int(with_change), changes=int(with_change))
+        # what the publications cover, recorded as a drain run records it before its windows
+        CoverageCheck(self.hook, self.lake, [self.source.publication]).run()
 
     def run(self, *, materialize: bool = True, max_wal_bytes: int = IDLE_WAL_BYTES,
             publications: list[str] | None = None,
@@ -92,6 +95,21 @@ def test_wal_of_tables_outside_the_publications_leaves_a_run_idle(
     # the bound on the WAL an idle run may leave the slot holding
     assert judge.run(max_wal_bytes=0) is None
     assert "more than 0: the application drains" in caplog.text
+
+
+def test_a_table_added_to_the_publication_is_not_idle_though_it_sends_nothing(
+    judge: Judge, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: ``ALTER PUBLICATION ... ADD TABLE`` of a table holding rows sends no change, so
+    every run was skipped as idle and the lake never learnt that the table's rows were
+    missing. Now the run is submitted and names the table."""
+    caplog.set_level(logging.INFO, logger="airflow_pglogrepl.drain")
+    judge.commit_lake()
+    judge.source.sql("INSERT INTO other SELECT g, 'o' FROM generate_series(1, 50) g")
+    assert judge.run() is not None
+    judge.source.sql(f"ALTER PUBLICATION {judge.source.publication} ADD TABLE other")
+    assert judge.run() is None
+    assert "the publications cover other tables or partitions than the lake records" in caplog.text
 
 
 def test_a_published_change_is_drained(judge: Judge, caplog: pytest.LogCaptureFixture) -> None:

@@ -43,6 +43,11 @@ class FakeSource:
     def missing_publications(self, names: Sequence[str]) -> list[str]:
         return [n for n in names if n in self.dropped_publications]
 
+    def publication_coverage(self, names: Sequence[str]) -> Any:
+        from airflow_pglogrepl.postgres.coverage import SourceCoverage
+
+        return SourceCoverage(horizon=0, relations=[])
+
     def source_identity(self) -> dict[str, object]:
         return dict(self.identity)
 
