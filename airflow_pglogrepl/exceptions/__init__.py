@@ -76,6 +76,7 @@ from airflow_pglogrepl.exceptions.snapshot import (
     CatalogChangedError,
     SnapshotLockError,
     SnapshotReadError,
+    SnapshotWaitError,
     TableRewrittenError,
 )
 from airflow_pglogrepl.exceptions.source import (
@@ -158,6 +159,7 @@ __all__ = [
     "SnapshotNotCommittedError",
     "SnapshotReadError",
     "SnapshotTableExistsError",
+    "SnapshotWaitError",
     "SparkApplicationError",
     "SparkSetupError",
     "StreamProtocolError",

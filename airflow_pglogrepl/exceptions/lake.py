@@ -213,7 +213,9 @@ class LakeIncompleteError(LakeError):
         self.lake = lake
         self.tables = tables
         shown = "; ".join(
-            f"{table}: {gap['what']} (since {gap['since']}). Fix: {gap['fix']}"
+            f"{table}: {gap['what']} (since {gap['since']})"
+            + (f"; {gap['repair']}" if gap.get("repair") else "")
+            + f". Fix: {gap['fix']}"
             for table, gap in sorted(tables.items())
         )
         super().__init__(

@@ -41,6 +41,22 @@ class TableRewrittenError(SnapshotReadError):
         )
 
 
+class SnapshotWaitError(SnapshotReadError):
+    """An exported snapshot was not ready in time: the server waits for every transaction
+    that holds a transaction id when the slot is created, and one stayed open."""
+
+    retryable = True
+
+    def __init__(self, slot: str, waited_s: float) -> None:
+        self.slot = slot
+        super().__init__(
+            f"creating slot {slot!r} with an exported snapshot waited {waited_s:.0f} s for "
+            f"transactions open when it began, and was canceled. Fix: find them in "
+            f"pg_stat_activity (backend_xid not null, the oldest xact_start) and "
+            f"pg_prepared_xacts, end or commit them, and run again"
+        )
+
+
 class CatalogChangedError(SnapshotReadError):
     """What a snapshot's copy depends on in the catalog changed after its consistent point."""
 

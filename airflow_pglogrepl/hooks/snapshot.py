@@ -13,12 +13,12 @@ from airflow_pglogrepl.postgres.snapshot import ExportedSnapshot, create_slot_wi
 class SnapshotMixin(PgSessionHook):
     """Slot creation with an exported snapshot (replication protocol), for the hook family."""
 
-    def create_slot_with_snapshot(
-        self, name: str, *, plugin: str = "pgoutput", temporary: bool = False
-    ) -> ExportedSnapshot:
+    def create_slot_with_snapshot(self, name: str, *, plugin: str = "pgoutput",
+                                  temporary: bool = False,
+                                  wait_s: float | None = None) -> ExportedSnapshot:  # fmt: skip
         """``CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export')`` (see
         ``postgres.snapshot.create_slot_with_snapshot``); the result holds the session."""
         return create_slot_with_snapshot(
             self.connection_params(), name, plugin=plugin, temporary=temporary,
-            label=self._source_label(),
+            label=self._source_label(), wait_s=wait_s,
         )  # fmt: skip

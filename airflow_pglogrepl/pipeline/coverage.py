@@ -13,6 +13,7 @@ or the user accepts it (``accept``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shlex
@@ -114,7 +115,18 @@ def judge(
         else:
             _changed_leaves(coverage, relation, before, recorded.horizon, since)
     _removed(coverage, recorded, now, since)
+    _renamed(coverage, now)
     return coverage
+
+
+def _renamed(coverage: Coverage, now: SourceCoverage) -> None:
+    """A gap of a relation renamed since: shown, fixed and repaired under its name now."""
+    for relation in now.relations:
+        at = key(relation.oid, relation.created_raw)
+        gap = coverage.gaps.get(at)
+        if gap is not None and gap.table != str(relation.table):
+            table = str(relation.table)
+            coverage.gaps[at] = dataclasses.replace(gap, table=table, fix=_fix(table, gap.reason))
 
 
 def _gap(relation: PublishedRelation, reason: str, what: str, since: str) -> Gap:
@@ -133,7 +145,8 @@ def _removed(coverage: Coverage, recorded: Coverage, now: SourceCoverage, since:
             "removed",
             f"{table} is no longer published (or was dropped): its lake tables keep what they "
             f"held and follow none of its changes",
-            f"publish it again (it is then copied again), or accept it: drain_app "
+            f"publish it again (it is then copied again), or accept it: "
+            f"SlotDrainOperator(accept_incomplete=[{table + ':removed'!r}]) or drain_app "
             f"--accept-incomplete {shlex.quote(table + ':removed')}",
             since,
         ))  # fmt: skip
@@ -253,12 +266,19 @@ class CoverageCheck:
         if snapshot is not None:
             tables = list(json.loads(snapshot["tables"] or "{}"))
         coverage = judge(recorded, now, since, tables)
-        for taken in accepted(coverage, self.accept):
+        taken = accepted(coverage, self.accept)
+        for each in taken:
             log.warning("%s: the difference from its source is accepted as asked; the lake "
-                        "no longer reports it", taken)  # fmt: skip
+                        "no longer reports it", each)  # fmt: skip
+        if self.accept and not taken:
+            log.warning("accept_incomplete %s matched no table the lake reports (write "
+                        "schema.table or schema.table:reason, reason one of %s)",
+                        list(self.accept), ", ".join(sorted(REASONS)))  # fmt: skip
         if recorded is None or recorded.stale_against(coverage):
             record.write(self.lake, coverage, None if position is None else str(position))
         for gap in sorted(coverage.gaps.values(), key=lambda g: g.table):
             log.warning("%s: %s (since %s). Fix: %s", gap.table, gap.what, gap.since, gap.fix)
-        self.gaps = {gap.table: gap for gap in coverage.gaps.values()}
+        # one per name, the one that fails the run first (a table dropped and made again)
+        ranked = sorted(coverage.gaps.values(), key=lambda g: g.reason not in WARN_ONLY)
+        self.gaps = {gap.table: gap for gap in ranked}
         return self.gaps

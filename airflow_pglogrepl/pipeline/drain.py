@@ -27,6 +27,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from airflow_pglogrepl.changelog.columnar import ColumnarUnsupportedError
 from airflow_pglogrepl.exceptions import (
@@ -101,7 +102,7 @@ class Drain:
         reader: str = "auto",
         follow: Follow | None = None,
         accept_incomplete: Sequence[str] = (),
-        repair: Callable[[Mapping[str, Gap]], list[str]] | None = None,
+        repair: Callable[[Mapping[str, Gap]], dict[str, str | None]] | None = None,
     ) -> None:
         if max_window_bytes <= 0:
             raise ValueError("max_window_bytes must be positive")
@@ -165,9 +166,13 @@ class Drain:
                         {str(t): c.to_dict() for t, c in self.held.items()})  # fmt: skip
         gaps = CoverageCheck(self.source, self.lake, self.publications,
                              accept=self.accept_incomplete).run()  # fmt: skip
+        unrepaired: dict[str, str] = {}
         if gaps and self.repair is not None:
-            for table in self.repair(gaps):
-                gaps.pop(table, None)
+            for table, why in self.repair(gaps).items():
+                if why is None:
+                    gaps.pop(table, None)
+                else:
+                    unrepaired[table] = why
         run_end = self.committer.run_end = self.source.flush_lsn()
         startup = time.monotonic() - started
         windows: list[WindowStats] = []
@@ -191,7 +196,7 @@ class Drain:
             reader=self.reader_used,
             reader_note=self.reader_note,
             follow=self.follow.to_dict() if self.follow is not None else None,
-            incomplete={table: gap.to_dict() for table, gap in gaps.items()},
+            incomplete=_incomplete(gaps, unrepaired),
         )
 
     def peeked(self, start: LSN, run_end: LSN, windows: list[WindowStats]) -> LSN:
@@ -420,6 +425,17 @@ class Drain:
         if slot_lsn > lake_lsn:
             raise SlotAheadOfLakeError(self.slot, slot_lsn, lake_lsn, self.lake.root)
         return slot_lsn
+
+
+def _incomplete(gaps: Mapping[str, Gap], unrepaired: Mapping[str, str]) -> dict[str, Any]:
+    """The summary's ``incomplete``: each gap, and why the run's re-snapshot did not repair
+    it when it tried (``repair``)."""
+    shown: dict[str, Any] = {}
+    for table, gap in gaps.items():
+        shown[table] = gap.to_dict()
+        if table in unrepaired:
+            shown[table]["repair"] = unrepaired[table]
+    return shown
 
 
 def _preload() -> None:

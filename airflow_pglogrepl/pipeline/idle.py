@@ -136,6 +136,7 @@ class IdleCheck:
         from airflow_pglogrepl.lake.lake import Lake
         from airflow_pglogrepl.lake.quarantine import held
         from airflow_pglogrepl.merge.materialize import pending_tables
+        from airflow_pglogrepl.pipeline.coverage import WARN_ONLY
 
         if slot.active:
             log.info("slot %s is in use by backend %s: Spark submitted, the application "
@@ -158,7 +159,10 @@ class IdleCheck:
                      len(pending), ", ".join(pending[:5]))  # fmt: skip
             return None
         recorded = coverage.read(lake)
-        if recorded is None or recorded.gaps:  # the run records it, or reports the gaps again
+        failing = [
+            g for g in (recorded.gaps.values() if recorded else ()) if g.reason not in WARN_ONLY
+        ]
+        if recorded is None or failing:  # the run records it, or repairs or reports them
             log.info("the lake records no coverage yet, or names incomplete tables: Spark "
                      "submitted")  # fmt: skip
             return None

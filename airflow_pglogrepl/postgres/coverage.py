@@ -42,7 +42,9 @@ _NODES = sql.SQL(
     " JOIN pg_class c ON c.oid = p.relid"
     " UNION SELECT p.relid, a.relid, false FROM published p, pg_partition_ancestors(p.relid) a"
     " WHERE a.relid <> p.relid)"
-    " SELECT nodes.published::bigint AS published, nodes.node::bigint AS oid, nodes.leaf,"
+    " SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS now,"
+    " nodes.published::bigint AS published, nodes.node::bigint AS oid, nodes.leaf,"
+    " c.xmin::text::bigint AS touched,"
     " n.nspname AS schema, c.relname AS name,"
     " (SELECT i.inhparent::bigint FROM pg_inherits i WHERE i.inhrelid = nodes.node) AS parent,"
     " (SELECT i.xmin::text::bigint FROM pg_inherits i WHERE i.inhrelid = nodes.node) AS linked,"
@@ -82,7 +84,9 @@ class PublishedRelation:
     transaction ids; None under ``FOR ALL TABLES``, which publishes every table from its
     creation); ``membership``: those memberships' raw ids, by which a table removed from the
     publication and added again is told from one that stayed; ``linked_then``: every link up
-    to what publishes it was there when it was created (or made by that transaction).
+    to what publishes it was there when it was created (or made by that transaction), and,
+    published by its schema or ``FOR ALL TABLES``, its ``pg_class`` row unchanged since (a
+    table moved into the schema, or made logged, holds rows the WAL never carried).
     """
 
     oid: int
@@ -112,6 +116,7 @@ class _Node:
     parent: int | None
     linked: int | None  # raw
     created: int  # raw
+    touched: int  # raw: its pg_class row's (a schema move, SET LOGGED, an ALTER: newer)
     listed: tuple[int, ...]  # raw
     in_schema: tuple[int, ...]  # raw
     all_tables: bool
@@ -119,11 +124,12 @@ class _Node:
 
 def publication_coverage(conn: Conn, publications: Sequence[str]) -> SourceCoverage:
     """Every relation ``publications`` publish now, as pgoutput sends it."""
-    now = int(conn.execute(_NOW).fetchone()["now"])  # type: ignore[index]
     in_schema = _IN_SCHEMA if conn.info.server_version >= 150000 else sql.SQL("NULL::bigint[]")
     rows = conn.execute(_NODES.format(in_schema=in_schema), {"pubs": list(publications)})
+    found = rows.fetchall()  # the horizon read in the catalog's own statement
+    now = int(found[0]["now"] if found else conn.execute(_NOW).fetchone()["now"])  # type: ignore[index]
     trees: dict[int, dict[int, _Node]] = {}
-    for row in rows.fetchall():
+    for row in found:
         trees.setdefault(int(row["published"]), {})[int(row["oid"])] = _Node(
             oid=int(row["oid"]),
             table=TableRef(row["schema"], row["name"]),
@@ -131,6 +137,7 @@ def publication_coverage(conn: Conn, publications: Sequence[str]) -> SourceCover
             parent=None if row["parent"] is None else int(row["parent"]),
             linked=None if row["linked"] is None else int(row["linked"]),
             created=int(row["created"]),
+            touched=int(row["touched"]),
             listed=tuple(int(x) for x in row["listed"] or ()),
             in_schema=tuple(int(x) for x in row["in_schema"] or ()),
             all_tables=bool(row["all_tables"]),
@@ -188,6 +195,7 @@ def _relation(oid: int, nodes: dict[int, _Node], now: int) -> PublishedRelation:
         created_raw=top.created,
         published=published,
         membership=tuple(sorted(memberships)),
-        linked_then=_linked_then(path[: path.index(carrier) + 1], top, now),
+        linked_then=_linked_then(path[: path.index(carrier) + 1], top, now)
+        and (bool(carrier.listed) or top.touched == top.created),
         leaves=leaves,
     )

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ import psycopg
 from psycopg import sql
 
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
-from airflow_pglogrepl.exceptions import SnapshotReadError
+from airflow_pglogrepl.exceptions import SnapshotReadError, SnapshotWaitError
 from airflow_pglogrepl.identifiers import validate_slot_name
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.postgres.adbc import AdbcError, adbc_session
@@ -161,13 +162,15 @@ def create_slot_with_snapshot(
     plugin: str = "pgoutput",
     temporary: bool = False,
     label: str = SOURCE_DSN_ENV,
+    wait_s: float | None = None,
 ) -> ExportedSnapshot:
     """``CREATE_REPLICATION_SLOT name [TEMPORARY] LOGICAL plugin (SNAPSHOT 'export')``.
 
     The statement waits until every transaction running when it started has finished (that is
     what makes the point consistent). The returned object holds the replication session it
     opened with ``params``; a temporary slot is dropped by the server when it closes. Raises
-    ``SlotAlreadyExistsError``, ``ServerNotConfiguredError`` or ``InvalidSlotNameError``.
+    ``SlotAlreadyExistsError``, ``ServerNotConfiguredError`` or ``InvalidSlotNameError``; with
+    ``wait_s``, ``SnapshotWaitError`` once it has waited that long (the statement canceled).
     """
     validate_slot_name(name)
     statement = sql.SQL("CREATE_REPLICATION_SLOT {} {}LOGICAL {} (SNAPSHOT 'export')").format(
@@ -178,8 +181,18 @@ def create_slot_with_snapshot(
         conn = stack.enter_context(connect(params, label=label, replication=True))
         # the session must outlive the whole copy, idle: no configured timeout may end it
         set_session(conn, long_work_settings(conn.info.server_version))
-        with slot_errors(name, setting=lambda s: show(conn, s), server=server_of(conn)):
-            row = conn.execute(statement).fetchone()
+        timer = None if wait_s is None else threading.Timer(wait_s, conn.cancel)
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            with slot_errors(name, setting=lambda s: show(conn, s), server=server_of(conn)):
+                row = conn.execute(statement).fetchone()
+        except psycopg.errors.QueryCanceled:
+            raise SnapshotWaitError(name, wait_s or 0.0) from None
+        finally:
+            if timer is not None:
+                timer.cancel()
     except BaseException:
         stack.close()
         raise

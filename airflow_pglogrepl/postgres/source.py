@@ -102,8 +102,10 @@ class PgSource:
         return locks.writer_lock(self._params, slot, role=role, label=self.label)
 
     def create_slot_with_snapshot(
-        self, name: str, *, plugin: str = "pgoutput", temporary: bool = False
-    ) -> ExportedSnapshot:
+        self, name: str, *, plugin: str = "pgoutput", temporary: bool = False,
+        wait_s: float | None = None,
+    ) -> ExportedSnapshot:  # fmt: skip
         return create_slot_with_snapshot(
-            self._params, name, plugin=plugin, temporary=temporary, label=self.label
-        )
+            self._params, name, plugin=plugin, temporary=temporary, label=self.label,
+            wait_s=wait_s,
+        )  # fmt: skip

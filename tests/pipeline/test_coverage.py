@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from airflow_pglogrepl.lake.coverage import Coverage, Gap
-from airflow_pglogrepl.pipeline.coverage import accepted, judge, repaired
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.pipeline.coverage import CoverageCheck, accepted, judge, repaired
 from airflow_pglogrepl.postgres.coverage import Leaf, PublishedRelation, SourceCoverage
 from airflow_pglogrepl.tables import TableRef
 from tests.support.drain import (
@@ -96,8 +97,34 @@ def test_a_table_published_again_or_renamed_keeps_its_gap_and_a_warning_gives_wa
     assert reasons(back) == {"public.k": "added"}  # fails the run: the warning gave way
     renamed = judge(back, now(rel(1, "a"), rel(2, "k2", membership=(2500,), published=2500),
                               horizon=4000), "0/4")  # fmt: skip
-    assert list(renamed.gaps) == ["2/10"]  # by OID: the rename keeps it
+    assert list(renamed.gaps) == ["2/10"]  # by OID: the rename keeps it, under its new name
+    assert renamed.gaps["2/10"].table == "public.k2" and "public.k2" in renamed.gaps["2/10"].fix
     assert repaired(renamed, ["public.k2"], now(rel(2, "k2", membership=(2500,))))
+
+
+class GivenCoverage:
+    """What the check asks of its source: the coverage, as given."""
+
+    def __init__(self, *relations: PublishedRelation, horizon: int) -> None:
+        self.coverage = now(*relations, horizon=horizon)
+
+    def publication_coverage(self, names: list[str]) -> SourceCoverage:
+        return self.coverage
+
+
+@pytest.mark.unit
+def test_a_table_made_again_under_its_name_fails_the_run_though_the_old_one_only_warns(
+    tmp_path: Path,
+) -> None:
+    """Before (a review found it): by name, the old relation's "removed" warning took the
+    place of the new one's "added", and the run succeeded without its rows."""
+    lake = Lake(str(tmp_path / "lake"), "slot")
+    CoverageCheck(GivenCoverage(rel(1, "t"), horizon=H), lake, ["p"]).run()  # type: ignore[arg-type]
+    again = GivenCoverage(
+        rel(2, "t", created=1500, published=1600, membership=(1600,)), horizon=2000
+    )
+    gaps = CoverageCheck(again, lake, ["p"]).run()  # type: ignore[arg-type]
+    assert {t: g.reason for t, g in gaps.items()} == {"public.t": "added"}
 
 
 @pytest.mark.unit

@@ -333,7 +333,7 @@ def test_a_writer_that_lost_its_lock_commits_and_advances_nothing(tmp_path: Path
 
     def proof() -> None:
         proofs.append("checked")
-        if len(proofs) > 2:  # the claim's and the first table's commits pass
+        if len(proofs) > 3:  # the claim's, the coverage record's, the first table's pass
             raise WriterLockLostError("s", "its session failed: terminated")
 
     lake = Lake(str(tmp_path / "lake"), "s", writer_check=proof)

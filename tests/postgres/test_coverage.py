@@ -100,3 +100,20 @@ def test_a_32_bit_id_is_read_as_the_nearest_64_bit_one_before_now(
     """Before: ``age()`` is a signed 32-bit difference, and an id over 2^31 transactions old
     read as younger than every recent one."""
     assert _full(raw, now) == full
+
+
+def test_a_table_moved_into_a_published_schema_or_made_logged_was_not_published_then(
+    database: Database,
+) -> None:
+    """Before (a review found it): only the transaction that created a table was compared, so
+    one filled elsewhere, then moved into a published schema or made logged, counted whole."""
+    database.sql("CREATE SCHEMA s; CREATE PUBLICATION ps FOR TABLES IN SCHEMA s")
+    database.sql("CREATE TABLE moved (id int PRIMARY KEY); INSERT INTO moved VALUES (1)")
+    database.sql("ALTER TABLE moved SET SCHEMA s")
+    database.sql("CREATE UNLOGGED TABLE s.unlogged (id int PRIMARY KEY)")
+    database.sql("INSERT INTO s.unlogged VALUES (1); ALTER TABLE s.unlogged SET LOGGED")
+    database.sql("CREATE TABLE s.born (id int PRIMARY KEY)")
+    found = by_name(covered(database, "ps"))
+    assert {name: r.linked_then for name, r in found.items()} == {
+        "moved": False, "unlogged": False, "born": True,
+    }  # fmt: skip

@@ -110,3 +110,24 @@ def test_a_snapshot_gone_is_said_with_the_fix(database: Database, slot_name: str
         (table,) = reader.published_tables(conn, ["p"])
     with pytest.raises(SnapshotReadError, match=r"The exported snapshot no longer exists\. Fix:"):
         list(reader.arrow_batches(exported.snapshot_name, table, [None]))
+
+
+def test_an_exported_snapshot_kept_waiting_by_an_open_transaction_gives_up_in_time(
+    database: Database, slot_name: str
+) -> None:
+    """Before: creating the slot waited for as long as any transaction that held an id when it
+    began stayed open (one session idle in transaction held a drain's repair for ever)."""
+    import time
+
+    import psycopg
+
+    from airflow_pglogrepl.exceptions import SnapshotWaitError
+
+    with psycopg.connect(database.cluster.dsn(database.name), autocommit=False) as holder:
+        holder.execute("SELECT pg_current_xact_id()")  # an open transaction with an id
+        began = time.monotonic()
+        with pytest.raises(SnapshotWaitError, match=r"pg_stat_activity"):
+            database.hook.create_slot_with_snapshot(slot_name, temporary=True, wait_s=1.0)
+        assert time.monotonic() - began < 30
+    with database.hook.create_slot_with_snapshot(slot_name, temporary=True, wait_s=30.0) as held:
+        assert held.snapshot_name  # once it is gone the slot is made, and the timer is off

@@ -87,3 +87,40 @@ def test_leaves_published_on_their_own_are_copied_or_named(
     source.sql("ALTER TABLE parted DETACH PARTITION parted_us")
     removed = _drain(spark, source, lake_root)["incomplete"]
     assert removed["public.parted_us"]["reason"] == "removed"  # named, its lake tables kept
+
+
+def test_a_repair_that_fails_leaves_the_table_named_with_why_and_the_run_drains_on(
+    source: Source, tmp_path: Path
+) -> None:
+    """Before (a review found it): only the product's own errors were caught, so a Spark that
+    would not start failed every run before the slot was read, while WAL piled up."""
+    import time
+
+    from airflow_pglogrepl.lake.lake import Lake
+    from airflow_pglogrepl.pipeline.drain import Drain
+    from airflow_pglogrepl.spark.resnapshot import Resnapshot
+
+    def no_spark() -> Any:
+        raise RuntimeError("Java gateway process exited before sending its port number")
+
+    source.sql("CREATE TABLE a (id int PRIMARY KEY, v text)")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE a")
+    hook, lake_root = source.hook(), str(tmp_path / "lake")
+
+    def run() -> Any:  # a drain run whose repair cannot start Spark
+        repair = Resnapshot(spark=no_spark, source=hook, lake=lake, slot=source.slot,
+                            publications=[source.publication])  # fmt: skip
+        drain = Drain(source=hook, lake=lake, slot=source.slot, max_window_bytes=WINDOW,
+                      publications=[source.publication], repair=repair)  # fmt: skip
+        return drain.run(time.monotonic())
+
+    with hook.writer_lock(source.slot) as lock:
+        lake = Lake(lake_root, source.slot, origins=hook.column_origins, writer_check=lock.check)
+        run()
+        source.sql("CREATE TABLE b (id int PRIMARY KEY, v text); INSERT INTO b VALUES (1, 'b')")
+        source.sql(f"ALTER PUBLICATION {source.publication} ADD TABLE b")
+        source.sql("INSERT INTO a VALUES (1, 'a'); INSERT INTO b VALUES (2, 'b')")
+        result = run()
+    assert result.incomplete["public.b"]["reason"] == "added"
+    assert "Java gateway process exited" in result.incomplete["public.b"]["repair"]
+    assert result.to_dict()["changes"] == 2  # drained all the same
