@@ -62,6 +62,14 @@ def drain(slot_name: str, result: Mapping[str, Any]) -> None:
     _gauge(metric_name(name, "drain", "quarantined_tables"), len(result.get("quarantined") or {}))
     _seconds(metric_name(name, "drain", "materialize"), result.get("materialize_s"))
     _count(metric_name(name, "drain", "tables_merged"), len(result.get("materialized") or {}))
+    checked = result.get("parity") or {}
+    if checked:
+        differing = [f for f in checked.values() if not f.get("equal")]
+        _gauge(metric_name(name, "parity", "tables_differing"), len(differing))
+        _gauge(metric_name(name, "parity", "rows_differing"), sum(
+            int(f.get(f"{kind}_rows", 0)) for f in differing
+            for kind in ("missing", "extra", "different")
+        ))  # fmt: skip
 
 
 def snapshot(slot_name: str, result: Mapping[str, Any]) -> None:

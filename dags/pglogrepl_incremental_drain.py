@@ -14,7 +14,10 @@ lake root is ``PGLOGREPL_LAKE`` (a path, or ``s3://bucket/prefix`` with the stor
 connection named in ``PGLOGREPL_LAKE_CONN_ID``: docs/object-storage.md) and the schedule
 ``PGLOGREPL_DRAIN_SCHEDULE``. One run at a time, no
 catch-up: each run drains what the slot holds when it starts, in windows of
-``max_window_bytes``.
+``max_window_bytes``. A table the WAL could not keep equal to the source (added to the
+publication holding rows, a partition attached or detached) is copied again online by the drain
+(docs/drain.md, "Online backfill"); a manual trigger with ``resync`` names tables to copy again
+the same way, and one with ``parity`` tables to check against the source.
 
 After the drain, ``upkeep`` compacts, vacuums and checkpoints the lake (``LakeUpkeepOperator``)
 under the same writer lock, so it never runs beside a drain or snapshot (it is skipped, not
@@ -56,6 +59,11 @@ with DAG(
         "max_retained_bytes": Param(None, type=["null", "integer"]),
         "snapshot_tasks_per_table": Param(None, type=["null", "integer"]),
         "snapshot_rows_per_task": Param(1_000_000, type="integer", minimum=1),
+        # trigger with tables here: copied again while the drain goes on (resync), or checked
+        # against the source (parity; a difference fails the drain task, naming the keys)
+        "resync": Param([], type="array"),
+        "parity": Param([], type="array"),
+        "parity_repair": Param(False, type="boolean"),
         # the lake's upkeep: what VACUUM keeps readable, and when a table is compacted
         "upkeep_keep_lsn": Param(None, type=["null", "string"]),
         "upkeep_keep_hours": Param(7 * 24, type=["null", "number"], minimum=0),
@@ -97,6 +105,9 @@ with DAG(
         max_window_bytes="{{ params.max_window_bytes }}",
         max_windows="{{ params.max_windows }}",
         small_merge_rows="{{ params.small_merge_rows }}",
+        resync="{{ params.resync }}",
+        parity="{{ params.parity }}",
+        parity_repair="{{ params.parity_repair }}",
     )
 
     @task

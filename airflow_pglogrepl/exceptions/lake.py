@@ -224,6 +224,42 @@ class LakeIncompleteError(LakeError):
         )
 
 
+class LakeDriftError(LakeError):
+    """A parity check found tables whose state differs from their source at the same
+    position (``spark.state_parity``): the keys missing from the lake, extra in it, or with
+    other values, counted and the first of each named."""
+
+    def __init__(self, lake: str, tables: dict[str, dict[str, object]]) -> None:
+        self.lake = lake
+        self.tables = tables
+        shown = "; ".join(f"{table}: {_found(found)}" for table, found in sorted(tables.items()))
+        super().__init__(
+            f"{len(tables)} table(s) of lake {lake} differ from their source: {shown}. Fix: "
+            f"resync them (SlotDrainOperator(resync=[...]) or drain_app --resync TABLE), or "
+            f"run the check with repair (parity_repair=True, drain_app --parity-repair)"
+        )
+
+
+def _found(found: dict[str, object]) -> str:
+    said = (
+        f"{found.get('missing_rows', 0)} row(s) missing from the lake, "
+        f"{found.get('extra_rows', 0)} extra, {found.get('different_rows', 0)} different "
+        f"(first keys: {_first_keys(found)})"
+    )
+    if found.get("columns_missing"):
+        said += f", columns missing from the lake: {found['columns_missing']}"
+    return said
+
+
+def _first_keys(found: dict[str, object]) -> str:
+    keys: list[object] = []
+    for kind in ("missing", "extra", "different"):
+        shown = found.get(f"{kind}_keys")
+        if isinstance(shown, list):
+            keys.extend(shown[:3])
+    return ", ".join(map(str, keys[:5])) or "none"
+
+
 class LakeWriterBusyError(LakeError):
     """Another run holds the writer lock of this slot's lake (a drain or a snapshot)."""
 

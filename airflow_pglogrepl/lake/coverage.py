@@ -12,13 +12,11 @@ dies anywhere leaves a record that is still true.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.lake import delta
-from airflow_pglogrepl.lake.layout import app_id
+from airflow_pglogrepl.lake.slot_records import read_newest, record_schema, write_next
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -103,44 +101,24 @@ def key(oid: int, created: object) -> str:
 def _schema() -> pa.Schema:
     import pyarrow as pa
 
-    return pa.schema(
-        [
-            pa.field("slot", pa.string()),
-            pa.field("version", pa.int64()),
-            pa.field("position", pa.string()),  # the lake's position when recorded
-            pa.field("recorded_at", pa.timestamp("us", tz="UTC")),
-            pa.field("coverage", pa.string()),  # JSON: ``Coverage.document``
-        ]
-    )
+    text, when = pa.string(), pa.timestamp("us", tz="UTC")
+    # the lake's position when recorded, when, and the record (JSON: ``Coverage.document``)
+    return record_schema(("position", text), ("recorded_at", when), ("coverage", text))
 
 
 def read(lake: Lake) -> Coverage | None:
     """The newest record of ``lake``'s slot (None: none yet)."""
-    uri = lake.paths.coverage()
-    table = delta.open_table(uri)
-    if table is None:
+    newest = read_newest(lake, lake.paths.coverage())
+    if newest is None or newest[1] is None:
         return None
-    version = table.transaction_version(app_id(lake.slot))
-    if version is None:
-        return None
-    rows = delta.read_table(uri, version=table.version()).to_pylist()
-    newest = [r for r in rows if r["slot"] == lake.slot and r["version"] == int(version)]
-    return Coverage.parse(newest[0]["coverage"], int(version)) if newest else None
+    return Coverage.parse(newest[1]["coverage"], newest[0])
 
 
 def write(lake: Lake, coverage: Coverage, position: str | None) -> None:
     """Commit ``coverage`` as the newest record, if the newest is still the one it was made
     from (``coverage.version``): else ``LakeCommitConflictError``, nothing written."""
-    import pyarrow as pa
-
-    uri = lake.paths.coverage()
-    version = coverage.version + 1
-    row = {"slot": lake.slot, "version": version, "position": position,
-           "recorded_at": dt.datetime.now(dt.UTC), "coverage": coverage.document()}  # fmt: skip
-    rows = pa.Table.from_pylist([row], schema=_schema())
-    written = delta.write_file(uri, rows, prefix=f"coverage-{version:08d}")
-    lake.check_writer()
-    delta.commit_files(uri, rows.schema, [written], app=app_id(lake.slot),
-                       expected=coverage.version or None, version=version,
-                       name="pglogrepl coverage", configuration=delta.KEEP_LOGS)  # fmt: skip
-    coverage.version = version
+    row = {"position": position, "coverage": coverage.document()}
+    coverage.version = write_next(
+        lake, lake.paths.coverage(), _schema(), row, made_from=coverage.version,
+        name="pglogrepl coverage",
+    )  # fmt: skip

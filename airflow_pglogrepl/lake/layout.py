@@ -6,6 +6,8 @@ Layout under the lake root (a local path, ``file:`` URI or any URI Delta can wri
     state/<schema>.<table>/     Delta table: the table's current rows
     _pglogrepl/windows/         Delta table: one row per committed window (the lake's position)
     _pglogrepl/quarantine/      Delta table: changes of tables the lake could not store
+    _pglogrepl/backfills/       Delta table: the online backfills in progress, and their chunks
+    _pglogrepl/backfill/        Delta tables: the rows a backfill copied, until its state is built
     _pglogrepl/in_progress/     Arrow files, no table: rows of streamed transactions not yet
                                 committed at the source, while a run reads them (never state)
 
@@ -113,6 +115,16 @@ class LakePaths:
     def coverage(self) -> str:
         """What the lake holds of each published relation (``lake.coverage``)."""
         return self._join("_pglogrepl", "coverage")
+
+    def backfills(self) -> str:
+        """The online backfills in progress (``lake.backfill``)."""
+        return self._join("_pglogrepl", "backfills")
+
+    def backfill_rows(self, table: TableRef | str, low: int) -> str:
+        """Where one backfill of ``table`` keeps the chunks it copied (``low``: its start, so a
+        backfill begun again never reads an earlier one's chunks)."""
+        name = table if isinstance(table, str) else table_dir(table)
+        return self._join("_pglogrepl", "backfill", f"{name}-{low:016X}")
 
     def in_progress(self) -> str:
         """Where rows of streamed transactions still in progress wait (``lake.in_progress``)."""

@@ -83,11 +83,13 @@ def pending_tables(lake: Lake) -> list[str]:
 
 def _held_tables(lake: Lake) -> set[str]:
     """The directory names of the tables in the lake's quarantine: never merged while held (a
-    merge would make the state claim the changes the quarantine holds)."""
+    merge would make the state claim the changes the quarantine holds); and of the tables being
+    backfilled (``lake.backfill``: the backfill builds their state whole, from the changes)."""
+    from airflow_pglogrepl.lake.backfill import backfilling
     from airflow_pglogrepl.lake.layout import table_dir
     from airflow_pglogrepl.lake.quarantine import held
 
-    return {table_dir(ref) for ref in held(lake)}
+    return {table_dir(ref) for ref in held(lake)} | backfilling(lake)
 
 
 def _behind(lake: Lake, name: str, end: LSN) -> bool:
@@ -190,29 +192,38 @@ def merge_reduced(spark: Any, lake: Lake, batch: arrow_merge.Reduced) -> LSN:
 
 def materialize_table(spark: Any, lake: Lake, name: str, end: LSN) -> LSN | None:
     """Apply ``changes/<name>`` up to ``end`` onto ``state/<name>``; the state's version after."""
-    from pyspark.sql import functions as sf
-
     have = lake.state_version(name)
     if not _behind(lake, name, end):
         return have
-    session = spark.newSession()
+    mode = merge_range(spark.newSession(), lake, name, lake.paths.state(name), have, end)
+    log.info("state of %s merged up to %s (%s)", name, end, mode)
+    return end
+
+
+def merge_range(session: Any, lake: Lake, name: str, target_path: str, start: LSN | None,
+                end: LSN) -> str:  # fmt: skip
+    """Apply the changes of ``changes/<name>`` in ``[start, end)`` (from the first, ``start``
+    None) onto the Delta table at ``target_path`` (the state, or a backfill's build of it) as
+    one version with ``(lake app, end)``; returns how (``NetChanges.mode``). ``session``: one
+    of this table alone."""
+    from pyspark.sql import functions as sf
+
     changes = session.read.format("delta").load(lake.paths.changes(name))
     fields = [(f.name, f.metadata) for f in changes.schema.fields]
     columns = [f.name for f in changes.schema.fields if f.name not in META_COLUMNS]
     in_range = sf.col(COMMIT_LSN) < sf.lit(int(end))
-    if have is not None:
-        in_range &= sf.col(COMMIT_LSN) >= sf.lit(int(have))
-    state_path = lake.paths.state(name)
+    if start is not None:
+        in_range &= sf.col(COMMIT_LSN) >= sf.lit(int(start))
     described = delta.arrow_schema(lake.paths.changes(name))
     assert described is not None, f"changes/{name} is a Delta table (Spark just read it)"
     fills = added_columns(described)
     changes = with_current_names(with_fills(changes, fills), former_names(described))
     config = lake.state_config(name)
-    if not _create_if_missing(session, state_path, changes.select(*map(column, columns)).schema,
-                              config):  # fmt: skip
-        evolve_state(session, state_path, changes, columns, fills)
+    if not _create_if_missing(session, target_path,
+                              changes.select(*map(column, columns)).schema, config):  # fmt: skip
+        evolve_state(session, target_path, changes, columns, fills)
     fault("merge_created")
-    target = session.read.format("delta").load(state_path)
+    target = session.read.format("delta").load(target_path)
     lake.check_writer()
     net = net_changes(
         changes.filter(in_range),
@@ -223,10 +234,9 @@ def materialize_table(spark: Any, lake: Lake, name: str, end: LSN) -> LSN | None
         table=name,
     )
     lake.check_writer()  # the last moment before the merge commits: see below
-    apply(session, net, state_path, app=lake.app, version=int(end))
+    apply(session, net, target_path, app=lake.app, version=int(end))
     fault("merge_committed")
-    log.info("state of %s merged up to %s (%s)", name, end, net.mode)
-    return end
+    return net.mode
 
 
 def apply(session: Any, net: NetChanges, path: str, *, app: str, version: int) -> None:

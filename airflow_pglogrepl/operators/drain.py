@@ -33,7 +33,7 @@ __all__ = ["DRAIN_APP", "SlotDrainOperator"]
 
 DRAIN_APP = str(PACKAGE_DIR / "spark" / "drain_app.py")
 ON_QUARANTINE = ("fail", "warn")
-ON_INCOMPLETE = ("resnapshot", "report")
+ON_INCOMPLETE = ("backfill", "resnapshot", "report")
 READERS = ("auto", "stream", "peek")  # pipeline.results.READERS, without importing the pipeline
 
 
@@ -89,10 +89,24 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         not keep equal to the source (a table added to the publication holding rows, a
         partition attached or detached: the summary's ``incomplete``; docs/drain.md).
     :param on_incomplete: what a run does with a table whose state the WAL could not keep
-        equal to the source: ``"resnapshot"`` (default) copies it again in the run, before
-        draining, each table replaced whole at a temporary slot's consistent point (the role
-        needs ``REPLICATION``; a partitioned root is copied whole, detached partitions'
-        rows go); ``"report"`` only names it (``on_quarantine`` says whether the task fails).
+        equal to the source: ``"backfill"`` (default) copies it again in chunks while the
+        drain goes on, over as many runs as it takes, and replaces its state whole when done
+        (a table without a key is re-snapshotted instead; docs/drain.md, "Online backfill");
+        ``"resnapshot"`` copies it whole in the run, before draining, at a temporary slot's
+        consistent point (the role needs ``REPLICATION``); ``"report"`` only names it
+        (``on_quarantine`` says whether the task fails).
+    :param resync: tables to copy again while the drain goes on, their state replaced whole
+        when done (rows the lake holds that the source has not are removed): the repair for
+        a state damaged outside the product. Templated: ``"{{ params.resync }}"`` lets a
+        manual trigger name them. A resync in progress goes on in the runs that follow.
+    :param parity: tables whose state the run checks against the source at the same position
+        (docs/drain.md, "The parity check"): copied in chunks while the drain goes on, like a
+        backfill, then compared per bucket of keys; what differs is counted and its first
+        keys named in the summary's ``parity`` (XCom), the log and the metrics, and the task
+        fails with ``LakeDriftError`` (or warns, with ``on_quarantine="warn"``). Templated.
+    :param parity_repair: a state the check finds different is replaced by what it read.
+        Templated.
+    :param backfill_chunk_rows: rows a backfill's chunk reads, about.
     :param accept_incomplete: differences from the source the lake stops reporting, each
         ``"schema.table"`` (any reason) or ``"schema.table:reason"`` (``added``,
         ``attached``, ``detached``, ``removed``). Given in the DAG it applies to every run:
@@ -130,6 +144,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         "postgres_conn_id", "slot_name", "publications", "lake", "database",
         "max_window_bytes", "max_windows", "small_merge_rows", "idle_wal_bytes", "spark_log_level",
         "lake_conn_id", "reader", "window_seconds", "follow_seconds", "accept_incomplete",
+        "resync", "parity", "parity_repair",
     )  # fmt: skip
     ui_color = "#fdebd0"
     IN_WORKER_MODULE = "airflow_pglogrepl.spark.drain_app"
@@ -157,7 +172,11 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         window_seconds: float = 5.0,
         follow_seconds: float | None = None,
         accept_incomplete: Sequence[str] = (),
-        on_incomplete: str = "resnapshot",
+        on_incomplete: str = "backfill",
+        resync: Sequence[str] | str = (),
+        parity: Sequence[str] | str = (),
+        parity_repair: bool = False,
+        backfill_chunk_rows: int = 1_000_000,
         **kwargs: Any,
     ) -> None:
         if on_quarantine not in ON_QUARANTINE:
@@ -186,8 +205,20 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         self.follow_seconds = follow_seconds
         self.accept_incomplete = accept_incomplete
         self.on_incomplete = on_incomplete
+        self.resync = resync
+        self.parity = parity
+        self.parity_repair = parity_repair
+        self.backfill_chunk_rows = backfill_chunk_rows
         if not follow and follow_seconds is not None:
             raise ValueError("follow_seconds bounds a following run: set follow=True as well")
+
+    def _resync(self) -> list[str]:
+        """The tables to resync, as rendered."""
+        return _names(self.resync)
+
+    def _parity(self) -> list[str]:
+        """The tables to check, as rendered."""
+        return _names(self.parity)
 
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         from airflow_pglogrepl.conninfo import make_dsn
@@ -206,7 +237,8 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         hook.require_slot_privileges()
         self._check_spark_connection()
         self._use_lake_store(str(self.lake))
-        if self.skip_when_idle and not self.accept_source_change and not self.follow:
+        if (self.skip_when_idle and not self.accept_source_change and not self.follow
+                and not self._resync() and not self._parity()):  # fmt: skip
             from airflow_pglogrepl.pipeline.idle import IdleCheck
 
             started = time.monotonic()
@@ -303,6 +335,13 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         accepted = self.accept_incomplete
         for table in [accepted] if isinstance(accepted, str) else accepted:
             args += ["--accept-incomplete", str(table)]
+        for table in self._resync():
+            args += ["--resync", table]
+        for table in self._parity():
+            args += ["--parity", table]
+        if str(self.parity_repair).strip().lower() == "true":  # (a template renders text)
+            args += ["--parity-repair"]
+        args += ["--backfill-chunk-rows", str(int(str(self.backfill_chunk_rows)))]
         if self.reader not in READERS:
             raise ValueError(f"reader must be one of {READERS}, not {self.reader!r}")
         args += ["--reader", self.reader]
@@ -323,3 +362,10 @@ def _seconds(name: str, value: object) -> str:
     if not 0 < seconds < float("inf"):
         raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
     return repr(seconds)
+
+
+def _names(given: Sequence[str] | str) -> list[str]:
+    """Table names as rendered: a list, or one string of names split by commas (what a
+    trigger's param gives)."""
+    names = given.split(",") if isinstance(given, str) else given
+    return [str(n).strip() for n in names if str(n).strip()]

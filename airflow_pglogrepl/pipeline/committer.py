@@ -51,6 +51,8 @@ class WindowCommitter:
         self.batch_rows = batch_rows
         self.run_end = LSN(0)  # the WAL position the run drains to (what each window's log says)
         self.confirm: Confirm = self._advance
+        # called with each committed window's end, once the slot moved (``pipeline.repair``)
+        self.after_commit: Callable[[LSN], None] | None = None
 
     def open(self, start: LSN) -> Window:
         """A new window of the lake from ``start``."""
@@ -95,6 +97,8 @@ class WindowCommitter:
         self.lake.check_writer()
         self.confirm(stats.end)
         stats.seconds = time.monotonic() - began
+        if self.after_commit is not None:
+            self.after_commit(stats.end)
         return stats
 
     @contextlib.contextmanager

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_pglogrepl.changelog.columnar import ColumnarUnsupportedError
@@ -52,6 +52,7 @@ from airflow_pglogrepl.pipeline.readers import (
     peek_options,
     published_before,
 )
+from airflow_pglogrepl.pipeline.repair import Repair, asked_gap, go_on
 from airflow_pglogrepl.pipeline.results import (
     READERS,
     DrainResult,
@@ -102,7 +103,7 @@ class Drain:
         reader: str = "auto",
         follow: Follow | None = None,
         accept_incomplete: Sequence[str] = (),
-        repair: Callable[[Mapping[str, Gap]], dict[str, str | None]] | None = None,
+        repair: Repair | None = None,
     ) -> None:
         if max_window_bytes <= 0:
             raise ValueError("max_window_bytes must be positive")
@@ -121,8 +122,8 @@ class Drain:
         self.accept_source_change = accept_source_change
         # tables whose difference from the source the user accepts (``pipeline.coverage``)
         self.accept_incomplete = list(accept_incomplete)
-        # what re-snapshots the tables the check names, before the run reads the slot (None:
-        # they are only named): ``spark.resnapshot``
+        # what repairs the tables the check names (None: they are only named): the run calls
+        # it before it reads the slot and after each window (``pipeline.repair``)
         self.repair = repair
         self.source = source
         self.lake = lake
@@ -167,12 +168,17 @@ class Drain:
         gaps = CoverageCheck(self.source, self.lake, self.publications,
                              accept=self.accept_incomplete).run()  # fmt: skip
         unrepaired: dict[str, str] = {}
-        if gaps and self.repair is not None:
+        backfilling: dict[str, Gap] = {}
+        if self.repair is not None:
             for table, why in self.repair(gaps).items():
                 if why is None:
                     gaps.pop(table, None)
                 else:
                     unrepaired[table] = why
+            for table in self.repair.in_progress():  # reported as backfills, not failed
+                if table in gaps and table not in unrepaired:
+                    backfilling[table] = gaps.pop(table)
+            self.committer.after_commit = self.repair.after_window
         run_end = self.committer.run_end = self.source.flush_lsn()
         startup = time.monotonic() - started
         windows: list[WindowStats] = []
@@ -182,6 +188,20 @@ class Drain:
             self.peeked(self._streamed(start, run_end, windows), run_end, windows)
         else:
             self.reader_used = "none"  # nothing to read: neither was opened
+        if self.follow is None and self.max_windows is None:
+            go_on(self.repair, lake=self.lake, source=self.source,
+                  drained=committed(windows) > 0,
+                  drain=lambda start, end: self._drain_more(start, end, windows))  # fmt: skip
+        self.committer.after_commit = None
+        if self.repair is not None:
+            position = str(self.lake.position())
+            for table in unrepaired:  # asked for (a resync, a parity check), and refused
+                gaps.setdefault(table, asked_gap(table, "resync or parity check", position))
+            for table, shown in self.repair.report().items():
+                if "error" not in shown:
+                    continue
+                gaps[table] = backfilling.get(table) or asked_gap(table, shown["why"], position)
+                unrepaired[table] = shown["error"]
         after = self.source.get_slot(self.slot).confirmed_flush_lsn
         return DrainResult(
             slot=self.slot,
@@ -197,7 +217,14 @@ class Drain:
             reader_note=self.reader_note,
             follow=self.follow.to_dict() if self.follow is not None else None,
             incomplete=_incomplete(gaps, unrepaired),
+            backfills=self.repair.report() if self.repair is not None else {},
+            parity=self.repair.parity_report() if self.repair is not None else {},
         )
+
+    def _drain_more(self, start: LSN, end: LSN, windows: list[WindowStats]) -> None:
+        """The windows of ``[start, end)``, after the run's own (``repair.go_on``)."""
+        self.committer.run_end = end
+        self.peeked(self._streamed(start, end, windows), end, windows)
 
     def peeked(self, start: LSN, run_end: LSN, windows: list[WindowStats]) -> LSN:
         """The windows of ``[start, run_end)`` read by peeks, up to ``max_windows`` in all,

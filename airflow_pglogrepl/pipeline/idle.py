@@ -9,7 +9,7 @@ slot while that run's drain needs it):
    credentials) and its position is the slot's ``confirmed_flush_lsn`` (an empty lake, a lake
    ahead of the slot after a lost advance, or one behind it is the application's to handle);
 2. no committed change waits for its merge into ``state/`` (``pending_tables``; only when the
-   run merges);
+   run merges), and no backfill is in progress (``lake.backfill``);
 3. nothing the publications produce was committed after ``confirmed_flush_lsn``, and the WAL
    the slot holds (from its ``restart_lsn``, where every peek decodes from) stays within
    ``max_wal_bytes``, and the slot is not within ``max_wal_bytes`` of being lost to
@@ -157,6 +157,12 @@ class IdleCheck:
         if pending:
             log.info("%d table(s) wait for their merge (%s): Spark submitted",
                      len(pending), ", ".join(pending[:5]))  # fmt: skip
+            return None
+        from airflow_pglogrepl.lake import backfill
+
+        going = sorted(backfill.read(lake).plans)
+        if going:  # the run copies their chunks and builds their state
+            log.info("backfills in progress (%s): Spark submitted", ", ".join(going[:5]))
             return None
         recorded = coverage.read(lake)
         failing = [

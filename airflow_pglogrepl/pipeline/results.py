@@ -68,6 +68,10 @@ class DrainResult:
     # relations whose state the WAL could not keep equal to the source (``pipeline.coverage``):
     # table -> reason, what, fix, since
     incomplete: dict[str, dict[str, str]] = field(default_factory=dict)
+    # online backfills in progress or done in the run (``spark.backfill``): table -> progress
+    backfills: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # parity checks that ended in the run (``spark.state_parity``): table -> what was found
+    parity: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         changes = sum(w.changes for w in self.windows)
@@ -104,6 +108,8 @@ class DrainResult:
                 for table, cause in self.quarantined.items()
             },
             "incomplete": self.incomplete,
+            "backfills": self.backfills,
+            "parity": self.parity,
         }
 
 

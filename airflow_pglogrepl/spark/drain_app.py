@@ -18,6 +18,7 @@ from typing import Any
 
 from airflow_pglogrepl.spark import app
 from airflow_pglogrepl.spark.app import DSN_ENV
+from airflow_pglogrepl.spark.backfill import DEFAULT_CHUNK_ROWS
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -62,18 +63,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "publication, a partition attached or detached): exit failed naming them (fail), or "
         "only say so (warn)",
     )  # fmt: skip
-    parser.add_argument(
-        "--on-incomplete", choices=("resnapshot", "report"), default="resnapshot", help="a "
-        "table the WAL could not keep equal to the source (added to the publication holding "
-        "rows, a partition attached or detached): re-snapshot it in this run before draining "
-        "(resnapshot: the role needs REPLICATION), or only name it (report)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--accept-incomplete", action="append", default=[], metavar="TABLE", help="a table "
-        "the lake reports as differing from its source (added to the publication holding "
-        "rows, a partition attached or detached): accept the difference and stop reporting "
-        "it (repeat for several)",
-    )  # fmt: skip
+    _add_repair_arguments(parser)
     parser.add_argument(
         "--reader", choices=("auto", "stream", "peek"), default="auto", help="read the slot "
         "through the replication protocol (stream: the role needs REPLICATION), through "
@@ -97,6 +87,43 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if not args.follow and args.follow_for is not None:
         parser.error("--follow-for bounds a following run: add --follow")
     return args
+
+
+def _add_repair_arguments(parser: argparse.ArgumentParser) -> None:
+    """What a run does about tables the WAL could not keep equal to the source."""
+    parser.add_argument(
+        "--on-incomplete", choices=("backfill", "resnapshot", "report"), default="backfill",
+        help="a table the WAL could not keep equal to the source (added to the publication "
+        "holding rows, a partition attached or detached): copy it again in chunks while the "
+        "drain goes on, its state replaced whole when done (backfill; a table without a key is "
+        "re-snapshotted), re-snapshot it whole in this run before draining (resnapshot: the "
+        "role needs REPLICATION), or only name it (report)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--resync", action="append", default=[], metavar="TABLE", help="copy this table again "
+        "while the drain goes on, and replace its state whole when done: rows the lake holds "
+        "that the source has not are removed (repeat for several)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--parity", action="append", default=[], metavar="TABLE", help="check this table's "
+        "state against the source at the same position (copied in chunks while the drain "
+        "goes on, like a backfill): the keys missing, extra or different are counted and "
+        "named in the summary's parity, and the run fails if any (repeat for several)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--parity-repair", action="store_true", help="with --parity: a state found different "
+        "is replaced by what the check read (the run then only warns)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--backfill-chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, metavar="ROWS",
+        help=f"rows a backfill's chunk reads, about (default {DEFAULT_CHUNK_ROWS:,})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--accept-incomplete", action="append", default=[], metavar="TABLE", help="a table "
+        "the lake reports as differing from its source (added to the publication holding "
+        "rows, a partition attached or detached): accept the difference and stop reporting "
+        "it (repeat for several)",
+    )  # fmt: skip
 
 
 def _positive_seconds(text: str) -> float:
@@ -144,7 +171,6 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     from airflow_pglogrepl.pipeline.follow import Follow
     from airflow_pglogrepl.pipeline.results import peak_rss_mb
     from airflow_pglogrepl.postgres.source import PgSource
-    from airflow_pglogrepl.spark.resnapshot import Resnapshot
 
     follow = None
     if args.follow:
@@ -167,10 +193,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                 args.lake_root, args.slot, origins=source.column_origins, writer_check=lock.check,
                 state_deletion_vectors=args.state_deletion_vectors,
             )  # fmt: skip
-            repair = None
-            if args.on_incomplete == "resnapshot":
-                repair = Resnapshot(spark=spark.get, source=source, lake=lake, slot=args.slot,
-                                    publications=args.publication)  # fmt: skip
+            repair = _repair(args, spark, source, lake)
             drain = Drain(
                 source=source,
                 lake=lake,
@@ -201,6 +224,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                 result["peak_rss_mb"] = peak_rss_mb()  # a merge without a JVM holds its batch
         result.update(spark.summary())
         _report_incomplete(args, result)
+        _report_drift(args, result)
         if result.get("quarantined"):
             from airflow_pglogrepl.exceptions import QuarantinedTablesError
 
@@ -213,6 +237,41 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
         return result
     finally:
         spark.stop()
+
+
+def _repair(args: argparse.Namespace, spark: Any, source: Any, lake: Any) -> Any:
+    """What the run does about tables the WAL could not keep equal to the source, and the
+    resyncs and parity checks asked for (``pipeline.repair``)."""
+    from airflow_pglogrepl.spark.backfill import OnlineBackfill
+    from airflow_pglogrepl.spark.resnapshot import Resnapshot
+
+    resnapshot = Resnapshot(spark=spark.get, source=source, lake=lake, slot=args.slot,
+                            publications=args.publication)  # fmt: skip
+    return OnlineBackfill(
+        spark=spark.get, source=source, lake=lake, slot=args.slot,
+        publications=args.publication, fallback=resnapshot, on_gaps=args.on_incomplete,
+        resync=args.resync, parity=args.parity, parity_repair=args.parity_repair,
+        chunk_rows=args.backfill_chunk_rows,
+    )  # fmt: skip
+
+
+def _report_drift(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Tables a parity check found different and did not repair: the run fails naming them,
+    or warns (``--on-quarantine warn``); a repaired one is only said."""
+    from airflow_pglogrepl.exceptions import LakeDriftError
+
+    found = {t: f for t, f in (result.get("parity") or {}).items() if not f.get("equal")}
+    drifted = {t: f for t, f in found.items() if not f.get("repaired")}
+    log = logging.getLogger("airflow_pglogrepl.drain")
+    for table, what in found.items():
+        if what.get("repaired"):
+            log.warning("%s differed from its source and was replaced by what the check read: "
+                        "%s", table, what)  # fmt: skip
+    if drifted:
+        error = LakeDriftError(args.lake_root, drifted)
+        if args.on_quarantine == "fail":
+            raise error
+        log.warning("%s: %s", type(error).__name__, error)
 
 
 def _report_incomplete(args: argparse.Namespace, result: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from airflow_pglogrepl.lake.coverage import Gap
 from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.pipeline.repair import Repair
 
 __all__ = ["REPAIRED", "Resnapshot"]
 
@@ -32,7 +33,7 @@ REPAIRED = frozenset({"added", "attached", "detached"})
 WAIT_S = 120.0
 
 
-class Resnapshot:
+class Resnapshot(Repair):
     """The repair a drain run is given (``Drain(repair=...)``): called with the gaps its check
     found, it re-snapshots their tables and says which it repaired."""
 

@@ -45,6 +45,7 @@ from airflow_pglogrepl.exceptions import (
 )
 from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake import column_names, mapping, staging
+from airflow_pglogrepl.lake.backfill import forget as forget_backfill
 from airflow_pglogrepl.lake.evolve import ATTNUM_META, numbered
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.quarantine import release
@@ -383,6 +384,7 @@ class SnapshotCopy:
             .save(target)
         )
         if self.tables is not None:
+            forget_backfill(self.lake, str(table.table))  # its chunks predate this state
             self._restart_changes(table)
             # its state now holds every change before the point: a hold in the lake's
             # quarantine ends (every quarantined change is before it)

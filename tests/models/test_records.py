@@ -53,6 +53,8 @@ def test_every_dataclass_the_hooks_return_is_a_record() -> None:
     # frames and its walsender's state stay inside the source stage, and the publications'
     # coverage is the drain's to compare with its lake: no XCom records
     assert sorted(not_records) == [
+        "airflow_pglogrepl.postgres.backfill.BackfillStart",
+        "airflow_pglogrepl.postgres.backfill.ChunkSnapshot",
         "airflow_pglogrepl.postgres.coverage.Leaf",
         "airflow_pglogrepl.postgres.coverage.PublishedRelation",
         "airflow_pglogrepl.postgres.coverage.SourceCoverage",

@@ -399,3 +399,27 @@ def test_a_following_runs_arguments_reach_the_application() -> None:
     plain = parse_args(SlotDrainOperator(task_id="d", postgres_conn_id="pg", slot_name="s",
                                          publications=["p"], lake="/l")._app_args())  # fmt: skip
     assert not plain.follow and plain.follow_for is None
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("given", "repair", "tables", "repaired"),
+    [
+        ({"resync": ["public.a", 'public."b, c"']}, {}, ["public.a", 'public."b, c"'], False),
+        ({"resync": "public.a, public.b"}, {}, ["public.a", "public.b"], False),
+        ({"parity": ["public.a"]}, {"parity_repair": "True"}, ["public.a"], True),
+        ({"parity": ""}, {"parity_repair": "False"}, [], False),
+    ],
+)
+def test_resync_and_parity_tables_reach_the_application(
+    given: dict[str, object], repair: dict[str, object], tables: list[str], repaired: bool
+) -> None:
+    """Given as a list, or as the text a trigger's param renders to: each table reaches
+    drain_app, and a rendered "False" asks for no repair."""
+    from airflow_pglogrepl.spark.drain_app import parse_args
+
+    task = SlotDrainOperator(task_id="d", postgres_conn_id="pg", slot_name="s",
+                             publications=["p"], lake="/l", **given, **repair)  # type: ignore[arg-type]  # fmt: skip
+    args = parse_args(task._app_args())
+    assert (args.resync or args.parity) == tables
+    assert args.parity_repair is repaired and args.on_incomplete == "backfill"

@@ -147,22 +147,37 @@ def drain_in_process(
     small_rows: int | None = None,
     reader: str = "auto",
     resnapshot: bool = False,
+    backfill_rows: int | None = None,
+    resync: Sequence[str] = (),
+    parity: Sequence[str] = (),
+    parity_repair: bool = False,
 ) -> dict[str, Any]:
     """One drain run on the session's Spark (no JVM start), then materialize, under the lock;
     ``small_rows`` as ``materialize`` takes it (0: every merge by Spark); ``resnapshot``: the
-    tables the run finds incomplete are copied again first, as the application's default."""
+    tables the run finds incomplete are copied again first; ``backfill_rows``: they are
+    backfilled online in chunks of about that many rows (the application's default), as the
+    tables of ``resync`` are."""
+    from airflow_pglogrepl.pipeline.repair import Repair
+    from airflow_pglogrepl.spark.backfill import OnlineBackfill
     from airflow_pglogrepl.spark.resnapshot import Resnapshot
 
     hook = src.hook()
     lake = Lake(lake_root, src.slot, origins=hook.column_origins)
     with hook.writer_lock(src.slot) as lock:
         lake.writer_check = lock.check
-        repair = Resnapshot(spark=lambda: spark, source=hook, lake=lake, slot=src.slot,
-                            publications=[src.publication])  # fmt: skip
+        whole = Resnapshot(spark=lambda: spark, source=hook, lake=lake, slot=src.slot,
+                           publications=[src.publication])  # fmt: skip
+        repair: Repair | None = whole if resnapshot else None
+        if backfill_rows is not None or resync or parity:
+            repair = OnlineBackfill(spark=lambda: spark, source=hook, lake=lake, slot=src.slot,
+                                    publications=[src.publication], fallback=whole,
+                                    on_gaps="backfill" if backfill_rows else "report",
+                                    resync=resync, parity=parity, parity_repair=parity_repair,
+                                    chunk_rows=backfill_rows or 40)  # fmt: skip
         result = Drain(
             source=hook, lake=lake, slot=src.slot, publications=[src.publication],
             max_window_bytes=window, batch_rows=batch_rows, columnar=columnar, reader=reader,
-            repair=repair if resnapshot else None,
+            repair=repair,
         ).run(time.monotonic()).to_dict()  # fmt: skip
         result["materialized"] = (
             materialize(spark, lake)
@@ -254,7 +269,12 @@ def assert_state_equals_source(src: Source, lake_root: str, ref: TableRef) -> No
 
 
 def start_drain_app(
-    src: Source, lake_root: str, *args: str, pause: Path | None = None, dsn: str | None = None
+    src: Source,
+    lake_root: str,
+    *args: str,
+    pause: Path | None = None,
+    dsn: str | None = None,
+    pause_at: str = "before_commit",
 ) -> Any:
     """The drain application started as a process of its own (``subprocess.Popen``); with
     ``pause``, it stops before each window's commit until a file ``go`` appears in that folder
@@ -263,11 +283,16 @@ def start_drain_app(
     env = {**os.environ, "PGLOGREPL_SOURCE_DSN": dsn or src.dsn}
     env.pop("PGLOGREPL_FAULT", None)
     if pause is not None:
-        env["PGLOGREPL_PAUSE"] = f"before_commit:{pause}"
+        env["PGLOGREPL_PAUSE"] = f"{pause_at}:{pause}"
     command = [sys.executable, "-m", "airflow_pglogrepl.spark.drain_app", "--slot", src.slot,
                "--publication", src.publication, "--lake", lake_root, *args]  # fmt: skip
-    return subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    return subprocess.Popen(  # a session of its own: its JVM can be killed with it
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
 
 

@@ -1,0 +1,437 @@
+"""Online backfill: a table re-copied in chunks while the slot keeps being drained, for the
+tables the WAL could not keep equal to the source (added to the publication holding rows, a
+partition attached or detached) and the tables a user asks to resync.
+
+Each chunk is a range of heap blocks read in a snapshot of its own (``postgres.backfill``:
+nothing is locked beyond what a ``SELECT`` takes) and appended to the backfill's rows table as
+one commit carrying the chunk's number, so a run killed anywhere goes on after the last chunk
+that committed. The drain commits its windows in between: a drain run copies one chunk after
+each window it commits, and a run that ends with chunks left keeps copying and draining, one
+after the other, until the last chunk is copied and the lake has passed its ``high``. The
+state is then built from the chunks and the changelog (``spark.backfill_state``) and replaces
+``state/<table>`` in one Delta version: a reader sees the table as it was or whole, never
+half copied, and the changelog is never written by a backfill (it stays exactly once).
+
+A table without a key (its state is a multiset, which rows read at different times cannot
+build) and a table in the lake's quarantine are re-snapshotted in one piece instead
+(``spark.resnapshot``). A backfill that fails is logged and tried again at the next run; the
+table stays reported meanwhile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_pglogrepl.faults import fault, pause
+from airflow_pglogrepl.lake import backfill as record
+from airflow_pglogrepl.lake import column_names, mapping, staging
+from airflow_pglogrepl.lake.coverage import Gap
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.quarantine import held
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pipeline.repair import Repair
+from airflow_pglogrepl.postgres.backfill import backfill_start, chunk_snapshot, heap_files
+from airflow_pglogrepl.spark.backfill_state import build_state
+from airflow_pglogrepl.spark.resnapshot import REPAIRED
+from airflow_pglogrepl.tables import TableRef
+
+if TYPE_CHECKING:
+    from airflow_pglogrepl.postgres.backfill import ChunkSnapshot
+    from airflow_pglogrepl.postgres.snapshot import SnapshotTable
+
+__all__ = ["DEFAULT_CHUNK_ROWS", "ON_GAPS", "OnlineBackfill"]
+
+log = logging.getLogger("airflow_pglogrepl.backfill")
+
+DEFAULT_CHUNK_ROWS = 1_000_000  # rows a chunk reads, about (by the planner's rows per block)
+ON_GAPS = ("backfill", "resnapshot", "report")
+# The merge's words for a changed row whose unchanged TOAST value it has nowhere to take from: in
+# a backfill, a row an UPDATE moved into a block a chunk had already read, out of one not read
+# yet, so that no chunk read it. The backfill then reads the table in one snapshot instead.
+UNRESOLVED = "has no earlier version to keep"
+MOVED = (
+    "an UPDATE moved a row (with an unchanged TOAST value) out of a block no chunk had "
+    "read yet into one a chunk had read, so no chunk holds it"
+)
+LOCK_TIMEOUT_MS = 60_000  # a reader queued behind an exclusive lock request gives up, retried
+FLUSH_WAIT_S = 5.0  # how long a run waits for the source to flush past a backfill's high
+
+
+class _RestartError(Exception):
+    """The table changed under the backfill in a way its chunks cannot follow."""
+
+
+class OnlineBackfill(Repair):
+    """The repair a drain run is given (``Drain(repair=...)``).
+
+    Called with the gaps the run's coverage check found, it starts a backfill for each keyed
+    table (``fallback`` re-snapshots the others) and for each table of ``resync``, and builds
+    the state of every backfill ready for it; ``after_window`` copies a chunk;
+    ``in_progress`` names the tables still being copied (not failures: they are reported, with
+    their progress, in ``report``).
+    """
+
+    def __init__(self, *, spark: Callable[[], Any], source: Any, lake: Lake, slot: str,
+                 publications: Sequence[str], fallback: Repair | None, on_gaps: str = "backfill",
+                 resync: Sequence[str] = (), parity: Sequence[str] = (),
+                 parity_repair: bool = False,
+                 chunk_rows: int = DEFAULT_CHUNK_ROWS) -> None:  # fmt: skip
+        if chunk_rows <= 0:
+            raise ValueError("chunk_rows must be positive")
+        if on_gaps not in ON_GAPS:
+            raise ValueError(f"on_gaps must be one of {', '.join(ON_GAPS)}, got {on_gaps!r}")
+        self.spark, self.source, self.lake = spark, source, lake
+        self.slot, self.publications = slot, list(publications)
+        # the gaps: backfilled (the tables without a key re-snapshotted by ``fallback``), all
+        # re-snapshotted by it, or only reported
+        self.on_gaps = on_gaps
+        self.fallback = fallback
+        self.resync = [str(TableRef.parse(t)) for t in resync]
+        # tables whose state is checked against the source (``spark.state_parity``), and
+        # whether one found different is replaced by what the check read
+        self.parity = [str(TableRef.parse(t)) for t in parity]
+        self.parity_repair = parity_repair
+        self.checked: dict[str, dict[str, Any]] = {}  # table -> what its check found
+        self.chunk_rows = chunk_rows
+        self.failed: dict[str, str] = {}  # table -> why, for this run: not tried again in it
+        self.built: list[str] = []  # tables whose state a backfill replaced in this run
+        self._backfills: record.Backfills | None = None
+
+    # -- what the drain calls -----------------------------------------------------------------
+
+    def __call__(self, gaps: Mapping[str, Gap]) -> dict[str, str | None]:
+        """Start backfills for ``gaps`` (and ``resync``); each table: None when its state is
+        whole again now, a reason when it could not be repaired, absent while in progress."""
+        outcome: dict[str, str | None] = {}
+        wanted = {}
+        if self.on_gaps == "backfill":
+            wanted = {t: g.reason for t, g in gaps.items() if g.reason in REPAIRED}
+        wanted.update(dict.fromkeys(self.parity, "parity"))
+        wanted.update(dict.fromkeys(self.resync, "resync"))
+        cannot: dict[str, str] = {}  # gaps a backfill could not begin for: re-snapshotted
+        whole: dict[str, Gap] = dict(gaps)  # what the fallback may re-snapshot
+        for table, why in sorted(wanted.items()):
+            try:
+                if self._start(table, why) or table in gaps:
+                    continue
+                if why == "resync":  # (no key, or in quarantine): re-snapshotted whole
+                    whole[table] = Gap(table, "added", "a resync was asked for", "", "")
+                else:
+                    outcome[table] = ("it cannot be checked online (no key, or in the lake's "
+                                      "quarantine)")  # fmt: skip
+            except Exception as exc:  # the drain goes on: the table stays reported
+                if table in gaps:  # (a standby has no WAL insert position to start from)
+                    cannot[table] = self._failed(table, exc)
+                else:
+                    outcome[table] = self._failed(table, exc)
+        rest = {t: g for t, g in whole.items() if t not in self._plans() and t not in outcome
+                and (t not in gaps or self.on_gaps != "report")}  # fmt: skip
+        if rest and self.fallback is not None:
+            outcome.update(self.fallback(rest))
+            for table, why in cannot.items():
+                if outcome.get(table):
+                    outcome[table] = f"{why}; then {outcome[table]}"
+        else:
+            outcome.update(cannot)
+            outcome.update({t: "it cannot be resynced online (no key, or in the lake's "
+                            "quarantine): re-snapshot it with snapshot_app --table"
+                            for t in rest if t not in gaps})  # fmt: skip
+        position = self.lake.position()
+        if position is not None:
+            for table in self._build_ready(position):
+                outcome[table] = None
+        return outcome
+
+    def in_progress(self) -> list[str]:
+        return sorted(t for t, p in self._plans().items() if p.why != "parity")
+
+    def pending(self) -> bool:
+        """Whether a backfill this run may still move on."""
+        return any(t not in self.failed for t in self._plans())
+
+    def after_window(self, end: LSN) -> None:
+        """After a window committed at ``end``: build the states ready, else copy one chunk."""
+        if self._build_ready(end):
+            return
+        for table, plan in sorted(self._plans().items()):
+            if table in self.failed or plan.high is not None:
+                continue
+            try:
+                self._copy_chunk(plan)
+            except _RestartError as why:
+                self._restart(plan, str(why))
+            except Exception as exc:
+                self._failed(table, exc)
+            return
+
+    def waiting_for(self) -> LSN | None:
+        """The position the lake must reach for a copied backfill's state to be built."""
+        highs = [LSN(p.high) for t, p in self._plans().items()
+                 if p.high is not None and t not in self.failed]  # fmt: skip
+        return min(highs) if highs else None
+
+    def parity_report(self) -> dict[str, dict[str, Any]]:
+        """The summary's ``parity``: what each check that ended in the run found."""
+        return dict(self.checked)
+
+    def report(self) -> dict[str, dict[str, Any]]:
+        """The summary's ``backfills``: each in progress, how far, and why it is not moving."""
+        shown: dict[str, dict[str, Any]] = {}
+        for table, plan in self._plans().items():
+            shown[table] = {"why": plan.why, "began": plan.began, "low": plan.low,
+                            "chunks": record.chunks_done(self.lake, plan),
+                            "copied": plan.high is not None}  # fmt: skip
+            if table in self.failed:
+                shown[table]["error"] = self.failed[table]
+        for table in self.built:
+            shown[table] = {"built": True}
+        return shown
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def _plans(self) -> dict[str, record.Plan]:
+        if self._backfills is None:
+            self._backfills = record.read(self.lake)
+        return self._backfills.plans
+
+    def _save(self) -> None:
+        assert self._backfills is not None
+        record.write(self.lake, self._backfills)
+
+    def _start(self, table: str, why: str, *, whole: bool = False) -> bool:
+        """A backfill of ``table`` begun (or one going on); False: it cannot be backfilled."""
+        going = self._plans().get(table)
+        if going is not None:
+            if going.why == "parity" and why != "parity":  # its build replaces the state then
+                self._plans()[table] = dataclasses.replace(going, why=why)
+                self._save()
+            return True
+        ref = TableRef.parse(table)
+        if ref in held(self.lake):
+            return False
+        described = self._describe(ref)
+        if not described.key_names or described.replica_identity in ("f", "n"):
+            return False
+        params = self.source.connection_params()
+        start = backfill_start(params)
+        step = (0 if whole or described.relkind == "p"
+                else _blocks_per_chunk(described, self.chunk_rows))  # fmt: skip
+        plan = record.Plan(
+            table=table, relid=described.relid, why=why, low=str(start.low),
+            in_progress=start.in_progress, files=heap_files(params, described.relid),
+            columns=tuple(c.name for c in described.columns), step=step,
+            began=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        )  # fmt: skip
+        self._plans()[table] = plan
+        self._save()
+        log.warning("%s: backfilling it online (%s), %s heap blocks a chunk, changes from %s; "
+                    "the drain goes on", table, why, step or "all", start.low)  # fmt: skip
+        return True
+
+    def _describe(self, ref: TableRef, conn: Any = None) -> SnapshotTable:
+        from airflow_pglogrepl.postgres.snapshot import SnapshotReader
+
+        reader = SnapshotReader(self.source.connection_params())
+        if conn is not None:
+            return reader.published_tables(conn, self.publications, [ref])[0]
+        with self.source.session() as session:
+            return reader.published_tables(session, self.publications, [ref])[0]
+
+    def _copy_chunk(self, plan: record.Plan) -> None:
+        done = record.chunks_done(self.lake, plan)
+        began = time.monotonic()
+        with chunk_snapshot(self.source.connection_params(), plan.relid) as chunk:
+            table = self._check_unchanged(plan, chunk)
+            first = done * plan.step
+            last = plan.step == 0 or first + plan.step >= table.blocks
+            pause("backfill_copying")
+            fault("backfill_copying")
+            rows = self._write_chunk(
+                plan, table, chunk, done, first, None if last else first + plan.step
+            )
+            fault("backfill_chunk")
+        log.info("%s: backfill chunk %d (blocks %d to %s) copied, %d rows so far, %.2fs",
+                 plan.table, done + 1, first, "the end" if last else first + plan.step, rows,
+                 time.monotonic() - began)  # fmt: skip
+        if last:
+            assert chunk.high is not None
+            self._plans()[plan.table] = dataclasses.replace(plan, high=str(chunk.high),
+                                                            chunks=done + 1)  # fmt: skip
+            self._save()
+            log.info("%s: every chunk copied; its state is built once the lake reaches %s",
+                     plan.table, chunk.high)  # fmt: skip
+
+    def _check_unchanged(self, plan: record.Plan, chunk: ChunkSnapshot) -> SnapshotTable:
+        if chunk.files != plan.files:
+            raise _RestartError("its heap was rewritten, or a partition attached or detached, "
+                           "which moves rows between the chunks")  # fmt: skip
+        table = self._describe(TableRef.parse(plan.table), chunk.conn)
+        if tuple(c.name for c in table.columns) != plan.columns:
+            raise _RestartError("its published columns changed")
+        return table
+
+    def _write_chunk(self, plan: record.Plan, table: SnapshotTable, chunk: ChunkSnapshot,
+                     done: int, first: int, stop: int | None) -> int:  # fmt: skip
+        import pyarrow as pa
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from airflow_pglogrepl.postgres.passfile import travelling_params
+        from airflow_pglogrepl.postgres.snapshot_guard import readers_application_name
+        from airflow_pglogrepl.spark.range_copy import CopyTask, plain_schema, table_info
+        from airflow_pglogrepl.spark.snapshot import mark_keys
+
+        spark = self.spark()
+        info = table_info(table)
+        plain = plain_schema(info)
+        lake_names = column_names.lake_names(plain.names, self.lake.known_schema(table.table))
+        uri = record.rows_uri(self.lake, plan)
+        with travelling_params(self.source.connection_params()) as params:
+            task = CopyTask({**params, "application_name": readers_application_name(chunk.name)},
+                            chunk.name, table, lock_timeout_ms=LOCK_TIMEOUT_MS)  # fmt: skip
+            ranges = _split(first, stop, int(spark.sparkContext.defaultParallelism))
+            bounds = spark.sparkContext.parallelize(ranges, len(ranges))
+            frame = spark.createDataFrame(bounds, "start long, stop long")
+            copied = frame.mapInArrow(task, from_arrow_schema(plain)).toDF(*lake_names.values())
+            out = mark_keys(copied, [lake_names[k] for k in info.key_names],
+                            sources={n: s for s, n in lake_names.items() if s != n},
+                            attnums={lake_names[c.name]: c.attnum
+                                     for c in table.columns})  # fmt: skip
+            writer = out.write.format("delta").mode("append")
+            if done == 0:
+                staging.remove(uri)  # what a backfill of the same start left, if any
+                mapped = mapping.needed(pa.schema([f.with_name(lake_names[f.name])
+                                                   for f in plain]))  # fmt: skip
+                writer = writer.options(**self.lake.state_config(table.table, mapped=mapped))
+            self.lake.check_writer()
+            writer.option("txnAppId", self.lake.app).option("txnVersion", str(done + 1)).save(uri)
+        return int(spark.read.format("delta").load(uri).count())
+
+    def _build_ready(self, position: LSN) -> list[str]:
+        """Build the state of each copied backfill the lake has passed; the tables built."""
+        built = []
+        for table, plan in sorted(self._plans().items()):
+            if plan.high is None or LSN(plan.high) > position or table in self.failed:
+                continue
+            if TableRef.parse(table) in held(self.lake):  # its changes wait in quarantine
+                self.failed[table] = ("waits: the table is in the lake's quarantine, so the "
+                                      "changelog lacks changes its state would need")  # fmt: skip
+                continue
+            have = self.lake.state_version(TableRef.parse(table))
+            if have is not None and have > position:  # re-snapshotted meanwhile: whole already
+                log.warning("%s: its state was re-snapshotted at %s, after the backfill began: "
+                            "the backfill is dropped", table, have)  # fmt: skip
+                record.forget(self.lake, table)
+                self._backfills = None
+                continue
+            try:
+                if heap_files(self.source.connection_params(), plan.relid) != plan.files:
+                    raise _RestartError("a partition was attached or detached, or its heap "
+                                        "rewritten, after the last chunk")  # fmt: skip
+                if plan.why == "parity":
+                    self._check(plan, position)
+                else:
+                    build_state(self.spark(), self.lake, plan, position)
+                self._finish(plan, position)
+                built.append(table)
+            except _RestartError as why:
+                self._restart(plan, str(why))
+            except Exception as exc:
+                if UNRESOLVED in str(exc) and plan.step:
+                    self._restart(plan, MOVED, whole=True)
+                else:
+                    self._failed(table, exc)
+        return built
+
+    def _check(self, plan: record.Plan, position: LSN) -> None:
+        """The parity check: the build (the source at ``position``) against the state, merged
+        up to ``position`` first; the state replaced by the build when asked and different."""
+        from airflow_pglogrepl.lake.layout import table_dir
+        from airflow_pglogrepl.merge.materialize import materialize_table
+        from airflow_pglogrepl.spark.backfill_state import build, key_fields, put_in_place
+        from airflow_pglogrepl.spark.state_parity import compare
+
+        spark = self.spark()
+        name = table_dir(TableRef.parse(plan.table))
+        built = build(spark, self.lake, plan, position)
+        materialize_table(spark, self.lake, name, position)
+        keys = [f.name for f in key_fields(spark.read.format("delta").load(built).schema)]
+        found = compare(spark, built, self.lake.paths.state(name), keys)
+        found["position"] = str(position)
+        if not found["equal"] and self.parity_repair:
+            put_in_place(spark, self.lake, plan, built, position)
+            found["repaired"] = True
+        else:
+            staging.remove(built)
+        self.checked[plan.table] = found
+        log.log(logging.INFO if found["equal"] else logging.WARNING,
+                "%s: parity with the source at %s: %s", plan.table, position,
+                "equal" if found["equal"] else found)  # fmt: skip
+
+    def _finish(self, plan: record.Plan, position: LSN) -> None:
+        from airflow_pglogrepl.pipeline.coverage import after_snapshot
+
+        replaced = plan.why != "parity" or bool(self.checked[plan.table].get("repaired"))
+        if replaced:
+            now = self.source.publication_coverage(self.publications)
+            after_snapshot(self.lake, now, position, [plan.table], initial=False)
+        del self._plans()[plan.table]
+        self._save()
+        staging.remove(record.rows_uri(self.lake, plan))
+        if plan.why != "parity":
+            self.built.append(plan.table)
+            log.warning("%s: backfill done, its state replaced whole at %s", plan.table,
+                        position)  # fmt: skip
+
+    def _restart(self, plan: record.Plan, why: str, *, whole: bool = False) -> None:
+        log.warning("%s: the backfill begins again%s: %s", plan.table,
+                    ", reading the table in one snapshot" if whole else "", why)  # fmt: skip
+        del self._plans()[plan.table]
+        self._save()
+        staging.remove(record.rows_uri(self.lake, plan))
+        try:
+            self._start(plan.table, plan.why, whole=whole)
+        except Exception as exc:
+            self._failed(plan.table, exc)
+
+    def _failed(self, table: str, exc: Exception) -> str:
+        reason = f"the backfill failed: {type(exc).__name__}: {_cause(exc)}"
+        self.failed[table] = reason
+        log.warning("%s: %s. It is tried again by the next run; the drain goes on", table,
+                    reason, exc_info=log.isEnabledFor(logging.DEBUG))  # fmt: skip
+        return reason
+
+
+def _cause(exc: Exception) -> str:
+    """What an error says, without a JVM's stack: its first line and, from a Spark job, the
+    innermost cause (where the product's own message is)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    causes = [line for line in lines if line.startswith("Caused by:")]
+    said = lines[0] if not causes else f"{lines[0]} ... {causes[-1]}"
+    return said if len(said) <= 600 else said[:597] + "..."
+
+
+def _blocks_per_chunk(table: SnapshotTable, chunk_rows: int) -> int:
+    from airflow_pglogrepl.spark.range_copy import UNKNOWN_ROWS_PER_BLOCK
+
+    per_block = (
+        table.reltuples / table.relpages
+        if table.reltuples > 0 and table.relpages > 0
+        else UNKNOWN_ROWS_PER_BLOCK
+    )
+    return max(1, int(chunk_rows / max(per_block, 1.0)))
+
+
+def _split(first: int, stop: int | None, parts: int) -> list[tuple[int, int | None]]:
+    """``[first, stop)`` in up to ``parts`` block ranges (one, open-ended, when ``stop`` is
+    None: the rows of blocks the table grew by since the count are read too)."""
+    if stop is None:
+        return [(first, None)]
+    size = max(1, -(-(stop - first) // max(1, parts)))
+    return [(s, min(s + size, stop)) for s in range(first, stop, size)]
