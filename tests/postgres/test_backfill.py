@@ -13,6 +13,8 @@ from airflow_pglogrepl.postgres.backfill import backfill_start, chunk_snapshot, 
 from airflow_pglogrepl.postgres.source import PgSource
 from tests.support.databases import Database
 
+pytestmark = pytest.mark.pgversion  # the snapshot and transaction id functions it reads
+
 
 def params(database: Database) -> dict[str, str]:
     return PgSource(database.cluster.dsn(database.name)).connection_params()
