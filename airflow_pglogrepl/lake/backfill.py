@@ -42,7 +42,8 @@ class Plan:
     ``files``: the heap files it copies; ``columns``: the published columns; ``step``: heap
     blocks a chunk reads (0: the table is read whole, in one chunk, as a partitioned one is);
     ``high``: set once the last chunk is copied, the position the lake must reach before the
-    state is built; ``chunks``: chunks copied (for the summary).
+    state is built; ``chunks``: chunks copied (for the summary); ``gap``: the ``since`` of the
+    gap it repairs; ``repair``: whether a parity check replaces a state it finds different.
     """
 
     table: str
@@ -56,6 +57,8 @@ class Plan:
     began: str  # when, as UTC ISO text
     high: str | None = None
     chunks: int = 0
+    gap: str | None = None  # the gap's ``since`` it repairs: a new gap begins a new backfill
+    repair: bool = False  # a parity check's: replace the state found different
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "in_progress": list(self.in_progress),

@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import psycopg
+
 from airflow_pglogrepl.faults import fault, pause
 from airflow_pglogrepl.lake import backfill as record
 from airflow_pglogrepl.lake import column_names, mapping, staging
@@ -54,6 +56,7 @@ ON_GAPS = ("backfill", "resnapshot", "report")
 # a backfill, a row an UPDATE moved into a block a chunk had already read, out of one not read
 # yet, so that no chunk read it. The backfill then reads the table in one snapshot instead.
 UNRESOLVED = "has no earlier version to keep"
+NOT_PUBLISHED = "are not published by"  # (``SnapshotReader.published_tables``)
 MOVED = (
     "an UPDATE moved a row (with an unchanged TOAST value) out of a block no chunk had "
     "read yet into one a chunk had read, so no chunk holds it"
@@ -97,6 +100,8 @@ class OnlineBackfill(Repair):
         self.parity = [str(TableRef.parse(t)) for t in parity]
         self.parity_repair = parity_repair
         self.checked: dict[str, dict[str, Any]] = {}  # table -> what its check found
+        self.dropped: dict[str, str] = {}  # backfills ended in this run without a state: why
+        self._since: dict[str, str] = {}  # the gaps' ``since``, by table
         self.chunk_rows = chunk_rows
         self.failed: dict[str, str] = {}  # table -> why, for this run: not tried again in it
         self.built: list[str] = []  # tables whose state a backfill replaced in this run
@@ -111,6 +116,7 @@ class OnlineBackfill(Repair):
         wanted = {}
         if self.on_gaps == "backfill":
             wanted = {t: g.reason for t, g in gaps.items() if g.reason in REPAIRED}
+        self._since = {t: g.since for t, g in gaps.items()}
         wanted.update(dict.fromkeys(self.parity, "parity"))
         wanted.update(dict.fromkeys(self.resync, "resync"))
         cannot: dict[str, str] = {}  # gaps a backfill could not begin for: re-snapshotted
@@ -165,8 +171,13 @@ class OnlineBackfill(Repair):
                 self._copy_chunk(plan)
             except _RestartError as why:
                 self._restart(plan, str(why))
+            except psycopg.errors.LockNotAvailable:  # copied after the next window instead
+                log.info("%s: a lock held by another statement: the chunk waits", table)
             except Exception as exc:
-                self._failed(table, exc)
+                if isinstance(exc, ValueError) and NOT_PUBLISHED in str(exc):
+                    self._drop(plan, f"it is no longer published ({_cause(exc)})")
+                else:
+                    self._failed(table, exc)
             return
 
     def waiting_for(self) -> LSN | None:
@@ -190,6 +201,9 @@ class OnlineBackfill(Repair):
                 shown[table]["error"] = self.failed[table]
         for table in self.built:
             shown[table] = {"built": True}
+        for table, why in self.dropped.items():
+            if table not in shown:
+                shown[table] = {"why": "backfill", "error": why}
         return shown
 
     # -- steps --------------------------------------------------------------------------------
@@ -206,11 +220,14 @@ class OnlineBackfill(Repair):
     def _start(self, table: str, why: str, *, whole: bool = False) -> bool:
         """A backfill of ``table`` begun (or one going on); False: it cannot be backfilled."""
         going = self._plans().get(table)
-        if going is not None:
-            if going.why == "parity" and why != "parity":  # its build replaces the state then
-                self._plans()[table] = dataclasses.replace(going, why=why)
-                self._save()
-            return True
+        since = self._since.get(table) if why in REPAIRED else None
+        if going is not None and (why not in REPAIRED or going.gap == since):
+            return True  # (a parity check or resync asked for again: the one going on)
+        if going is not None:  # a gap found since it began: the table may have been out of
+            # the publication meanwhile, so its chunks and changes are not enough
+            log.warning("%s: a backfill (%s) was going on when the run found it %s: it begins "
+                        "again", table, going.why, why)  # fmt: skip
+            self._drop(going)
         ref = TableRef.parse(table)
         if ref in held(self.lake):
             return False
@@ -225,7 +242,8 @@ class OnlineBackfill(Repair):
             table=table, relid=described.relid, why=why, low=str(start.low),
             in_progress=start.in_progress, files=heap_files(params, described.relid),
             columns=tuple(c.name for c in described.columns), step=step,
-            began=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            began=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), gap=since,
+            repair=why == "parity" and self.parity_repair,
         )  # fmt: skip
         self._plans()[table] = plan
         self._save()
@@ -343,6 +361,8 @@ class OnlineBackfill(Repair):
             except Exception as exc:
                 if UNRESOLVED in str(exc) and plan.step:
                     self._restart(plan, MOVED, whole=True)
+                elif UNRESOLVED in str(exc):  # the changelog itself cannot build it: said
+                    self._drop(plan, f"its state cannot be built: {_cause(exc)}")
                 else:
                     self._failed(table, exc)
         return built
@@ -358,11 +378,16 @@ class OnlineBackfill(Repair):
         spark = self.spark()
         name = table_dir(TableRef.parse(plan.table))
         built = build(spark, self.lake, plan, position)
-        materialize_table(spark, self.lake, name, position)
+        read = spark.read.format("delta").load(record.rows_uri(self.lake, plan)).columns
         keys = [f.name for f in key_fields(spark.read.format("delta").load(built).schema)]
-        found = compare(spark, built, self.lake.paths.state(name), keys)
+        try:
+            materialize_table(spark, self.lake, name, position)
+        except Exception as exc:  # a state so damaged that its changes cannot be merged
+            found = {"equal": False, "merge_error": _cause(exc)}
+        else:  # (the source's columns now: a dropped one the lake keeps is not compared)
+            found = compare(spark, built, self.lake.paths.state(name), keys, columns=read)
         found["position"] = str(position)
-        if not found["equal"] and self.parity_repair:
+        if not found["equal"] and (plan.repair or self.parity_repair):
             put_in_place(spark, self.lake, plan, built, position)
             found["repaired"] = True
         else:
@@ -390,13 +415,21 @@ class OnlineBackfill(Repair):
     def _restart(self, plan: record.Plan, why: str, *, whole: bool = False) -> None:
         log.warning("%s: the backfill begins again%s: %s", plan.table,
                     ", reading the table in one snapshot" if whole else "", why)  # fmt: skip
-        del self._plans()[plan.table]
+        self._drop(plan)
+        try:
+            if not self._start(plan.table, plan.why, whole=whole):
+                self.dropped[plan.table] = "it could not begin again (no key, or quarantined)"
+        except Exception as exc:
+            self.dropped[plan.table] = self._failed(plan.table, exc)
+
+    def _drop(self, plan: record.Plan, why: str | None = None) -> None:
+        """End ``plan`` without a state (``why``: said as the run's failure, else silent)."""
+        self._plans().pop(plan.table, None)
         self._save()
         staging.remove(record.rows_uri(self.lake, plan))
-        try:
-            self._start(plan.table, plan.why, whole=whole)
-        except Exception as exc:
-            self._failed(plan.table, exc)
+        if why is not None:
+            self.dropped[plan.table] = why
+            log.warning("%s: the backfill ends without a state: %s", plan.table, why)
 
     def _failed(self, table: str, exc: Exception) -> str:
         reason = f"the backfill failed: {type(exc).__name__}: {_cause(exc)}"

@@ -300,6 +300,8 @@ class SnapshotCopy:
         began = time.monotonic()
         if self.tables is not None:
             self._check_not_overtaken(tables)
+            for table in tables:  # before its state changes: the chunks would predate it
+                forget_backfill(self.lake, str(table.table))
         try:
             result.tables = self._copy_all(tables)
             result.copy_s = time.monotonic() - began
@@ -384,7 +386,6 @@ class SnapshotCopy:
             .save(target)
         )
         if self.tables is not None:
-            forget_backfill(self.lake, str(table.table))  # its chunks predate this state
             self._restart_changes(table)
             # its state now holds every change before the point: a hold in the lake's
             # quarantine ends (every quarantined change is before it)

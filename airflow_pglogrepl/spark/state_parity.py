@@ -23,13 +23,18 @@ BUCKETS = 1024
 SHOWN = 20
 
 
-def compare(spark: Any, expected_uri: str, actual_uri: str, keys: list[str]) -> dict[str, Any]:
+def compare(spark: Any, expected_uri: str, actual_uri: str, keys: list[str], *,
+            columns: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """What differs between the Delta tables at ``expected_uri`` (the source) and
-    ``actual_uri`` (the lake); ``equal`` says whether anything does."""
+    ``actual_uri`` (the lake), over ``columns`` (default: all of the source's); ``equal``
+    says whether anything does."""
     from pyspark.sql import functions as sf
 
     expected = spark.read.format("delta").load(expected_uri)
     actual = spark.read.format("delta").load(actual_uri)
+    if columns is not None:
+        expected = expected.select(*(f"`{c}`" for c in columns))
+        actual = actual.select(*(f"`{c}`" for c in actual.columns if c in columns))
     missing_columns = [c for c in expected.columns if c not in actual.columns]
     extra_columns = [c for c in actual.columns if c not in expected.columns]
     columns = [c for c in expected.columns if c in actual.columns]

@@ -66,4 +66,6 @@ def test_the_check_finds_each_damage_and_then_equal_after_the_repair(
     found = drain(parity=["public.b"], parity_repair=True)["parity"]["public.b"]
     assert found["repaired"] and found["missing_rows"] == 30
     assert_state_equals_source(source, lake_root, B)
+    source.sql("ALTER TABLE b DROP COLUMN pad")  # the lake keeps its values: not compared
+    source.sql("UPDATE b SET v = 'after' WHERE id = 7")
     assert drain(parity=["public.b"])["parity"]["public.b"]["equal"]
