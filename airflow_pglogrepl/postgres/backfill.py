@@ -42,10 +42,11 @@ __all__ = ["BackfillStart", "ChunkSnapshot", "backfill_start", "chunk_snapshot",
 log = logging.getLogger("airflow_pglogrepl.backfill")
 
 _INSERT_LSN = sql.SQL("SELECT pg_catalog.pg_current_wal_insert_lsn() AS lsn")
-# The same, from a statement that commits a transaction id of its own, flushed before it
-# returns (``synchronous_commit`` local): the source's WAL is flushed past the position read,
-# which an idle source would otherwise never do (the WAL writer flushes a partly filled page
-# only for an asynchronous commit, and a read's pruning writes WAL too).
+# The same, from a statement that commits a transaction id of its own: its commit record lies
+# past the position read, so the source's WAL is flushed past it even when the source is idle.
+# Not at once: a transaction that wrote no WAL before its commit record commits asynchronously
+# whatever ``synchronous_commit`` says, and the WAL writer flushes it within three
+# ``wal_writer_delay`` (``pipeline.repair`` waits for that).
 _FLUSHED_PAST = sql.SQL(
     "SELECT pg_catalog.pg_current_wal_insert_lsn() AS lsn, pg_catalog.pg_current_xact_id()"
 )
@@ -134,7 +135,6 @@ def chunk_snapshot(
         finally:
             conn.rollback()
         conn.autocommit = True
-        set_session(conn, {"synchronous_commit": "local"})
         chunk.high = LSN(_one(conn, _FLUSHED_PAST)["lsn"])
 
 

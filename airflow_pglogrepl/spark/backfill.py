@@ -62,7 +62,6 @@ MOVED = (
     "read yet into one a chunk had read, so no chunk holds it"
 )
 LOCK_TIMEOUT_MS = 60_000  # a reader queued behind an exclusive lock request gives up, retried
-FLUSH_WAIT_S = 5.0  # how long a run waits for the source to flush past a backfill's high
 
 
 class _RestartError(Exception):

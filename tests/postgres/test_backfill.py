@@ -5,6 +5,8 @@ says rows moved between blocks."""
 
 from __future__ import annotations
 
+import time
+
 import psycopg
 import pytest
 
@@ -49,8 +51,13 @@ def test_a_chunk_snapshot_is_exported_and_high_follows_what_it_saw(database: Dat
         assert count == (9,)
     assert chunk.high is not None and chunk.high > before
     assert isinstance(chunk.high, LSN)
-    flushed = PgSource(database.cluster.dsn(database.name)).flush_lsn()
-    assert flushed >= chunk.high  # the drain can reach it, even on an idle source
+    # the drain can reach it even on an idle source: the statement's commit record is past it,
+    # flushed by the WAL writer (asynchronously: before, this read it at once and failed
+    # when the WAL writer had not yet run)
+    source, deadline = PgSource(database.cluster.dsn(database.name)), time.monotonic() + 5
+    while (flushed := source.flush_lsn()) < chunk.high and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert flushed >= chunk.high
 
 
 def test_a_rewrite_or_an_attached_partition_changes_the_heap_files(database: Database) -> None:
@@ -74,7 +81,6 @@ def test_a_chunk_waits_seconds_at_most_for_a_lock_another_statement_holds(
     one locked by a VACUUM FULL or an ALTER must not hold the drain (a chunk is copied after
     a window, in the drain's thread). Before (a review found it): it waited for as long as the
     lock was held."""
-    import time
 
     database.sql("CREATE TABLE t (id int PRIMARY KEY); CREATE TABLE other (id int)")
     relid = int(database.sql("SELECT 't'::regclass::oid")[0][0])
