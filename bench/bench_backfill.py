@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
 from typing import Any
 
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, local_cluster
+from bench.bench_table import load_bench_table, psql_copy
 
 
 def main() -> None:
@@ -43,27 +43,12 @@ def main() -> None:
     from airflow_pglogrepl.spark.session import local_session
 
     with local_cluster("bench-backfill", LOGICAL_SETTINGS) as cluster:
+        heap = load_bench_table(cluster, args.rows)
         with cluster.connect() as conn:
-            conn.execute(
-                "CREATE TABLE bench (id bigint PRIMARY KEY, qty int, label text, at timestamptz)"
-            )
-            conn.execute(
-                "INSERT INTO bench SELECT g, g %% 1000, 'label ' || g,"
-                " timestamptz '2026-01-01' + g * interval '1 second'"
-                " FROM generate_series(1, %s) g",
-                (args.rows,),
-            )
-            conn.execute("VACUUM ANALYZE bench")
             conn.execute("CREATE TABLE a (id bigserial PRIMARY KEY, at timestamptz)")
-            heap = conn.execute("SELECT pg_relation_size('bench')").fetchone()[0]
         hook = DsnReplicationHook(cluster.dsn())
-        env = {**os.environ, "PGPASSWORD": cluster.password}
-        psql = [str(cluster.bindir / "psql"), "-h", cluster.host, "-p", str(cluster.port),
-                "-U", cluster.superuser, "-d", "postgres", "-X", "-q"]  # fmt: skip
         began = time.perf_counter()
-        with open(os.devnull, "wb") as null:
-            subprocess.run([*psql, "-c", "COPY bench TO STDOUT"], env=env, stdout=null,
-                           check=True)  # fmt: skip
+        psql_copy(cluster)
         results: list[tuple[str, float, str]] = [
             ("psql `COPY bench TO STDOUT > /dev/null`", time.perf_counter() - began, "")
         ]

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, local_cluster
+from bench.bench_table import load_bench_table, psql_copy
 
 
 def best_of(repeat: int, run: Callable[[], Any]) -> tuple[float, Any]:
@@ -64,36 +65,16 @@ def main() -> None:
     Hook = DsnReplicationHook  # noqa: N806 (it includes the snapshot statements)
 
     with local_cluster("bench-snapshot", LOGICAL_SETTINGS) as cluster:
+        heap = load_bench_table(cluster, args.rows)
         with cluster.connect() as conn:
-            conn.execute(
-                "CREATE TABLE bench (id bigint PRIMARY KEY, qty int, label text, at timestamptz)"
-            )
-            conn.execute(
-                "INSERT INTO bench SELECT g, g %% 1000, 'label ' || g,"
-                " timestamptz '2026-01-01' + g * interval '1 second'"
-                " FROM generate_series(1, %s) g",
-                (args.rows,),
-            )
-            conn.execute("VACUUM ANALYZE bench")
             conn.execute("CREATE PUBLICATION bench FOR TABLE bench")
-            heap = conn.execute("SELECT pg_relation_size('bench')").fetchone()[0]
         mb = heap / 1e6
         hook = Hook(cluster.dsn())
         results: list[tuple[str, float]] = []
-
-        env = {**os.environ, "PGPASSWORD": cluster.password}
-        psql = [str(cluster.bindir / "psql"), "-h", cluster.host, "-p", str(cluster.port),
-                "-U", cluster.superuser, "-d", "postgres", "-X", "-q"]  # fmt: skip
-        text_bytes = len(
-            subprocess.run(
-                [*psql, "-c", "COPY bench TO STDOUT"], env=env, capture_output=True, check=True
-            ).stdout
-        )
+        text_bytes = len(psql_copy(cluster, out=subprocess.PIPE) or b"")
 
         def run_psql() -> None:
-            with open(os.devnull, "wb") as null:
-                subprocess.run([*psql, "-c", "COPY bench TO STDOUT"], env=env, stdout=null,
-                               check=True)  # fmt: skip
+            psql_copy(cluster)
 
         results.append(
             ("psql `COPY bench TO STDOUT > /dev/null`", best_of(args.repeat, run_psql)[0])

@@ -43,6 +43,8 @@ from airflow_pglogrepl.spark.resnapshot import REPAIRED
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from airflow_pglogrepl.postgres.backfill import ChunkSnapshot
     from airflow_pglogrepl.postgres.snapshot import SnapshotTable
 
@@ -272,7 +274,7 @@ class OnlineBackfill(Repair):
                 plan, table, chunk, done, first, None if last else first + plan.step
             )
             fault("backfill_chunk")
-        log.info("%s: backfill chunk %d (blocks %d to %s) copied, %d rows so far, %.2fs",
+        log.info("%s: backfill chunk %d (blocks %d to %s) copied, %d rows, %.2fs",
                  plan.table, done + 1, first, "the end" if last else first + plan.step, rows,
                  time.monotonic() - began)  # fmt: skip
         if last:
@@ -326,7 +328,7 @@ class OnlineBackfill(Repair):
                 writer = writer.options(**self.lake.state_config(table.table, mapped=mapped))
             self.lake.check_writer()
             writer.option("txnAppId", self.lake.app).option("txnVersion", str(done + 1)).save(uri)
-        return int(spark.read.format("delta").load(uri).count())
+        return _rows_committed(spark, uri)
 
     def _build_ready(self, position: LSN) -> list[str]:
         """Build the state of each copied backfill the lake has passed; the tables built."""
@@ -458,6 +460,16 @@ def _blocks_per_chunk(table: SnapshotTable, chunk_rows: int) -> int:
         else UNKNOWN_ROWS_PER_BLOCK
     )
     return max(1, int(chunk_rows / max(per_block, 1.0)))
+
+
+def _rows_committed(spark: SparkSession, uri: str) -> int:
+    """The rows the newest commit of ``uri`` appended, from its log entry: reading the table
+    would count every chunk again after each one."""
+    from delta.tables import DeltaTable
+
+    newest = DeltaTable.forPath(spark, uri).history(1).select("operationMetrics").first()
+    metrics = (newest[0] if newest is not None else None) or {}
+    return int(metrics.get("numOutputRows", 0))
 
 
 def _split(first: int, stop: int | None, parts: int) -> list[tuple[int, int | None]]:

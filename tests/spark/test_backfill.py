@@ -11,6 +11,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from tests.support.drain import (
     start_drain_app,
     summary,
 )
+from tests.support.partitions import attach_and_detach_under_the_root
 from tests.support.sources import Source
 
 WINDOW = 1 << 20
@@ -37,6 +39,27 @@ B = TableRef("public", "b")
 def _drain(spark: Any, source: Source, lake_root: str, **kwargs: Any) -> dict[str, Any]:
     kwargs.setdefault("backfill_rows", 100)  # a few chunks of the tables below
     return drain_in_process(spark, source, lake_root, window=WINDOW, **kwargs)
+
+
+def _around_each_chunk(
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    before: Callable[[], None] = lambda: None,
+    after: Callable[[int], None] = lambda copied: None,
+) -> None:
+    """Run ``before`` as each backfill chunk begins, and ``after`` (given how many chunks were
+    copied) once it is copied: what the source does between chunks."""
+    from airflow_pglogrepl.spark import backfill
+
+    copy, copied = backfill.OnlineBackfill._copy_chunk, [0]
+
+    def copy_between(self: Any, plan: Any) -> None:
+        before()
+        copy(self, plan)
+        copied[0] += 1
+        after(copied[0])
+
+    monkeypatch.setattr(backfill.OnlineBackfill, "_copy_chunk", copy_between)
 
 
 def _added_table(source: Source, rows: int) -> None:
@@ -73,7 +96,7 @@ def test_a_table_added_holding_rows_is_backfilled_in_chunks_while_the_run_drains
 
 
 def test_chunks_interleave_with_windows_and_the_state_appears_whole(
-    spark: Any, source: Source, tmp_path: Path
+    spark: Any, source: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Between two chunks, changes committed to other tables reach the lake (the drain goes
     on), while the table's state keeps what it had until the last chunk's state is built."""
@@ -86,20 +109,14 @@ def test_chunks_interleave_with_windows_and_the_state_appears_whole(
     source.sql("INSERT INTO b VALUES (1000, 'streamed', 'z')")
     _drain(spark, source, lake_root, backfill_rows=None)  # only reported: b's state is 1 row
     seen: list[tuple[int, int]] = []
-    from airflow_pglogrepl.spark import backfill
-
-    copy = backfill.OnlineBackfill._copy_chunk
-
-    def copy_and_look(self: Any, plan: Any) -> None:
-        seen.append((len(all_changelog_keys(lake_root, [a])), len(lake_table(lake_root, "b"))))
-        copy(self, plan)
-        source.sql(f"INSERT INTO a VALUES ({100 + len(seen)}, 'between chunks')")
-
-    backfill.OnlineBackfill._copy_chunk = copy_and_look  # type: ignore[method-assign]
-    try:
-        result = _drain(spark, source, lake_root, backfill_rows=40)
-    finally:
-        backfill.OnlineBackfill._copy_chunk = copy  # type: ignore[method-assign]
+    _around_each_chunk(
+        monkeypatch,
+        before=lambda: seen.append(
+            (len(all_changelog_keys(lake_root, [a])), len(lake_table(lake_root, "b")))
+        ),
+        after=lambda copied: source.sql(f"INSERT INTO a VALUES ({100 + copied}, 'between')"),
+    )
+    result = _drain(spark, source, lake_root, backfill_rows=40)
     assert len(seen) >= 4, seen  # several chunks
     assert [b for _, b in seen] == [1] * len(seen)  # the state of b unchanged meanwhile
     changes_of_a = [n for n, _ in seen]
@@ -113,24 +130,10 @@ def test_partitions_attached_or_detached_under_the_root_are_backfilled(
     spark: Any, source: Source, tmp_path: Path
 ) -> None:
     lake_root = str(tmp_path / "lake")
-    root = TableRef("public", "parted")
-    source.sql("CREATE TABLE parted (id int, region text, v text, PRIMARY KEY (id, region))"
-               " PARTITION BY LIST (region)")  # fmt: skip
-    source.sql("CREATE TABLE parted_us PARTITION OF parted FOR VALUES IN ('us')")
-    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE parted"
-               " WITH (publish_via_partition_root = true)")  # fmt: skip
-    source.sql("INSERT INTO parted SELECT g, 'us', 'x' FROM generate_series(1, 225) g")
-    _drain(spark, source, lake_root)
-    source.sql("CREATE TABLE parted_af (id int, region text, v text, PRIMARY KEY (id, region))")
-    source.sql("INSERT INTO parted_af SELECT g, 'af', 'x' FROM generate_series(1, 50) g")
-    source.sql("ALTER TABLE parted ATTACH PARTITION parted_af FOR VALUES IN ('af')")
-    source.sql("UPDATE parted SET v = 'y' WHERE region = 'af' AND id <= 10")
-    result = _drain(spark, source, lake_root)
-    assert result["incomplete"] == {} and "public.parted" in result["backfills"]
-    assert_state_equals_source(source, lake_root, root)  # the 50 rows are there
-    source.sql("ALTER TABLE parted DETACH PARTITION parted_us")
-    assert _drain(spark, source, lake_root)["incomplete"] == {}
-    assert_state_equals_source(source, lake_root, root)  # the 225 rows are gone
+    attached, _ = attach_and_detach_under_the_root(
+        source, lake_root, lambda: _drain(spark, source, lake_root)
+    )
+    assert "public.parted" in attached["backfills"]
 
 
 def test_a_table_without_a_key_or_on_a_standby_is_re_snapshotted_instead(
@@ -163,7 +166,11 @@ def test_a_table_without_a_key_or_on_a_standby_is_re_snapshotted_instead(
 
 
 def test_a_rewrite_between_chunks_begins_the_backfill_again(
-    spark: Any, source: Source, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    spark: Any,
+    source: Source,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """VACUUM FULL moves rows between heap blocks: chunks read before and after it could miss
     a row or read one twice, so the backfill starts over, and the state is still equal."""
@@ -171,22 +178,15 @@ def test_a_rewrite_between_chunks_begins_the_backfill_again(
     _first_lake(spark, source, lake_root)
     _added_table(source, 300)
     source.sql("DELETE FROM b WHERE id % 3 = 0")
-    from airflow_pglogrepl.spark import backfill
-
-    copy = backfill.OnlineBackfill._copy_chunk
     done: list[int] = []
 
-    def copy_then_rewrite(self: Any, plan: Any) -> None:
-        copy(self, plan)
-        done.append(1)
-        if len(done) == 2:
+    def rewrite_after_two(copied: int) -> None:
+        done.append(copied)
+        if copied == 2:
             source.sql("VACUUM FULL b")
 
-    backfill.OnlineBackfill._copy_chunk = copy_then_rewrite  # type: ignore[method-assign]
-    try:
-        result = _drain(spark, source, lake_root, backfill_rows=40)
-    finally:
-        backfill.OnlineBackfill._copy_chunk = copy  # type: ignore[method-assign]
+    _around_each_chunk(monkeypatch, after=rewrite_after_two)
+    result = _drain(spark, source, lake_root, backfill_rows=40)
     assert result["incomplete"] == {}
     assert "the backfill begins again: its heap was rewritten" in caplog.text
     assert len(done) > 2 + 300 * 2 // 3 // 40  # the chunks before the rewrite, then all again
@@ -227,14 +227,14 @@ def test_a_backfill_killed_twice_under_a_random_writer_finishes_equal(
     and the changelog holds no change twice."""
     lake_root = str(tmp_path / "lake")
     _first_lake(spark, source, lake_root)
-    _added_table(source, 3000)
+    _added_table(source, 1200)  # four chunks of 300
     stop = threading.Event()
     writes = [0]
 
     def writer() -> None:
         rng = random.Random(41)
         while not stop.is_set():
-            key = rng.randint(1, 4000)
+            key = rng.randint(1, 1600)
             action = rng.choice(("insert", "update", "update", "delete"))
             if action == "insert":
                 source.sql("INSERT INTO b VALUES (%s, 'w', 'new') ON CONFLICT (id) DO UPDATE "
@@ -244,6 +244,7 @@ def test_a_backfill_killed_twice_under_a_random_writer_finishes_equal(
             else:
                 source.sql("DELETE FROM b WHERE id = %s", (key,))
             writes[0] += 1
+            stop.wait(0.005)  # a steady writer, not a flood of windows to drain
 
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
@@ -272,7 +273,7 @@ def test_a_backfill_killed_twice_under_a_random_writer_finishes_equal(
         stop.set()
         thread.join()
     assert writes[0] > 100
-    summary(drain_app(source, lake_root, *chunk))  # what the writer did after the build
+    _drain(spark, source, lake_root)  # what the writer did after the build
     assert_state_equals_source(source, lake_root, B)
     keys = all_changelog_keys(lake_root, [B])
     assert len(keys) == len(set(keys))
@@ -283,7 +284,11 @@ def _block(source: Source, key: int) -> int:
 
 
 def test_a_row_moved_into_a_copied_block_is_read_again_in_one_snapshot(
-    spark: Any, source: Source, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    spark: Any,
+    source: Source,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """An UPDATE leaving a TOAST value unchanged moves row 300 out of a block no chunk read yet
     into one a chunk had read: no chunk holds it, and the merge has no value to keep. Before (a
@@ -303,22 +308,15 @@ def test_a_row_moved_into_a_copied_block_is_read_again_in_one_snapshot(
     source.sql("DELETE FROM b WHERE id <= 10")
     source.sql("VACUUM b")  # room in block 0
     source.sql(f"ALTER PUBLICATION {source.publication} ADD TABLE b")
-    from airflow_pglogrepl.spark import backfill
-
-    copy = backfill.OnlineBackfill._copy_chunk
     moved: list[int] = []
 
-    def copy_then_update(self: Any, plan: Any) -> None:
-        copy(self, plan)
+    def move_row_300_once(copied: int) -> None:
         if not moved:
             source.sql("UPDATE b SET v = 'moved' WHERE id = 300")
             moved.append(_block(source, 300))
 
-    backfill.OnlineBackfill._copy_chunk = copy_then_update  # type: ignore[method-assign]
-    try:
-        result = _drain(spark, source, lake_root)
-    finally:
-        backfill.OnlineBackfill._copy_chunk = copy  # type: ignore[method-assign]
+    _around_each_chunk(monkeypatch, after=move_row_300_once)
+    result = _drain(spark, source, lake_root)
     assert moved[0] < home, (moved, home)  # into a block already copied
     assert "reading the table in one snapshot" in caplog.text
     assert result["incomplete"] == {} and result["backfills"] == {"public.b": {"built": True}}

@@ -13,6 +13,7 @@ from typing import Any
 
 from airflow_pglogrepl.tables import TableRef
 from tests.support.drain import assert_state_equals_source, drain_in_process
+from tests.support.partitions import attach_and_detach_under_the_root
 from tests.support.sources import Source
 
 WINDOW = 1 << 20
@@ -48,25 +49,7 @@ def test_partitions_attached_or_detached_under_the_root_leave_it_equal(
     spark: Any, source: Source, tmp_path: Path
 ) -> None:
     lake_root = str(tmp_path / "lake")
-    root = TableRef("public", "parted")
-    source.sql("CREATE TABLE parted (id int, region text, v text, PRIMARY KEY (id, region))"
-               " PARTITION BY LIST (region)")  # fmt: skip
-    source.sql("CREATE TABLE parted_us PARTITION OF parted FOR VALUES IN ('us')")
-    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE parted"
-               " WITH (publish_via_partition_root = true)")  # fmt: skip
-    source.sql("INSERT INTO parted SELECT g, 'us', 'x' FROM generate_series(1, 225) g")
-    _drain(spark, source, lake_root)
-    source.sql("CREATE TABLE parted_eu PARTITION OF parted FOR VALUES IN ('eu')")  # created
-    source.sql("INSERT INTO parted SELECT g, 'eu', 'x' FROM generate_series(1, 30) g")
-    source.sql("CREATE TABLE parted_af (id int, region text, v text, PRIMARY KEY (id, region))")
-    source.sql("INSERT INTO parted_af SELECT g, 'af', 'x' FROM generate_series(1, 50) g")
-    source.sql("ALTER TABLE parted ATTACH PARTITION parted_af FOR VALUES IN ('af')")
-    source.sql("UPDATE parted SET v = 'y' WHERE region = 'af' AND id <= 10")
-    assert _drain(spark, source, lake_root)["incomplete"] == {}
-    assert_state_equals_source(source, lake_root, root)  # the 50 rows are there
-    source.sql("ALTER TABLE parted DETACH PARTITION parted_us")
-    assert _drain(spark, source, lake_root)["incomplete"] == {}
-    assert_state_equals_source(source, lake_root, root)  # the 225 rows are gone
+    attach_and_detach_under_the_root(source, lake_root, lambda: _drain(spark, source, lake_root))
 
 
 def test_leaves_published_on_their_own_are_copied_or_named(
