@@ -123,11 +123,13 @@ def test_a_role_without_replication_cannot_stream_and_is_told_how_to_fix_it(
     role = f"no_repl_{next(_roles)}"
     database.sql(f"CREATE ROLE {role} LOGIN PASSWORD 'Secr3t-pw'")
     params = {**source.connection_params(), "user": role, "password": "Secr3t-pw"}
-    descriptors = len(os.listdir("/proc/self/fd"))
+    descriptors = set(os.listdir("/proc/self/fd"))
     for _ in range(5):  # reader="auto" meets this on every run: nothing may leak
         with pytest.raises(SlotStreamUnavailableError) as caught:
             SlotStream(params, name, label="SRC", start=0, options=OPTIONS)
-    assert len(os.listdir("/proc/self/fd")) == descriptors
+    # none left open (compared as sets: another thread of the worker, Spark's, may close one
+    # meanwhile, which made a count differ by one in CI)
+    assert set(os.listdir("/proc/self/fd")) <= descriptors
     assert "REPLICATION" in str(caught.value) and "reader='peek'" in str(caught.value)
     assert "Secr3t-pw" not in str(caught.value)
 
