@@ -68,7 +68,7 @@ def drain(slot_name: str, result: Mapping[str, Any]) -> None:
         _gauge(metric_name(name, "parity", "tables_differing"), len(differing))
         _gauge(metric_name(name, "parity", "rows_differing"), sum(
             int(f.get(f"{kind}_rows", 0)) for f in differing
-            for kind in ("missing", "extra", "different")
+            for kind in ("missing", "extra", "different", "duplicate")
         ))  # fmt: skip
 
 

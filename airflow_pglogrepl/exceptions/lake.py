@@ -226,8 +226,8 @@ class LakeIncompleteError(LakeError):
 
 class LakeDriftError(LakeError):
     """A parity check found tables whose state differs from their source at the same
-    position (``spark.state_parity``): the keys missing from the lake, extra in it, or with
-    other values, counted and the first of each named."""
+    position (``spark.state_parity``): the keys missing from the lake, extra in it, with
+    other values, or held by more than one row, counted and the first of each named."""
 
     def __init__(self, lake: str, tables: dict[str, dict[str, object]]) -> None:
         self.lake = lake
@@ -243,9 +243,11 @@ class LakeDriftError(LakeError):
 def _found(found: dict[str, object]) -> str:
     said = (
         f"{found.get('missing_rows', 0)} row(s) missing from the lake, "
-        f"{found.get('extra_rows', 0)} extra, {found.get('different_rows', 0)} different "
-        f"(first keys: {_first_keys(found)})"
+        f"{found.get('extra_rows', 0)} extra, {found.get('different_rows', 0)} different"
     )
+    if found.get("duplicate_rows"):
+        said += f", {found['duplicate_rows']} key(s) held by more than one row"
+    said += f" (first keys: {_first_keys(found)})"
     if found.get("columns_missing"):
         said += f", columns missing from the lake: {found['columns_missing']}"
     return said
@@ -253,7 +255,7 @@ def _found(found: dict[str, object]) -> str:
 
 def _first_keys(found: dict[str, object]) -> str:
     keys: list[object] = []
-    for kind in ("missing", "extra", "different"):
+    for kind in ("missing", "extra", "different", "duplicate"):
         shown = found.get(f"{kind}_keys")
         if isinstance(shown, list):
             keys.extend(shown[:3])

@@ -286,6 +286,11 @@ class Lake:
         its windows say of it; None for a lake nothing ever claimed or committed."""
         return identity_of(self._rows(), self.slot)
 
+    def begun_by_a_drain(self) -> bool:
+        """Whether a drain claimed this lake first (no initial snapshot: every table is whole
+        from the slot's position, so some can be copied again before its first commit)."""
+        return (self.identity() or {}).get("began_with") == "drain"
+
     def claim(
         self,
         source: dict[str, object],

@@ -251,7 +251,7 @@ class SnapshotCopy:
             check_empty_lake(self.lake)
             self.lake.check_writer()
             remove_leftovers(self.lake)
-        elif self.lake.position() is None:
+        elif self.lake.position() is None and not self.lake.begun_by_a_drain():
             raise LakeNotSnapshottedError(
                 f"lake {self.lake.root} holds no commit yet: take an initial snapshot of the "
                 f"whole publication first (tables=None)"

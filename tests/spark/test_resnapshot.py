@@ -45,6 +45,26 @@ def test_a_table_added_holding_rows_is_copied_by_the_next_run(
     assert_state_equals_source(source, lake_root, TableRef("public", "b"))
 
 
+def test_a_lake_whose_runs_were_all_idle_has_a_table_added_copied(
+    spark: Any, source: Source, tmp_path: Path
+) -> None:
+    """A drain's lake with no commit yet (the slot made after the publication, nothing since):
+    the re-snapshot of one table refused it, naming an initial snapshot as the fix."""
+    lake_root = str(tmp_path / "lake")
+    source.sql("CREATE TABLE a (id int PRIMARY KEY, v text)")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE a")
+    source.sql(f"SELECT pg_drop_replication_slot('{source.slot}')")
+    source.sql(f"SELECT pg_create_logical_replication_slot('{source.slot}', 'pgoutput')")
+    assert _drain(spark, source, lake_root)["windows"] == 0  # idle: the lake holds no commit
+    source.sql("CREATE TABLE b (id int PRIMARY KEY, v text)")
+    source.sql("INSERT INTO b SELECT g, 'b' FROM generate_series(1, 30) g")
+    source.sql(f"ALTER PUBLICATION {source.publication} ADD TABLE b")
+    source.sql("INSERT INTO a VALUES (1, 'a'); UPDATE b SET v = 'u' WHERE id <= 3")
+    assert _drain(spark, source, lake_root)["incomplete"] == {}
+    for name in ("a", "b"):
+        assert_state_equals_source(source, lake_root, TableRef("public", name))
+
+
 def test_partitions_attached_or_detached_under_the_root_leave_it_equal(
     spark: Any, source: Source, tmp_path: Path
 ) -> None:

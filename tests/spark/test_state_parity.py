@@ -1,6 +1,7 @@
 """The parity check: each damage to a state is found (rows missing, extra, different), named
 by key, and equal is reported once repaired; the comparison itself tells NULLs in different
-columns apart and compares the lake's columns as well as its rows."""
+columns apart, and NULLs inside arrays and structs, names a key the lake holds twice, and compares
+the lake's columns as well as its rows."""
 
 from __future__ import annotations
 
@@ -33,6 +34,23 @@ def test_nulls_in_other_columns_differ_and_so_do_columns(spark: Any, tmp_path: P
     assert not found["equal"] and found["columns_missing"] == ["b"]
     _write(spark, lake, [(2, "y", None), (1, None, "x")], "id long, a string, b string")
     assert compare(spark, source, lake, ["id"])["equal"]  # any order
+
+
+def test_nulls_inside_nested_values_differ_and_a_key_held_twice_is_named(
+    spark: Any, tmp_path: Path
+) -> None:
+    source, lake = str(tmp_path / "s"), str(tmp_path / "l")
+    schema = "id long, xs array<int>, s struct<a:int,b:int>"
+    _write(spark, source, [(1, [1, None], (1, None)), (2, [2], (None, 2))], schema)
+    _write(spark, lake, [(1, [1], (1, None)), (2, [2], (2, None))], schema)
+    found = compare(spark, source, lake, ["id"])
+    assert found["different_rows"] == 2 and found["different_keys"] == [{"id": "1"}, {"id": "2"}]
+    _write(spark, lake, [(1, [1, None], (1, None)), (2, [2], (None, 2)), (2, [2], (None, 2))],
+           schema)  # fmt: skip
+    found = compare(spark, source, lake, ["id"])
+    assert not found["equal"] and found["rows_lake"] == 3 and found["rows_source"] == 2
+    assert found["duplicate_rows"] == 1 and found["duplicate_keys"] == [{"id": "2"}]
+    assert found["different_rows"] == found["missing_rows"] == found["extra_rows"] == 0
 
 
 def test_the_check_finds_each_damage_and_then_equal_after_the_repair(
