@@ -115,7 +115,9 @@ class Lake:
         name = table if isinstance(table, str) else table_dir(table)
         if name not in self._versions:
             version = delta.txn_version(self.paths.changes(name), self.app)
-            self._versions[name] = None if version is None else LSN(version)
+            # (setdefault: a backfill's build thread reading it must not put back an older
+            # version over the one the drain's thread just committed)
+            self._versions.setdefault(name, None if version is None else LSN(version))
         return self._versions[name]
 
     def covered(self, table: TableRef | str) -> LSN | None:
@@ -125,7 +127,7 @@ class Lake:
         name = table if isinstance(table, str) else table_dir(table)
         if name not in self._covered:
             bounds = [v for v in (self.changes_version(name), self.state_version(name)) if v]
-            self._covered[name] = max(bounds) if bounds else None
+            self._covered.setdefault(name, max(bounds) if bounds else None)
         return self._covered[name]
 
     def floor(self, table: TableRef | str, start: LSN) -> int:

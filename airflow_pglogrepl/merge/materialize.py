@@ -208,14 +208,18 @@ def merge_range(session: Any, lake: Lake, name: str, target_path: str, start: LS
     of this table alone."""
     from pyspark.sql import functions as sf
 
-    changes = session.read.format("delta").load(lake.paths.changes(name))
+    # one version of the changelog, read by Spark and described by its log alike: a backfill's
+    # build runs while the drain's windows append to it (and may evolve its schema)
+    opened = delta.open_table(lake.paths.changes(name))
+    assert opened is not None, f"changes/{name} is a Delta table"
+    changes = (session.read.format("delta").option("versionAsOf", opened.version())
+               .load(lake.paths.changes(name)))  # fmt: skip
     fields = [(f.name, f.metadata) for f in changes.schema.fields]
     columns = [f.name for f in changes.schema.fields if f.name not in META_COLUMNS]
     in_range = sf.col(COMMIT_LSN) < sf.lit(int(end))
     if start is not None:
         in_range &= sf.col(COMMIT_LSN) >= sf.lit(int(start))
-    described = delta.arrow_schema(lake.paths.changes(name))
-    assert described is not None, f"changes/{name} is a Delta table (Spark just read it)"
+    described = delta.unmapped(delta.schema_of(opened))
     fills = added_columns(described)
     changes = with_current_names(with_fills(changes, fills), former_names(described))
     config = lake.state_config(name)

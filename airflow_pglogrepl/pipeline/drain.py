@@ -169,30 +169,17 @@ class Drain:
                              accept=self.accept_incomplete).run()  # fmt: skip
         unrepaired: dict[str, str] = {}
         backfilling: dict[str, Gap] = {}
-        if self.repair is not None:
-            for table, why in self.repair(gaps).items():
-                if why is None:
-                    gaps.pop(table, None)
-                else:
-                    unrepaired[table] = why
-            for table in self.repair.in_progress():  # reported as backfills, not failed
-                if table in gaps and table not in unrepaired:
-                    backfilling[table] = gaps.pop(table)
-            self.committer.after_commit = self.repair.after_window
-        run_end = self.committer.run_end = self.source.flush_lsn()
-        startup = time.monotonic() - started
         windows: list[WindowStats] = []
-        if self.follow is not None:
-            self._following(start, windows, self.follow)
-        elif start < run_end:
-            self.peeked(self._streamed(start, run_end, windows), run_end, windows)
-        else:
-            self.reader_used = "none"  # nothing to read: neither was opened
-        if self.follow is None and self.max_windows is None:
-            go_on(self.repair, lake=self.lake, source=self.source,
-                  drained=committed(windows) > 0,
-                  drain=lambda start, end: self._drain_more(start, end, windows))  # fmt: skip
-        self.committer.after_commit = None
+        try:  # (the repair may start a step in the background from its first call on)
+            if self.repair is not None:
+                self._repair(gaps, unrepaired, backfilling)
+            run_end = self.committer.run_end = self.source.flush_lsn()
+            startup = time.monotonic() - started
+            self._read(start, run_end, windows)
+        except BaseException:
+            self._settle(failed=True)
+            raise
+        self._settle(failed=False)
         if self.repair is not None:
             position = str(self.lake.position())
             for table in unrepaired:  # asked for (a resync, a parity check), and refused
@@ -220,6 +207,41 @@ class Drain:
             backfills=self.repair.report() if self.repair is not None else {},
             parity=self.repair.parity_report() if self.repair is not None else {},
         )
+
+    def _repair(self, gaps: dict[str, Gap], unrepaired: dict[str, str],
+                backfilling: dict[str, Gap]) -> None:  # fmt: skip
+        """Hand the gaps to the repair: those it made whole leave ``gaps``, those it could not
+        go to ``unrepaired``, those it goes on with to ``backfilling``."""
+        assert self.repair is not None
+        for table, why in self.repair(gaps).items():
+            if why is None:
+                gaps.pop(table, None)
+            else:
+                unrepaired[table] = why
+        for table in self.repair.in_progress():  # reported as backfills, not failed
+            if table in gaps and table not in unrepaired:
+                backfilling[table] = gaps.pop(table)
+        self.committer.after_commit = self.repair.after_window
+
+    def _read(self, start: LSN, run_end: LSN, windows: list[WindowStats]) -> None:
+        """The run's windows, then its repair's rounds."""
+        if self.follow is not None:
+            self._following(start, windows, self.follow)
+        elif start < run_end:
+            self.peeked(self._streamed(start, run_end, windows), run_end, windows)
+        else:
+            self.reader_used = "none"  # nothing to read: neither was opened
+        if self.follow is None and self.max_windows is None:
+            go_on(self.repair, lake=self.lake, source=self.source,
+                  drained=committed(windows) > 0,
+                  drain=lambda start, end: self._drain_more(start, end, windows))  # fmt: skip
+
+    def _settle(self, *, failed: bool) -> None:
+        """Whatever happened, the repair's step in the background (a backfill's build) has
+        ended when this returns: the run's lock is released after it."""
+        self.committer.after_commit = None
+        if self.repair is not None:
+            self.repair.settle(failed=failed)
 
     def _drain_more(self, start: LSN, end: LSN, windows: list[WindowStats]) -> None:
         """The windows of ``[start, end)``, after the run's own (``repair.go_on``)."""

@@ -32,6 +32,8 @@ log = logging.getLogger("airflow_pglogrepl.drain")
 REPAIR_ROUNDS = 100_000
 FLUSH_WAIT_S = 5.0
 REPAIR_S = 600.0
+# How long a round with nothing new to drain waits for a step taken in the background.
+WAIT_S = 1.0
 
 
 class Repair:
@@ -56,6 +58,15 @@ class Repair:
     def waiting_for(self) -> LSN | None:
         """The lake position the repair waits for, if it waits for one."""
         return None
+
+    def wait(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for a step it takes in the background (none here)."""
+
+    def settle(self, *, failed: bool = False) -> list[str]:
+        """At the run's end, whatever it did: wait for a step taken in the background and take
+        its outcome (the tables it made whole; a run that ``failed`` leaves it to the next
+        run), so nothing goes on once the run's lock is released."""
+        return []
 
     def report(self) -> dict[str, dict[str, Any]]:
         """The summary's ``backfills``."""
@@ -98,6 +109,8 @@ def go_on(repair: Repair | None, *, lake: Lake, source: DrainSource, drained: bo
         drained = position < end
         if drained:
             drain(position, end)
+        else:  # nothing new to drain: a step in the background (a state being built) goes on
+            repair.wait(WAIT_S)
 
 
 def asked_gap(table: str, what: str, since: str) -> Gap:

@@ -8,8 +8,9 @@ one commit carrying the chunk's number, so a run killed anywhere goes on after t
 that committed. The drain commits its windows in between: a drain run copies one chunk after
 each window it commits, and a run that ends with chunks left keeps copying and draining, one
 after the other, until the last chunk is copied and the lake has passed its ``high``. The
-state is then built from the chunks and the changelog (``spark.backfill_state``) and replaces
-``state/<table>`` in one Delta version: a reader sees the table as it was or whole, never
+state is then built from the chunks and the changelog (``spark.backfill_state``), on a thread
+of its own while the windows go on (``spark.backfill_build``), and replaces ``state/<table>``
+in one Delta version: a reader sees the table as it was or whole, never
 half copied, and the changelog is never written by a backfill (it stays exactly once).
 
 A table without a key (its state is a multiset, which rows read at different times cannot
@@ -25,6 +26,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -38,7 +40,7 @@ from airflow_pglogrepl.lake.quarantine import held
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pipeline.repair import Repair
 from airflow_pglogrepl.postgres.backfill import backfill_start, chunk_snapshot, heap_files
-from airflow_pglogrepl.spark.backfill_state import build_state
+from airflow_pglogrepl.spark.backfill_build import Builder, build_step, cause_of, parity_step
 from airflow_pglogrepl.spark.resnapshot import REPAIRED
 from airflow_pglogrepl.tables import TableRef
 
@@ -107,6 +109,7 @@ class OnlineBackfill(Repair):
         self.failed: dict[str, str] = {}  # table -> why, for this run: not tried again in it
         self.built: list[str] = []  # tables whose state a backfill replaced in this run
         self._backfills: record.Backfills | None = None
+        self._builder = Builder()  # the build of a copied backfill's state, off the drain's path
 
     # -- what the drain calls -----------------------------------------------------------------
 
@@ -162,9 +165,9 @@ class OnlineBackfill(Repair):
         return any(t not in self.failed for t in self._plans())
 
     def after_window(self, end: LSN) -> None:
-        """After a window committed at ``end``: build the states ready, else copy one chunk."""
-        if self._build_ready(end):
-            return
+        """After a window committed at ``end``: take the build that ended and start the next
+        one ready (on the build's thread), and copy one chunk."""
+        self._build_ready(end)
         for table, plan in sorted(self._plans().items()):
             if table in self.failed or plan.high is not None:
                 continue
@@ -176,7 +179,7 @@ class OnlineBackfill(Repair):
                 log.info("%s: a lock held by another statement: the chunk waits", table)
             except Exception as exc:
                 if isinstance(exc, ValueError) and NOT_PUBLISHED in str(exc):
-                    self._drop(plan, f"it is no longer published ({_cause(exc)})")
+                    self._drop(plan, f"it is no longer published ({cause_of(exc)})")
                 else:
                     self._failed(table, exc)
             return
@@ -331,8 +334,11 @@ class OnlineBackfill(Repair):
         return _rows_committed(spark, uri)
 
     def _build_ready(self, position: LSN) -> list[str]:
-        """Build the state of each copied backfill the lake has passed; the tables built."""
-        built = []
+        """Take the build that ended (its table, when its state is in place), and start the
+        next one ready, on the build's thread (``spark.backfill_build``)."""
+        built = self._take()
+        if self._builder.busy():
+            return built
         for table, plan in sorted(self._plans().items()):
             if plan.high is None or LSN(plan.high) > position or table in self.failed:
                 continue
@@ -351,52 +357,71 @@ class OnlineBackfill(Repair):
                 if heap_files(self.source.connection_params(), plan.relid) != plan.files:
                     raise _RestartError("a partition was attached or detached, or its heap "
                                         "rewritten, after the last chunk")  # fmt: skip
-                if plan.why == "parity":
-                    self._check(plan, position)
-                else:
-                    build_state(self.spark(), self.lake, plan, position)
-                self._finish(plan, position)
-                built.append(table)
-            except _RestartError as why:
-                self._restart(plan, str(why))
+                spark = self.spark()
             except Exception as exc:
-                if UNRESOLVED in str(exc) and plan.step:
-                    self._restart(plan, MOVED, whole=True)
-                elif UNRESOLVED in str(exc):  # the changelog itself cannot build it: said
-                    self._drop(plan, f"its state cannot be built: {_cause(exc)}")
-                else:
-                    self._failed(table, exc)
+                self._ended(plan, exc)
+                continue
+            repair = plan.repair or self.parity_repair
+            step: Callable[[], Any] = (
+                partial(parity_step, spark, self.lake, plan, position, repair=repair)
+                if plan.why == "parity"
+                else partial(build_step, spark, self.lake, plan, position)
+            )  # fmt: skip
+            self._builder.start(plan, position, step)
+            break
         return built
 
-    def _check(self, plan: record.Plan, position: LSN) -> None:
-        """The parity check: the build (the source at ``position``) against the state, merged
-        up to ``position`` first; the state replaced by the build when asked and different."""
-        from airflow_pglogrepl.lake.layout import table_dir
-        from airflow_pglogrepl.merge.materialize import materialize_table
-        from airflow_pglogrepl.spark.backfill_state import build, key_fields, put_in_place
-        from airflow_pglogrepl.spark.state_parity import compare
-
-        spark = self.spark()
-        name = table_dir(TableRef.parse(plan.table))
-        built = build(spark, self.lake, plan, position)
-        read = spark.read.format("delta").load(record.rows_uri(self.lake, plan)).columns
-        keys = [f.name for f in key_fields(spark.read.format("delta").load(built).schema)]
+    def settle(self, *, failed: bool = False) -> list[str]:
+        """Wait for the build under way, take its outcome and end its thread (at the run's
+        end: nothing of the backfill may go on writing once the run lets its lock go). After
+        a failure the outcome is only logged: the next run builds the state again."""
+        if self._builder.building is not None:
+            log.info(
+                "%s: the run waits for its state's build to end", self._builder.building.plan.table
+            )
         try:
-            materialize_table(spark, self.lake, name, position)
-        except Exception as exc:  # a state so damaged that its changes cannot be merged
-            found = {"equal": False, "merge_error": _cause(exc)}
-        else:  # (the source's columns now: a dropped one the lake keeps is not compared)
-            found = compare(spark, built, self.lake.paths.state(name), keys, columns=read)
-        found["position"] = str(position)
-        if not found["equal"] and (plan.repair or self.parity_repair):
-            put_in_place(spark, self.lake, plan, built, position)
-            found["repaired"] = True
+            if not failed:
+                return self._take(None)
+            ended = self._builder.outcome(None)
+            if ended is not None:
+                log.warning("%s: the run failed while its state was being built (%s): the "
+                            "next run builds it again", ended[0].plan.table,
+                            "built" if ended[1] is None else cause_of(ended[1]))  # fmt: skip
+            return []
+        finally:
+            self._builder.close()
+
+    def wait(self, seconds: float) -> None:
+        self._take(seconds)
+
+    def _take(self, timeout_s: float | None = 0.0) -> list[str]:
+        """The outcome of the build that ended, handled on this (the drain's) thread."""
+        ended = self._builder.outcome(timeout_s)
+        if ended is None:
+            return []
+        building, error, found = ended
+        plan, position = building.plan, building.position
+        if error is not None:
+            self._ended(plan, error)
+            return []
+        if found is not None:
+            self.checked[plan.table] = found
+            log.log(logging.INFO if found["equal"] else logging.WARNING,
+                    "%s: parity with the source at %s: %s", plan.table, position,
+                    "equal" if found["equal"] else found)  # fmt: skip
+        self._finish(plan, position)
+        return [plan.table]
+
+    def _ended(self, plan: record.Plan, exc: Exception) -> None:
+        """A build that could not end with a state: begun again, dropped, or failed."""
+        if isinstance(exc, _RestartError):
+            self._restart(plan, str(exc))
+        elif UNRESOLVED in str(exc) and plan.step:
+            self._restart(plan, MOVED, whole=True)
+        elif UNRESOLVED in str(exc):  # the changelog itself cannot build it: said
+            self._drop(plan, f"its state cannot be built: {cause_of(exc)}")
         else:
-            staging.remove(built)
-        self.checked[plan.table] = found
-        log.log(logging.INFO if found["equal"] else logging.WARNING,
-                "%s: parity with the source at %s: %s", plan.table, position,
-                "equal" if found["equal"] else found)  # fmt: skip
+            self._failed(plan.table, exc)
 
     def _finish(self, plan: record.Plan, position: LSN) -> None:
         from airflow_pglogrepl.pipeline.coverage import after_snapshot
@@ -425,6 +450,7 @@ class OnlineBackfill(Repair):
 
     def _drop(self, plan: record.Plan, why: str | None = None) -> None:
         """End ``plan`` without a state (``why``: said as the run's failure, else silent)."""
+        assert not self._builder.busy(plan.table), "its build is under way"
         self._plans().pop(plan.table, None)
         self._save()
         staging.remove(record.rows_uri(self.lake, plan))
@@ -433,22 +459,11 @@ class OnlineBackfill(Repair):
             log.warning("%s: the backfill ends without a state: %s", plan.table, why)
 
     def _failed(self, table: str, exc: Exception) -> str:
-        reason = f"the backfill failed: {type(exc).__name__}: {_cause(exc)}"
+        reason = f"the backfill failed: {type(exc).__name__}: {cause_of(exc)}"
         self.failed[table] = reason
         log.warning("%s: %s. It is tried again by the next run; the drain goes on", table,
                     reason, exc_info=log.isEnabledFor(logging.DEBUG))  # fmt: skip
         return reason
-
-
-def _cause(exc: Exception) -> str:
-    """What an error says, without a JVM's stack: its first line and, from a Spark job, the
-    innermost cause (where the product's own message is)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if not lines:
-        return ""
-    causes = [line for line in lines if line.startswith("Caused by:")]
-    said = lines[0] if not causes else f"{lines[0]} ... {causes[-1]}"
-    return said if len(said) <= 600 else said[:597] + "..."
 
 
 def _blocks_per_chunk(table: SnapshotTable, chunk_rows: int) -> int:

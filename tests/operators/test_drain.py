@@ -358,8 +358,10 @@ def test_a_following_run_is_submitted_though_idle_and_ends_at_its_bound(drains: 
     writer = threading.Thread(target=write_while_following)
     writer.start()
     try:
+        # (its time counts from the application's start: 4 s were not enough for the change
+        # to arrive when the start-up took most of them, on a machine loaded by other tests)
         result, pushed = drains.run(spark_binary=None, follow=True, window_seconds=0.2,
-                                    follow_seconds=4)  # fmt: skip
+                                    follow_seconds=10)  # fmt: skip
     finally:
         writer.join(timeout=120)
     assert result["idle"] is False and result["reader"] == "stream"

@@ -98,8 +98,11 @@ def test_a_table_added_holding_rows_is_backfilled_in_chunks_while_the_run_drains
 def test_chunks_interleave_with_windows_and_the_state_appears_whole(
     spark: Any, source: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Between two chunks, changes committed to other tables reach the lake (the drain goes
-    on), while the table's state keeps what it had until the last chunk's state is built."""
+    """Between two chunks, and while the state is built, changes committed to other tables
+    reach the lake (the drain goes on), while the table's state keeps what it had until the
+    last chunk's state is built. (The build held the drain until it ended: 20 s for 2 million
+    rows in bench/bench_backfill.py.)"""
+    from airflow_pglogrepl.spark import backfill_state
     from tests.support.drain import lake_table
 
     lake_root = str(tmp_path / "lake")
@@ -116,7 +119,23 @@ def test_chunks_interleave_with_windows_and_the_state_appears_whole(
         ),
         after=lambda copied: source.sql(f"INSERT INTO a VALUES ({100 + copied}, 'between')"),
     )
+    real_build = backfill_state.build_state
+    during_build: list[bool] = []
+
+    def build_while_a_window_commits(*args: Any) -> None:
+        """The build waits (up to 30 s) for a change committed as it began to reach the lake."""
+        source.sql("INSERT INTO a VALUES (999, 'during the build')")
+        deadline = time.monotonic() + 30
+        while len(all_changelog_keys(lake_root, [a])) < 10 + len(seen) + 1:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        during_build.append(time.monotonic() <= deadline)
+        real_build(*args)
+
+    monkeypatch.setattr(backfill_state, "build_state", build_while_a_window_commits)
     result = _drain(spark, source, lake_root, backfill_rows=40)
+    assert during_build == [True]  # a window committed while the state was being built
     assert len(seen) >= 4, seen  # several chunks
     assert [b for _, b in seen] == [1] * len(seen)  # the state of b unchanged meanwhile
     changes_of_a = [n for n, _ in seen]
@@ -330,22 +349,22 @@ def test_a_table_re_snapshotted_during_its_backfill_keeps_the_snapshot(
     then drops the table's changes before the snapshot's point, so a build from the older chunks
     would lose them. Before (a review found it): 50 rows silently differed from the source."""
     from airflow_pglogrepl.lake.coverage import Gap
-    from airflow_pglogrepl.spark import backfill
+    from airflow_pglogrepl.spark import backfill_state
     from airflow_pglogrepl.spark.resnapshot import Resnapshot
 
     lake_root = str(tmp_path / "lake")
     _first_lake(spark, source, lake_root)
     _added_table(source, 300)
-    real = backfill.build_state
+    real = backfill_state.build_state
 
     def failing(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("an executor was lost")
 
-    backfill.build_state = failing  # type: ignore[assignment]
+    backfill_state.build_state = failing  # type: ignore[assignment]
     try:
         failed = _drain(spark, source, lake_root)
     finally:
-        backfill.build_state = real  # type: ignore[assignment]
+        backfill_state.build_state = real  # type: ignore[assignment]
     assert "an executor was lost" in failed["incomplete"]["public.b"]["repair"]
     assert record.read(Lake(lake_root, source.slot)).plans["public.b"].high is not None
     source.sql("UPDATE b SET v = 'between' WHERE id <= 50")
@@ -392,7 +411,7 @@ def test_a_gap_found_while_a_resync_goes_on_begins_it_again(
     what changed meanwhile is in no changelog, so the chunks copied before are not enough.
     Before (a second review found it): the old resync took the new gap over, and the update
     made while the table was out was lost."""
-    from airflow_pglogrepl.spark import backfill
+    from airflow_pglogrepl.spark import backfill_state
 
     lake_root = str(tmp_path / "lake")
     _first_lake(spark, source, lake_root)
@@ -405,7 +424,7 @@ def test_a_gap_found_while_a_resync_goes_on_begins_it_again(
         raise RuntimeError("an executor was lost")
 
     with monkeypatch.context() as patched:
-        patched.setattr(backfill, "build_state", failing)
+        patched.setattr(backfill_state, "build_state", failing)
         _drain(spark, source, lake_root, resync=["public.b"])
     assert record.read(Lake(lake_root, source.slot)).plans["public.b"].why == "resync"
     source.sql(f"ALTER PUBLICATION {source.publication} DROP TABLE b")
