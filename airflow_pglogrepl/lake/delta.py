@@ -31,13 +31,14 @@ if TYPE_CHECKING:
     from airflow_pglogrepl.lake.mapping import MappedSchema
 
 
-def open_table(uri: str) -> Any | None:
-    """The ``deltalake.DeltaTable`` at ``uri``, or None when there is no Delta table there."""
+def open_table(uri: str, version: int | None = None) -> Any | None:
+    """The ``deltalake.DeltaTable`` at ``uri`` (at ``version``; default its newest), or None
+    when there is no Delta table there."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        return DeltaTable(uri, storage_options=delta_options(uri))
+        return DeltaTable(uri, version=version, storage_options=delta_options(uri))
     except TableNotFoundError:
         return None
 

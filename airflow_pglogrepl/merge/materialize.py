@@ -190,27 +190,32 @@ def merge_reduced(spark: Any, lake: Lake, batch: arrow_merge.Reduced) -> LSN:
     return end
 
 
-def materialize_table(spark: Any, lake: Lake, name: str, end: LSN) -> LSN | None:
-    """Apply ``changes/<name>`` up to ``end`` onto ``state/<name>``; the state's version after."""
+def materialize_table(spark: Any, lake: Lake, name: str, end: LSN, *,
+                      version: int | None = None) -> LSN | None:  # fmt: skip
+    """Apply ``changes/<name>`` up to ``end`` onto ``state/<name>``; the state's version after.
+    ``version``: the changelog's Delta version to read (``merge_range``)."""
     have = lake.state_version(name)
     if not _behind(lake, name, end):
         return have
-    mode = merge_range(spark.newSession(), lake, name, lake.paths.state(name), have, end)
+    mode = merge_range(spark.newSession(), lake, name, lake.paths.state(name), have, end,
+                       version=version)  # fmt: skip
     log.info("state of %s merged up to %s (%s)", name, end, mode)
     return end
 
 
 def merge_range(session: Any, lake: Lake, name: str, target_path: str, start: LSN | None,
-                end: LSN) -> str:  # fmt: skip
+                end: LSN, *, version: int | None = None) -> str:  # fmt: skip
     """Apply the changes of ``changes/<name>`` in ``[start, end)`` (from the first, ``start``
     None) onto the Delta table at ``target_path`` (the state, or a backfill's build of it) as
     one version with ``(lake app, end)``; returns how (``NetChanges.mode``). ``session``: one
-    of this table alone."""
+    of this table alone. ``version``: the changelog's Delta version to read, the newest by
+    default; a backfill's build, which runs while windows append to the changelog, reads the
+    one that was newest when the lake was at ``end`` (a later one may carry a column renamed
+    after ``end``, which the rows copied before it do not know)."""
     from pyspark.sql import functions as sf
 
-    # one version of the changelog, read by Spark and described by its log alike: a backfill's
-    # build runs while the drain's windows append to it (and may evolve its schema)
-    opened = delta.open_table(lake.paths.changes(name))
+    # one version of the changelog, read by Spark and described by its log alike
+    opened = delta.open_table(lake.paths.changes(name), version)
     assert opened is not None, f"changes/{name} is a Delta table"
     changes = (session.read.format("delta").option("versionAsOf", opened.version())
                .load(lake.paths.changes(name)))  # fmt: skip

@@ -26,7 +26,6 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -40,7 +39,7 @@ from airflow_pglogrepl.lake.quarantine import held
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pipeline.repair import Repair
 from airflow_pglogrepl.postgres.backfill import backfill_start, chunk_snapshot, heap_files
-from airflow_pglogrepl.spark.backfill_build import Builder, build_step, cause_of, parity_step
+from airflow_pglogrepl.spark.backfill_build import Builder, cause_of, step_of
 from airflow_pglogrepl.spark.resnapshot import REPAIRED
 from airflow_pglogrepl.tables import TableRef
 
@@ -357,16 +356,11 @@ class OnlineBackfill(Repair):
                 if heap_files(self.source.connection_params(), plan.relid) != plan.files:
                     raise _RestartError("a partition was attached or detached, or its heap "
                                         "rewritten, after the last chunk")  # fmt: skip
-                spark = self.spark()
+                step = step_of(self.spark(), self.lake, plan, position,
+                               repair=plan.repair or self.parity_repair)  # fmt: skip
             except Exception as exc:
                 self._ended(plan, exc)
                 continue
-            repair = plan.repair or self.parity_repair
-            step: Callable[[], Any] = (
-                partial(parity_step, spark, self.lake, plan, position, repair=repair)
-                if plan.why == "parity"
-                else partial(build_step, spark, self.lake, plan, position)
-            )  # fmt: skip
             self._builder.start(plan, position, step)
             break
         return built

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from airflow_pglogrepl.lake import backfill as record
@@ -28,7 +29,7 @@ from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
 
-__all__ = ["Builder", "Building", "build_step", "cause_of", "parity_step"]
+__all__ = ["Builder", "Building", "cause_of", "changelog_version", "step_of"]
 
 log = logging.getLogger("airflow_pglogrepl.backfill")
 
@@ -99,16 +100,40 @@ def cause_of(exc: Exception) -> str:
     return said if len(said) <= 600 else said[:597] + "..."
 
 
-def build_step(spark: Any, lake: Lake, plan: record.Plan, position: LSN) -> Found:
-    """The backfill's state built at ``position`` and put in place."""
+def step_of(spark: Any, lake: Lake, plan: record.Plan, position: LSN, *,
+            repair: bool) -> Callable[[], Found]:  # fmt: skip
+    """The step that ends ``plan`` at ``position`` (its build, or its parity check, which
+    replaces a state found different when ``repair``), made on the drain's thread."""
+    version = changelog_version(lake, plan.table)
+    if plan.why == "parity":
+        return partial(parity_step, spark, lake, plan, position, version, repair=repair)
+    return partial(build_step, spark, lake, plan, position, version)
+
+
+def changelog_version(lake: Lake, table: str) -> int | None:
+    """The Delta version of ``table``'s changelog, read on the drain's thread between two
+    windows: the one its build reads, holding every window up to the lake's position and none
+    after (windows committed while the build runs may rename a column the chunks' rows know by
+    its former name). None: the table has no changelog."""
+    from airflow_pglogrepl.lake import delta
+    from airflow_pglogrepl.lake.layout import table_dir
+
+    opened = delta.open_table(lake.paths.changes(table_dir(TableRef.parse(table))))
+    return None if opened is None else int(opened.version())
+
+
+def build_step(spark: Any, lake: Lake, plan: record.Plan, position: LSN,
+               version: int | None) -> Found:  # fmt: skip
+    """The backfill's state built at ``position`` and put in place (``version``: the table's
+    changelog version at ``position``, read on the drain's thread, ``changelog_version``)."""
     from airflow_pglogrepl.spark.backfill_state import build_state
 
-    build_state(spark, lake, plan, position)
+    build_state(spark, lake, plan, position, version=version)
     return None
 
 
-def parity_step(spark: Any, lake: Lake, plan: record.Plan, position: LSN, *,
-                repair: bool) -> Found:  # fmt: skip
+def parity_step(spark: Any, lake: Lake, plan: record.Plan, position: LSN,
+                version: int | None, *, repair: bool) -> Found:  # fmt: skip
     """The parity check: the build (the source at ``position``) against the state, merged up
     to ``position`` first; the state replaced by the build when ``repair`` and different."""
     from airflow_pglogrepl.lake.layout import table_dir
@@ -117,12 +142,12 @@ def parity_step(spark: Any, lake: Lake, plan: record.Plan, position: LSN, *,
     from airflow_pglogrepl.spark.state_parity import compare
 
     name = table_dir(TableRef.parse(plan.table))
-    built = build(spark, lake, plan, position)
+    built = build(spark, lake, plan, position, version=version)
     read = spark.read.format("delta").load(record.rows_uri(lake, plan)).columns
     keys = [f.name for f in key_fields(spark.read.format("delta").load(built).schema)]
     found: dict[str, Any]
     try:
-        materialize_table(spark, lake, name, position)
+        materialize_table(spark, lake, name, position, version=version)
     except Exception as exc:  # a state so damaged that its changes cannot be merged
         found = {"equal": False, "merge_error": cause_of(exc)}
     else:  # (the source's columns now: a dropped one the lake keeps is not compared)

@@ -37,14 +37,18 @@ __all__ = ["build", "build_state", "changes_from", "key_fields", "put_in_place"]
 log = logging.getLogger("airflow_pglogrepl.backfill")
 
 
-def build_state(spark: Any, lake: Lake, plan: record.Plan, end: LSN) -> None:
+def build_state(spark: Any, lake: Lake, plan: record.Plan, end: LSN, *,
+                version: int | None = None) -> None:  # fmt: skip
     """Replace ``state/<plan.table>`` with the backfill's state at ``end`` (the lake's
     position, at or past ``plan.high``)."""
-    put_in_place(spark, lake, plan, build(spark, lake, plan, end), end)
+    put_in_place(spark, lake, plan, build(spark, lake, plan, end, version=version), end)
 
 
-def build(spark: Any, lake: Lake, plan: record.Plan, end: LSN) -> str:
-    """The backfill's state at ``end``, as a Delta table beside its chunks: its URI."""
+def build(spark: Any, lake: Lake, plan: record.Plan, end: LSN, *,
+          version: int | None = None) -> str:  # fmt: skip
+    """The backfill's state at ``end``, as a Delta table beside its chunks: its URI.
+    ``version``: the changelog's Delta version when the lake was at ``end`` (``merge_range``);
+    None: the table has no changelog."""
     from airflow_pglogrepl.merge.materialize import merge_range
 
     ref = TableRef.parse(plan.table)
@@ -66,8 +70,8 @@ def build(spark: Any, lake: Lake, plan: record.Plan, end: LSN) -> str:
         .save(build_uri)
     )
     start = changes_from(session, lake, plan)
-    if delta.open_table(lake.paths.changes(name)) is not None:
-        merge_range(session, lake, name, build_uri, start, end)
+    if version is not None:
+        merge_range(session, lake, name, build_uri, start, end, version=version)
     log.info("%s: state built from %d chunks and the changes from %s to %s", plan.table,
              record.chunks_done(lake, plan), start, end)  # fmt: skip
     return build_uri

@@ -122,7 +122,7 @@ def test_chunks_interleave_with_windows_and_the_state_appears_whole(
     real_build = backfill_state.build_state
     during_build: list[bool] = []
 
-    def build_while_a_window_commits(*args: Any) -> None:
+    def build_while_a_window_commits(*args: Any, **kwargs: Any) -> None:
         """The build waits (up to 30 s) for a change committed as it began to reach the lake."""
         source.sql("INSERT INTO a VALUES (999, 'during the build')")
         deadline = time.monotonic() + 30
@@ -131,7 +131,7 @@ def test_chunks_interleave_with_windows_and_the_state_appears_whole(
                 break
             time.sleep(0.1)
         during_build.append(time.monotonic() <= deadline)
-        real_build(*args)
+        real_build(*args, **kwargs)
 
     monkeypatch.setattr(backfill_state, "build_state", build_while_a_window_commits)
     result = _drain(spark, source, lake_root, backfill_rows=40)
@@ -432,4 +432,40 @@ def test_a_gap_found_while_a_resync_goes_on_begins_it_again(
     source.sql(f"ALTER PUBLICATION {source.publication} ADD TABLE b")
     result = _drain(spark, source, lake_root)
     assert result["incomplete"] == {} and result["backfills"] == {"public.b": {"built": True}}
+    assert_state_equals_source(source, lake_root, B)
+
+
+def test_a_column_renamed_while_the_state_is_built_keeps_its_values(
+    spark: Any, source: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rename whose window commits while the build runs (on its own thread) belongs after the
+    build's position. Before (a review found it): the build read the changelog's newest version,
+    took the new name for a new column, and every row the chunks copied lost its value."""
+    from airflow_pglogrepl.lake import delta
+    from airflow_pglogrepl.merge import materialize
+
+    lake_root = str(tmp_path / "lake")
+    _first_lake(spark, source, lake_root)
+    _added_table(source, 30)
+    source.sql("UPDATE b SET v = 'u' WHERE id = 2")  # (a changelog for the build to read)
+    real_merge = materialize.merge_range
+    changes_b = f"{lake_root}/changes/{table_dir(B)}"
+
+    renamed: list[bool] = []
+
+    def merge_after_a_rename(*args: Any, **kwargs: Any) -> str:
+        if renamed or not threading.current_thread().name.startswith("backfill-build"):
+            return real_merge(*args, **kwargs)  # (the run's own merges)
+        renamed.append(True)
+        source.sql("ALTER TABLE b RENAME COLUMN v TO w; UPDATE b SET w = 'renamed' WHERE id = 1")
+        deadline = time.monotonic() + 60
+        while "w" not in (delta.arrow_schema(changes_b) or []).names:  # its window committed
+            assert time.monotonic() < deadline, "the rename's window did not commit"
+            time.sleep(0.1)
+        return real_merge(*args, **kwargs)
+
+    monkeypatch.setattr(materialize, "merge_range", merge_after_a_rename)
+    result = _drain(spark, source, lake_root, backfill_rows=1000)
+    assert renamed and result["backfills"] == {"public.b": {"built": True}}
+    _drain(spark, source, lake_root)  # the changes since the build merged
     assert_state_equals_source(source, lake_root, B)
