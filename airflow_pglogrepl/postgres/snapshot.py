@@ -76,8 +76,12 @@ _SNAPSHOT_NAME = re.compile(r"[0-9A-F]{8,16}-[0-9A-F]{8,16}-[0-9]{1,10}", re.IGN
 _TABLES_QUERY = sql.SQL("""
 SELECT n.nspname AS schema_name, c.relname AS table_name, c.oid::bigint AS relid,
     c.relkind::text AS relkind, c.relreplident::text AS replica_identity,
-    c.reltuples::float8 AS reltuples, c.relpages::bigint AS relpages,
-    (pg_relation_size(c.oid) / current_setting('block_size')::bigint) AS blocks,
+    coalesce(leaves.tuples, c.reltuples)::float8 AS reltuples,
+    coalesce(leaves.pages, c.relpages)::bigint AS relpages,
+    (coalesce(leaves.size, pg_relation_size(c.oid))
+        / current_setting('block_size')::bigint) AS blocks,
+    (coalesce(leaves.widest, pg_relation_size(c.oid))
+        / current_setting('block_size')::bigint) AS span,
     p.publications,
     {columns} AS columns,
     (SELECT coalesce(jsonb_agg(k.attnum ORDER BY k.attnum), '[]'::jsonb)
@@ -97,6 +101,14 @@ FROM (
     GROUP BY schemaname, tablename) AS p
 JOIN pg_namespace n ON n.nspname = p.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
+-- a partitioned table's heap is its leaves': their sizes, and the planner's estimates of the
+-- leaves it has measured (-1 rows: none)
+LEFT JOIN LATERAL (
+    SELECT sum(pg_relation_size(l.oid)) AS size, max(pg_relation_size(l.oid)) AS widest,
+        coalesce(sum(l.reltuples) FILTER (WHERE l.reltuples >= 0), -1) AS tuples,
+        coalesce(sum(l.relpages) FILTER (WHERE l.reltuples >= 0), 0) AS pages
+    FROM pg_partition_tree(c.oid) AS t JOIN pg_class l ON l.oid = t.relid
+    WHERE c.relkind = 'p' AND t.isleaf AND l.relkind <> 'f') AS leaves ON c.relkind = 'p'
 ORDER BY n.nspname, c.relname
 """).format(columns=columns_json())
 
@@ -108,7 +120,9 @@ class SnapshotTable:
     ``columns`` are the published ones (a publication's column list applies); ``row_filter`` is
     the publications' row filters combined the way pgoutput applies them (OR; none when any
     publication has none). ``blocks`` is the heap's current size; ``reltuples`` and ``relpages``
-    are the planner's estimates (``reltuples`` -1: never analyzed).
+    are the planner's estimates (``reltuples`` -1: never analyzed). A partitioned table's are
+    its leaves' summed, and ``span`` is the block count of its biggest leaf: ctid ranges cut
+    every leaf at once, so a range of ``[0, span)`` covers them all (a table's is ``blocks``).
     """
 
     table: TableRef
@@ -121,6 +135,7 @@ class SnapshotTable:
     reltuples: float
     relpages: int
     publications: tuple[str, ...]
+    span: int
 
     @property
     def key_names(self) -> tuple[str, ...]:
@@ -366,7 +381,8 @@ def select_statement(
     only when the value is (``num_nulls``: a composite of NULL fields ``IS NULL`` too). Both
     are named with their schema: they take ``"any"``, so a function of the same name with the
     column's exact type in a schema on the search path would be chosen over them. A
-    partitioned table is read whole (ctids are per partition).
+    partitioned table's range is read from each leaf (each has ctids of its own; PostgreSQL
+    scans each leaf's blocks of the range only).
     ``ONLY``: an inheritance child is published (and copied) as a table of its own. The row
     filter is the expression PostgreSQL itself printed (``pg_get_expr``), as logical
     replication's own table synchronization uses it.
@@ -387,15 +403,10 @@ def select_statement(
             value = sql.SQL("{}::{}").format(name, sql.Identifier("pg_catalog", cast))
         columns.append(sql.SQL("{} AS {}").format(value, name))
     conditions: list[sql.Composable] = []
-    if table.relkind != "p":
-        if start_block > 0:
-            conditions.append(
-                sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({int(start_block)},0)"))
-            )
-        if stop_block is not None:
-            conditions.append(
-                sql.SQL("ctid < {}::tid").format(sql.Literal(f"({int(stop_block)},0)"))
-            )
+    if start_block > 0:
+        conditions.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({int(start_block)},0)")))
+    if stop_block is not None:
+        conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({int(stop_block)},0)")))
     if table.row_filter:
         conditions.append(sql.SQL("({})").format(sql.SQL(table.row_filter)))
     where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
@@ -441,4 +452,5 @@ def _snapshot_table(row: dict[str, Any]) -> SnapshotTable:
         reltuples=float(row["reltuples"]),
         relpages=int(row["relpages"]),
         publications=tuple(p["publication"] for p in publications),
+        span=int(row["span"]),
     )

@@ -5,13 +5,12 @@ partition attached or detached) and the tables a user asks to resync.
 Each chunk is a range of heap blocks read in a snapshot of its own (``postgres.backfill``:
 nothing is locked beyond what a ``SELECT`` takes) and appended to the backfill's rows table as
 one commit carrying the chunk's number, so a run killed anywhere goes on after the last chunk
-that committed. The drain commits its windows in between: a drain run copies one chunk after
-each window it commits, and a run that ends with chunks left keeps copying and draining, one
-after the other, until the last chunk is copied and the lake has passed its ``high``. The
-state is then built from the chunks and the changelog (``spark.backfill_state``), on a thread
-of its own while the windows go on (``spark.backfill_build``), and replaces ``state/<table>``
-in one Delta version: a reader sees the table as it was or whole, never
-half copied, and the changelog is never written by a backfill (it stays exactly once).
+that committed (``spark.backfill_chunk``). The chunks are copied, then the state is built
+from them and the changelog (``spark.backfill_state``), on a thread of the backfill's own
+while the drain's windows go on (``spark.backfill_build``); a run whose windows are done keeps
+draining until the last chunk is copied and the lake has passed its ``high``. The state
+replaces ``state/<table>`` in one Delta version: a reader sees the table as it was or whole,
+never half copied, and the changelog is never written by a backfill (it stays exactly once).
 
 A table without a key (its state is a multiset, which rows read at different times cannot
 build) and a table in the lake's quarantine are re-snapshotted in one piece instead
@@ -26,26 +25,26 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from airflow_pglogrepl.faults import fault, pause
 from airflow_pglogrepl.lake import backfill as record
-from airflow_pglogrepl.lake import column_names, mapping, staging
+from airflow_pglogrepl.lake import staging
 from airflow_pglogrepl.lake.coverage import Gap
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.quarantine import held
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pipeline.repair import Repair
 from airflow_pglogrepl.postgres.backfill import backfill_start, chunk_snapshot, heap_files
-from airflow_pglogrepl.spark.backfill_build import Builder, cause_of, step_of
+from airflow_pglogrepl.spark.backfill_build import Builder, Found, cause_of, step_of
+from airflow_pglogrepl.spark.backfill_chunk import blocks_per_chunk, write_chunk
 from airflow_pglogrepl.spark.resnapshot import REPAIRED
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from airflow_pglogrepl.postgres.backfill import ChunkSnapshot
     from airflow_pglogrepl.postgres.snapshot import SnapshotTable
 
@@ -64,7 +63,6 @@ MOVED = (
     "an UPDATE moved a row (with an unchanged TOAST value) out of a block no chunk had "
     "read yet into one a chunk had read, so no chunk holds it"
 )
-LOCK_TIMEOUT_MS = 60_000  # a reader queued behind an exclusive lock request gives up, retried
 
 
 class _RestartError(Exception):
@@ -164,24 +162,34 @@ class OnlineBackfill(Repair):
         return any(t not in self.failed for t in self._plans())
 
     def after_window(self, end: LSN) -> None:
-        """After a window committed at ``end``: take the build that ended and start the next
-        one ready (on the build's thread), and copy one chunk."""
+        """After a window committed at ``end``: take the step that ended on the backfill's
+        thread, and start the next: a build ready, else a chunk's copy."""
         self._build_ready(end)
+        if self._builder.busy():
+            return
         for table, plan in sorted(self._plans().items()):
             if table in self.failed or plan.high is not None:
                 continue
-            try:
-                self._copy_chunk(plan)
-            except _RestartError as why:
-                self._restart(plan, str(why))
-            except psycopg.errors.LockNotAvailable:  # copied after the next window instead
-                log.info("%s: a lock held by another statement: the chunk waits", table)
-            except Exception as exc:
-                if isinstance(exc, ValueError) and NOT_PUBLISHED in str(exc):
-                    self._drop(plan, f"it is no longer published ({cause_of(exc)})")
-                else:
-                    self._failed(table, exc)
+            self._builder.start(plan, end, partial(self._copy_chunk, plan), kind="chunk")
             return
+
+    def _chunk_ended(self, plan: record.Plan, error: Exception | None, found: Found) -> None:
+        """A chunk's copy ended: the last one records where the lake must reach (``high``)."""
+        table = plan.table
+        if isinstance(error, _RestartError):
+            self._restart(plan, str(error))
+        elif isinstance(error, psycopg.errors.LockNotAvailable):  # copied after a window
+            log.info("%s: a lock held by another statement: the chunk waits", table)
+        elif isinstance(error, ValueError) and NOT_PUBLISHED in str(error):
+            self._drop(plan, f"it is no longer published ({cause_of(error)})")
+        elif error is not None:
+            self._failed(table, error)
+        elif found is not None and found.get("high") is not None:
+            self._plans()[table] = dataclasses.replace(plan, high=found["high"],
+                                                       chunks=found["chunks"])  # fmt: skip
+            self._save()
+            log.info("%s: every chunk copied; its state is built once the lake reaches %s",
+                     table, found["high"])  # fmt: skip
 
     def waiting_for(self) -> LSN | None:
         """The position the lake must reach for a copied backfill's state to be built."""
@@ -239,8 +247,7 @@ class OnlineBackfill(Repair):
             return False
         params = self.source.connection_params()
         start = backfill_start(params)
-        step = (0 if whole or described.relkind == "p"
-                else _blocks_per_chunk(described, self.chunk_rows))  # fmt: skip
+        step = 0 if whole else blocks_per_chunk(described, self.chunk_rows)
         plan = record.Plan(
             table=table, relid=described.relid, why=why, low=str(start.low),
             in_progress=start.in_progress, files=heap_files(params, described.relid),
@@ -263,29 +270,25 @@ class OnlineBackfill(Repair):
         with self.source.session() as session:
             return reader.published_tables(session, self.publications, [ref])[0]
 
-    def _copy_chunk(self, plan: record.Plan) -> None:
+    def _copy_chunk(self, plan: record.Plan) -> Found:
+        """One chunk copied and committed to the backfill's rows (on the backfill's thread:
+        the plan is the drain thread's to record, from what this returns)."""
         done = record.chunks_done(self.lake, plan)
         began = time.monotonic()
         with chunk_snapshot(self.source.connection_params(), plan.relid) as chunk:
             table = self._check_unchanged(plan, chunk)
             first = done * plan.step
-            last = plan.step == 0 or first + plan.step >= table.blocks
+            last = plan.step == 0 or first + plan.step >= table.span
             pause("backfill_copying")
             fault("backfill_copying")
-            rows = self._write_chunk(
-                plan, table, chunk, done, first, None if last else first + plan.step
-            )
+            blocks = (first, None if last else first + plan.step)
+            rows = write_chunk(self.spark(), self.lake, self.source.connection_params(), plan,
+                               table, chunk.name, done, blocks)  # fmt: skip
             fault("backfill_chunk")
         log.info("%s: backfill chunk %d (blocks %d to %s) copied, %d rows, %.2fs",
                  plan.table, done + 1, first, "the end" if last else first + plan.step, rows,
                  time.monotonic() - began)  # fmt: skip
-        if last:
-            assert chunk.high is not None
-            self._plans()[plan.table] = dataclasses.replace(plan, high=str(chunk.high),
-                                                            chunks=done + 1)  # fmt: skip
-            self._save()
-            log.info("%s: every chunk copied; its state is built once the lake reaches %s",
-                     plan.table, chunk.high)  # fmt: skip
+        return {"chunks": done + 1, "high": str(chunk.high) if last else None}
 
     def _check_unchanged(self, plan: record.Plan, chunk: ChunkSnapshot) -> SnapshotTable:
         if chunk.files != plan.files:
@@ -295,42 +298,6 @@ class OnlineBackfill(Repair):
         if tuple(c.name for c in table.columns) != plan.columns:
             raise _RestartError("its published columns changed")
         return table
-
-    def _write_chunk(self, plan: record.Plan, table: SnapshotTable, chunk: ChunkSnapshot,
-                     done: int, first: int, stop: int | None) -> int:  # fmt: skip
-        import pyarrow as pa
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        from airflow_pglogrepl.postgres.passfile import travelling_params
-        from airflow_pglogrepl.postgres.snapshot_guard import readers_application_name
-        from airflow_pglogrepl.spark.range_copy import CopyTask, plain_schema, table_info
-        from airflow_pglogrepl.spark.snapshot import mark_keys
-
-        spark = self.spark()
-        info = table_info(table)
-        plain = plain_schema(info)
-        lake_names = column_names.lake_names(plain.names, self.lake.known_schema(table.table))
-        uri = record.rows_uri(self.lake, plan)
-        with travelling_params(self.source.connection_params()) as params:
-            task = CopyTask({**params, "application_name": readers_application_name(chunk.name)},
-                            chunk.name, table, lock_timeout_ms=LOCK_TIMEOUT_MS)  # fmt: skip
-            ranges = _split(first, stop, int(spark.sparkContext.defaultParallelism))
-            bounds = spark.sparkContext.parallelize(ranges, len(ranges))
-            frame = spark.createDataFrame(bounds, "start long, stop long")
-            copied = frame.mapInArrow(task, from_arrow_schema(plain)).toDF(*lake_names.values())
-            out = mark_keys(copied, [lake_names[k] for k in info.key_names],
-                            sources={n: s for s, n in lake_names.items() if s != n},
-                            attnums={lake_names[c.name]: c.attnum
-                                     for c in table.columns})  # fmt: skip
-            writer = out.write.format("delta").mode("append")
-            if done == 0:
-                staging.remove(uri)  # what a backfill of the same start left, if any
-                mapped = mapping.needed(pa.schema([f.with_name(lake_names[f.name])
-                                                   for f in plain]))  # fmt: skip
-                writer = writer.options(**self.lake.state_config(table.table, mapped=mapped))
-            self.lake.check_writer()
-            writer.option("txnAppId", self.lake.app).option("txnVersion", str(done + 1)).save(uri)
-        return _rows_committed(spark, uri)
 
     def _build_ready(self, position: LSN) -> list[str]:
         """Take the build that ended (its table, when its state is in place), and start the
@@ -369,18 +336,20 @@ class OnlineBackfill(Repair):
         """Wait for the build under way, take its outcome and end its thread (at the run's
         end: nothing of the backfill may go on writing once the run lets its lock go). After
         a failure the outcome is only logged: the next run builds the state again."""
-        if self._builder.building is not None:
-            log.info(
-                "%s: the run waits for its state's build to end", self._builder.building.plan.table
-            )
+        building = self._builder.building
+        if building is not None:
+            log.info("%s: the run waits for its %s to end", building.plan.table,
+                     "chunk's copy" if building.kind == "chunk" else "state's build")  # fmt: skip
         try:
             if not failed:
                 return self._take(None)
             ended = self._builder.outcome(None)
             if ended is not None:
-                log.warning("%s: the run failed while its state was being built (%s): the "
-                            "next run builds it again", ended[0].plan.table,
-                            "built" if ended[1] is None else cause_of(ended[1]))  # fmt: skip
+                step, error = ended[0], ended[1]
+                log.warning("%s: the run failed while its %s (%s): the next run goes on with "
+                            "it", step.plan.table,
+                            "chunk was copied" if step.kind == "chunk" else "state was built",
+                            "done" if error is None else cause_of(error))  # fmt: skip
             return []
         finally:
             self._builder.close()
@@ -389,12 +358,16 @@ class OnlineBackfill(Repair):
         self._take(seconds)
 
     def _take(self, timeout_s: float | None = 0.0) -> list[str]:
-        """The outcome of the build that ended, handled on this (the drain's) thread."""
+        """The outcome of the step that ended, handled on this (the drain's) thread; the
+        tables whose state it put in place."""
         ended = self._builder.outcome(timeout_s)
         if ended is None:
             return []
         building, error, found = ended
         plan, position = building.plan, building.position
+        if building.kind == "chunk":
+            self._chunk_ended(plan, error, found)
+            return []
         if error is not None:
             self._ended(plan, error)
             return []
@@ -458,33 +431,3 @@ class OnlineBackfill(Repair):
         log.warning("%s: %s. It is tried again by the next run; the drain goes on", table,
                     reason, exc_info=log.isEnabledFor(logging.DEBUG))  # fmt: skip
         return reason
-
-
-def _blocks_per_chunk(table: SnapshotTable, chunk_rows: int) -> int:
-    from airflow_pglogrepl.spark.range_copy import UNKNOWN_ROWS_PER_BLOCK
-
-    per_block = (
-        table.reltuples / table.relpages
-        if table.reltuples > 0 and table.relpages > 0
-        else UNKNOWN_ROWS_PER_BLOCK
-    )
-    return max(1, int(chunk_rows / max(per_block, 1.0)))
-
-
-def _rows_committed(spark: SparkSession, uri: str) -> int:
-    """The rows the newest commit of ``uri`` appended, from its log entry: reading the table
-    would count every chunk again after each one."""
-    from delta.tables import DeltaTable
-
-    newest = DeltaTable.forPath(spark, uri).history(1).select("operationMetrics").first()
-    metrics = (newest[0] if newest is not None else None) or {}
-    return int(metrics.get("numOutputRows", 0))
-
-
-def _split(first: int, stop: int | None, parts: int) -> list[tuple[int, int | None]]:
-    """``[first, stop)`` in up to ``parts`` block ranges (one, open-ended, when ``stop`` is
-    None: the rows of blocks the table grew by since the count are read too)."""
-    if stop is None:
-        return [(first, None)]
-    size = max(1, -(-(stop - first) // max(1, parts)))
-    return [(s, min(s + size, stop)) for s in range(first, stop, size)]

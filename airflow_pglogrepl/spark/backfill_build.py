@@ -1,12 +1,14 @@
-"""A backfill's last step, off the drain's path: its state built (or its parity checked) on a
-thread of its own while the run's windows go on.
+"""A backfill's steps, off the drain's path: its chunks copied, then its state built (or its
+parity checked), on a thread of its own while the run's windows go on.
 
 The build reads every chunk and the changes since ``low`` and writes the table's state whole,
 so it grows with the table: about 10 s a million rows on the benchmark's machine
 (bench/bench_backfill.py). Run between two windows, as it was, it held the drain that long: a
-table of 100 million rows would have stopped the lake for a quarter of an hour.
+table of 100 million rows would have stopped the lake for a quarter of an hour. A chunk's copy
+(seconds for a million rows) held it as long after each window, so it runs here too.
 
-What the thread writes, no window writes: the build's own staging table, then
+What the thread writes, no window writes: the backfill's rows (a chunk at a time), the build's
+own staging table, then
 ``state/<table>``, which the drain leaves alone while its table is backfilled (the run's merge
 comes after the thread has ended). The backfill's records (its plans, the lake's coverage) stay
 the drain thread's: it takes the outcome after a window, or waits for it when the run ends
@@ -29,7 +31,7 @@ from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
 
-__all__ = ["Builder", "Building", "cause_of", "changelog_version", "step_of"]
+__all__ = ["Builder", "Building", "Found", "cause_of", "changelog_version", "step_of"]
 
 log = logging.getLogger("airflow_pglogrepl.backfill")
 
@@ -44,6 +46,7 @@ class Building:
     plan: record.Plan
     position: LSN
     future: Future[Found]
+    kind: str = "build"  # or "chunk": a chunk's copy (``spark.backfill``)
 
 
 class Builder:
@@ -53,13 +56,15 @@ class Builder:
         self._pool: ThreadPoolExecutor | None = None
         self.building: Building | None = None
 
-    def start(self, plan: record.Plan, position: LSN, step: Callable[[], Found]) -> None:
+    def start(self, plan: record.Plan, position: LSN, step: Callable[[], Found], *,
+              kind: str = "build") -> None:  # fmt: skip
         assert self.building is None, "one step at a time"
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backfill-build")
-        self.building = Building(plan, position, self._pool.submit(step))
-        log.info("%s: its state is being built at %s while the drain goes on", plan.table,
-                 position)  # fmt: skip
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backfill")
+        self.building = Building(plan, position, self._pool.submit(step), kind)
+        if kind == "build":
+            log.info("%s: its state is being built at %s while the drain goes on", plan.table,
+                     position)  # fmt: skip
 
     def busy(self, table: str | None = None) -> bool:
         """Whether a step is under way (for ``table``, when given)."""

@@ -74,15 +74,15 @@ def plan_ranges(table: SnapshotTable, *, max_tasks: int, rows_per_task: int) -> 
 
     Ranges are equal block counts (rows per block vary little within a table); the last is
     open-ended, so rows in blocks added after the size was read are never missed (they are
-    invisible in the snapshot anyway). A partitioned table is one range: ctids are per
-    partition.
+    invisible in the snapshot anyway). A partitioned table's ranges cut each of its leaves
+    at the same block numbers (``SnapshotTable.span``).
     """
     if max_tasks < 1 or rows_per_task < 1:
         raise ValueError("max_tasks and rows_per_task must be at least 1")
-    blocks = table.blocks
+    blocks = table.span
     wanted = math.ceil(estimated_rows(table) / rows_per_task)
     count = max(1, min(max_tasks, wanted, blocks))
-    if table.relkind == "p" or count == 1:
+    if count == 1:
         return [BlockRange(0, None)]
     step = math.ceil(blocks / count)
     starts = list(range(0, blocks, step))

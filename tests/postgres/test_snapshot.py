@@ -25,7 +25,7 @@ T = TableRef('Sch"; ema', "T a'b")
 
 def _table(relkind: str = "r", row_filter: str | None = None) -> SnapshotTable:
     columns = (Column("id", "integer", is_key=True), Column('v"x', "text"))
-    return SnapshotTable(T, 1, relkind, "d", columns, row_filter, 10, 100.0, 10, ("p",))
+    return SnapshotTable(T, 1, relkind, "d", columns, row_filter, 10, 100.0, 10, ("p",), 10)
 
 
 @pytest.mark.parametrize("name", ["00000003-0000001B-1", "0000000a-00000000000001ab-12"])
@@ -51,7 +51,10 @@ def test_a_range_read_is_composed_for_each_kind_of_table() -> None:
     whole = select_statement(_table(), [None, None]).as_string(None)
     assert "WHERE" not in whole and "FROM ONLY" in whole  # the first range has no lower bound
     partitioned = select_statement(_table("p", "(id > 1)"), [None, None], 2, 5).as_string(None)
-    assert partitioned.endswith(' FROM "Sch""; ema"."T a\'b" WHERE ((id > 1))')
+    assert partitioned.endswith(  # each leaf's blocks 2 to 4 (ctids are per leaf)
+        ' FROM "Sch""; ema"."T a\'b" WHERE ctid >= \'(2,0)\'::tid AND ctid < \'(5,0)\'::tid'
+        " AND ((id > 1))"
+    )
     with pytest.raises(ValueError, match="1 casts for the 2 columns"):
         select_statement(_table(), ["int8"])
 

@@ -53,11 +53,12 @@ def _around_each_chunk(
 
     copy, copied = backfill.OnlineBackfill._copy_chunk, [0]
 
-    def copy_between(self: Any, plan: Any) -> None:
+    def copy_between(self: Any, plan: Any) -> Any:
         before()
-        copy(self, plan)
+        found = copy(self, plan)
         copied[0] += 1
         after(copied[0])
+        return found
 
     monkeypatch.setattr(backfill.OnlineBackfill, "_copy_chunk", copy_between)
 
@@ -95,15 +96,17 @@ def test_a_table_added_holding_rows_is_backfilled_in_chunks_while_the_run_drains
     assert_state_equals_source(source, lake_root, B)
 
 
-def test_chunks_interleave_with_windows_and_the_state_appears_whole(
+def test_chunks_and_the_build_go_on_while_windows_commit_and_the_state_appears_whole(
     spark: Any, source: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Between two chunks, and while the state is built, changes committed to other tables
-    reach the lake (the drain goes on), while the table's state keeps what it had until the
-    last chunk's state is built. (The build held the drain until it ended: 20 s for 2 million
-    rows in bench/bench_backfill.py.)"""
+    """While each chunk is copied, and while the state is built, changes committed to other
+    tables reach the lake (the drain goes on), and the table's state keeps what it had until
+    its state is built whole. Each chunk and the build wait (up to 30 s) for a change
+    committed as they begin to reach the lake: before, run between two windows, they held
+    the drain (a chunk a few seconds, the build 20 s for 2 million rows in
+    bench/bench_backfill.py) and the waits timed out."""
     from airflow_pglogrepl.spark import backfill_state
-    from tests.support.drain import lake_table
+    from tests.support.drain import changelog, lake_table
 
     lake_root = str(tmp_path / "lake")
     a = TableRef("public", "a")
@@ -111,48 +114,51 @@ def test_chunks_interleave_with_windows_and_the_state_appears_whole(
     _added_table(source, 300)
     source.sql("INSERT INTO b VALUES (1000, 'streamed', 'z')")
     _drain(spark, source, lake_root, backfill_rows=None)  # only reported: b's state is 1 row
-    seen: list[tuple[int, int]] = []
-    _around_each_chunk(
-        monkeypatch,
-        before=lambda: seen.append(
-            (len(all_changelog_keys(lake_root, [a])), len(lake_table(lake_root, "b")))
-        ),
-        after=lambda copied: source.sql(f"INSERT INTO a VALUES ({100 + copied}, 'between')"),
-    )
-    real_build = backfill_state.build_state
-    during_build: list[bool] = []
+    inserted, in_time, state_of_b = [100], [], []
 
-    def build_while_a_window_commits(*args: Any, **kwargs: Any) -> None:
-        """The build waits (up to 30 s) for a change committed as it began to reach the lake."""
-        source.sql("INSERT INTO a VALUES (999, 'during the build')")
+    def until_a_window_committed_it() -> None:
+        """A change to ``a`` committed now, waited for in the lake (True: it came in time)."""
+        inserted[0] += 1
+        source.sql(f"INSERT INTO a VALUES ({inserted[0]}, 'during a backfill step')")
         deadline = time.monotonic() + 30
-        while len(all_changelog_keys(lake_root, [a])) < 10 + len(seen) + 1:
+        while inserted[0] not in {r["id"] for r in changelog(lake_root, a)}:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-        during_build.append(time.monotonic() <= deadline)
+        in_time.append(time.monotonic() <= deadline)
+        state_of_b.append(len(lake_table(lake_root, "b")))
+
+    _around_each_chunk(monkeypatch, before=until_a_window_committed_it)
+    real_build = backfill_state.build_state
+
+    def build_while_a_window_commits(*args: Any, **kwargs: Any) -> None:
+        until_a_window_committed_it()
         real_build(*args, **kwargs)
 
     monkeypatch.setattr(backfill_state, "build_state", build_while_a_window_commits)
     result = _drain(spark, source, lake_root, backfill_rows=40)
-    assert during_build == [True]  # a window committed while the state was being built
-    assert len(seen) >= 4, seen  # several chunks
-    assert [b for _, b in seen] == [1] * len(seen)  # the state of b unchanged meanwhile
-    changes_of_a = [n for n, _ in seen]
-    assert changes_of_a == list(range(10, 10 + len(seen))), seen  # a window between chunks
+    assert len(in_time) >= 5, in_time  # several chunks, and the build
+    assert in_time == [True] * len(in_time)  # a window committed during each of them
+    assert state_of_b == [1] * len(state_of_b)  # the state of b unchanged meanwhile
     assert result["backfills"] == {"public.b": {"built": True}}
     assert_state_equals_source(source, lake_root, B)
     assert_state_equals_source(source, lake_root, a)
 
 
 def test_partitions_attached_or_detached_under_the_root_are_backfilled(
-    spark: Any, source: Source, tmp_path: Path
+    spark: Any, source: Source, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The root is copied in chunks too, each the same blocks of every leaf (before: in one,
+    whatever its size, holding one snapshot open the whole copy)."""
     lake_root = str(tmp_path / "lake")
+    caplog.set_level("INFO", logger="airflow_pglogrepl.backfill")
     attached, _ = attach_and_detach_under_the_root(
         source, lake_root, lambda: _drain(spark, source, lake_root)
     )
     assert "public.parted" in attached["backfills"]
+    said = [r.getMessage() for r in caplog.records]
+    chunks = [m for m in said if m.startswith("public.parted: backfill chunk")]
+    assert any("chunk 2 " in m for m in chunks), chunks
 
 
 def test_a_table_without_a_key_or_on_a_standby_is_re_snapshotted_instead(
@@ -454,7 +460,7 @@ def test_a_column_renamed_while_the_state_is_built_keeps_its_values(
     renamed: list[bool] = []
 
     def merge_after_a_rename(*args: Any, **kwargs: Any) -> str:
-        if renamed or not threading.current_thread().name.startswith("backfill-build"):
+        if renamed or not threading.current_thread().name.startswith("backfill"):
             return real_merge(*args, **kwargs)  # (the run's own merges)
         renamed.append(True)
         source.sql("ALTER TABLE b RENAME COLUMN v TO w; UPDATE b SET w = 'renamed' WHERE id = 1")

@@ -5,6 +5,7 @@ range read from a live snapshot through ADBC: test_snapshot.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pyarrow as pa
@@ -28,7 +29,7 @@ def _table(blocks: int, reltuples: float, relpages: int, relkind: str = "r") -> 
     return SnapshotTable(
         table=TableRef("public", "t"), relid=1, relkind=relkind, replica_identity="d",
         columns=(), row_filter=None, blocks=blocks, reltuples=reltuples, relpages=relpages,
-        publications=("p",),
+        publications=("p",), span=blocks,
     )  # fmt: skip
 
 
@@ -45,9 +46,14 @@ def test_plan_ranges_cover_every_block_once() -> None:
         BlockRange(0, 1), BlockRange(1, 2), BlockRange(2, None)
     ]  # fmt: skip
     assert plan_ranges(_table(0, 0, 0), max_tasks=8, rows_per_task=1) == [BlockRange(0, None)]
-    assert plan_ranges(_table(0, 5e6, 0, "p"), max_tasks=8, rows_per_task=1) == [
-        BlockRange(0, None)
-    ]
+    # a partitioned table: its leaves' blocks summed (1000 over 4 leaves) are sized, and its
+    # ranges cut each leaf at the same numbers, up to its biggest leaf's (400 blocks)
+    parted = dataclasses.replace(_table(1000, 100_000, 1000, "p"), span=400)
+    assert plan_ranges(parted, max_tasks=4, rows_per_task=50_000) == [
+        BlockRange(0, 200), BlockRange(200, None)
+    ]  # fmt: skip
+    assert plan_ranges(dataclasses.replace(parted, blocks=0, span=0), max_tasks=8,
+                       rows_per_task=1) == [BlockRange(0, None)]  # fmt: skip
 
 
 def test_the_snapshot_stores_what_the_drain_stores_and_names_what_neither_can() -> None:
