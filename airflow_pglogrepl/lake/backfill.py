@@ -40,7 +40,8 @@ class Plan:
     ``table``: the name pgoutput sends; ``relid``: its OID; ``why``: what asked for it (a gap's
     reason, or ``"resync"``); ``low``/``in_progress``: ``postgres.backfill.BackfillStart``;
     ``files``: the heap files it copies; ``columns``: the published columns; ``step``: heap
-    blocks a chunk reads (0: the table is read whole, in one chunk, as a partitioned one is);
+    block numbers a chunk reads (of each leaf, for a partitioned table; 0: the table is read
+    whole, in one chunk);
     ``high``: set once the last chunk is copied, the position the lake must reach before the
     state is built; ``chunks``: chunks copied (for the summary); ``gap``: the ``since`` of the
     gap it repairs; ``repair``: whether a parity check replaces a state it finds different.

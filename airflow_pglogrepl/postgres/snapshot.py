@@ -97,7 +97,11 @@ FROM (
             'columns', attnames,
             'row_filter', rowfilter) ORDER BY pubname) AS publications
     FROM pg_publication_tables
-    WHERE pubname = ANY(%s)
+    WHERE pubname = ANY(%(publications)s)
+        -- only the tables asked for, when some are: a leaf's size locks it, until the end of
+        -- a backfill chunk's transaction
+        AND (%(schemas)s::text[] IS NULL OR (schemaname::text, tablename::text) IN (
+            SELECT * FROM unnest(%(schemas)s::text[], %(names)s::text[])))
     GROUP BY schemaname, tablename) AS p
 JOIN pg_namespace n ON n.nspname = p.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
@@ -278,7 +282,10 @@ class SnapshotReader:
         """The tables ``publications`` publish (only ``tables`` when given), as pgoutput sees
         them at the snapshot. Raises ``ValueError`` for a table listed in ``tables`` that none
         of the publications publishes, or published with different column lists."""
-        rows = conn.execute(_TABLES_QUERY, (list(publications),)).fetchall()
+        asked = {"publications": list(publications), "schemas": None, "names": None}
+        if tables is not None:
+            asked.update(schemas=[t.schema for t in tables], names=[t.name for t in tables])
+        rows = conn.execute(_TABLES_QUERY, asked).fetchall()
         found = [_snapshot_table(row) for row in rows]
         if tables is None:
             return found

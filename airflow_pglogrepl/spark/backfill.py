@@ -74,7 +74,8 @@ class OnlineBackfill(Repair):
 
     Called with the gaps the run's coverage check found, it starts a backfill for each keyed
     table (``fallback`` re-snapshots the others) and for each table of ``resync``, and builds
-    the state of every backfill ready for it; ``after_window`` copies a chunk;
+    the state of every backfill ready for it; ``after_window`` starts the next step (a build
+    ready, else a chunk's copy) on the backfill's thread;
     ``in_progress`` names the tables still being copied (not failures: they are reported, with
     their progress, in ``report``).
     """
@@ -182,6 +183,9 @@ class OnlineBackfill(Repair):
             log.info("%s: a lock held by another statement: the chunk waits", table)
         elif isinstance(error, ValueError) and NOT_PUBLISHED in str(error):
             self._drop(plan, f"it is no longer published ({cause_of(error)})")
+        elif error is not None and self._columns_changed(plan):  # (its readers failed)
+            self._restart(plan, f"its published columns changed while a chunk was copied "
+                                f"({cause_of(error)})")  # fmt: skip
         elif error is not None:
             self._failed(table, error)
         elif found is not None and found.get("high") is not None:
@@ -275,6 +279,9 @@ class OnlineBackfill(Repair):
         the plan is the drain thread's to record, from what this returns)."""
         done = record.chunks_done(self.lake, plan)
         began = time.monotonic()
+        # the lake's names before the snapshot: a rename the lake holds by then, the snapshot
+        # sees (and the chunk begins again); one committed later, windows go on meanwhile
+        known = self.lake.known_schema(TableRef.parse(plan.table))
         with chunk_snapshot(self.source.connection_params(), plan.relid) as chunk:
             table = self._check_unchanged(plan, chunk)
             first = done * plan.step
@@ -283,12 +290,20 @@ class OnlineBackfill(Repair):
             fault("backfill_copying")
             blocks = (first, None if last else first + plan.step)
             rows = write_chunk(self.spark(), self.lake, self.source.connection_params(), plan,
-                               table, chunk.name, done, blocks)  # fmt: skip
+                               table, chunk.name, done, blocks, known=known)  # fmt: skip
             fault("backfill_chunk")
-        log.info("%s: backfill chunk %d (blocks %d to %s) copied, %d rows, %.2fs",
-                 plan.table, done + 1, first, "the end" if last else first + plan.step, rows,
+        log.info("%s: backfill chunk %d (blocks %d to %s%s) committed, %d rows, %.2fs",
+                 plan.table, done + 1, first, "the end" if last else first + plan.step,
+                 " of each leaf" if table.relkind == "p" else "", rows,
                  time.monotonic() - began)  # fmt: skip
         return {"chunks": done + 1, "high": str(chunk.high) if last else None}
+
+    def _columns_changed(self, plan: record.Plan) -> bool:
+        try:
+            described = self._describe(TableRef.parse(plan.table))
+        except Exception:  # (not published any more: the next chunk says so)
+            return False
+        return tuple(c.name for c in described.columns) != plan.columns
 
     def _check_unchanged(self, plan: record.Plan, chunk: ChunkSnapshot) -> SnapshotTable:
         if chunk.files != plan.files:
@@ -346,10 +361,10 @@ class OnlineBackfill(Repair):
             ended = self._builder.outcome(None)
             if ended is not None:
                 step, error = ended[0], ended[1]
-                log.warning("%s: the run failed while its %s (%s): the next run goes on with "
-                            "it", step.plan.table,
+                log.warning("%s: the run failed while its %s (it %s): the next run goes on "
+                            "with it", step.plan.table,
                             "chunk was copied" if step.kind == "chunk" else "state was built",
-                            "done" if error is None else cause_of(error))  # fmt: skip
+                            "ended" if error is None else f"failed: {cause_of(error)}")  # fmt: skip
             return []
         finally:
             self._builder.close()
@@ -429,5 +444,5 @@ class OnlineBackfill(Repair):
         reason = f"the backfill failed: {type(exc).__name__}: {cause_of(exc)}"
         self.failed[table] = reason
         log.warning("%s: %s. It is tried again by the next run; the drain goes on", table,
-                    reason, exc_info=log.isEnabledFor(logging.DEBUG))  # fmt: skip
+                    reason, exc_info=exc if log.isEnabledFor(logging.DEBUG) else None)  # fmt: skip
         return reason

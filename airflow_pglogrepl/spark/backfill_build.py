@@ -65,6 +65,8 @@ class Builder:
         if kind == "build":
             log.info("%s: its state is being built at %s while the drain goes on", plan.table,
                      position)  # fmt: skip
+        else:
+            log.info("%s: a chunk is being copied while the drain goes on", plan.table)
 
     def busy(self, table: str | None = None) -> bool:
         """Whether a step is under way (for ``table``, when given)."""

@@ -16,6 +16,7 @@ from airflow_pglogrepl.lake import column_names, mapping, staging
 from airflow_pglogrepl.lake.lake import Lake
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
     from airflow_pglogrepl.postgres.snapshot import SnapshotTable
@@ -41,9 +42,11 @@ def blocks_per_chunk(table: SnapshotTable, chunk_rows: int) -> int:
 
 def write_chunk(spark: Any, lake: Lake, source_params: dict[str, str], plan: record.Plan,
                 table: SnapshotTable, snapshot: str, done: int,
-                blocks: tuple[int, int | None]) -> int:  # fmt: skip
+                blocks: tuple[int, int | None], *, known: pa.Schema | None) -> int:  # fmt: skip
     """Chunk ``done + 1`` (heap blocks ``blocks``, the end open when None) read in exported
-    snapshot ``snapshot`` and committed to the backfill's rows; the rows it appended."""
+    snapshot ``snapshot`` and committed to the backfill's rows under the lake's names for
+    the columns (``known``: the lake's schema of the table, read before the snapshot was
+    taken); the rows it appended."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -54,7 +57,7 @@ def write_chunk(spark: Any, lake: Lake, source_params: dict[str, str], plan: rec
 
     info = table_info(table)
     plain = plain_schema(info)
-    lake_names = column_names.lake_names(plain.names, lake.known_schema(table.table))
+    lake_names = column_names.lake_names(plain.names, known)
     uri = record.rows_uri(lake, plan)
     with travelling_params(source_params) as params:
         task = CopyTask({**params, "application_name": readers_application_name(snapshot)},

@@ -179,3 +179,26 @@ def test_a_partitioned_root_is_read_in_ranges_cut_across_its_leaves(
                                               stop_block=block_range.stop):  # fmt: skip
                 read += [(row["id"], row["k"]) for row in batch.to_pylist()]
     assert len(read) == 3850 and len(set(read)) == 3850  # every row, once
+
+
+def test_a_table_described_alone_locks_no_other_tables_leaves(database: Database) -> None:
+    """A backfill chunk describes its table inside its snapshot's transaction, open for the whole
+    copy: a size read there locks a partitioned table's leaves until then (a DETACH of another
+    root's partition waited for the chunk). Before (a review found it): every published root's
+    leaves were locked, whichever table was asked for."""
+    database.sql(
+        "CREATE TABLE other_root (id int PRIMARY KEY) PARTITION BY RANGE (id);"
+        "CREATE TABLE other_leaf PARTITION OF other_root FOR VALUES FROM (0) TO (10);"
+        "CREATE TABLE mine (id int PRIMARY KEY);"
+        "CREATE PUBLICATION pl FOR TABLE other_root, mine WITH (publish_via_partition_root = true)"
+    )
+    reader = SnapshotReader(database.hook.connection_params())
+    with database.hook.session() as conn:
+        conn.autocommit = False
+        (table,) = reader.published_tables(conn, ["pl"], [TableRef("public", "mine")])
+        locked = conn.execute(
+            "SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+            " WHERE l.pid = pg_backend_pid() AND c.relname LIKE 'other%'"
+        ).fetchall()
+        conn.rollback()
+    assert table.table == TableRef("public", "mine") and locked == []

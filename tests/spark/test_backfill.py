@@ -475,3 +475,38 @@ def test_a_column_renamed_while_the_state_is_built_keeps_its_values(
     assert renamed and result["backfills"] == {"public.b": {"built": True}}
     _drain(spark, source, lake_root)  # the changes since the build merged
     assert_state_equals_source(source, lake_root, B)
+
+
+def test_a_column_renamed_while_a_chunk_is_copied_keeps_its_values(
+    spark: Any, source: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rename whose window commits after the chunk's snapshot was taken (windows go on while
+    a chunk is copied): the chunk stores its rows under the lake's names as they were at its
+    snapshot. Before (a review found it): the names were read after the rename's window, the
+    chunk's ``v`` became a column of its own, and every copied row lost its value."""
+    from airflow_pglogrepl.lake import delta
+    from airflow_pglogrepl.spark import backfill
+
+    lake_root = str(tmp_path / "lake")
+    _first_lake(spark, source, lake_root)
+    _added_table(source, 30)
+    source.sql("UPDATE b SET v = 'u' WHERE id = 2")  # (a changelog whose names the chunk reads)
+    changes_b = f"{lake_root}/changes/{table_dir(B)}"
+    check, renamed = backfill.OnlineBackfill._check_unchanged, []
+
+    def then_a_rename_commits(self: Any, plan: Any, chunk: Any) -> Any:
+        described = check(self, plan, chunk)
+        if not renamed:
+            renamed.append(True)
+            source.sql("ALTER TABLE b RENAME COLUMN v TO w; UPDATE b SET w = 'r' WHERE id = 1")
+            deadline = time.monotonic() + 60
+            while "w" not in (delta.arrow_schema(changes_b) or []).names:  # its window committed
+                assert time.monotonic() < deadline, "the rename's window did not commit"
+                time.sleep(0.1)
+        return described
+
+    monkeypatch.setattr(backfill.OnlineBackfill, "_check_unchanged", then_a_rename_commits)
+    result = _drain(spark, source, lake_root, backfill_rows=1000)
+    assert renamed and result["backfills"] == {"public.b": {"built": True}}
+    _drain(spark, source, lake_root)  # the changes since the build merged
+    assert_state_equals_source(source, lake_root, B)
