@@ -18,8 +18,9 @@ them, ``docs/drain.md`` says it in prose):
 * So the lake's state at a position ``E >= high`` of every chunk is: the chunks' rows, with
   every change of the changelog from ``low`` on applied over them (from the first commit of
   ``in_progress`` when that is earlier). A row no change touched since ``low`` sat in one
-  heap block the whole time and is in exactly one chunk; a row a change touched is whatever
-  its last change made it, whatever the chunks read.
+  heap block (of one leaf, for a partitioned table) the whole time and is in exactly one
+  chunk; a row a change touched is whatever its last change made it, whatever the chunks
+  read. Its heap files unchanged (``heap_moved``, but for leaves born since) say no row moved.
 """
 
 from __future__ import annotations
@@ -37,7 +38,15 @@ from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.postgres.connect import Conn, connect, long_work_settings, set_session
 from airflow_pglogrepl.postgres.snapshot import READER_SETTINGS
 
-__all__ = ["BackfillStart", "ChunkSnapshot", "backfill_start", "chunk_snapshot", "heap_files"]
+__all__ = [
+    "BackfillStart",
+    "ChunkSnapshot",
+    "backfill_start",
+    "chunk_snapshot",
+    "heap_change",
+    "heap_files",
+    "heap_moved",
+]
 
 log = logging.getLogger("airflow_pglogrepl.backfill")
 
@@ -71,6 +80,31 @@ _HEAP_FILES = sql.SQL(
     "::pg_catalog.regclass) AS t WHERE t.isleaf"
     " UNION SELECT %(relid)s::pg_catalog.oid::pg_catalog.regclass) AS u) AS f"
     " WHERE f.node IS NOT NULL"
+)
+# The same files, each with its relation.
+_HEAP_LEAVES = sql.SQL(
+    "SELECT u.relid::pg_catalog.int8 AS relid,"
+    " pg_catalog.pg_relation_filenode(u.relid)::pg_catalog.int8 AS node FROM ("
+    "SELECT t.relid FROM pg_catalog.pg_partition_tree(%(relid)s::pg_catalog.oid"
+    "::pg_catalog.regclass) AS t WHERE t.isleaf"
+    " UNION SELECT %(relid)s::pg_catalog.oid::pg_catalog.regclass) AS u"
+    " WHERE pg_catalog.pg_relation_filenode(u.relid) IS NOT NULL"
+)
+# Of ``relids`` (leaves under ``root``), those born partitions: each link on the way up to the
+# root made by the transaction that created its child (``postgres.coverage`` says why that
+# means every row they ever held is in the WAL). A leaf attached, or one under a partitioned
+# table attached, is not.
+_BORN = sql.SQL(
+    "SELECT COALESCE(array_agg(l.relid::pg_catalog.int8), '{}') AS born"
+    " FROM pg_catalog.unnest(%(relids)s::pg_catalog.oid[]) AS l(relid)"
+    " WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_partition_ancestors(l.relid) AS up(relid)"
+    " JOIN pg_catalog.pg_inherits i ON i.inhrelid OPERATOR(pg_catalog.=) up.relid"
+    " JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) up.relid"
+    " AND a.attnum OPERATOR(pg_catalog.=) -1"
+    " WHERE up.relid OPERATOR(pg_catalog.<>) %(root)s::pg_catalog.oid"
+    " AND up.relid IN (SELECT t.relid FROM pg_catalog.pg_partition_tree("
+    "%(root)s::pg_catalog.oid::pg_catalog.regclass) AS t)"
+    " AND NOT (i.xmin OPERATOR(pg_catalog.=) a.xmin))"
 )
 _EXPORT = sql.SQL("SELECT pg_catalog.pg_export_snapshot() AS name")
 
@@ -109,6 +143,32 @@ def heap_files(
     """The heap files of table ``relid`` (of each leaf, for a partitioned one), now."""
     with connect(params, label=label) as conn:
         return _files(conn, relid)
+
+
+def heap_moved(conn: Conn, relid: int, planned: tuple[int, ...]) -> str | None:
+    """Why the rows of table ``relid`` may have moved between heap blocks since its heap files
+    were ``planned``, or None: the same files, or only leaves born partitions since (created
+    ``PARTITION OF``, empty: every row they hold is in the WAL after the backfill's ``low``).
+    A rewrite, a leaf attached, detached or dropped says why."""
+    now = {int(r["node"]): int(r["relid"]) for r in conn.execute(_HEAP_LEAVES, {"relid": relid})}
+    if any(node not in now for node in planned):
+        return ("its heap was rewritten (VACUUM FULL, CLUSTER, TRUNCATE, a type change), or a "
+                "partition detached or dropped")  # fmt: skip
+    added = sorted({r for node, r in now.items() if node not in planned})
+    if not added:
+        return None
+    born = set(_one(conn, _BORN, {"relids": added, "root": relid})["born"])
+    attached = [r for r in added if r not in born]
+    if attached:
+        return f"a partition was attached (relation {attached[0]}), or rewritten"
+    return None
+
+
+def heap_change(params: dict[str, str], relid: int, planned: tuple[int, ...], *,
+                label: str = SOURCE_DSN_ENV) -> str | None:  # fmt: skip
+    """``heap_moved``, now, in a session of its own."""
+    with connect(params, label=label) as conn:
+        return heap_moved(conn, relid, planned)
 
 
 def _files(conn: Conn, relid: int) -> tuple[int, ...]:

@@ -38,7 +38,13 @@ from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.quarantine import held
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pipeline.repair import Repair
-from airflow_pglogrepl.postgres.backfill import backfill_start, chunk_snapshot, heap_files
+from airflow_pglogrepl.postgres.backfill import (
+    backfill_start,
+    chunk_snapshot,
+    heap_change,
+    heap_files,
+    heap_moved,
+)
 from airflow_pglogrepl.spark.backfill_build import Builder, Found, cause_of, step_of
 from airflow_pglogrepl.spark.backfill_chunk import blocks_per_chunk, write_chunk
 from airflow_pglogrepl.spark.resnapshot import REPAIRED
@@ -306,9 +312,9 @@ class OnlineBackfill(Repair):
         return tuple(c.name for c in described.columns) != plan.columns
 
     def _check_unchanged(self, plan: record.Plan, chunk: ChunkSnapshot) -> SnapshotTable:
-        if chunk.files != plan.files:
-            raise _RestartError("its heap was rewritten, or a partition attached or detached, "
-                           "which moves rows between the chunks")  # fmt: skip
+        moved = heap_moved(chunk.conn, plan.relid, plan.files)
+        if moved is not None:
+            raise _RestartError(f"{moved}: rows moved between the chunks")
         table = self._describe(TableRef.parse(plan.table), chunk.conn)
         if tuple(c.name for c in table.columns) != plan.columns:
             raise _RestartError("its published columns changed")
@@ -335,9 +341,9 @@ class OnlineBackfill(Repair):
                 self._backfills = None
                 continue
             try:
-                if heap_files(self.source.connection_params(), plan.relid) != plan.files:
-                    raise _RestartError("a partition was attached or detached, or its heap "
-                                        "rewritten, after the last chunk")  # fmt: skip
+                moved = heap_change(self.source.connection_params(), plan.relid, plan.files)
+                if moved is not None:
+                    raise _RestartError(f"{moved}, after the last chunk")
                 step = step_of(self.spark(), self.lake, plan, position,
                                repair=plan.repair or self.parity_repair)  # fmt: skip
             except Exception as exc:

@@ -510,3 +510,41 @@ def test_a_column_renamed_while_a_chunk_is_copied_keeps_its_values(
     assert renamed and result["backfills"] == {"public.b": {"built": True}}
     _drain(spark, source, lake_root)  # the changes since the build merged
     assert_state_equals_source(source, lake_root, B)
+
+
+def test_a_partition_created_between_a_roots_chunks_lets_the_backfill_go_on(
+    spark: Any,
+    source: Source,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A partition created (born empty, every row of its life in the WAL) while a root is
+    backfilled moves no row between chunks. Before (a review found it): the new heap file began
+    the backfill again, and a root whose partitions are made ahead never finished."""
+    lake_root = str(tmp_path / "lake")
+    root = TableRef("public", "parted")
+    source.sql("CREATE TABLE parted (id int, region text, v text, PRIMARY KEY (id, region))"
+               " PARTITION BY LIST (region)")  # fmt: skip
+    source.sql("CREATE TABLE parted_us PARTITION OF parted FOR VALUES IN ('us')")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE parted"
+               " WITH (publish_via_partition_root = true)")  # fmt: skip
+    source.sql("INSERT INTO parted SELECT g, 'us', 'x' FROM generate_series(1, 300) g")
+    _drain(spark, source, lake_root)
+    source.sql("CREATE TABLE parted_af (id int, region text, v text, PRIMARY KEY (id, region))")
+    source.sql("INSERT INTO parted_af SELECT g, 'af', 'x' FROM generate_series(1, 300) g")
+    source.sql("ALTER TABLE parted ATTACH PARTITION parted_af FOR VALUES IN ('af')")
+
+    def create_one_after_the_first(copied: int) -> None:
+        if copied == 1:
+            source.sql("CREATE TABLE parted_eu PARTITION OF parted FOR VALUES IN ('eu')")
+            source.sql("INSERT INTO parted SELECT g, 'eu', 'y' FROM generate_series(1, 40) g")
+
+    _around_each_chunk(monkeypatch, after=create_one_after_the_first)
+    caplog.set_level("INFO", logger="airflow_pglogrepl.backfill")
+    result = _drain(spark, source, lake_root)
+    said = [r.getMessage() for r in caplog.records]
+    assert not [m for m in said if "begins again" in m], said
+    assert len([m for m in said if m.startswith("public.parted: backfill chunk")]) >= 2, said
+    assert result["incomplete"] == {} and result["backfills"] == {"public.parted": {"built": True}}
+    assert_state_equals_source(source, lake_root, root)
