@@ -37,6 +37,7 @@ from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.postgres.connect import Conn, connect, long_work_settings, set_session
 from airflow_pglogrepl.postgres.snapshot import READER_SETTINGS
+from airflow_pglogrepl.tables import TableRef
 
 __all__ = [
     "BackfillStart",
@@ -81,14 +82,17 @@ _HEAP_FILES = sql.SQL(
     " UNION SELECT %(relid)s::pg_catalog.oid::pg_catalog.regclass) AS u) AS f"
     " WHERE f.node IS NOT NULL"
 )
-# The same files, each with its relation.
+# The same files, each with its relation, named.
 _HEAP_LEAVES = sql.SQL(
-    "SELECT u.relid::pg_catalog.int8 AS relid,"
+    "SELECT u.relid::pg_catalog.int8 AS relid, n.nspname::pg_catalog.text AS schema_name,"
+    " c.relname::pg_catalog.text AS table_name,"
     " pg_catalog.pg_relation_filenode(u.relid)::pg_catalog.int8 AS node FROM ("
     "SELECT t.relid FROM pg_catalog.pg_partition_tree(%(relid)s::pg_catalog.oid"
     "::pg_catalog.regclass) AS t WHERE t.isleaf"
     " UNION SELECT %(relid)s::pg_catalog.oid::pg_catalog.regclass) AS u"
-    " WHERE pg_catalog.pg_relation_filenode(u.relid) IS NOT NULL"
+    " JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) u.relid"
+    " JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace"
+    " WHERE pg_catalog.pg_relation_filenode(u.relid) IS NOT NULL ORDER BY u.relid"
 )
 # Of ``relids`` (leaves under ``root``), those born partitions: each link on the way up to the
 # root made by the transaction that created its child (``postgres.coverage`` says why that
@@ -143,6 +147,12 @@ def heap_files(
     """The heap files of table ``relid`` (of each leaf, for a partitioned one), now."""
     with connect(params, label=label) as conn:
         return _files(conn, relid)
+
+
+def heap_leaves(conn: Conn, relid: int) -> tuple[TableRef, ...]:
+    """The leaves of partitioned table ``relid`` that have a heap, named, now."""
+    rows = conn.execute(_HEAP_LEAVES, {"relid": relid}).fetchall()
+    return tuple(TableRef(r["schema_name"], r["table_name"]) for r in rows if r["relid"] != relid)
 
 
 def heap_moved(conn: Conn, relid: int, planned: tuple[int, ...]) -> str | None:

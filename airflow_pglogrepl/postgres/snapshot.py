@@ -140,6 +140,9 @@ class SnapshotTable:
     relpages: int
     publications: tuple[str, ...]
     span: int
+    # a partitioned table's leaves to read, named (a backfill's chunk: those its check found,
+    # whatever is attached or detached before its readers plan); none: the table itself
+    leaves: tuple[TableRef, ...] = ()
 
     @property
     def key_names(self) -> tuple[str, ...]:
@@ -417,6 +420,15 @@ def select_statement(
     if table.row_filter:
         conditions.append(sql.SQL("({})").format(sql.SQL(table.row_filter)))
     where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
+    if table.leaves:  # a partitioned table's leaves read one by one, each ``ONLY``
+        return sql.SQL(" UNION ALL ").join(
+            sql.SQL("SELECT {columns} FROM ONLY {table}{where}").format(
+                columns=sql.SQL(", ").join(columns),
+                table=sql.Identifier(leaf.schema, leaf.name),
+                where=where,
+            )
+            for leaf in table.leaves
+        )
     return sql.SQL("SELECT {columns} FROM {only}{table}{where}").format(
         columns=sql.SQL(", ").join(columns),
         only=sql.SQL("" if table.relkind == "p" else "ONLY "),

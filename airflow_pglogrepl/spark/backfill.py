@@ -43,6 +43,7 @@ from airflow_pglogrepl.postgres.backfill import (
     chunk_snapshot,
     heap_change,
     heap_files,
+    heap_leaves,
     heap_moved,
 )
 from airflow_pglogrepl.spark.backfill_build import Builder, Found, cause_of, step_of
@@ -318,6 +319,9 @@ class OnlineBackfill(Repair):
         table = self._describe(TableRef.parse(plan.table), chunk.conn)
         if tuple(c.name for c in table.columns) != plan.columns:
             raise _RestartError("its published columns changed")
+        if table.relkind == "p":  # its readers read these leaves, whatever is attached or
+            # detached before they plan (one attached then detached would leave its rows)
+            table = dataclasses.replace(table, leaves=heap_leaves(chunk.conn, plan.relid))
         return table
 
     def _build_ready(self, position: LSN) -> list[str]:

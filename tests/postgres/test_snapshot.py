@@ -5,6 +5,7 @@ read in ctid ranges through ADBC, and a snapshot gone said so with the fix."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -55,6 +56,10 @@ def test_a_range_read_is_composed_for_each_kind_of_table() -> None:
         ' FROM "Sch""; ema"."T a\'b" WHERE ctid >= \'(2,0)\'::tid AND ctid < \'(5,0)\'::tid'
         " AND ((id > 1))"
     )
+    leaves = dataclasses.replace(_table("p"), leaves=(TableRef("s", "l1"), TableRef("s", 'l"2')))
+    named = select_statement(leaves, [None, None], 2, 5).as_string(None)
+    assert named.count(" UNION ALL ") == 1 and named.count("ctid >= '(2,0)'") == 2
+    assert ' FROM ONLY "s"."l1" WHERE' in named and ' FROM ONLY "s"."l""2" WHERE' in named
     with pytest.raises(ValueError, match="1 casts for the 2 columns"):
         select_statement(_table(), ["int8"])
 

@@ -548,3 +548,43 @@ def test_a_partition_created_between_a_roots_chunks_lets_the_backfill_go_on(
     assert len([m for m in said if m.startswith("public.parted: backfill chunk")]) >= 2, said
     assert result["incomplete"] == {} and result["backfills"] == {"public.parted": {"built": True}}
     assert_state_equals_source(source, lake_root, root)
+
+
+def test_a_partition_attached_and_detached_while_a_chunk_is_read_leaves_no_row(
+    spark: Any, source: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk reads the leaves its check found, in its snapshot, whatever is attached before
+    its readers plan. Before (a review found it): the readers read the root, so a table
+    attached after the check and detached before the next one left its rows in the root's
+    state, and nothing noticed."""
+    from airflow_pglogrepl.spark import backfill
+
+    lake_root = str(tmp_path / "lake")
+    root = TableRef("public", "parted")
+    source.sql("CREATE TABLE parted (id int, region text, v text, PRIMARY KEY (id, region))"
+               " PARTITION BY LIST (region)")  # fmt: skip
+    source.sql("CREATE TABLE parted_us PARTITION OF parted FOR VALUES IN ('us')")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE parted"
+               " WITH (publish_via_partition_root = true)")  # fmt: skip
+    source.sql("INSERT INTO parted SELECT g, 'us', 'x' FROM generate_series(1, 300) g")
+    _drain(spark, source, lake_root)
+    source.sql("CREATE TABLE swap (id int, region text, v text, PRIMARY KEY (id, region))")
+    source.sql("INSERT INTO swap SELECT g, 'sw', 'swapped' FROM generate_series(1, 30) g")
+    check, attached = backfill.OnlineBackfill._check_unchanged, []
+
+    def then_one_is_attached(self: Any, plan: Any, chunk: Any) -> Any:
+        described = check(self, plan, chunk)
+        if not attached:
+            attached.append(True)
+            source.sql("ALTER TABLE parted ATTACH PARTITION swap FOR VALUES IN ('sw')")
+        return described
+
+    def detached_after(copied: int) -> None:
+        if copied == 1:
+            source.sql("ALTER TABLE parted DETACH PARTITION swap")
+
+    monkeypatch.setattr(backfill.OnlineBackfill, "_check_unchanged", then_one_is_attached)
+    _around_each_chunk(monkeypatch, after=detached_after)
+    result = _drain(spark, source, lake_root, resync=["public.parted"])
+    assert attached and result["backfills"] == {"public.parted": {"built": True}}
+    assert_state_equals_source(source, lake_root, root)
