@@ -20,7 +20,7 @@ them, ``docs/drain.md`` says it in prose):
   ``in_progress`` when that is earlier). A row no change touched since ``low`` sat in one
   heap block (of one leaf, for a partitioned table) the whole time and is in exactly one
   chunk; a row a change touched is whatever its last change made it, whatever the chunks
-  read. Its heap files unchanged (``heap_moved``, but for leaves born since) say no row moved.
+  read. Its heap files unchanged (``heap_check``, but for leaves born since) say no row moved.
 """
 
 from __future__ import annotations
@@ -42,11 +42,12 @@ from airflow_pglogrepl.tables import TableRef
 __all__ = [
     "BackfillStart",
     "ChunkSnapshot",
+    "HeapCheck",
     "backfill_start",
     "chunk_snapshot",
     "heap_change",
+    "heap_check",
     "heap_files",
-    "heap_moved",
 ]
 
 log = logging.getLogger("airflow_pglogrepl.backfill")
@@ -96,19 +97,20 @@ _HEAP_LEAVES = sql.SQL(
 )
 # Of ``relids`` (leaves under ``root``), those born partitions: each link on the way up to the
 # root made by the transaction that created its child (``postgres.coverage`` says why that
-# means every row they ever held is in the WAL). A leaf attached, or one under a partitioned
-# table attached, is not.
+# means every row they ever held is in the WAL), and seen so: a link the statement's snapshot
+# does not show (attached after it was taken) is not. A leaf attached, or one under a
+# partitioned table attached, is not born.
 _BORN = sql.SQL(
     "SELECT COALESCE(array_agg(l.relid::pg_catalog.int8), '{}') AS born"
     " FROM pg_catalog.unnest(%(relids)s::pg_catalog.oid[]) AS l(relid)"
     " WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_partition_ancestors(l.relid) AS up(relid)"
-    " JOIN pg_catalog.pg_inherits i ON i.inhrelid OPERATOR(pg_catalog.=) up.relid"
-    " JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) up.relid"
-    " AND a.attnum OPERATOR(pg_catalog.=) -1"
     " WHERE up.relid OPERATOR(pg_catalog.<>) %(root)s::pg_catalog.oid"
     " AND up.relid IN (SELECT t.relid FROM pg_catalog.pg_partition_tree("
     "%(root)s::pg_catalog.oid::pg_catalog.regclass) AS t)"
-    " AND NOT (i.xmin OPERATOR(pg_catalog.=) a.xmin))"
+    " AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i"
+    " JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.inhrelid"
+    " AND a.attnum OPERATOR(pg_catalog.=) -1"
+    " WHERE i.inhrelid OPERATOR(pg_catalog.=) up.relid AND i.xmin OPERATOR(pg_catalog.=) a.xmin))"
 )
 _EXPORT = sql.SQL("SELECT pg_catalog.pg_export_snapshot() AS name")
 
@@ -149,36 +151,46 @@ def heap_files(
         return _files(conn, relid)
 
 
-def heap_leaves(conn: Conn, relid: int) -> tuple[TableRef, ...]:
-    """The leaves of partitioned table ``relid`` that have a heap, named, now."""
+@dataclass(frozen=True)
+class HeapCheck:
+    """A table's heap files now against those planned: ``moved`` says why rows may have moved
+    between blocks (None: none did); ``files`` are the files now, ``leaves`` its leaves with a
+    heap, named (a partitioned table's; empty for a table)."""
+
+    moved: str | None
+    files: tuple[int, ...]
+    leaves: tuple[TableRef, ...]
+
+
+def heap_check(conn: Conn, relid: int, planned: tuple[int, ...]) -> HeapCheck:
+    """Whether the rows of table ``relid`` may have moved between heap blocks since its heap
+    files were ``planned``: not when the files are the same, or when the only new ones are of
+    leaves born partitions since (created ``PARTITION OF``, empty: every row they hold is in
+    the WAL after the backfill's ``low``). A rewrite, a leaf attached, detached or dropped
+    (a born one too, once its files were planned) says why."""
     rows = conn.execute(_HEAP_LEAVES, {"relid": relid}).fetchall()
-    return tuple(TableRef(r["schema_name"], r["table_name"]) for r in rows if r["relid"] != relid)
-
-
-def heap_moved(conn: Conn, relid: int, planned: tuple[int, ...]) -> str | None:
-    """Why the rows of table ``relid`` may have moved between heap blocks since its heap files
-    were ``planned``, or None: the same files, or only leaves born partitions since (created
-    ``PARTITION OF``, empty: every row they hold is in the WAL after the backfill's ``low``).
-    A rewrite, a leaf attached, detached or dropped says why."""
-    now = {int(r["node"]): int(r["relid"]) for r in conn.execute(_HEAP_LEAVES, {"relid": relid})}
+    now = {int(r["node"]): int(r["relid"]) for r in rows}
+    files = tuple(node for node, _ in sorted(now.items(), key=lambda item: item[1]))
+    leaves = tuple(TableRef(r["schema_name"], r["table_name"]) for r in rows
+                   if r["relid"] != relid)  # fmt: skip
     if any(node not in now for node in planned):
-        return ("its heap was rewritten (VACUUM FULL, CLUSTER, TRUNCATE, a type change), or a "
-                "partition detached or dropped")  # fmt: skip
+        return HeapCheck("its heap was rewritten (VACUUM FULL, CLUSTER, TRUNCATE, a type "
+                         "change), or a partition detached or dropped", files, leaves)  # fmt: skip
     added = sorted({r for node, r in now.items() if node not in planned})
-    if not added:
-        return None
-    born = set(_one(conn, _BORN, {"relids": added, "root": relid})["born"])
-    attached = [r for r in added if r not in born]
-    if attached:
-        return f"a partition was attached (relation {attached[0]}), or rewritten"
-    return None
+    if added:
+        born = set(_one(conn, _BORN, {"relids": added, "root": relid})["born"])
+        attached = [r for r in added if r not in born]
+        if attached:
+            return HeapCheck(f"a partition was attached (relation {attached[0]}), or rewritten",
+                             files, leaves)  # fmt: skip
+    return HeapCheck(None, files, leaves)
 
 
 def heap_change(params: dict[str, str], relid: int, planned: tuple[int, ...], *,
                 label: str = SOURCE_DSN_ENV) -> str | None:  # fmt: skip
-    """``heap_moved``, now, in a session of its own."""
+    """Why rows of ``relid`` may have moved since ``planned`` (``heap_check``), now."""
     with connect(params, label=label) as conn:
-        return heap_moved(conn, relid, planned)
+        return heap_check(conn, relid, planned).moved
 
 
 def _files(conn: Conn, relid: int) -> tuple[int, ...]:

@@ -56,6 +56,7 @@ __all__ = [
     "SnapshotTable",
     "create_slot_with_snapshot",
     "select_statement",
+    "select_statements",
     "validate_snapshot_name",
 ]
 
@@ -141,8 +142,8 @@ class SnapshotTable:
     publications: tuple[str, ...]
     span: int
     # a partitioned table's leaves to read, named (a backfill's chunk: those its check found,
-    # whatever is attached or detached before its readers plan); none: the table itself
-    leaves: tuple[TableRef, ...] = ()
+    # whatever is attached or detached before its readers plan); None: the table itself
+    leaves: tuple[TableRef, ...] | None = None
 
     @property
     def key_names(self) -> tuple[str, ...]:
@@ -328,7 +329,8 @@ class SnapshotReader:
             text is the server's, without the password).
         """
         name = validate_snapshot_name(snapshot_name)
-        query = select_statement(table, casts, start_block, stop_block).as_string(None)
+        queries = [q.as_string(None) for q in select_statements(table, casts, start_block,
+                                                                 stop_block)]  # fmt: skip
         what = f"{self.label}: reading {table.table} in snapshot {name!r} failed"
         settings = {k: v for k, v in READER_SETTINGS.items() if k not in TEXT_OUTPUT}
         try:
@@ -343,7 +345,8 @@ class SnapshotReader:
                 session.run(
                     sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)).as_string(None)
                 )
-                yield from session.batches(query, batch_bytes=batch_bytes)
+                for query in queries:
+                    yield from session.batches(query, batch_bytes=batch_bytes)
         except AdbcError as exc:
             text = str(exc)
             # 15 to 17 say "invalid snapshot identifier", 18 'snapshot "..." does not exist'
@@ -375,6 +378,28 @@ def validate_snapshot_name(name: str) -> str:
             f"{name!r} is not the name of an exported snapshot (like '00000003-0000001B-1')"
         )
     return name
+
+
+def select_statements(
+    table: SnapshotTable,
+    casts: Sequence[str | None],
+    start_block: int = 0,
+    stop_block: int | None = None,
+) -> list[sql.Composed]:
+    """What reads the range: ``select_statement``, or for a partitioned table with ``leaves``
+    named, one for each leaf (``ONLY``; none for none): run one after the other in the same
+    snapshot, each is a statement of its own size, however many leaves there are."""
+    if table.leaves is None:
+        return [select_statement(table, casts, start_block, stop_block)]
+    return [
+        select_statement(
+            dataclasses.replace(table, table=leaf, relkind="r", leaves=None),
+            casts,
+            start_block,
+            stop_block,
+        )
+        for leaf in table.leaves
+    ]
 
 
 def select_statement(
@@ -420,15 +445,6 @@ def select_statement(
     if table.row_filter:
         conditions.append(sql.SQL("({})").format(sql.SQL(table.row_filter)))
     where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
-    if table.leaves:  # a partitioned table's leaves read one by one, each ``ONLY``
-        return sql.SQL(" UNION ALL ").join(
-            sql.SQL("SELECT {columns} FROM ONLY {table}{where}").format(
-                columns=sql.SQL(", ").join(columns),
-                table=sql.Identifier(leaf.schema, leaf.name),
-                where=where,
-            )
-            for leaf in table.leaves
-        )
     return sql.SQL("SELECT {columns} FROM {only}{table}{where}").format(
         columns=sql.SQL(", ").join(columns),
         only=sql.SQL("" if table.relkind == "p" else "ONLY "),

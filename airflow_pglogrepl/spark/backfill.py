@@ -42,9 +42,8 @@ from airflow_pglogrepl.postgres.backfill import (
     backfill_start,
     chunk_snapshot,
     heap_change,
+    heap_check,
     heap_files,
-    heap_leaves,
-    heap_moved,
 )
 from airflow_pglogrepl.spark.backfill_build import Builder, Found, cause_of, step_of
 from airflow_pglogrepl.spark.backfill_chunk import blocks_per_chunk, write_chunk
@@ -190,17 +189,18 @@ class OnlineBackfill(Repair):
             log.info("%s: a lock held by another statement: the chunk waits", table)
         elif isinstance(error, ValueError) and NOT_PUBLISHED in str(error):
             self._drop(plan, f"it is no longer published ({cause_of(error)})")
-        elif error is not None and self._columns_changed(plan):  # (its readers failed)
-            self._restart(plan, f"its published columns changed while a chunk was copied "
-                                f"({cause_of(error)})")  # fmt: skip
         elif error is not None:
             self._failed(table, error)
-        elif found is not None and found.get("high") is not None:
+        elif found is not None and found["high"] is not None:
             self._plans()[table] = dataclasses.replace(plan, high=found["high"],
-                                                       chunks=found["chunks"])  # fmt: skip
+                                                       chunks=found["chunks"],
+                                                       files=found["files"])  # fmt: skip
             self._save()
             log.info("%s: every chunk copied; its state is built once the lake reaches %s",
                      table, found["high"])  # fmt: skip
+        elif found is not None and found["files"] != plan.files:  # partitions born meanwhile
+            self._plans()[table] = dataclasses.replace(plan, files=found["files"])
+            self._save()
 
     def waiting_for(self) -> LSN | None:
         """The position the lake must reach for a copied backfill's state to be built."""
@@ -290,20 +290,26 @@ class OnlineBackfill(Repair):
         # sees (and the chunk begins again); one committed later, windows go on meanwhile
         known = self.lake.known_schema(TableRef.parse(plan.table))
         with chunk_snapshot(self.source.connection_params(), plan.relid) as chunk:
-            table = self._check_unchanged(plan, chunk)
+            table, files = self._check_unchanged(plan, chunk)
             first = done * plan.step
             last = plan.step == 0 or first + plan.step >= table.span
             pause("backfill_copying")
             fault("backfill_copying")
             blocks = (first, None if last else first + plan.step)
-            rows = write_chunk(self.spark(), self.lake, self.source.connection_params(), plan,
-                               table, chunk.name, done, blocks, known=known)  # fmt: skip
+            try:
+                rows = write_chunk(self.spark(), self.lake, self.source.connection_params(),
+                                   plan, table, chunk.name, done, blocks, known=known)  # fmt: skip
+            except Exception as exc:  # its readers failed: on a change of the columns, begin again
+                if self._columns_changed(plan):
+                    raise _RestartError(f"its published columns changed while a chunk was "
+                                        f"copied ({cause_of(exc)})") from exc  # fmt: skip
+                raise
             fault("backfill_chunk")
         log.info("%s: backfill chunk %d (blocks %d to %s%s) committed, %d rows, %.2fs",
                  plan.table, done + 1, first, "the end" if last else first + plan.step,
                  " of each leaf" if table.relkind == "p" else "", rows,
                  time.monotonic() - began)  # fmt: skip
-        return {"chunks": done + 1, "high": str(chunk.high) if last else None}
+        return {"chunks": done + 1, "high": str(chunk.high) if last else None, "files": files}
 
     def _columns_changed(self, plan: record.Plan) -> bool:
         try:
@@ -312,17 +318,21 @@ class OnlineBackfill(Repair):
             return False
         return tuple(c.name for c in described.columns) != plan.columns
 
-    def _check_unchanged(self, plan: record.Plan, chunk: ChunkSnapshot) -> SnapshotTable:
-        moved = heap_moved(chunk.conn, plan.relid, plan.files)
-        if moved is not None:
-            raise _RestartError(f"{moved}: rows moved between the chunks")
+    def _check_unchanged(
+        self, plan: record.Plan, chunk: ChunkSnapshot
+    ) -> tuple[SnapshotTable, tuple[int, ...]]:
+        """The table in the chunk's snapshot, and its heap files then (those planned, and those
+        of leaves born since, which the plan takes on: one of them gone begins it again)."""
+        heap = heap_check(chunk.conn, plan.relid, plan.files)
+        if heap.moved is not None:
+            raise _RestartError(f"{heap.moved}: rows moved between the chunks")
         table = self._describe(TableRef.parse(plan.table), chunk.conn)
         if tuple(c.name for c in table.columns) != plan.columns:
             raise _RestartError("its published columns changed")
         if table.relkind == "p":  # its readers read these leaves, whatever is attached or
             # detached before they plan (one attached then detached would leave its rows)
-            table = dataclasses.replace(table, leaves=heap_leaves(chunk.conn, plan.relid))
-        return table
+            table = dataclasses.replace(table, leaves=heap.leaves)
+        return table, heap.files
 
     def _build_ready(self, position: LSN) -> list[str]:
         """Take the build that ended (its table, when its state is in place), and start the

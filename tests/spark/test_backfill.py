@@ -588,3 +588,43 @@ def test_a_partition_attached_and_detached_while_a_chunk_is_read_leaves_no_row(
     result = _drain(spark, source, lake_root, resync=["public.parted"])
     assert attached and result["backfills"] == {"public.parted": {"built": True}}
     assert_state_equals_source(source, lake_root, root)
+
+
+def test_a_partition_born_during_a_roots_backfill_then_dropped_begins_it_again(
+    spark: Any,
+    source: Source,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A born partition's rows come by the WAL, but its drop sends nothing: once a chunk took
+    it on, its files are the plan's, and their going begins the backfill again. Before (a
+    review found it): the plan never took them on, and the dropped partition's rows stayed."""
+    lake_root = str(tmp_path / "lake")
+    root = TableRef("public", "parted")
+    source.sql("CREATE TABLE parted (id int, region text, v text, PRIMARY KEY (id, region))"
+               " PARTITION BY LIST (region)")  # fmt: skip
+    source.sql("CREATE TABLE parted_us PARTITION OF parted FOR VALUES IN ('us')")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE parted"
+               " WITH (publish_via_partition_root = true)")  # fmt: skip
+    source.sql("INSERT INTO parted SELECT g, 'us', repeat('x', 200) FROM generate_series(1, 300) g")
+    _drain(spark, source, lake_root)
+    source.sql("CREATE TABLE parted_af (id int, region text, v text, PRIMARY KEY (id, region))")
+    source.sql("INSERT INTO parted_af SELECT g, 'af', repeat('x', 200)"
+               " FROM generate_series(1, 300) g")  # fmt: skip
+    source.sql("ALTER TABLE parted ATTACH PARTITION parted_af FOR VALUES IN ('af')")
+
+    def born_then_dropped(copied: int) -> None:
+        if copied == 1:
+            source.sql("CREATE TABLE parted_eu PARTITION OF parted FOR VALUES IN ('eu')")
+            source.sql("INSERT INTO parted SELECT g, 'eu', 'y' FROM generate_series(1, 40) g")
+        elif copied == 3:
+            source.sql("DROP TABLE parted_eu")
+
+    _around_each_chunk(monkeypatch, after=born_then_dropped)
+    caplog.set_level("INFO", logger="airflow_pglogrepl.backfill")
+    result = _drain(spark, source, lake_root)
+    said = [r.getMessage() for r in caplog.records]
+    assert [m for m in said if "begins again" in m and "dropped" in m], said
+    assert result["incomplete"] == {} and result["backfills"] == {"public.parted": {"built": True}}
+    assert_state_equals_source(source, lake_root, root)
