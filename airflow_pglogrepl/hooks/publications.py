@@ -10,7 +10,7 @@ See https://www.postgresql.org/docs/15/sql-alterpublication.html
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from airflow_pglogrepl import conninfo
 from airflow_pglogrepl.exceptions import DefinitionConflictError
@@ -65,11 +65,15 @@ class PublicationsMixin(PgSessionHook):
         with self.session() as conn:
             return missing_publications(conn, names)
 
-    def publication_coverage(self, names: Sequence[str]) -> SourceCoverage:
+    def publication_coverage(
+        self, names: Sequence[str], *, known: Collection[int] | None = None
+    ) -> SourceCoverage:
         """Every relation ``names`` publish now, with its leaves and whether each was born
-        published (``postgres.coverage``): what the drain compares the lake with."""
+        published (``postgres.coverage``; ``known``: the OIDs the lake records, those not
+        among them read for rows older than their publication): what the drain compares the
+        lake with."""
         with self.session() as conn:
-            return publication_coverage(conn, names)
+            return publication_coverage(conn, names, known=known)
 
     def require_publications(
         self, names: Sequence[str], *, slot: str | None = None, consequence: str

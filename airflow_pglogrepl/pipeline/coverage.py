@@ -243,6 +243,15 @@ def after_snapshot(
                  ", ".join(copied))  # fmt: skip
 
 
+def known(recorded: Coverage | None) -> set[int] | None:
+    """The relations and leaves (OIDs) ``recorded`` holds; None without a record (a lake's
+    first check takes its snapshot, or what is published, as whole)."""
+    if recorded is None:
+        return None
+    leaves = {int(oid) for r in recorded.relations.values() for oid in r.get("leaves", {})}
+    return set(recorded.relations) | leaves
+
+
 @dataclass
 class CoverageCheck:
     """A run's check: compare, record what changed, log every gap, and say which remain
@@ -257,8 +266,8 @@ class CoverageCheck:
     def run(self) -> dict[str, Gap]:
         from airflow_pglogrepl.lake.snapshots import existing_snapshot
 
-        now = self.source.publication_coverage(self.publications)
         recorded = record.read(self.lake)
+        now = self.source.publication_coverage(self.publications, known=known(recorded))
         position = self.lake.position()
         since = str(position) if position is not None else "the lake's start"
         snapshot = existing_snapshot(self.lake) if recorded is None else None

@@ -177,9 +177,9 @@ class IdleCheck:
     def _coverage_moved(self, recorded: Coverage) -> bool:
         """The publications cover other relations or partitions than the lake records: a
         table added or a partition attached sends nothing a peek would see."""
-        from airflow_pglogrepl.pipeline.coverage import judge
+        from airflow_pglogrepl.pipeline.coverage import judge, known
 
-        now = self.hook.publication_coverage(list(self.publications))
+        now = self.hook.publication_coverage(list(self.publications), known=known(recorded))
         if judge(recorded, now, "").holds_as(recorded):
             return False
         log.info("the publications cover other tables or partitions than the lake records: "

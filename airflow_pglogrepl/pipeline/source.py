@@ -7,7 +7,7 @@ methods; the tests give fakes. Nothing in ``pipeline`` speaks SQL: it asks this.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_pglogrepl.lsn import LSN
@@ -32,7 +32,9 @@ class DrainSource(Protocol):
 
     def missing_publications(self, names: Sequence[str]) -> list[str]: ...
 
-    def publication_coverage(self, names: Sequence[str]) -> SourceCoverage: ...
+    def publication_coverage(
+        self, names: Sequence[str], *, known: Collection[int] | None = None
+    ) -> SourceCoverage: ...
 
     def source_identity(self) -> dict[str, object]: ...
 

@@ -17,7 +17,7 @@ check (its horizon).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from psycopg import sql
@@ -48,22 +48,42 @@ _NODES = sql.SQL(
     " n.nspname AS schema, c.relname AS name,"
     " (SELECT i.inhparent::bigint FROM pg_inherits i WHERE i.inhrelid = nodes.node) AS parent,"
     " (SELECT i.xmin::text::bigint FROM pg_inherits i WHERE i.inhrelid = nodes.node) AS linked,"
+    " (SELECT i.cmin::text::bigint FROM pg_inherits i WHERE i.inhrelid = nodes.node)"
+    " AS linked_at,"
     " (SELECT a.xmin::text::bigint FROM pg_attribute a"
     "  WHERE a.attrelid = nodes.node AND a.attnum = -1) AS created,"
-    " (SELECT array_agg(pr.xmin::text::bigint) FROM pg_publication_rel pr"
+    " (SELECT array_agg(pr.xmin::text::bigint ORDER BY pr.oid) FROM pg_publication_rel pr"
     "  JOIN pg_publication pb ON pb.oid = pr.prpubid"
     "  WHERE pb.pubname = ANY(%(pubs)s) AND pr.prrelid = nodes.node) AS listed,"
+    " (SELECT array_agg(pr.cmin::text::bigint ORDER BY pr.oid) FROM pg_publication_rel pr"
+    "  JOIN pg_publication pb ON pb.oid = pr.prpubid"
+    "  WHERE pb.pubname = ANY(%(pubs)s) AND pr.prrelid = nodes.node) AS listed_at,"
     " (SELECT bool_or(pb.puballtables) FROM pg_publication pb"
     "  WHERE pb.pubname = ANY(%(pubs)s)) AS all_tables,"
-    " {in_schema} AS in_schema"
+    " {in_schema} AS in_schema, {in_schema_at} AS in_schema_at"
     " FROM nodes JOIN pg_class c ON c.oid = nodes.node"
     " JOIN pg_namespace n ON n.oid = c.relnamespace"
     " ORDER BY 1, 2"
 )
 _IN_SCHEMA = sql.SQL(
-    "(SELECT array_agg(pn.xmin::text::bigint) FROM pg_publication_namespace pn"
+    "(SELECT array_agg(pn.xmin::text::bigint ORDER BY pn.oid) FROM pg_publication_namespace pn"
     " JOIN pg_publication pb ON pb.oid = pn.pnpubid"
     " WHERE pb.pubname = ANY(%(pubs)s) AND pn.pnnspid = c.relnamespace)"
+)
+_IN_SCHEMA_AT = sql.SQL(
+    "(SELECT array_agg(pn.cmin::text::bigint ORDER BY pn.oid) FROM pg_publication_namespace pn"
+    " JOIN pg_publication pb ON pb.oid = pn.pnpubid"
+    " WHERE pb.pubname = ANY(%(pubs)s) AND pn.pnnspid = c.relnamespace)"
+)
+# Whether ``table`` holds a row its creating transaction ``xid`` inserted before command
+# ``cid``, the one that made it published (linked it under a published root, listed it, or
+# its schema): such rows were decoded as the table's own, unpublished then, so the WAL
+# carries none of them as the published relation's. A committed row's ``cmin`` is the command
+# that inserted it (one whose delete aborted may show that delete's: then a row is taken for
+# early, which costs a repair and loses nothing).
+_EARLY_ROWS = (
+    "SELECT EXISTS (SELECT 1 FROM ONLY {table} WHERE xmin OPERATOR(pg_catalog.=)"
+    " %(xid)s::text::pg_catalog.xid AND cmin::text::pg_catalog.int8 < %(cid)s) AS early"
 )
 
 
@@ -115,17 +135,30 @@ class _Node:
     leaf: bool
     parent: int | None
     linked: int | None  # raw
+    linked_at: int | None  # the command of its transaction that linked it
     created: int  # raw
     touched: int  # raw: its pg_class row's (a schema move, SET LOGGED, an ALTER: newer)
     listed: tuple[int, ...]  # raw
     in_schema: tuple[int, ...]  # raw
     all_tables: bool
+    # (transaction, command) of each row that published it or its schema
+    made_at: tuple[tuple[int, int], ...] = ()
 
 
-def publication_coverage(conn: Conn, publications: Sequence[str]) -> SourceCoverage:
-    """Every relation ``publications`` publish now, as pgoutput sends it."""
-    in_schema = _IN_SCHEMA if conn.info.server_version >= 150000 else sql.SQL("NULL::bigint[]")
-    rows = conn.execute(_NODES.format(in_schema=in_schema), {"pubs": list(publications)})
+def publication_coverage(
+    conn: Conn, publications: Sequence[str], *, known: Collection[int] | None = None
+) -> SourceCoverage:
+    """Every relation ``publications`` publish now, as pgoutput sends it.
+
+    ``known``: the relations and leaves (OIDs) the lake records. Any other made published by
+    the transaction that created it is read for rows that transaction inserted before
+    (``CREATE TABLE t; COPY t; ALTER TABLE root ATTACH PARTITION t`` in one transaction):
+    with any, it was not published then. None: no table is read (its catalog alone judges)."""
+    new = conn.info.server_version >= 150000
+    none = sql.SQL("NULL::bigint[]")
+    statement = _NODES.format(in_schema=_IN_SCHEMA if new else none,
+                              in_schema_at=_IN_SCHEMA_AT if new else none)  # fmt: skip
+    rows = conn.execute(statement, {"pubs": list(publications)})
     found = rows.fetchall()  # the horizon read in the catalog's own statement
     now = int(found[0]["now"] if found else conn.execute(_NOW).fetchone()["now"])  # type: ignore[index]
     trees: dict[int, dict[int, _Node]] = {}
@@ -136,14 +169,50 @@ def publication_coverage(conn: Conn, publications: Sequence[str]) -> SourceCover
             leaf=bool(row["leaf"]),
             parent=None if row["parent"] is None else int(row["parent"]),
             linked=None if row["linked"] is None else int(row["linked"]),
+            linked_at=None if row["linked_at"] is None else int(row["linked_at"]),
             created=int(row["created"]),
             touched=int(row["touched"]),
             listed=tuple(int(x) for x in row["listed"] or ()),
             in_schema=tuple(int(x) for x in row["in_schema"] or ()),
             all_tables=bool(row["all_tables"]),
-        )
-    relations = [_relation(oid, nodes, now) for oid, nodes in sorted(trees.items())]
+            made_at=(*zip(row["listed"] or (), row["listed_at"] or (), strict=True),
+                     *zip(row["in_schema"] or (), row["in_schema_at"] or (), strict=True)),
+        )  # fmt: skip
+    early = set() if known is None else _with_early_rows(conn, trees, set(known))
+    relations = [_relation(oid, nodes, now, early) for oid, nodes in sorted(trees.items())]
     return SourceCoverage(horizon=now, relations=relations)
+
+
+def _with_early_rows(conn: Conn, trees: dict[int, dict[int, _Node]], known: set[int]) -> set[int]:
+    """The leaves not ``known`` that hold rows inserted, by the transaction that created them,
+    before that transaction made them published (``_EARLY_ROWS``)."""
+    early: set[int] = set()
+    asked: set[int] = set(known)
+    for nodes in trees.values():
+        for node in nodes.values():
+            if not node.leaf or node.oid in asked:
+                continue
+            asked.add(node.oid)
+            made = [at for xid, at in _publishing(node, nodes) if xid == node.created]
+            if not made:
+                continue
+            table = sql.Identifier(node.table.schema, node.table.name)
+            query = sql.SQL(_EARLY_ROWS).format(table=table)
+            row = conn.execute(query, {"xid": node.created, "cid": max(made)}).fetchone()
+            if row is not None and row["early"]:
+                early.add(node.oid)
+    return early
+
+
+def _publishing(node: _Node, nodes: dict[int, _Node]) -> list[tuple[int, int]]:
+    """(transaction, command) of each catalog row that makes ``node``'s rows published: the
+    links up its path, and what lists or holds the schema of each node on it."""
+    made: list[tuple[int, int]] = []
+    for each in _path_up(node, nodes):
+        if each.parent in nodes and each.linked is not None and each.linked_at is not None:
+            made.append((each.linked, each.linked_at))
+        made.extend(each.made_at)
+    return made
 
 
 def _full(raw: int, now: int) -> int:
@@ -173,7 +242,7 @@ def _linked_then(path: Sequence[_Node], newest: _Node, now: int) -> bool:
     return True
 
 
-def _relation(oid: int, nodes: dict[int, _Node], now: int) -> PublishedRelation:
+def _relation(oid: int, nodes: dict[int, _Node], now: int, early: set[int]) -> PublishedRelation:
     top = nodes[oid]
     path = _path_up(top, nodes)
     carrier = next((n for n in path if n.listed or n.in_schema), path[-1])
@@ -187,7 +256,8 @@ def _relation(oid: int, nodes: dict[int, _Node], now: int) -> PublishedRelation:
         if node.leaf and any(n.oid == oid for n in below):
             up_to = below[: [n.oid for n in below].index(oid) + 1]
             leaves[node.oid] = Leaf(node.table, _full(node.created, now),
-                                    _linked_then(up_to, node, now))  # fmt: skip
+                                    _linked_then(up_to, node, now)
+                                    and node.oid not in early)  # fmt: skip
     return PublishedRelation(
         oid=oid,
         table=top.table,
@@ -196,6 +266,7 @@ def _relation(oid: int, nodes: dict[int, _Node], now: int) -> PublishedRelation:
         published=published,
         membership=tuple(sorted(memberships)),
         linked_then=_linked_then(path[: path.index(carrier) + 1], top, now)
-        and (bool(carrier.listed) or top.touched == top.created),
+        and (bool(carrier.listed) or top.touched == top.created)
+        and top.oid not in early,
         leaves=leaves,
     )

@@ -8,7 +8,7 @@ the same functions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -59,9 +59,11 @@ class PgSource:
         with self.session() as conn:
             return server.missing_publications(conn, names)
 
-    def publication_coverage(self, names: Sequence[str]) -> SourceCoverage:
+    def publication_coverage(
+        self, names: Sequence[str], *, known: Collection[int] | None = None
+    ) -> SourceCoverage:
         with self.session() as conn:
-            return publication_coverage(conn, names)
+            return publication_coverage(conn, names, known=known)
 
     def flush_lsn(self) -> LSN:
         with self.session() as conn:

@@ -108,7 +108,7 @@ class GivenCoverage:
     def __init__(self, *relations: PublishedRelation, horizon: int) -> None:
         self.coverage = now(*relations, horizon=horizon)
 
-    def publication_coverage(self, names: list[str]) -> SourceCoverage:
+    def publication_coverage(self, names: list[str], *, known: Any = None) -> SourceCoverage:
         return self.coverage
 
 

@@ -117,3 +117,42 @@ def test_a_table_moved_into_a_published_schema_or_made_logged_was_not_published_
     assert {name: r.linked_then for name, r in found.items()} == {
         "moved": False, "unlogged": False, "born": True,
     }  # fmt: skip
+
+
+def test_rows_its_creator_wrote_before_it_was_published_make_a_table_not_born(
+    database: Database,
+) -> None:
+    """``CREATE TABLE t; COPY t; ALTER TABLE root ATTACH PARTITION t`` in one transaction: the
+    rows written before the ATTACH are decoded as ``t``'s own, unpublished then, so the WAL
+    carries none of them as the root's. Before: the link made by the creating transaction
+    took ``t`` for born, and its rows were silently missing from the lake."""
+    src = PgSource(database.cluster.dsn(database.name))
+    database.sql("CREATE TABLE r (id int, k int) PARTITION BY RANGE (k);"
+                 "CREATE PUBLICATION pr FOR TABLE r WITH (publish_via_partition_root = true);"
+                 "CREATE PUBLICATION pt FOR TABLE r")  # fmt: skip
+    database.sql("CREATE TABLE r_filled (id int, k int); INSERT INTO r_filled VALUES (1, 5);"
+                 "ALTER TABLE r ATTACH PARTITION r_filled FOR VALUES FROM (0) TO (10)")  # fmt: skip
+    database.sql("CREATE TABLE r_born PARTITION OF r FOR VALUES FROM (10) TO (20);"
+                 "INSERT INTO r VALUES (2, 15)")  # fmt: skip
+    database.sql('CREATE TABLE "t ""x" (id int); INSERT INTO "t ""x" VALUES (1);'
+                 'ALTER PUBLICATION pt ADD TABLE "t ""x"')  # fmt: skip
+    database.sql("CREATE TABLE t_empty (id int); ALTER PUBLICATION pt ADD TABLE t_empty;"
+                 "INSERT INTO t_empty VALUES (1)")  # fmt: skip
+    for known in (None, set()):
+        root = by_name(src.publication_coverage(["pr"], known=known))["r"]
+        leaves = {leaf.table.name: leaf.linked_then for leaf in root.leaves.values()}
+        tables = {n: r.linked_then for n, r in by_name(src.publication_coverage(
+            ["pt"], known=known)).items()}  # fmt: skip
+        if known is None:  # the catalog alone: every one of them made published at its creation
+            assert leaves == {"r_filled": True, "r_born": True}
+            assert tables['t "x'] and tables["t_empty"]
+        else:
+            assert leaves == {"r_filled": False, "r_born": True}
+            assert not tables['t "x'] and tables["t_empty"]
+            assert not tables["r_filled"] and tables["r_born"]  # (each leaf on its own)
+    recorded = {root.oid, *root.leaves}
+    assert (
+        by_name(src.publication_coverage(["pr"], known=recorded))["r"]
+        .leaves[next(o for o, leaf in root.leaves.items() if leaf.table.name == "r_filled")]
+        .linked_then
+    )  # a leaf the lake records is not read again

@@ -628,3 +628,27 @@ def test_a_partition_born_during_a_roots_backfill_then_dropped_begins_it_again(
     assert [m for m in said if "begins again" in m and "dropped" in m], said
     assert result["incomplete"] == {} and result["backfills"] == {"public.parted": {"built": True}}
     assert_state_equals_source(source, lake_root, root)
+
+
+def test_a_table_created_filled_and_attached_in_one_transaction_is_backfilled(
+    spark: Any, source: Source, tmp_path: Path
+) -> None:
+    """Its rows written before the ATTACH are in no change the root's publication sends.
+    Before: the link made by the table's creator took it for a born partition, no gap was
+    found, and the lake silently lacked its rows."""
+    lake_root = str(tmp_path / "lake")
+    root = TableRef("public", "parted")
+    source.sql("CREATE TABLE parted (id int, region text, v text, PRIMARY KEY (id, region))"
+               " PARTITION BY LIST (region)")  # fmt: skip
+    source.sql("CREATE TABLE parted_us PARTITION OF parted FOR VALUES IN ('us')")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE parted"
+               " WITH (publish_via_partition_root = true)")  # fmt: skip
+    source.sql("INSERT INTO parted SELECT g, 'us', 'x' FROM generate_series(1, 20) g")
+    _drain(spark, source, lake_root)
+    source.sql("CREATE TABLE parted_af (id int, region text, v text, PRIMARY KEY (id, region));"
+               "INSERT INTO parted_af SELECT g, 'af', 'x' FROM generate_series(1, 30) g;"
+               "ALTER TABLE parted ATTACH PARTITION parted_af FOR VALUES IN ('af');"
+               "INSERT INTO parted VALUES (31, 'af', 'after')")  # fmt: skip
+    result = _drain(spark, source, lake_root)
+    assert result["incomplete"] == {} and result["backfills"] == {"public.parted": {"built": True}}
+    assert_state_equals_source(source, lake_root, root)

@@ -43,7 +43,7 @@ class FakeSource:
     def missing_publications(self, names: Sequence[str]) -> list[str]:
         return [n for n in names if n in self.dropped_publications]
 
-    def publication_coverage(self, names: Sequence[str]) -> Any:
+    def publication_coverage(self, names: Sequence[str], *, known: Any = None) -> Any:
         from airflow_pglogrepl.postgres.coverage import SourceCoverage
 
         return SourceCoverage(horizon=0, relations=[])
