@@ -55,6 +55,7 @@ def test_every_dataclass_the_hooks_return_is_a_record() -> None:
     assert sorted(not_records) == [
         "airflow_pglogrepl.postgres.backfill.BackfillStart",
         "airflow_pglogrepl.postgres.backfill.ChunkSnapshot",
+        "airflow_pglogrepl.postgres.backfill.HeapCheck",
         "airflow_pglogrepl.postgres.coverage.Leaf",
         "airflow_pglogrepl.postgres.coverage.PublishedRelation",
         "airflow_pglogrepl.postgres.coverage.SourceCoverage",
