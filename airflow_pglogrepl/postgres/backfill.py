@@ -73,17 +73,9 @@ _IN_PROGRESS = sql.SQL(
     " UNION ALL SELECT g FROM s, pg_catalog.generate_series("
     "pg_catalog.pg_snapshot_xmax(s.snap)::text::numeric, s.mine::text::numeric - 1) AS g) AS t"
 )
-# The heap files of a table, or of each leaf of a partitioned one: a rewrite (VACUUM FULL,
-# CLUSTER, a column type changed, TRUNCATE) gives new ones, and moves rows between blocks.
-_HEAP_FILES = sql.SQL(
-    "SELECT COALESCE(array_agg(f.node ORDER BY f.relid), '{}') AS files FROM ("
-    "SELECT u.relid, pg_catalog.pg_relation_filenode(u.relid) AS node FROM ("
-    "SELECT t.relid FROM pg_catalog.pg_partition_tree(%(relid)s::pg_catalog.oid"
-    "::pg_catalog.regclass) AS t WHERE t.isleaf"
-    " UNION SELECT %(relid)s::pg_catalog.oid::pg_catalog.regclass) AS u) AS f"
-    " WHERE f.node IS NOT NULL"
-)
-# The same files, each with its relation, named.
+# The heap files of a table, or of each leaf of a partitioned one, each with its relation,
+# named: a rewrite (VACUUM FULL, CLUSTER, a column type changed, TRUNCATE) gives new ones, and
+# moves rows between blocks.
 _HEAP_LEAVES = sql.SQL(
     "SELECT u.relid::pg_catalog.int8 AS relid, n.nspname::pg_catalog.text AS schema_name,"
     " c.relname::pg_catalog.text AS table_name,"
@@ -194,7 +186,7 @@ def heap_change(params: dict[str, str], relid: int, planned: tuple[int, ...], *,
 
 
 def _files(conn: Conn, relid: int) -> tuple[int, ...]:
-    return tuple(int(f) for f in _one(conn, _HEAP_FILES, {"relid": relid})["files"])
+    return tuple(int(r["node"]) for r in conn.execute(_HEAP_LEAVES, {"relid": relid}))
 
 
 @contextmanager

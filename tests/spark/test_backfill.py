@@ -76,6 +76,18 @@ def _first_lake(spark: Any, source: Source, lake_root: str) -> None:
     assert _drain(spark, source, lake_root)["incomplete"] == {}
 
 
+def _drained_root(spark: Any, source: Source, lake_root: str, *, value: str = "'x'") -> None:
+    """A root published via itself with one partition of 300 rows (``v``: ``value``), drained:
+    the lake holds it whole."""
+    source.sql("CREATE TABLE parted (id int, region text, v text, PRIMARY KEY (id, region))"
+               " PARTITION BY LIST (region)")  # fmt: skip
+    source.sql("CREATE TABLE parted_us PARTITION OF parted FOR VALUES IN ('us')")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE parted"
+               " WITH (publish_via_partition_root = true)")  # fmt: skip
+    source.sql(f"INSERT INTO parted SELECT g, 'us', {value} FROM generate_series(1, 300) g")
+    _drain(spark, source, lake_root)
+
+
 def test_a_table_added_holding_rows_is_backfilled_in_chunks_while_the_run_drains(
     spark: Any, source: Source, tmp_path: Path
 ) -> None:
@@ -524,13 +536,7 @@ def test_a_partition_created_between_a_roots_chunks_lets_the_backfill_go_on(
     the backfill again, and a root whose partitions are made ahead never finished."""
     lake_root = str(tmp_path / "lake")
     root = TableRef("public", "parted")
-    source.sql("CREATE TABLE parted (id int, region text, v text, PRIMARY KEY (id, region))"
-               " PARTITION BY LIST (region)")  # fmt: skip
-    source.sql("CREATE TABLE parted_us PARTITION OF parted FOR VALUES IN ('us')")
-    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE parted"
-               " WITH (publish_via_partition_root = true)")  # fmt: skip
-    source.sql("INSERT INTO parted SELECT g, 'us', 'x' FROM generate_series(1, 300) g")
-    _drain(spark, source, lake_root)
+    _drained_root(spark, source, lake_root)
     source.sql("CREATE TABLE parted_af (id int, region text, v text, PRIMARY KEY (id, region))")
     source.sql("INSERT INTO parted_af SELECT g, 'af', 'x' FROM generate_series(1, 300) g")
     source.sql("ALTER TABLE parted ATTACH PARTITION parted_af FOR VALUES IN ('af')")
@@ -561,13 +567,7 @@ def test_a_partition_attached_and_detached_while_a_chunk_is_read_leaves_no_row(
 
     lake_root = str(tmp_path / "lake")
     root = TableRef("public", "parted")
-    source.sql("CREATE TABLE parted (id int, region text, v text, PRIMARY KEY (id, region))"
-               " PARTITION BY LIST (region)")  # fmt: skip
-    source.sql("CREATE TABLE parted_us PARTITION OF parted FOR VALUES IN ('us')")
-    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE parted"
-               " WITH (publish_via_partition_root = true)")  # fmt: skip
-    source.sql("INSERT INTO parted SELECT g, 'us', 'x' FROM generate_series(1, 300) g")
-    _drain(spark, source, lake_root)
+    _drained_root(spark, source, lake_root)
     source.sql("CREATE TABLE swap (id int, region text, v text, PRIMARY KEY (id, region))")
     source.sql("INSERT INTO swap SELECT g, 'sw', 'swapped' FROM generate_series(1, 30) g")
     check, attached = backfill.OnlineBackfill._check_unchanged, []
@@ -602,13 +602,7 @@ def test_a_partition_born_during_a_roots_backfill_then_dropped_begins_it_again(
     review found it): the plan never took them on, and the dropped partition's rows stayed."""
     lake_root = str(tmp_path / "lake")
     root = TableRef("public", "parted")
-    source.sql("CREATE TABLE parted (id int, region text, v text, PRIMARY KEY (id, region))"
-               " PARTITION BY LIST (region)")  # fmt: skip
-    source.sql("CREATE TABLE parted_us PARTITION OF parted FOR VALUES IN ('us')")
-    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE parted"
-               " WITH (publish_via_partition_root = true)")  # fmt: skip
-    source.sql("INSERT INTO parted SELECT g, 'us', repeat('x', 200) FROM generate_series(1, 300) g")
-    _drain(spark, source, lake_root)
+    _drained_root(spark, source, lake_root, value="repeat('x', 200)")
     source.sql("CREATE TABLE parted_af (id int, region text, v text, PRIMARY KEY (id, region))")
     source.sql("INSERT INTO parted_af SELECT g, 'af', repeat('x', 200)"
                " FROM generate_series(1, 300) g")  # fmt: skip
