@@ -65,9 +65,8 @@ class PublicationsMixin(PgSessionHook):
         with self.session() as conn:
             return missing_publications(conn, names)
 
-    def publication_coverage(
-        self, names: Sequence[str], *, known: Collection[int] | None = None
-    ) -> SourceCoverage:
+    def publication_coverage(self, names: Sequence[str], *,
+                             known: Collection[int] | None = None) -> SourceCoverage:  # fmt: skip
         """Every relation ``names`` publish now, with its leaves and whether each was born
         published (``postgres.coverage``; ``known``: the OIDs the lake records, those not
         among them read for rows older than their publication): what the drain compares the

@@ -59,9 +59,8 @@ class PgSource:
         with self.session() as conn:
             return server.missing_publications(conn, names)
 
-    def publication_coverage(
-        self, names: Sequence[str], *, known: Collection[int] | None = None
-    ) -> SourceCoverage:
+    def publication_coverage(self, names: Sequence[str], *,
+                             known: Collection[int] | None = None) -> SourceCoverage:  # fmt: skip
         with self.session() as conn:
             return publication_coverage(conn, names, known=known)
 
