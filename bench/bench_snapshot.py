@@ -101,9 +101,9 @@ def main() -> None:
             with hook.create_slot_with_snapshot("bench_spark", temporary=True) as held:
                 point = SnapshotPoint(held.slot, held.consistent_point, held.snapshot_name)
                 result = SnapshotCopy(
-                    spark=spark, lake=Lake(target, held.slot),
+                    spark=lambda: spark, lake=Lake(target, held.slot),
                     reader_params=hook.connection_params(), point=point, publications=["bench"],
-                    tasks_per_table=tasks, rows_per_task=1,
+                    tasks_per_table=tasks, rows_per_task=1, engine="spark",
                 ).run()  # fmt: skip
             summary = result.to_dict()
             assert summary["rows"] == args.rows, summary

@@ -420,8 +420,14 @@ def create_table(
     now = int(time.time() * 1000)
     protocol: dict[str, Any] = {"minReaderVersion": 1, "minWriterVersion": 2}
     if features:
+        # The writer features of the legacy protocol (1, 2) stay, as Spark keeps them when a
+        # feature lifts a table to (3, 7), unless the table asks for (3, 7) itself (column
+        # mapping does): the same table, whichever wrote it.
+        legacy = ["invariants", "appendOnly"] if mapping is None else []
         protocol = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features,
-                    "writerFeatures": features}  # fmt: skip
+                    "writerFeatures": [*features, *legacy]}  # fmt: skip
+        if features == [FEATURE]:  # reader version 2 is column mapping, named by no feature
+            protocol = {"minReaderVersion": 2, "minWriterVersion": 7, "writerFeatures": features}
     schema_string = mapping.to_json() if mapping else Schema.from_arrow(schema).to_json()
     actions: list[dict[str, Any]] = [
         {"commitInfo": {"timestamp": now, "txnId": str(uuid.uuid4()), "operation": "CREATE TABLE",

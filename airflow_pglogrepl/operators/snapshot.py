@@ -25,6 +25,7 @@ from airflow_pglogrepl.operators.spark_submit import (
     state_vectors_args,
 )
 from airflow_pglogrepl.operators.task_reports import snapshot_paragraph
+from airflow_pglogrepl.spark.snapshot_engine import SPARK_ABOVE_BYTES, check_engine
 
 if TYPE_CHECKING:
     from airflow_pglogrepl.hooks.replication import PgLogicalReplicationHook
@@ -59,6 +60,12 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         default parallelism.
     :param rows_per_task: about this many rows per range.
     :param parallelism: tables copied at the same time.
+    :param engine: what copies the tables: ``"process"`` (the application's own process, no
+        Spark), ``"spark"`` (Spark tasks), or ``"auto"``: in process for a table whose heap is
+        at most ``spark_above_mib``, on Spark for a bigger one. A snapshot of small tables then
+        starts no Spark at all (on a local master, no JVM).
+    :param spark_above_mib: with ``engine="auto"``, the heap size (MiB) above which a table is
+        copied on Spark.
     :param lock_timeout: seconds the snapshot waits, in all, for ``ACCESS SHARE`` on the tables
         it copies (it holds them until the copy is done, so no table rewrite can land in the
         middle); a reader waits at most as long behind a statement it could not cancel.
@@ -85,7 +92,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields,
         "postgres_conn_id", "slot_name", "publications", "lake", "tables", "database",
-        "tasks_per_table", "rows_per_task", "spark_log_level", "lake_conn_id",
+        "tasks_per_table", "rows_per_task", "spark_log_level", "lake_conn_id", "engine",
     )  # fmt: skip
     ui_color = "#d6eaf8"
 
@@ -100,6 +107,8 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         tasks_per_table: int | None = None,
         rows_per_task: int = 1_000_000,
         parallelism: int = 4,
+        engine: str = "auto",
+        spark_above_mib: int = SPARK_ABOVE_BYTES >> 20,
         lock_timeout: float = 60.0,
         replace_slot: bool = False,
         bootstrap: bool = False,
@@ -116,6 +125,8 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         self.tasks_per_table = tasks_per_table
         self.rows_per_task = rows_per_task
         self.parallelism = parallelism
+        self.engine = engine
+        self.spark_above_mib = spark_above_mib
         self.lock_timeout = lock_timeout
         self.replace_slot = replace_slot
         self.bootstrap = bootstrap
@@ -275,6 +286,8 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         args += ["--rows-per-task", str(int(str(self.rows_per_task)))]
         args += ["--parallelism", str(int(self.parallelism))]
         args += ["--lock-timeout", str(float(self.lock_timeout))]
+        args += ["--engine", check_engine(str(self.engine))]
+        args += ["--spark-above-mib", str(int(self.spark_above_mib))]
         if str(self.tasks_per_table) not in ("None", ""):  # templated: may render as text
             args += ["--tasks-per-table", str(int(str(self.tasks_per_table)))]
         return args + state_vectors_args(self.state_deletion_vectors)

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -75,17 +76,23 @@ class LazySpark:
 
     The drain's changelog needs no JVM (pyarrow writes its files and delta-rs commits them):
     Spark starts only for the merge into ``state/``, so a run that fails its checks, crashes
-    mid-window or runs with ``--no-materialize`` pays nothing for it. The snapshot starts it
-    before its slot exists, so the exporting session waits for nobody.
+    mid-window or runs with ``--no-materialize`` pays nothing for it. A snapshot starts it only
+    for a table it copies on Spark (``spark.snapshot_engine``), before its slot exists. Tables
+    are copied on threads: the first to ask starts it, the others wait for that one.
     """
 
     def __init__(self, app_name: str) -> None:
         self.app_name = app_name
+        self._lock = threading.Lock()
         self._session: Any = None
         self.started_s: float | None = None
         self.executors: list[dict[str, Any]] = []
 
     def get(self) -> Any:
+        with self._lock:
+            return self._started()
+
+    def _started(self) -> Any:
         if self._session is None:
             began = time.monotonic()
             self._session = spark_session(self.app_name)

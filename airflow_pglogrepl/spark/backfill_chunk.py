@@ -53,7 +53,8 @@ def write_chunk(spark: Any, lake: Lake, source_params: dict[str, str], plan: rec
     from airflow_pglogrepl.postgres.passfile import travelling_params
     from airflow_pglogrepl.postgres.snapshot_guard import readers_application_name
     from airflow_pglogrepl.spark.range_copy import CopyTask, plain_schema, table_info
-    from airflow_pglogrepl.spark.snapshot import mark_keys
+    from airflow_pglogrepl.spark.snapshot_spark import with_metadata
+    from airflow_pglogrepl.spark.snapshot_target import column_metadata
 
     info = table_info(table)
     plain = plain_schema(info)
@@ -66,9 +67,7 @@ def write_chunk(spark: Any, lake: Lake, source_params: dict[str, str], plan: rec
         bounds = spark.sparkContext.parallelize(ranges, len(ranges))
         frame = spark.createDataFrame(bounds, "start long, stop long")
         copied = frame.mapInArrow(task, from_arrow_schema(plain)).toDF(*lake_names.values())
-        out = mark_keys(copied, [lake_names[k] for k in info.key_names],
-                        sources={n: s for s, n in lake_names.items() if s != n},
-                        attnums={lake_names[c.name]: c.attnum for c in table.columns})  # fmt: skip
+        out = with_metadata(copied, column_metadata(table, lake_names))
         writer = out.write.format("delta").mode("append")
         if done == 0:
             staging.remove(uri)  # what a backfill of the same start left, if any

@@ -59,12 +59,12 @@ class Resnapshot(Repair):
         log.warning("re-snapshotting %s, which the WAL could not keep equal to the source, "
                     "before draining", ", ".join(tables))  # fmt: skip
         try:
-            session = self.spark()
+            self.spark()  # started before the slot: the exporting session waits for no JVM
             name = temporary_slot_name(self.slot)
             with self.source.create_slot_with_snapshot(name, temporary=True,
                                                        wait_s=self.wait_s) as held:  # fmt: skip
                 SnapshotCopy(
-                    spark=session, lake=self.lake, reader_params=self.source.connection_params(),
+                    spark=self.spark, lake=self.lake, reader_params=self.source.connection_params(),
                     publications=self.publications, tables=parse_tables(tables),
                     point=SnapshotPoint(self.slot, held.consistent_point, held.snapshot_name),
                 ).run()  # fmt: skip

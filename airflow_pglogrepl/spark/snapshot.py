@@ -29,8 +29,9 @@ supplies everything after it (the merge takes changes from the state's version o
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from airflow_pglogrepl.exceptions import (
 from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake import column_names, mapping, staging
 from airflow_pglogrepl.lake.backfill import forget as forget_backfill
-from airflow_pglogrepl.lake.evolve import ATTNUM_META, numbered
+from airflow_pglogrepl.lake.evolve import numbered
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.quarantine import release
 from airflow_pglogrepl.lake.snapshots import (
@@ -60,14 +61,12 @@ from airflow_pglogrepl.lake.snapshots import (
     temporary_slot_name,
 )
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.spark.range_copy import (
-    CHUNK_BYTES,
-    CopyTask,
-    plain_schema,
-    plan_ranges,
-    table_info,
-)
+from airflow_pglogrepl.spark.range_copy import CHUNK_BYTES, CopyTask, plain_schema, table_info
+from airflow_pglogrepl.spark.snapshot_arrow import copy_in_process
 from airflow_pglogrepl.spark.snapshot_coverage import record_coverage
+from airflow_pglogrepl.spark.snapshot_engine import SPARK_ABOVE_BYTES, check_engine, on_spark
+from airflow_pglogrepl.spark.snapshot_spark import copy_on_spark
+from airflow_pglogrepl.spark.snapshot_target import CopyTarget, lake_schema
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
@@ -94,33 +93,6 @@ __all__ = [
 ]
 
 
-def mark_keys(frame: Any, key: Sequence[str], *, sources: Mapping[str, str] | None = None,
-              attnums: Mapping[str, int] | None = None) -> Any:  # fmt: skip
-    """``frame`` with its key columns marked as the changelog marks them (``pglogrepl.key``),
-    the columns of ``sources`` (lake name -> source name) with their source name
-    (``lake.column_names.SOURCE_META``), and each column of ``attnums`` with its attribute number
-    (``pglogrepl.attnum``: how the drain tells a later rename from a drop and an add)."""
-    from airflow_pglogrepl.changelog.columns import KEY_META
-    from airflow_pglogrepl.merge.lineage import column
-
-    position = {name: index for index, name in enumerate(key)}
-    sources, attnums = sources or {}, attnums or {}
-
-    def described(c: str) -> dict[str, str]:
-        return {
-            **({KEY_META: str(position[c])} if c in position else {}),
-            **({column_names.SOURCE_META: sources[c]} if c in sources else {}),
-            **({ATTNUM_META: str(attnums[c])} if c in attnums else {}),
-        }
-
-    return frame.select(
-        *(
-            column(c).alias(c, metadata=described(c)) if described(c) else column(c)
-            for c in frame.columns
-        )
-    )
-
-
 # -- the driver ---------------------------------------------------------------------------------
 
 
@@ -143,6 +115,7 @@ class TableCopy:
     tasks: int = 0
     blocks: int = 0
     seconds: float = 0.0
+    engine: str = "spark"  # what copied it: "spark", or "process" (``spark.snapshot_arrow``)
     # {source name: lake name}: columns stored under another name (``lake.column_names``)
     stored_as: dict[str, str] = field(default_factory=dict)
 
@@ -187,6 +160,7 @@ class SnapshotResult:
                     "blocks": t.blocks,
                     "copy_bytes": t.copy_bytes,
                     "seconds": round(t.seconds, 3),
+                    "engine": t.engine,
                 }
                 for t in self.tables
             },
@@ -206,12 +180,17 @@ class SnapshotCopy:
     While it copies, the tables are locked (``snapshot_guard``): no rewrite can land in the
     middle, and one that landed before the locks is refused. ``lock_timeout_s`` bounds the wait
     for those locks, and a reader's wait behind a statement the watcher could not cancel.
+
+    ``spark`` gives the Spark session, asked for only when a table is copied on Spark. With
+    ``engine="auto"`` a table of up to ``spark_above_bytes`` of heap is copied in this process
+    (``spark.snapshot_arrow``) and a bigger one on Spark; ``"process"`` and ``"spark"`` copy every
+    table the one way (``spark.snapshot_engine``). A re-snapshot is copied on Spark.
     """
 
     def __init__(
         self,
         *,
-        spark: Any,
+        spark: Callable[[], Any] | None,
         lake: Lake,
         reader_params: dict[str, str],
         point: SnapshotPoint,
@@ -222,10 +201,14 @@ class SnapshotCopy:
         parallelism: int = 4,
         chunk_bytes: int = CHUNK_BYTES,
         lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+        engine: str = "auto",
+        spark_above_bytes: int = SPARK_ABOVE_BYTES,
     ) -> None:
         if not publications:
             raise ValueError("at least one publication is needed")
         self.spark = spark
+        self.engine = check_engine(engine)
+        self.spark_above_bytes = spark_above_bytes
         self.lake = lake
         self.reader_params = dict(reader_params)
         self.point = point
@@ -327,64 +310,41 @@ class SnapshotCopy:
     def _copy_all(self, tables: Sequence[SnapshotTable]) -> list[TableCopy]:
         if not tables:
             return []
-        max_tasks = self.tasks_per_table or int(self.spark.sparkContext.defaultParallelism)
         workers = min(len(tables), self.parallelism)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="snapshot") as pool:
-            futures = [pool.submit(self._copy_table, t, max_tasks) for t in tables]
+            futures = [pool.submit(self._copy_table, t) for t in tables]
             return [f.result() for f in futures]
 
-    def _copy_table(self, table: SnapshotTable, max_tasks: int) -> TableCopy:
-        import pyarrow as pa
-        from pyspark.sql.pandas.types import from_arrow_schema
+    def on_spark(self, table: SnapshotTable) -> bool:
+        """Whether ``table`` is copied on Spark (else in this process)."""
+        return on_spark(table, engine=self.engine, resnapshot=self.tables is not None,
+                        above=self.spark_above_bytes)  # fmt: skip
 
+    def _copy_table(self, table: SnapshotTable) -> TableCopy:
         began = time.monotonic()
-        ranges = plan_ranges(table, max_tasks=max_tasks, rows_per_task=self.rows_per_task)
-        context = self.spark.sparkContext
-        copied = context.accumulator(0)
-        task = self.copy_task(table, copied)
-        plain = plain_schema(table_info(table))
-        spark_schema = from_arrow_schema(plain)
-        # each column under its lake name (``lake.column_names``): what a re-snapshotted table's
-        # lake recorded, else its own unless Delta would take it for another's
-        known = self.lake.known_schema(table.table) if self.tables is not None else None
-        lake_names = column_names.lake_names(plain.names, known)
-        mapped = mapping.needed(pa.schema([f.with_name(lake_names[f.name]) for f in plain]))
-        renamed = {s: n for s, n in lake_names.items() if s != n}
-        if renamed and known is None:
+        target = self._copy_target(table)
+        if target.renamed and self.tables is None:
             log.warning("%s: columns stored under other names, as Delta cannot hold them beside "
-                        "the table's others: %s", table.table, renamed)  # fmt: skip
-        context.setJobDescription(f"pglogrepl snapshot {table.table} ({len(ranges)} ranges)")
-        bounds = context.parallelize([(r.start, r.stop) for r in ranges], len(ranges))
-        frame = self.spark.createDataFrame(bounds, "start long, stop long")
-        target = self._target(table)
+                        "the table's others: %s", table.table, target.renamed)  # fmt: skip
         if self.tables is None:
-            staging.remove(target)  # a copy of this point a failed run left, if any
-        copied_rows = frame.mapInArrow(task, spark_schema).toDF(*lake_names.values())
-        rows_out = mark_keys(copied_rows, [lake_names[k] for k in table_info(table).key_names],
-                             sources={n: s for s, n in lake_names.items() if s != n},
-                             attnums={lake_names[c.name]: c.attnum for c in table.columns
-                                      if c.name in lake_names})  # fmt: skip
-        if self.tables is not None and mapped:
+            staging.remove(target.uri)  # a copy of this point a failed run left, if any
+        elif target.mapped:
             self.lake.align_state(table.table, needed=True)
-        # One overwrite version with the app transaction at the consistent point: readers see
-        # the table before or after it; deletion vectors make the merges that follow cheap
-        # (unless the lake is without them: ``Lake.state_config``; a re-snapshotted table keeps
-        # its own setting).
-        # An initial snapshot's copy is staged, and becomes this version of the state table
-        # when every table is copied (``_publish``).
         if self.tables is not None:
             # A re-snapshot's copy commits into the state table when it ends: prove the lock as
             # late as Spark allows (its app transaction keeps the state from going backwards)
             self.lake.check_writer()
-        (
-            rows_out.write.format("delta")
-            .mode("overwrite")
-            .option("overwriteSchema", "true")
-            .options(**self.lake.state_config(table.table, mapped=mapped))  # (no log cleanup)
-            .option("txnAppId", self.lake.app)
-            .option("txnVersion", str(int(self.point.consistent_point)))
-            .save(target)
-        )
+        if self.on_spark(table):
+            spark = self._spark()
+            written = copy_on_spark(
+                spark, table, target, task_for=lambda acc: self.copy_task(table, acc),
+                max_tasks=self.tasks_per_table or int(spark.sparkContext.defaultParallelism),
+                rows_per_task=self.rows_per_task,
+            )  # fmt: skip
+        else:
+            written = copy_in_process(table, target, task=self.copy_task(table),
+                                      max_tasks=self.tasks_per_table or (os.cpu_count() or 1),
+                                      rows_per_task=self.rows_per_task)  # fmt: skip
         if self.tables is not None:
             self._restart_changes(table)
             # its state now holds every change before the point: a hold in the lake's
@@ -392,24 +352,38 @@ class SnapshotCopy:
             if release(self.lake, table.table, self.point.consistent_point):
                 log.info("%s released from the lake's quarantine at %s", table.table,
                          self.point.consistent_point)  # fmt: skip
-        # Counted from the version just written, staged or not (file statistics): exact even if
-        # a task was retried.
-        rows = int(self.spark.read.format("delta").load(target).count())
-        stats = TableCopy(
-            table=str(table.table),
-            rows=rows,
-            copy_bytes=int(copied.value),
-            tasks=len(ranges),
-            blocks=table.blocks,
-            seconds=time.monotonic() - began,
-            stored_as=renamed,
-        )
-        log.info(
-            "copied %s: %d rows in %d ranges of %d blocks, %.2fs",
-            table.table, rows, len(ranges), table.blocks, stats.seconds,
-        )  # fmt: skip
+        stats = TableCopy(table=str(table.table), rows=written.rows, copy_bytes=written.copy_bytes,
+                          tasks=written.tasks, blocks=table.blocks,
+                          seconds=time.monotonic() - began, stored_as=target.renamed,
+                          engine="spark" if self.on_spark(table) else "process")  # fmt: skip
+        log.info("copied %s %s: %d rows in %d ranges of %d blocks, %.2fs", table.table,
+                 "on Spark" if stats.engine == "spark" else "in process", stats.rows,
+                 stats.tasks, table.blocks, stats.seconds)  # fmt: skip
         fault("table_copied")
         return stats
+
+    def _copy_target(self, table: SnapshotTable) -> CopyTarget:
+        """Where and how ``table``'s copy is written: each column under its lake name
+        (``lake.column_names``): what a re-snapshotted table's lake recorded, else its own
+        unless Delta would take it for another's."""
+        plain = plain_schema(table_info(table))
+        known = self.lake.known_schema(table.table) if self.tables is not None else None
+        names = column_names.lake_names(plain.names, known)
+        schema = lake_schema(table, names)
+        mapped = mapping.needed(schema)
+        # One version with the app transaction at the consistent point: readers see the table
+        # before or after it; deletion vectors make the merges that follow cheap (unless the
+        # lake is without them: ``Lake.state_config``; a re-snapshotted table keeps its own).
+        return CopyTarget(uri=self._target(table), lake_names=names, schema=schema,
+                          mapped=mapped,
+                          configuration=self.lake.state_config(table.table, mapped=mapped),
+                          app=self.lake.app, version=int(self.point.consistent_point),
+                          resnapshot=self.tables is not None)  # fmt: skip
+
+    def _spark(self) -> Any:
+        if self.spark is None:
+            raise ValueError("this snapshot has no Spark to copy on (spark=None): engine='process'")
+        return self.spark()
 
     def _target(self, table: SnapshotTable) -> str:
         """Where Spark writes the table's copy: staged for an initial snapshot, the state table

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 from airflow_pglogrepl.spark import app
 from airflow_pglogrepl.spark.app import DSN_ENV
+from airflow_pglogrepl.spark.snapshot_engine import ENGINES, SPARK_ABOVE_BYTES
 
 SNAPSHOT_ENV = "PGLOGREPL_SNAPSHOT_NAME"  # the exported snapshot's name, instead of the argument
 log = logging.getLogger("airflow_pglogrepl.snapshot")
@@ -64,6 +65,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--rows-per-task", type=int, default=1_000_000, help="about this many rows per range"
     )
     parser.add_argument("--parallelism", type=int, default=4, help="tables copied at once")
+    parser.add_argument(
+        "--engine", choices=ENGINES, default="auto", help="what copies the tables: this process "
+        "(no Spark), Spark, or (auto) this process for tables up to --spark-above-mib",
+    )  # fmt: skip
+    parser.add_argument(
+        "--spark-above-mib", type=int, default=SPARK_ABOVE_BYTES >> 20, help="with --engine "
+        "auto, a table whose heap is bigger than this is copied on Spark; smaller ones without",
+    )  # fmt: skip
     parser.add_argument(
         "--lock-timeout", type=float, default=60.0, help="seconds to wait, in all, for the "
         "ACCESS SHARE locks the copy holds on its tables",
@@ -160,6 +169,8 @@ def _copy(args: argparse.Namespace, hook: Any, lake: Lake, spark: Any, point: An
         rows_per_task=args.rows_per_task,
         parallelism=args.parallelism,
         lock_timeout_s=args.lock_timeout,
+        engine=args.engine,
+        spark_above_bytes=args.spark_above_mib << 20,
     ).run()
 
 
@@ -176,8 +187,20 @@ def _handed(args: argparse.Namespace, hook: Any, lake: Lake, spark: Any) -> dict
             f"{point.consistent_point} the snapshot was exported at: it is not the slot that "
             f"exported this snapshot, or it was consumed since"
         )
-    result: dict[str, Any] = _copy(args, hook, lake, spark(), point).to_dict()
+    result: dict[str, Any] = _copy(args, hook, lake, spark, point).to_dict()
     return result
+
+
+def _spark_first(args: argparse.Namespace, hook: Any, spark: Any) -> None:
+    """Start Spark now if a table will be copied on it: before the slot, so the exporting
+    session waits for no JVM (``spark.snapshot_engine``)."""
+    from airflow_pglogrepl.spark.snapshot_engine import spark_needed
+    from airflow_pglogrepl.tables import parse_tables
+
+    tables = parse_tables(args.table) if args.table else None
+    if spark_needed(hook, args.publication, tables, engine=args.engine,
+                    above=args.spark_above_mib << 20):  # fmt: skip
+        spark()
 
 
 def _standalone(args: argparse.Namespace, hook: Any, lake: Lake, spark: Any) -> dict[str, Any]:
@@ -205,11 +228,11 @@ def _standalone(args: argparse.Namespace, hook: Any, lake: Lake, spark: Any) -> 
     if plan.action == "replace_slot":
         hook.drop_slot(args.slot)
     check_empty_lake(lake)
-    session = spark()  # started before the slot: the exporting session waits for nobody
+    _spark_first(args, hook, spark)
     exported = hook.create_slot_with_snapshot(args.slot)
     point = SnapshotPoint(exported.slot, exported.consistent_point, exported.snapshot_name)
     try:
-        result: dict[str, Any] = _copy(args, hook, lake, session, point).to_dict()
+        result: dict[str, Any] = _copy(args, hook, lake, spark, point).to_dict()
     except BaseException:
         exported.close()
         if not snapshot_committed(lake, point.consistent_point):
@@ -230,12 +253,12 @@ def _tables(args: argparse.Namespace, hook: Any, lake: Lake, spark: Any) -> dict
     hook.get_slot(args.slot, plugin="pgoutput")  # the drain's slot must exist
     if args.snapshot_name:
         point = SnapshotPoint(args.slot, LSN(args.consistent_point), args.snapshot_name)
-        result: dict[str, Any] = _copy(args, hook, lake, spark(), point).to_dict()
+        result: dict[str, Any] = _copy(args, hook, lake, spark, point).to_dict()
         return result
-    session = spark()
+    _spark_first(args, hook, spark)
     with hook.create_slot_with_snapshot(temporary_slot_name(args.slot), temporary=True) as held:
         point = SnapshotPoint(args.slot, held.consistent_point, held.snapshot_name)
-        result = _copy(args, hook, lake, session, point).to_dict()
+        result = _copy(args, hook, lake, spark, point).to_dict()
     return result
 
 

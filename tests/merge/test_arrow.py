@@ -131,7 +131,8 @@ def test_a_first_state_is_one_append_of_the_net_change(tmp_path: Path, seed: int
     }
     protocol = table.protocol()  # no feature a column does not need (no variantType)
     assert (protocol.min_reader_version, protocol.min_writer_version) == (3, 7)
-    assert protocol.reader_features == protocol.writer_features == ["deletionVectors"]
+    assert protocol.reader_features == ["deletionVectors"]  # the writer's: Spark's too
+    assert protocol.writer_features == ["deletionVectors", "invariants", "appendOnly"]
     assert len(table.file_uris()) == (1 if model else 0)
     assert [f.name for f in table.schema().fields] == ["id", "v", "big"]
     assert arrow_merge.merge_table(lake, "public.t", end) is None  # a replay: nothing

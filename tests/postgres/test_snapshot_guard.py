@@ -83,7 +83,7 @@ class _CapturingSpark:
 def _copy(src: Source, lake_root: Path, exported: Any, spark: Any, **options: Any) -> SnapshotCopy:
     hook = DsnReplicationHook(src.dsn)
     point = SnapshotPoint(exported.slot, exported.consistent_point, exported.snapshot_name)
-    return SnapshotCopy(spark=spark, lake=Lake(str(lake_root), src.slot),
+    return SnapshotCopy(spark=lambda: spark, lake=Lake(str(lake_root), src.slot),
                         reader_params=hook.connection_params(), point=point,
                         publications=[src.publication], **options)  # fmt: skip
 
@@ -293,7 +293,7 @@ def test_server_timeouts_do_not_end_a_long_snapshot(
             expected = source_table(src, "t")
             point = SnapshotPoint(exported.slot, exported.consistent_point,
                                   exported.snapshot_name)  # fmt: skip
-            copy = SnapshotCopy(spark=spark, lake=Lake(str(tmp_path / "lake"), src.slot),
+            copy = SnapshotCopy(spark=lambda: spark, lake=Lake(str(tmp_path / "lake"), src.slot),
                                 reader_params=hook.connection_params(), point=point,
                                 publications=[src.publication], tasks_per_table=4,
                                 rows_per_task=500)  # fmt: skip

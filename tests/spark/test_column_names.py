@@ -103,7 +103,8 @@ def test_every_name_through_snapshot_drain_and_both_merges(
     hook = DsnReplicationHook(src.dsn)
     with hook.create_slot_with_snapshot(src.slot) as exported:
         done = SnapshotCopy(
-            spark=spark, lake=Lake(lake_root, src.slot), reader_params=hook.connection_params(),
+            spark=lambda: spark, lake=Lake(lake_root, src.slot),
+            reader_params=hook.connection_params(),
             point=SnapshotPoint(exported.slot, exported.consistent_point, exported.snapshot_name),
             publications=[src.publication],
         ).run()  # fmt: skip

@@ -70,10 +70,13 @@ def src(publisher: PgCluster) -> Iterator[Source]:
 def snapshot(spark: Any, source: Source, lake_root: str, **options: Any) -> dict[str, Any]:
     """Create ``source.slot`` with an exported snapshot and copy in this process's Spark."""
     hook = SnapHook(source.dsn)
+    vectors = options.pop("state_deletion_vectors", None)
     with hook.create_slot_with_snapshot(source.slot) as exported:
         point = SnapshotPoint(exported.slot, exported.consistent_point, exported.snapshot_name)
         result = SnapshotCopy(
-            spark=spark, lake=Lake(lake_root, source.slot), reader_params=hook.connection_params(),
+            spark=lambda: spark,
+            lake=Lake(lake_root, source.slot, state_deletion_vectors=vectors),
+            reader_params=hook.connection_params(),
             point=point, publications=[source.publication], **options,
         ).run()  # fmt: skip
     return result.to_dict()
@@ -182,6 +185,75 @@ def test_snapshot_under_concurrent_writes_hands_off_to_the_drain_exactly(
     for table in ("big", "small", "typed_a", "empty_e"):
         assert lake_table(lake_root, table) == source_table(src, table), table
         assert lake.state_version(TableRef("public", table)) is not None, table
+
+
+# -- 2: the two ways of copying give the lake the same tables ------------------------------------
+
+
+def test_a_copy_in_process_and_one_on_spark_give_the_same_tables(
+    spark: Any, src: Source, tmp_path: Path
+) -> None:
+    """The same snapshot copied by this process and by Spark: every state table has the same
+    rows and types, the same protocol (deletion vectors, ``timestampNtz``, column mapping for a
+    name Delta cannot store as it is), the same properties and the same schema with the lake's
+    metadata (the key, the source name, the attribute number); and a drain merges into both
+    alike. A lake without deletion vectors gets none either way."""
+    src.sql(TYPED_TABLE.format(name="typed"))
+    rng = random.Random(43)
+    for key in range(1, 121):
+        src.sql(insert_sql("typed"), random_row(rng, key, big=key % 11 == 0))
+    src.sql('CREATE TABLE odd ("a,b" int, "Id" int NOT NULL PRIMARY KEY, "x y" text)')
+    src.sql("INSERT INTO odd SELECT g, g, 'v' || g FROM generate_series(1, 5000) g")
+    src.sql("CREATE TABLE nokey (a int, b text)")
+    src.sql("ALTER TABLE nokey REPLICA IDENTITY FULL")
+    src.sql("INSERT INTO nokey VALUES (1, 'dup'), (1, 'dup'), (NULL, NULL)")
+    src.sql("CREATE TABLE empty_e (id int PRIMARY KEY)")
+    src.sql("ANALYZE")
+    src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE typed, odd, nokey, empty_e")
+    tables = ("typed", "odd", "nokey", "empty_e")
+    lakes = {}
+    for engine, vectors in (("spark", True), ("process", True), ("spark", False),
+                            ("process", False)):  # fmt: skip
+        one = Source(src.cluster, src.db, f"{src.slot}_{engine}_{int(vectors)}", src.publication)
+        root = str(tmp_path / f"{engine}-{vectors}")
+        result = snapshot(spark, one, root, engine=engine, tasks_per_table=3, rows_per_task=1000,
+                          state_deletion_vectors=vectors)  # fmt: skip
+        assert {t["engine"] for t in result["tables"].values()} == {engine}, result
+        assert result["tables"]["public.odd"]["tasks"] == 3, result
+        lakes[engine, vectors] = (one, root)
+    for vectors in (True, False):
+        (_, on_spark), (_, in_process) = lakes["spark", vectors], lakes["process", vectors]
+        for table in tables:
+            assert _first_entry(in_process, table) == _first_entry(on_spark, table), table
+            assert _arrow_state(in_process, table) == _arrow_state(on_spark, table), table
+    src.sql("UPDATE typed SET t = 'changed', i = NULL WHERE id % 3 = 0")
+    src.sql('DELETE FROM odd WHERE "Id" % 7 = 0')
+    src.sql('UPDATE odd SET "x y" = \'upd\' WHERE "Id" % 5 = 0')
+    src.sql("DELETE FROM nokey WHERE a IS NULL")
+    for one, root in (lakes["spark", True], lakes["process", True]):
+        drain_in_process(spark, one, root, window=1 << 20, small_rows=0)  # Spark's MERGE
+        for table in tables:
+            assert lake_table(root, table) == source_table(src, table), (root, table)
+
+
+def _first_entry(lake_root: str, table: str) -> dict[str, Any]:
+    """What a state table's version 0 says of it, without what differs between any two
+    (ids, times, file names and sizes, the writer's own commit information)."""
+    state = Path(lake_root, "state", table_dir(TableRef("public", table)))
+    lines = (state / "_delta_log" / f"{0:020d}.json").read_text().splitlines()
+    actions = [json.loads(line) for line in lines]
+    meta = next(a["metaData"] for a in actions if "metaData" in a)
+    schema = json.loads(meta["schemaString"])
+    for field in schema["fields"]:  # physical names are fresh uuids either way
+        field["metadata"].pop("delta.columnMapping.physicalName", None)
+    return {
+        "protocol": next(a["protocol"] for a in actions if "protocol" in a),
+        "configuration": meta["configuration"],
+        "partitionColumns": meta["partitionColumns"],
+        "schema": schema,
+        "txns": sum(1 for a in actions if "txn" in a),  # the lake's, at the consistent point
+        "rows": sum(json.loads(a["add"]["stats"])["numRecords"] for a in actions if "add" in a),
+    }
 
 
 # -- 2b: the application killed between tables: no reader sees a snapshot that never committed --
@@ -299,7 +371,7 @@ def test_identity_full_and_unique_index_and_types_equal_the_drains(
     with hook.create_slot_with_snapshot(temporary_slot_name(src.slot), temporary=True) as held:
         src.sql("UPDATE late SET v = 'after snapshot' WHERE id <= 5")  # drained only
         SnapshotCopy(
-            spark=spark, lake=Lake(snap_lake, src.slot),
+            spark=lambda: spark, lake=Lake(snap_lake, src.slot),
             reader_params=hook.connection_params(), publications=[src.publication],
             point=SnapshotPoint(src.slot, held.consistent_point, held.snapshot_name),
             tables=[TableRef("public", "late")],
@@ -325,7 +397,7 @@ def test_a_lake_without_deletion_vectors_is_snapshotted_and_merged_without_them(
     with hook.create_slot_with_snapshot(src.slot) as exported:
         point = SnapshotPoint(exported.slot, exported.consistent_point, exported.snapshot_name)
         SnapshotCopy(
-            spark=spark, lake=Lake(lake_root, src.slot, state_deletion_vectors=False),
+            spark=lambda: spark, lake=Lake(lake_root, src.slot, state_deletion_vectors=False),
             reader_params=hook.connection_params(), point=point, publications=[src.publication],
         ).run()  # fmt: skip
     state = Path(lake_root, "state", "public.plain")

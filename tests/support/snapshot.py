@@ -23,7 +23,8 @@ def re_snapshot(spark: Any, src: Source, lake_root: str, tables: list[TableRef])
         hook.create_slot_with_snapshot(temporary_slot_name(src.slot), temporary=True) as held,
     ):
         SnapshotCopy(
-            spark=spark, lake=Lake(lake_root, src.slot), reader_params=hook.connection_params(),
+            spark=lambda: spark, lake=Lake(lake_root, src.slot),
+            reader_params=hook.connection_params(),
             publications=[src.publication], tables=tables,
             point=SnapshotPoint(src.slot, held.consistent_point, held.snapshot_name),
         ).run()  # fmt: skip
