@@ -426,8 +426,6 @@ def create_table(
         legacy = ["invariants", "appendOnly"] if mapping is None else []
         protocol = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features,
                     "writerFeatures": [*features, *legacy]}  # fmt: skip
-        if features == [FEATURE]:  # reader version 2 is column mapping, named by no feature
-            protocol = {"minReaderVersion": 2, "minWriterVersion": 7, "writerFeatures": features}
     schema_string = mapping.to_json() if mapping else Schema.from_arrow(schema).to_json()
     actions: list[dict[str, Any]] = [
         {"commitInfo": {"timestamp": now, "txnId": str(uuid.uuid4()), "operation": "CREATE TABLE",

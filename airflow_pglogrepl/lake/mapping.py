@@ -41,9 +41,11 @@ PHYSICAL_KEY = "delta.columnMapping.physicalName"
 FEATURE = "columnMapping"
 PARQUET_ID = b"PARQUET:field_id"
 # What a table is created with to be under column mapping, by Spark's writer too: reader 3 /
-# writer 7 asked for, or Spark makes the older reader 2 / writer 5 form when no other feature
-# needs table features (and deltalake's pyarrow readers then read NULLs: the module docstring).
-PROTOCOL_KEYS = {"delta.minReaderVersion": "3", "delta.minWriterVersion": "7"}
+# writer 7 asked for, and the feature named, or Spark makes an older form when no other feature
+# needs table features (reader 2 / writer 5, or reader 2 / writer 7 with the feature among the
+# writer's only), and deltalake's pyarrow readers then read NULLs (the module docstring).
+PROTOCOL_KEYS = {"delta.minReaderVersion": "3", "delta.minWriterVersion": "7",
+                 f"delta.feature.{FEATURE}": "supported"}  # fmt: skip
 TABLE_CONFIG = {MODE: "name", **PROTOCOL_KEYS}
 
 
@@ -138,6 +140,20 @@ def mapped_of(table: Any) -> MappedSchema | None:
         return None
     schema = json.loads(table.schema().to_json())
     return MappedSchema(schema, int((table.metadata().configuration or {}).get(MAX_ID, "0")))
+
+
+def spelled_out(protocol: dict[str, Any]) -> dict[str, Any]:
+    """A log's ``protocol`` action with column mapping named among the reader's features.
+
+    Spark writes a mapped table that needs no other reader feature as reader version 2 (which
+    implies column mapping without naming it), and ``deltalake``'s pyarrow readers read every
+    column of such a table as NULL, without an error. Named, they refuse it (and Spark, or
+    ``deltalake``'s query engine, reads it)."""
+    if protocol.get("minReaderVersion") != 2:
+        return protocol
+    writer = list(protocol.get("writerFeatures") or [FEATURE])
+    return {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": [FEATURE],
+            "writerFeatures": writer if FEATURE in writer else [*writer, FEATURE]}  # fmt: skip
 
 
 def physical_names(mapped: MappedSchema) -> list[str]:

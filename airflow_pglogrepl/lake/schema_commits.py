@@ -26,6 +26,7 @@ from airflow_pglogrepl.lake.mapping import (
     mapped_schema,
     needed,
     renamed,
+    spelled_out,
 )
 
 if TYPE_CHECKING:
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
 
     from airflow_pglogrepl.lake.delta import DataFile
 
-__all__ = ["commit_schema", "commit_with_schema", "rename_columns", "reset_table"]
+__all__ = ["commit_schema", "commit_with_schema", "rename_columns", "reset_table",
+           "spell_out_mapping"]  # fmt: skip
 
 
 def reset_table(uri: str, schema: pa.Schema, *, app: str, version: int) -> int | None:
@@ -126,6 +128,37 @@ def commit_with_schema(uri: str, mapped: MappedSchema, files: Sequence[DataFile]
     txn = {"txn": {"appId": app, "version": version, "lastUpdated": now}}
     _put_metadata(uri, table, mapped, "WRITE", {"mode": "Append"}, protocol=protocol,
                   extra=[txn, *delta.add_entries(files, now)])  # fmt: skip
+
+
+def spell_out_mapping(uri: str) -> int | None:
+    """Name column mapping among the reader features of the table at ``uri`` when its protocol
+    only implies it (reader version 2: what Spark creates a mapped table without another reader
+    feature as, and what ``deltalake``'s pyarrow readers read as NULLs; ``mapping.spelled_out``),
+    in a protocol-only commit; returns its version, None when nothing needed it. Called on an
+    empty table Spark just created, before any row is in it."""
+    import json
+
+    table = delta.open_table(uri)
+    if table is None:
+        raise ValueError(f"{uri} is not a table")
+    current = table.protocol()
+    if current.min_reader_version != 2:
+        return None
+    protocol = spelled_out({"minReaderVersion": 2, "minWriterVersion": current.min_writer_version,
+                            "writerFeatures": list(current.writer_features or [])})  # fmt: skip
+    now = int(time.time() * 1000)
+    actions = [
+        {"commitInfo": {"timestamp": now, "txnId": str(uuid.uuid4()),
+                        "operation": "UPGRADE PROTOCOL", "operationParameters": {},
+                        "engineInfo": "airflow-pglogrepl"}},
+        {"protocol": protocol},
+    ]  # fmt: skip
+    data = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
+    version = int(table.version()) + 1
+    if not durability.put_commit(uri, version, data):
+        raise LakeCommitConflictError(uri, "UPGRADE PROTOCOL", None, None, version,
+                                      log_version=version)  # fmt: skip
+    return version
 
 
 def _with_mapping(protocol: Any) -> dict[str, Any]:

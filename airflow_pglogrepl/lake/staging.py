@@ -48,7 +48,7 @@ import shutil
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.exceptions import LakeError, SnapshotTableExistsError
-from airflow_pglogrepl.lake import delta, durability, storage
+from airflow_pglogrepl.lake import delta, durability, mapping, storage
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lsn import LSN
 
@@ -120,6 +120,8 @@ def publish(table_uri: str, staged: str) -> int:
         if "add" in action:
             action["add"]["path"] = prefix + action["add"]["path"]
             files.append(action["add"]["path"])
+        if "protocol" in action:  # readers that would take a mapped table's columns for NULLs
+            action["protocol"] = mapping.spelled_out(action["protocol"])
     if is_local(table_uri):
         for path in files:  # Spark does not fsync: the lake's commit must not outlive its data
             durability.fsync(os.path.join(base, path))

@@ -46,6 +46,7 @@ from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake import delta, evolve
 from airflow_pglogrepl.lake.column_names import former_names
 from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.schema_commits import spell_out_mapping
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge import arrow as arrow_merge
 from airflow_pglogrepl.merge.lineage import column, value_column
@@ -321,6 +322,7 @@ def _create_if_missing(session: Any, path: str, schema: Any, config: dict[str, s
         return False
     empty = session.createDataFrame([], schema)
     empty.write.format("delta").options(**config).mode("append").save(path)
+    spell_out_mapping(path)  # before a row is in it: readers that would see NULLs refuse it
     return True
 
 

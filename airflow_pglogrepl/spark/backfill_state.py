@@ -29,6 +29,7 @@ from airflow_pglogrepl.lake import backfill as record
 from airflow_pglogrepl.lake import delta, mapping, staging
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.layout import table_dir
+from airflow_pglogrepl.lake.schema_commits import spell_out_mapping
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
 
@@ -90,10 +91,13 @@ def put_in_place(spark: Any, lake: Lake, plan: record.Plan, build_uri: str, end:
         .options(**lake.state_config(ref, mapped=mapped))
     )  # fmt: skip
     have = lake.state_version(name)
+    creates = delta.open_table(lake.paths.state(name)) is None
     if have is None or end > have:  # (at ``have`` already: the version stays, the rows change)
         writer = writer.option("txnAppId", lake.app).option("txnVersion", str(int(end)))
     lake.check_writer()
     writer.save(lake.paths.state(name))
+    if creates and mapped:  # readers that would read its columns as NULLs refuse it now
+        spell_out_mapping(lake.paths.state(name))
     staging.remove(build_uri)
 
 

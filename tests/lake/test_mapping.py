@@ -167,3 +167,23 @@ def test_struct_children_in_another_order_are_refused_not_swapped() -> None:
     batch = pa.table({"_old": pa.array([{"y": 200, "x": 100}])})
     with pytest.raises(ValueError, match="in order"):
         to_physical(batch, mapped_schema(table_order.schema))
+
+
+def test_reader_version_2_is_spelled_out_as_the_column_mapping_feature() -> None:
+    """Spark's form of a mapped table without other reader features (reader 2) is read as NULLs
+    by deltalake's pyarrow readers; spelled out, they refuse it. Other forms stay as they are."""
+    from airflow_pglogrepl.lake.mapping import spelled_out
+
+    assert spelled_out({"minReaderVersion": 2, "minWriterVersion": 7,
+                        "writerFeatures": ["columnMapping", "appendOnly"]}) == {
+        "minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["columnMapping"],
+        "writerFeatures": ["columnMapping", "appendOnly"],
+    }  # fmt: skip
+    assert spelled_out({"minReaderVersion": 2, "minWriterVersion": 5})["writerFeatures"] == [
+        "columnMapping"
+    ]
+    named = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["columnMapping"],
+             "writerFeatures": ["columnMapping"]}  # fmt: skip
+    assert spelled_out(named) is named and spelled_out({"minReaderVersion": 1}) == {
+        "minReaderVersion": 1
+    }

@@ -81,7 +81,9 @@ class _CapturingSpark:
 
 
 def _copy(src: Source, lake_root: Path, exported: Any, spark: Any, **options: Any) -> SnapshotCopy:
+    """A copy on Spark (the tests pause its tasks, or capture what it ships to them)."""
     hook = DsnReplicationHook(src.dsn)
+    options.setdefault("engine", "spark")
     point = SnapshotPoint(exported.slot, exported.consistent_point, exported.snapshot_name)
     return SnapshotCopy(spark=lambda: spark, lake=Lake(str(lake_root), src.slot),
                         reader_params=hook.connection_params(), point=point,
@@ -296,7 +298,7 @@ def test_server_timeouts_do_not_end_a_long_snapshot(
             copy = SnapshotCopy(spark=lambda: spark, lake=Lake(str(tmp_path / "lake"), src.slot),
                                 reader_params=hook.connection_params(), point=point,
                                 publications=[src.publication], tasks_per_table=4,
-                                rows_per_task=500)  # fmt: skip
+                                rows_per_task=500, engine="spark")  # fmt: skip
             runner = _start_paused(copy, results, pause_dir)
             time.sleep(1.0)  # longer than every timeout of the role: that is the test
             (pause_dir / "go").touch()

@@ -226,6 +226,11 @@ def test_a_copy_in_process_and_one_on_spark_give_the_same_tables(
         for table in tables:
             assert _first_entry(in_process, table) == _first_entry(on_spark, table), table
             assert _arrow_state(in_process, table) == _arrow_state(on_spark, table), table
+        # Review finding: Spark made a mapped table without vectors in a form (reader 2)
+        # that deltalake's pyarrow reader read as NULLs, without an error; now it refuses it
+        for root in (on_spark, in_process):
+            state = DeltaTable(str(Path(root, "state", "public.odd")))
+            assert "columnMapping" in (state.protocol().reader_features or []), root
     src.sql("UPDATE typed SET t = 'changed', i = NULL WHERE id % 3 = 0")
     src.sql('DELETE FROM odd WHERE "Id" % 7 = 0')
     src.sql('UPDATE odd SET "x y" = \'upd\' WHERE "Id" % 5 = 0')
@@ -246,8 +251,10 @@ def _first_entry(lake_root: str, table: str) -> dict[str, Any]:
     schema = json.loads(meta["schemaString"])
     for field in schema["fields"]:  # physical names are fresh uuids either way
         field["metadata"].pop("delta.columnMapping.physicalName", None)
+    protocol = next(a["protocol"] for a in actions if "protocol" in a)
     return {
-        "protocol": next(a["protocol"] for a in actions if "protocol" in a),
+        # a set of features: their order says nothing
+        "protocol": {k: sorted(v) if isinstance(v, list) else v for k, v in protocol.items()},
         "configuration": meta["configuration"],
         "partitionColumns": meta["partitionColumns"],
         "schema": schema,
