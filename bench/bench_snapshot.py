@@ -1,4 +1,4 @@
-"""Snapshot benchmark: rows/s and MB/s copying one table into the lake, 1 vs 2 Spark tasks.
+"""Snapshot benchmark: rows/s and MB/s copying one table into the lake, in process and on Spark.
 
 Loads a 5,000,000-row table (``bigint``, ``int``, ``text``, ``timestamptz``, the decoder
 benchmark's shape) into a throwaway cluster, then measures:
@@ -7,6 +7,8 @@ benchmark's shape) into a throwaway cluster, then measures:
   client that does nothing with the rows, the yardstick;
 - ``CopyTask`` alone, one range, in this process: the session, the ADBC read (binary COPY into
   Arrow, in C) and the conversion to the lake's Arrow types, without Spark;
+- ``SnapshotCopy`` in this process (``engine="process"``: no Spark, Parquet written by pyarrow,
+  the commit by the lake) with 1 and with 2 ranges read on threads;
 - ``SnapshotCopy`` on a ``local[2]`` Spark session with 1 and with 2 tasks for the table: the
   whole snapshot (ranges, COPY, Arrow, Parquet written by Spark, footer count, commit), each in a
   temporary slot's exported snapshot and a fresh lake;
@@ -92,8 +94,30 @@ def main() -> None:
         assert rows == args.rows, rows
         results.append(("`CopyTask` alone, 1 range, no Spark (ADBC -> lake Arrow)", seconds))
 
-        spark = local_session("bench-snapshot", cores=2)
         workdir = tempfile.mkdtemp(prefix="bench-snapshot-")
+
+        def snapshot_in_process(ranges: int) -> dict[str, Any]:
+            target = os.path.join(workdir, "in-process")
+            shutil.rmtree(target, ignore_errors=True)
+            with hook.create_slot_with_snapshot("bench_process", temporary=True) as held:
+                point = SnapshotPoint(held.slot, held.consistent_point, held.snapshot_name)
+                result = SnapshotCopy(
+                    spark=None, lake=Lake(target, held.slot), engine="process",
+                    reader_params=hook.connection_params(), point=point, publications=["bench"],
+                    tasks_per_table=ranges, rows_per_task=1,
+                ).run()  # fmt: skip
+            summary = result.to_dict()
+            assert summary["rows"] == args.rows, summary
+            return summary
+
+        for ranges in (1, 2):
+            seconds, summary = best_of(args.repeat, lambda r=ranges: snapshot_in_process(r))
+            results.append(
+                (f"`SnapshotCopy` in process, no Spark, {ranges} range(s) "
+                 f"(copy {summary['copy_s']:.2f} s)", seconds)
+            )  # fmt: skip
+
+        spark = local_session("bench-snapshot", cores=2)
 
         def snapshot(tasks: int) -> dict[str, Any]:
             target = os.path.join(workdir, "lake")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -151,9 +151,27 @@ def spelled_out(protocol: dict[str, Any]) -> dict[str, Any]:
     ``deltalake``'s query engine, reads it)."""
     if protocol.get("minReaderVersion") != 2:
         return protocol
-    writer = list(protocol.get("writerFeatures") or [FEATURE])
-    return {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": [FEATURE],
-            "writerFeatures": writer if FEATURE in writer else [*writer, FEATURE]}  # fmt: skip
+    writer, features = int(protocol["minWriterVersion"]), protocol.get("writerFeatures")
+    return with_mapping_feature(2, writer, protocol.get("readerFeatures"), features)
+
+
+def with_mapping_feature(reader: int, writer: int, reader_features: Sequence[str] | None,
+                         writer_features: Sequence[str] | None) -> dict[str, Any]:  # fmt: skip
+    """A protocol with the ``columnMapping`` feature: reader 3 / writer 7, the features a
+    legacy version implies spelled out (Delta's protocol table), so none is dropped."""
+    implied_writer = {2: ["appendOnly", "invariants"], 3: ["checkConstraints"],
+                      4: ["changeDataFeed", "generatedColumns"], 5: [FEATURE],
+                      6: ["identityColumns"]}  # fmt: skip
+    writers = list(writer_features or [])
+    if writer < 7:
+        writers = [f for v in range(2, writer + 1) for f in implied_writer[v]]
+    readers = list(reader_features or []) if reader >= 3 else []
+    return {
+        "minReaderVersion": 3,
+        "minWriterVersion": 7,
+        "readerFeatures": [*readers, *([FEATURE] if FEATURE not in readers else [])],
+        "writerFeatures": [*writers, *([FEATURE] if FEATURE not in writers else [])],
+    }
 
 
 def physical_names(mapped: MappedSchema) -> list[str]:

@@ -20,13 +20,12 @@ from airflow_pglogrepl.exceptions import LakeCommitConflictError
 from airflow_pglogrepl.lake import delta, durability, storage
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lake.mapping import (
-    FEATURE,
     MappedSchema,
     mapped_of,
     mapped_schema,
     needed,
     renamed,
-    spelled_out,
+    with_mapping_feature,
 )
 
 if TYPE_CHECKING:
@@ -130,22 +129,22 @@ def commit_with_schema(uri: str, mapped: MappedSchema, files: Sequence[DataFile]
                   extra=[txn, *delta.add_entries(files, now)])  # fmt: skip
 
 
-def spell_out_mapping(uri: str) -> int | None:
+def spell_out_mapping(uri: str, table: Any = None) -> int | None:
     """Name column mapping among the reader features of the table at ``uri`` when its protocol
     only implies it (reader version 2: what Spark creates a mapped table without another reader
     feature as, and what ``deltalake``'s pyarrow readers read as NULLs; ``mapping.spelled_out``),
     in a protocol-only commit; returns its version, None when nothing needed it. Called on an
-    empty table Spark just created, before any row is in it."""
+    empty table Spark just created, before any row is in it, and on a table before it is
+    written to (``table``: opened already)."""
     import json
 
-    table = delta.open_table(uri)
+    table = table if table is not None else delta.open_table(uri)
     if table is None:
         raise ValueError(f"{uri} is not a table")
     current = table.protocol()
     if current.min_reader_version != 2:
         return None
-    protocol = spelled_out({"minReaderVersion": 2, "minWriterVersion": current.min_writer_version,
-                            "writerFeatures": list(current.writer_features or [])})  # fmt: skip
+    protocol = _with_mapping(current)
     now = int(time.time() * 1000)
     actions = [
         {"commitInfo": {"timestamp": now, "txnId": str(uuid.uuid4()),
@@ -162,22 +161,9 @@ def spell_out_mapping(uri: str) -> int | None:
 
 
 def _with_mapping(protocol: Any) -> dict[str, Any]:
-    """A table's protocol with the ``columnMapping`` feature: reader 3 / writer 7, the
-    features a legacy version implies spelled out (Delta's protocol table)."""
-    implied_writer = {2: ["appendOnly", "invariants"], 3: ["checkConstraints"],
-                      4: ["changeDataFeed", "generatedColumns"], 5: [FEATURE],
-                      6: ["identityColumns"]}  # fmt: skip
-    writer = list(protocol.writer_features or [])
-    if protocol.min_writer_version < 7:
-        writer = [f for v in range(2, protocol.min_writer_version + 1)
-                  for f in implied_writer[v]]  # fmt: skip
-    reader = list(protocol.reader_features or []) if protocol.min_reader_version >= 3 else []
-    return {
-        "minReaderVersion": 3,
-        "minWriterVersion": 7,
-        "readerFeatures": [*reader, *([FEATURE] if FEATURE not in reader else [])],
-        "writerFeatures": [*writer, *([FEATURE] if FEATURE not in writer else [])],
-    }
+    """A table's protocol (``deltalake``'s) with the ``columnMapping`` feature."""
+    return with_mapping_feature(protocol.min_reader_version, protocol.min_writer_version,
+                                protocol.reader_features, protocol.writer_features)  # fmt: skip
 
 
 def _put_metadata(uri: str, table: Any, mapped: MappedSchema, operation: str,

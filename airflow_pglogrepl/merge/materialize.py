@@ -318,7 +318,9 @@ def _create_if_missing(session: Any, path: str, schema: Any, config: dict[str, s
     """An empty state table with ``config`` (``Lake.state_config``: with deletion vectors on,
     Spark's merges write vectors; off, they rewrite files, and the table has no reader feature
     that readers without vectors refuse); False: there is one already."""
-    if delta.open_table(path) is not None:
+    existing = delta.open_table(path)
+    if existing is not None:
+        spell_out_mapping(path, existing)  # (one a run killed right after its creation)
         return False
     empty = session.createDataFrame([], schema)
     empty.write.format("delta").options(**config).mode("append").save(path)

@@ -139,6 +139,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         from airflow_pglogrepl.conninfo import make_dsn
 
+        self._engine_args()  # before anything starts: a wrong value must not leave a slot behind
         hook = self._source_hook()
         # before the lake is looked at: a misspelt publication is not a snapshot already taken
         hook.require_publications(
@@ -286,11 +287,17 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         args += ["--rows-per-task", str(int(str(self.rows_per_task)))]
         args += ["--parallelism", str(int(self.parallelism))]
         args += ["--lock-timeout", str(float(self.lock_timeout))]
-        args += ["--engine", check_engine(str(self.engine))]
-        args += ["--spark-above-mib", str(int(self.spark_above_mib))]
+        args += self._engine_args()
         if str(self.tasks_per_table) not in ("None", ""):  # templated: may render as text
             args += ["--tasks-per-table", str(int(str(self.tasks_per_table)))]
         return args + state_vectors_args(self.state_deletion_vectors)
+
+    def _engine_args(self) -> list[str]:
+        """``engine`` and ``spark_above_mib`` as the application's arguments, checked."""
+        above = int(str(self.spark_above_mib))  # templated: may render as text
+        if above < 0:
+            raise ValueError(f"spark_above_mib must be 0 or more, not {above}")
+        return ["--engine", check_engine(str(self.engine)), "--spark-above-mib", str(above)]
 
     def _submit(self, context: Context, args: list[str]) -> dict[str, Any] | None:
         """Run the application with ``args``; its JSON summary, or None when it printed none."""

@@ -26,6 +26,19 @@ from airflow_pglogrepl.exceptions import SparkSetupError
 DSN_ENV = SOURCE_DSN_ENV
 
 
+def non_negative_int(text: str) -> int:
+    """An argument that is a whole number, 0 or more (argparse's ``type``)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, got {text!r}")
+    return value
+
+
 def add_lake_argument(parser: Any, *, writes: str) -> None:
     """``--lake``, the lake root."""
     parser.add_argument(

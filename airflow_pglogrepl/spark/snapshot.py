@@ -29,10 +29,9 @@ supplies everything after it (the merge takes changes from the state's version o
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -62,7 +61,12 @@ from airflow_pglogrepl.lake.snapshots import (
 )
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.spark.range_copy import CHUNK_BYTES, CopyTask, plain_schema, table_info
-from airflow_pglogrepl.spark.snapshot_arrow import copy_in_process
+from airflow_pglogrepl.spark.snapshot_arrow import (
+    CopyStoppedError,
+    Readers,
+    copy_in_process,
+    usable_cpus,
+)
 from airflow_pglogrepl.spark.snapshot_coverage import record_coverage
 from airflow_pglogrepl.spark.snapshot_engine import SPARK_ABOVE_BYTES, check_engine, on_spark
 from airflow_pglogrepl.spark.snapshot_spark import copy_on_spark
@@ -220,6 +224,8 @@ class SnapshotCopy:
         self.chunk_bytes = chunk_bytes
         self.lock_timeout_s = lock_timeout_s
         self._task_params: dict[str, str] | None = None
+        # ranges read at once in this process, over every table (a session and ~3 batches each)
+        self._readers = Readers(usable_cpus())
 
     def run(self) -> SnapshotResult:
         """Copy, then commit; on failure remove what was staged and re-raise."""
@@ -312,8 +318,24 @@ class SnapshotCopy:
             return []
         workers = min(len(tables), self.parallelism)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="snapshot") as pool:
-            futures = [pool.submit(self._copy_table, t) for t in tables]
-            return [f.result() for f in futures]
+            futures = [pool.submit(self._copy_or_stop, t) for t in tables]
+            wait(futures)
+        failures = [f.exception() for f in futures if f.exception() is not None]
+        # the failure that stopped the others, not one of theirs
+        for failure in sorted(failures, key=lambda e: isinstance(e, CopyStoppedError)):
+            raise failure  # type: ignore[misc]
+        return [f.result() for f in futures]
+
+    def _copy_or_stop(self, table: SnapshotTable) -> TableCopy:
+        """``table``'s copy, not begun once another table's failed, and stopping the others'
+        ranges in this process when it fails (the snapshot cannot commit either way)."""
+        if self._readers.failed.is_set():
+            raise CopyStoppedError(f"{table.table}: not copied, another table's copy failed")
+        try:
+            return self._copy_table(table)
+        except BaseException:
+            self._readers.failed.set()
+            raise
 
     def on_spark(self, table: SnapshotTable) -> bool:
         """Whether ``table`` is copied on Spark (else in this process)."""
@@ -343,8 +365,9 @@ class SnapshotCopy:
             )  # fmt: skip
         else:
             written = copy_in_process(table, target, task=self.copy_task(table),
-                                      max_tasks=self.tasks_per_table or (os.cpu_count() or 1),
-                                      rows_per_task=self.rows_per_task)  # fmt: skip
+                                      max_tasks=self.tasks_per_table or usable_cpus(),
+                                      rows_per_task=self.rows_per_task,
+                                      readers=self._readers)  # fmt: skip
         if self.tables is not None:
             self._restart_changes(table)
             # its state now holds every change before the point: a hold in the lake's

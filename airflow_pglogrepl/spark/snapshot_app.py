@@ -70,7 +70,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "(no Spark), Spark, or (auto) this process for tables up to --spark-above-mib",
     )  # fmt: skip
     parser.add_argument(
-        "--spark-above-mib", type=int, default=SPARK_ABOVE_BYTES >> 20, help="with --engine "
+        "--spark-above-mib", type=app.non_negative_int, default=SPARK_ABOVE_BYTES >> 20,
+        help="with --engine "
         "auto, a table whose heap is bigger than this is copied on Spark; smaller ones without",
     )  # fmt: skip
     parser.add_argument(

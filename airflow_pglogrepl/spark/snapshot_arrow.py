@@ -15,11 +15,15 @@ Where the copy goes and how it becomes visible is the snapshot's, whichever way 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from airflow_pglogrepl.faults import pause
 from airflow_pglogrepl.lake import delta, durability
 from airflow_pglogrepl.lake.delta import DataFile
 from airflow_pglogrepl.lake.layout import is_local
@@ -39,17 +43,41 @@ if TYPE_CHECKING:
 
     from airflow_pglogrepl.postgres.snapshot import SnapshotTable
 
-__all__ = ["FILE_BYTES", "copy_in_process", "write_files"]
+__all__ = ["FILE_BYTES", "CopyStoppedError", "Readers", "copy_in_process", "usable_cpus",
+           "write_files"]  # fmt: skip
 
 # A file is closed, and the next begun, once this many Arrow bytes were written into it.
 FILE_BYTES = 256 << 20
 
 
+class Readers:
+    """What every table copied in process shares: how many ranges may be read at once (one
+    session and about three batches each), and whether one has failed (the others then stop at
+    their next batch instead of copying on for a snapshot that cannot commit)."""
+
+    def __init__(self, at_once: int) -> None:
+        self.slots = threading.BoundedSemaphore(max(1, at_once))
+        self.failed = threading.Event()
+
+
+class CopyStoppedError(Exception):
+    """A range stopped because another range of the snapshot failed."""
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def copy_in_process(table: SnapshotTable, target: CopyTarget, *, task: CopyTask,
-                    max_tasks: int, rows_per_task: int) -> Written:  # fmt: skip
+                    max_tasks: int, rows_per_task: int, readers: Readers) -> Written:  # fmt: skip
     """Copy ``table`` into ``target`` as a new table's version 0: at most ``max_tasks`` ranges
-    of about ``rows_per_task`` rows, read side by side on threads. Only a new table: a
-    re-snapshot into a table that exists is Spark's (``target.resnapshot``)."""
+    of about ``rows_per_task`` rows, read side by side on threads (as many at once, over every
+    table, as ``readers`` allows). Only a new table: a re-snapshot into a table that exists is
+    Spark's (``target.resnapshot``)."""
     if target.resnapshot:
         raise ValueError(f"{table.table}: a re-snapshot is copied on Spark")
     ranges = plan_ranges(table, max_tasks=max_tasks, rows_per_task=rows_per_task)
@@ -57,7 +85,7 @@ def copy_in_process(table: SnapshotTable, target: CopyTarget, *, task: CopyTask,
     mapped = mapped_schema(target.schema) if MODE in config else None  # (``target.mapped``)
     workers = max(1, min(max_tasks, len(ranges)))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="snapshot-range") as pool:
-        done = list(pool.map(lambda r: _copy_range(task, r, target, mapped), ranges))
+        done = list(pool.map(lambda r: _copy_range(task, r, target, mapped, readers), ranges))
     files = [f for copied, _ in done for f in copied]
     delta.create_table(target.uri, target.schema, files, app=target.app, version=target.version,
                        configuration=config, mapping=mapped)  # fmt: skip
@@ -65,22 +93,39 @@ def copy_in_process(table: SnapshotTable, target: CopyTarget, *, task: CopyTask,
                    tasks=len(ranges))  # fmt: skip
 
 
-def _copy_range(task: CopyTask, block_range: BlockRange, target: CopyTarget,
-                mapped: MappedSchema | None) -> tuple[list[DataFile], int]:  # fmt: skip
-    counted = _Counted(task.copy(block_range))
-    files = write_files(target.uri, counted, target.schema, mapped=mapped)
+def _copy_range(
+    task: CopyTask,
+    block_range: BlockRange,
+    target: CopyTarget,
+    mapped: MappedSchema | None,
+    readers: Readers,
+) -> tuple[list[DataFile], int]:
+    with readers.slots:
+        if block_range.start > 0:
+            pause("before_later_range")
+        try:
+            counted = _Counted(task.copy(block_range), readers.failed)
+            files = write_files(target.uri, counted, target.schema, mapped=mapped)
+        except CopyStoppedError:
+            raise
+        except BaseException:
+            readers.failed.set()
+            raise
     return files, counted.total
 
 
 class _Counted:
     """The batches a range's copy yields, counted as they pass (Arrow bytes, as fetched)."""
 
-    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+    def __init__(self, batches: Iterator[pa.RecordBatch], failed: threading.Event) -> None:
         self._batches = batches
+        self._failed = failed
         self.total = 0
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         for batch in self._batches:
+            if self._failed.is_set():
+                raise CopyStoppedError("another range of the snapshot failed")
             self.total += batch.nbytes
             yield batch
 
@@ -97,13 +142,19 @@ def write_files(
     next file begun once ``file_bytes`` were written into one; each file durable when local."""
     files: list[DataFile] = []
     current: _File | None = None
-    for batch in batches:
-        if current is None:
-            current = _File(target, _stored_schema(schema, mapped))
-        current.write(batch, schema, mapped)
-        if current.written >= file_bytes:
-            files.append(current.close())
-            current = None
+    try:
+        for batch in batches:
+            if current is None:
+                current = _File(target, _stored_schema(schema, mapped))
+            current.write(batch, schema, mapped)
+            if current.written >= file_bytes:
+                files.append(current.close())
+                current = None
+    except BaseException:
+        if current is not None:  # closed now, before the caller removes what was staged
+            with contextlib.suppress(Exception):
+                current.writer.close()
+        raise
     if current is not None:
         files.append(current.close())
     return files

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from airflow_pglogrepl.lake.schema_commits import spell_out_mapping
 from airflow_pglogrepl.spark.range_copy import CopyTask, plain_schema, plan_ranges, table_info
 from airflow_pglogrepl.spark.snapshot_target import CopyTarget, Written, column_metadata
 
@@ -63,6 +64,8 @@ def copy_on_spark(spark: Any, table: SnapshotTable, target: CopyTarget, *,
         .option("txnVersion", str(target.version))
         .save(target.uri)
     )
+    if target.resnapshot and target.mapped:  # (a state Spark just created: not staged)
+        spell_out_mapping(target.uri)
     # Counted from the version just written (file statistics): exact even if a task was retried
     count = int(spark.read.format("delta").load(target.uri).count())
     return Written(rows=count, copy_bytes=int(copied.value), tasks=len(ranges))

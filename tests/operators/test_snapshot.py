@@ -108,6 +108,25 @@ def test_the_applications_arguments_are_what_the_operator_was_given() -> None:
         task.tasks_per_table = unset  # type: ignore[assignment]
         copied = snapshot_app.parse_args(task._copy_args(_Exported()))  # type: ignore[arg-type]
         assert copied.tasks_per_table is None  # Spark's default parallelism
+    assert (args.engine, args.spark_above_mib) == ("auto", 1024)
+    task.engine, task.spark_above_mib = "process", "64"  # type: ignore[assignment]
+    copied = snapshot_app.parse_args(task._copy_args(_Exported()))  # type: ignore[arg-type]
+    assert (copied.engine, copied.spark_above_mib) == ("process", 64)
+
+
+@pytest.mark.parametrize(("engine", "above"), [("Process", 1), ("auto", -1), ("auto", "x")])
+def test_a_wrong_engine_fails_the_task_before_a_slot_is_created(engine: str, above: Any) -> None:
+    """Review finding: the engine was checked once the slot existed, and the failed task left
+    the slot behind (WAL kept, the next run refused)."""
+    task = InitialSnapshotOperator(task_id="t", lake="/l", engine=engine, spark_above_mib=above,
+                                   **COMMON)  # fmt: skip
+
+    def no_source() -> Any:
+        raise AssertionError("the source was reached")
+
+    task._source_hook = no_source  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match=r"engine|spark_above_mib|invalid literal"):
+        task.execute({})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -144,18 +144,22 @@ def _run_ddl(src: Source, statement: str, out: dict[str, Any]) -> None:
         out["error"] = exc
 
 
+@pytest.mark.parametrize("engine", ["spark", "process"])
 def test_rewrites_wait_for_the_copy_and_the_state_is_the_consistent_point(
-    src: Source, tmp_path: Path, spark: Any
+    src: Source, tmp_path: Path, spark: Any, engine: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Pause the copy before its later ranges, run VACUUM FULL and a rewriting ALTER TABLE:
     both must wait for the snapshot's lock (without it, VACUUM FULL moved rows across the
     ranges and the ALTER made the rest of the table look empty). Once a reader queues behind
     them they are canceled and reported, and the state is the table at the consistent
-    point."""
+    point. On Spark's tasks and on this process's threads alike."""
     pause_dir = tmp_path / "pause"
     pause_dir.mkdir()
     context = spark.sparkContext  # type: ignore[attr-defined]
-    context.environment[PAUSE_ENV] = f"before_later_range:{pause_dir}"
+    if engine == "spark":
+        context.environment[PAUSE_ENV] = f"before_later_range:{pause_dir}"
+    else:
+        monkeypatch.setenv(PAUSE_ENV, f"before_later_range:{pause_dir}")
     hook = DsnReplicationHook(src.dsn)
     results: dict[str, Any] = {}
     ddl: list[tuple[threading.Thread, dict[str, Any]]] = []
@@ -164,7 +168,7 @@ def test_rewrites_wait_for_the_copy_and_the_state_is_the_consistent_point(
             expected = source_table(src, "t")
             src.sql("INSERT INTO t VALUES (100000, 1, 'after the snapshot')")
             copy = _copy(src, tmp_path / "lake", exported, spark, tasks_per_table=4,
-                         rows_per_task=500)  # fmt: skip
+                         rows_per_task=500, engine=engine)  # fmt: skip
             runner = _start_paused(copy, results, pause_dir)
             deadline = time.monotonic() + 120
             # an impostor: a session named like the readers, waiting behind an unrelated lock

@@ -4,6 +4,7 @@ mapping. (A whole snapshot copied this way, compared with Spark's copy: test_sna
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -43,3 +44,30 @@ def test_under_column_mapping_the_files_hold_physical_names(tmp_path: Path) -> N
     (file,) = write_files(str(tmp_path), iter(_batches(2, 10)), LAKE, mapped=mapped)
     assert list(file.columns or ()) == physical_names(mapped)
     assert pq.read_table(tmp_path / file.name).column_names == physical_names(mapped)
+
+
+def test_a_range_that_fails_closes_its_file_and_stops_the_others(tmp_path: Path) -> None:
+    """Review finding: a failed range left its Parquet writer open (on S3 its upload could end
+    after the staged copy was removed), and the other ranges copied on to the end."""
+    import threading
+
+    import pytest
+
+    from airflow_pglogrepl.spark.snapshot_arrow import CopyStoppedError, _Counted
+
+    def failing() -> Iterator[pa.RecordBatch]:
+        yield from _batches(2, 10)
+        raise OSError("connection lost")
+
+    with pytest.raises(OSError, match="connection lost"):
+        write_files(str(tmp_path), failing(), LAKE, mapped=None)
+    (left,) = tmp_path.glob("*.parquet")
+    assert pq.read_table(left).num_rows == 20  # closed whole: the clean-up finds a file
+
+    failed = threading.Event()
+    counted = _Counted(iter(_batches(3, 10)), failed)
+    seen = iter(counted)
+    next(seen)
+    failed.set()
+    with pytest.raises(CopyStoppedError):
+        next(seen)
