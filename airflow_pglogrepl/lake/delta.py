@@ -230,16 +230,21 @@ class DataFile:
     rows: int
     lsn_range: tuple[int, int] | None  # min and max of the commit LSN column, when it has one
     columns: tuple[str, ...] | None = None  # the file's top-level column names, when known
+    # {stored column name: (min, max, null count)}, min and max None where not recorded
+    column_stats: tuple[tuple[str, Any, Any, int], ...] = ()
 
     def stats(self) -> str:
-        """The file's statistics, for the commit LSN only: what the merge's range filter skips
-        files by (its physical name is its own, under column mapping too)."""
+        """The file's statistics: the commit LSN's (what the merge's range filter skips files
+        by; its physical name is its own, under column mapping too), and ``column_stats``."""
         stats: dict[str, Any] = {"numRecords": self.rows}
+        low_values = {n: low for n, low, _, _ in self.column_stats if low is not None}
+        high_values = {n: high for n, _, high, _ in self.column_stats if high is not None}
+        nulls = {n: count for n, _, _, count in self.column_stats}
         if self.lsn_range is not None:
             low, high = self.lsn_range
-            stats.update(
-                minValues={COMMIT_LSN: low}, maxValues={COMMIT_LSN: high}, nullCount={COMMIT_LSN: 0}
-            )
+            low_values[COMMIT_LSN], high_values[COMMIT_LSN], nulls[COMMIT_LSN] = low, high, 0
+        if nulls:
+            stats.update(minValues=low_values, maxValues=high_values, nullCount=nulls)
         return json.dumps(stats)
 
     def add_action(self) -> Any:

@@ -35,6 +35,7 @@ from airflow_pglogrepl.lake.mapping import (
     to_physical,
 )
 from airflow_pglogrepl.lake.storage import filesystem
+from airflow_pglogrepl.spark.file_stats import ColumnStats
 from airflow_pglogrepl.spark.range_copy import BlockRange, CopyTask, plan_ranges
 from airflow_pglogrepl.spark.snapshot_target import CopyTarget, Written
 
@@ -180,12 +181,15 @@ class _File:
                                        compression="snappy")  # fmt: skip
         self.written = 0
         self.rows = 0
+        self.stats = ColumnStats(stored)
 
     def write(self, batch: pa.RecordBatch, schema: pa.Schema, mapped: MappedSchema | None) -> None:
         import pyarrow as pa
 
         table = pa.Table.from_arrays(batch.columns, schema=schema)  # the lake's names
-        self.writer.write_table(table if mapped is None else to_physical(table, mapped))
+        stored = table if mapped is None else to_physical(table, mapped)
+        self.writer.write_table(stored)
+        self.stats.add(stored)
         self.written += batch.nbytes
         self.rows += batch.num_rows
 
@@ -195,4 +199,5 @@ class _File:
             durability.fsync(self.path)
         size = int(self.system.get_file_info(self.path).size)
         return DataFile(name=self.name, size=size, rows=self.rows, lsn_range=None,
-                        columns=tuple(self.stored.names))  # fmt: skip
+                        columns=tuple(self.stored.names),
+                        column_stats=self.stats.recorded())  # fmt: skip

@@ -226,6 +226,11 @@ def test_a_copy_in_process_and_one_on_spark_give_the_same_tables(
         for table in tables:
             assert _first_entry(in_process, table) == _first_entry(on_spark, table), table
             assert _arrow_state(in_process, table) == _arrow_state(on_spark, table), table
+        # the key's bounds are in each file's statistics, as Spark records them (under the
+        # physical name when mapped): readers skip files by them
+        for root in (on_spark, in_process):
+            assert _key_bounds(root, "typed", "id") == (1, 120), root
+            assert _key_bounds(root, "odd", "Id") == (1, 5000), root
         # Review finding: Spark made a mapped table without vectors in a form (reader 2)
         # that deltalake's pyarrow reader read as NULLs, without an error; now it refuses it
         for root in (on_spark, in_process):
@@ -239,6 +244,18 @@ def test_a_copy_in_process_and_one_on_spark_give_the_same_tables(
         drain_in_process(spark, one, root, window=1 << 20, small_rows=0)  # Spark's MERGE
         for table in tables:
             assert lake_table(root, table) == source_table(src, table), (root, table)
+
+
+def _key_bounds(lake_root: str, table: str, column: str) -> tuple[int, int]:
+    """The lowest minimum and highest maximum of ``column`` over the files of version 0."""
+    state = Path(lake_root, "state", table_dir(TableRef("public", table)))
+    lines = (state / "_delta_log" / f"{0:020d}.json").read_text().splitlines()
+    actions = [json.loads(line) for line in lines]
+    meta = next(a["metaData"] for a in actions if "metaData" in a)
+    field = next(f for f in json.loads(meta["schemaString"])["fields"] if f["name"] == column)
+    stored = field["metadata"].get("delta.columnMapping.physicalName", column)
+    stats = [json.loads(a["add"]["stats"]) for a in actions if "add" in a]
+    return (min(s["minValues"][stored] for s in stats), max(s["maxValues"][stored] for s in stats))
 
 
 def _first_entry(lake_root: str, table: str) -> dict[str, Any]:
