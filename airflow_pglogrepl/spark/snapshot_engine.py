@@ -1,10 +1,11 @@
 """Which way a table's snapshot copy is made: in the application's own process, or on Spark.
 
-Spark's start (a JVM, then Python workers) costs more than copying a small table takes, and
-its parallel tasks pay off only for big ones; ``SPARK_ABOVE_BYTES`` is where this machine's
-measurements put the crossing (docs/benchmarks.md, "Snapshot: in process or on Spark"). So a
-run whose tables are all small never starts Spark, and one that has a big table starts it
-before the slot is created, as before (the exporting session then waits for no JVM).
+Spark's start (a JVM, then Python workers: 20 to 60 s on a small machine) costs more than
+copying a small table takes, and its parallel tasks pay off only for big ones, on executors
+beyond this machine. ``SPARK_ABOVE_BYTES`` is a first setting, where that start is a small part
+of the copy; ``bench/bench_snapshot.py`` measures both ways side by side. A run whose tables
+are all small never starts Spark, and one that has a big table starts it before the slot is
+created, as before (the exporting session then waits for no JVM).
 """
 
 from __future__ import annotations
