@@ -6,8 +6,9 @@ What it does, start to finish, on this machine alone (no Docker):
    ``new`` (the one the application moves to);
 2. loads pgbench's schema into ``shop`` on the old primary, copies the schema to the new one,
    creates the lake's publication, and starts a pgbench write load as the application role;
-3. runs ``pglogrepl_incremental_drain`` once: its first run takes the initial snapshot on local
-   Spark (the slot is created at the snapshot's exact point) while the load keeps writing;
+3. runs ``pglogrepl_incremental_drain`` once: its first run takes the initial snapshot (the
+   demo's tables are small: copied in the task's own process, without Spark; the slot is
+   created at the snapshot's exact point) while the load keeps writing;
 4. runs ``pglogrepl_cutover`` with ``airflow dags test`` (preflight, publication, subscription,
    ready and lag gates, write fence, catch-up to the fence LSN, sequence sync, parity, finalize);
 5. runs ``pglogrepl_incremental_drain`` again: it drains what was written since the snapshot;
@@ -335,7 +336,10 @@ def main(argv: list[str] | None = None) -> int:
             "publications": ["lake_pub"],
             "max_window_bytes": 4 << 20,
         }
-        say("first incremental-drain run: initial snapshot on local Spark, under load ...")
+        say(
+            "first incremental-drain run: initial snapshot (small tables: in process, no Spark), "
+            "under load ..."
+        )
         summary["snapshot"] = demo.run_dag(DRAIN_DAG, drain_conf)
         say("running the cutover DAG (airflow dags test) ...")
         summary["cutover"] = demo.run_dag(
