@@ -59,6 +59,7 @@ def main() -> None:
 
     from airflow_pglogrepl.hooks.replication import DsnReplicationHook
     from airflow_pglogrepl.lake.lake import Lake
+    from airflow_pglogrepl.postgres.passfile import travelling_params
     from airflow_pglogrepl.postgres.snapshot import SnapshotReader
     from airflow_pglogrepl.spark.range_copy import BlockRange, CopyTask
     from airflow_pglogrepl.spark.session import local_session
@@ -87,8 +88,9 @@ def main() -> None:
                 reader = SnapshotReader(hook.connection_params())
                 with reader.transaction(held.snapshot_name) as conn:
                     (table,) = reader.published_tables(conn, ["bench"])
-                task = CopyTask(hook.connection_params(), held.snapshot_name, table)
-                return sum(batch.num_rows for batch in task.copy(BlockRange(0, None)))
+                with travelling_params(hook.connection_params()) as params:
+                    task = CopyTask(params, held.snapshot_name, table)
+                    return sum(batch.num_rows for batch in task.copy(BlockRange(0, None)))
 
         seconds, rows = best_of(args.repeat, in_process)
         assert rows == args.rows, rows
