@@ -113,12 +113,14 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         ``["public.events:detached"]`` keeps the rows of partitions dropped by retention as
         history, while a partition attached holding rows is still repaired or reported.
     :param reader: how the slot is read. ``"stream"``: the streaming replication protocol
-        (``START_REPLICATION``), which decodes each WAL record once and overlaps the server's
-        decoding with the lake's writes; the connection's role needs ``REPLICATION`` and
-        pg_hba.conf a replication line for it. ``"peek"``: ``pg_logical_slot_peek_*``, which
-        any role that may read the slot can use, but which decodes again from the slot's
-        ``restart_lsn`` on every call. ``"auto"`` (default): the stream, and the peek where
-        the stream is refused; the summary's ``reader`` and ``reader_note`` say which, and why.
+        (``START_REPLICATION``), which decodes each WAL record once but pays the walsender's
+        sending per message; the connection's role needs ``REPLICATION``. ``"peek"``:
+        ``pg_logical_slot_peek_*``, which any role that may read the slot can use, and which
+        decodes again from the slot's ``restart_lsn`` on every call. ``"auto"`` (default):
+        peeks for a backlog, the stream when following or when ``restart_lsn`` is pinned so far
+        behind that the peeks would decode more again than the stream costs (docs/drain.md,
+        "Two ways to read the slot"); the summary's ``reader`` and ``reader_note`` say which,
+        and why.
     :param follow: keep reading the slot instead of stopping at the WAL position found at the
         start: a window is committed every ``window_seconds`` while changes come (or every
         ``max_window_bytes`` of WAL), so rows are readable in ``changes/`` seconds after their

@@ -15,10 +15,7 @@ the crash-safety argument is written down): batches as they fill, one Delta comm
 table and one for the window at its end. Only after that commit returns is the slot advanced
 (``pg_replication_slot_advance``).
 
-At start the lake's position is compared with the slot's ``confirmed_flush_lsn``: lake ahead
-means an advance was lost (PostgreSQL persists an advanced position only at the next checkpoint),
-so the slot is moved up to the lake; slot ahead means someone else consumed changes the lake never
-saw, and the run stops, naming both LSNs.
+At start the lake's position is compared with the slot's (``reconcile``).
 """
 
 from __future__ import annotations
@@ -32,9 +29,6 @@ from typing import Any
 from airflow_pglogrepl.changelog.columnar import ColumnarUnsupportedError
 from airflow_pglogrepl.exceptions import (
     ArrowPeekError,
-    LakeFromAnotherSourceError,
-    LakeSnapshotUnfinishedError,
-    SlotAheadOfLakeError,
     SlotStreamError,
 )
 from airflow_pglogrepl.lake.coverage import Gap
@@ -46,12 +40,14 @@ from airflow_pglogrepl.pipeline.committer import WindowCommitter
 from airflow_pglogrepl.pipeline.coverage import CoverageCheck
 from airflow_pglogrepl.pipeline.follow import NO_END, REOPEN_MAX_S, Follow
 from airflow_pglogrepl.pipeline.message_windows import MessageWindows
+from airflow_pglogrepl.pipeline.reader_choice import peek_or_stream
 from airflow_pglogrepl.pipeline.readers import (
     PeekReader,
     SlotReader,
     peek_options,
     published_before,
 )
+from airflow_pglogrepl.pipeline.reconcile import claim, reconcile
 from airflow_pglogrepl.pipeline.repair import Repair, asked_gap, go_on
 from airflow_pglogrepl.pipeline.results import (
     READERS,
@@ -109,9 +105,11 @@ class Drain:
             raise ValueError("max_window_bytes must be positive")
         if reader not in READERS:
             raise ValueError(f"reader must be one of {', '.join(READERS)}, got {reader!r}")
-        # How the slot is read: "stream" (START_REPLICATION), "peek", or "auto": the stream
-        # where it can be used, else the peek (``reader_note`` says why, in the summary).
+        # How the slot is read: "stream" (START_REPLICATION), "peek", or "auto": peeks for a
+        # backlog, the stream when following or when the slot's restart_lsn is pinned far
+        # behind (``reader_choice``; ``reader_note`` says why, in the summary).
         self.reader = reader
+        self._stream_tried = False  # "auto": the stream was chosen once this run
         # a following run (``pipeline.follow``): on until stopped or its bound, not to run_end
         self.follow = follow
         self.reader_used = "peek"
@@ -155,11 +153,14 @@ class Drain:
         self.committer.require_publications()
         before = slot.confirmed_flush_lsn
         assert before is not None, "a logical slot always has confirmed_flush_lsn"
-        self._claim()
+        claim(self.lake, self.source, self.slot, self.publications,
+              accept_source_change=self.accept_source_change)  # fmt: skip
+        self._stream_tried = False
         # Rows of transactions in progress a killed run kept: the next stream sends them again
         # from their start, and a run that peeks never needs them (``lake.in_progress``).
         InProgressTransactions(self.lake).clear()
-        start = self._reconcile(before, self.lake.position())
+        start = reconcile(self.lake, self.source, self.slot, before,
+                          accept_source_change=self.accept_source_change)  # fmt: skip
         self.held.clear()  # (a Drain run again: what is held now, not what was)
         self.held.update(held(self.lake))
         if self.held:
@@ -228,7 +229,7 @@ class Drain:
         if self.follow is not None:
             self._following(start, windows, self.follow)
         elif start < run_end:
-            self.peeked(self._streamed(start, run_end, windows), run_end, windows)
+            self._read_span(start, run_end, windows)
         else:
             self.reader_used = "none"  # nothing to read: neither was opened
         if self.follow is None and self.max_windows is None:
@@ -246,7 +247,14 @@ class Drain:
     def _drain_more(self, start: LSN, end: LSN, windows: list[WindowStats]) -> None:
         """The windows of ``[start, end)``, after the run's own (``repair.go_on``)."""
         self.committer.run_end = end
-        self.peeked(self._streamed(start, end, windows), end, windows)
+        self._read_span(start, end, windows)
+
+    def _read_span(self, start: LSN, end: LSN, windows: list[WindowStats]) -> None:
+        """The windows of ``[start, end)``: asked for the stream, the stream and then peeks for
+        what it left; else peeks, which with "auto" hand over to the stream when it pays."""
+        if self.reader == "stream":
+            start = self._streamed(start, end, windows)
+        self.peeked(start, end, windows)
 
     def peeked(self, start: LSN, run_end: LSN, windows: list[WindowStats]) -> LSN:
         """The windows of ``[start, run_end)`` read by peeks, up to ``max_windows`` in all,
@@ -261,6 +269,9 @@ class Drain:
                 room = PEEK_WINDOWS
                 if self.max_windows is not None:
                     room = min(room, self.max_windows - committed(windows))
+                if self._stream_pays(start, run_end, room):
+                    start = self._streamed(start, run_end, windows)
+                    continue
                 done: list[WindowStats] = []
                 declined = False
                 try:
@@ -297,6 +308,29 @@ class Drain:
             start = stats.end
         return start
 
+    def _stream_pays(self, start: LSN, run_end: LSN, room: int) -> bool:
+        """With "auto", outside a following run, and once a run: whether the slot's situation
+        now makes the stream the cheaper reader for ``[start, run_end)`` (``reader_choice``)."""
+        if self.reader != "auto" or self.follow is not None or self._stream_tried:
+            return False
+        refusal = self._stream_refusal()
+        if refusal is not None:
+            self.reader_note = self.reader_note or refusal
+            return False
+        restart = self.source.get_slot(self.slot).restart_lsn
+        choice = peek_or_stream(pinned=int(start) - int(restart if restart is not None else start),
+                                remaining=int(run_end) - int(start),
+                                span=self.max_window_bytes * room)  # fmt: skip
+        if choice.reader == "peek":
+            if self.reader_note is None:  # the first choice of the run is logged, not each
+                log.info("slot %s: reading with peeks: %s", self.slot, choice.why)
+                self.reader_note = choice.why
+            return False
+        log.info("slot %s: reading on with the stream from %s: %s", self.slot, start, choice.why)
+        self.reader_note = choice.why
+        self._stream_tried = True
+        return True
+
     def published_before(self, end: LSN) -> bool:
         """Whether the slot holds a published change before ``end`` (a peek of one)."""
         return published_before(self.source, self.slot, self.options, end)
@@ -314,8 +348,9 @@ class Drain:
             self.reader_note = refusal
             return start
         span_end = run_end
-        if self.max_windows is not None and self.follow is None:
-            span_end = min(run_end, LSN(int(start) + self.max_window_bytes * self.max_windows))
+        if self.max_windows is not None and self.follow is None:  # (peeks may have come first)
+            room = self.max_windows - committed(windows)
+            span_end = min(run_end, LSN(int(start) + self.max_window_bytes * room))
         phase = StreamPhase(source=self.source, lake=self.lake, slot=self.slot,
                             options=self.options, reader=self.reader, follow=self.follow,
                             drain_span=self._columnar_span)  # fmt: skip
@@ -419,61 +454,6 @@ class Drain:
                                   exact_end=reader.exact_end, follow=reader.follow)  # fmt: skip
         with self.committer.confirming(reader.confirm):
             windows.run(reader.batches(start, span_end), done)
-
-    def _claim(self) -> None:
-        """Refuse a lake of another slot, server or database, or one whose initial snapshot
-        never committed, before anything is read or written; record the lake's identity at
-        its first run (``Lake.claim``)."""
-        identity = self.lake.claim(
-            self.source.source_identity(),
-            publications=self.publications,
-            began_with="drain",
-            accept_source_change=self.accept_source_change,
-        )
-        if identity.get("began_with") == "snapshot" and self.lake.position() is None:
-            from airflow_pglogrepl.lake.snapshots import resolve
-
-            left = resolve(self.lake).get("uncommitted_snapshots") or []
-            raise LakeSnapshotUnfinishedError(
-                self.lake.root, self.slot, identity.get("created_at"), left
-            )
-
-    def _reconcile(self, slot_lsn: LSN, lake_lsn: LSN | None) -> LSN:
-        recorded = self.lake.recorded_source()
-        current = self.lake.source or {}
-        ahead = lake_lsn is not None and lake_lsn > slot_lsn
-        changed = recorded is not None and (
-            recorded.get("system_identifier") != current.get("system_identifier")
-            or (ahead and recorded.get("timeline") != current.get("timeline"))
-        )
-        if changed and not self.accept_source_change:
-            raise LakeFromAnotherSourceError(self.slot, self.lake.root, recorded or {}, current)
-        if changed:
-            log.warning(
-                "lake %s was written from %s, the slot is on %s: draining on as asked "
-                "(accept_source_change), and recording the new source", self.lake.root,
-                recorded, current,
-            )  # fmt: skip
-        if ahead and recorded is None:
-            log.warning(
-                "lake %s records no source identity (its last commit predates them): "
-                "advancing slot %s to it unchecked", self.lake.root, self.slot,
-            )  # fmt: skip
-        if lake_lsn is None:
-            log.info("empty lake: starting at the slot's confirmed_flush_lsn %s", slot_lsn)
-            return slot_lsn
-        if lake_lsn > slot_lsn:
-            log.warning(
-                "lake is ahead of slot %s (%s > %s): the last advance was lost; advancing the "
-                "slot to the lake, committed changes are not drained again",
-                self.slot, lake_lsn, slot_lsn,
-            )  # fmt: skip
-            self.lake.check_writer()
-            self.source.advance_slot(self.slot, lake_lsn)
-            return lake_lsn
-        if slot_lsn > lake_lsn:
-            raise SlotAheadOfLakeError(self.slot, slot_lsn, lake_lsn, self.lake.root)
-        return slot_lsn
 
 
 def _incomplete(gaps: Mapping[str, Gap], unrepaired: Mapping[str, str]) -> dict[str, Any]:

@@ -22,8 +22,8 @@ __all__ = [
     "peak_rss_mb",
 ]
 
-# How a run may read its slot (``Drain``'s ``reader``): the stream, the peek, or the stream where
-# the server allows it. A run's summary says which it used (``DrainResult.reader``).
+# How a run may read its slot (``Drain``'s ``reader``): the stream, the peek, or chosen per run
+# (``reader_choice``). A run's summary says which it used (``DrainResult.reader``).
 READERS = ("auto", "stream", "peek")
 
 log = logging.getLogger("airflow_pglogrepl.drain")

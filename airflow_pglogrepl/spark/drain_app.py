@@ -67,7 +67,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--reader", choices=("auto", "stream", "peek"), default="auto", help="read the slot "
         "through the replication protocol (stream: the role needs REPLICATION), through "
-        "pg_logical_slot_peek_* (peek), or the stream where the server allows it (auto)",
+        "pg_logical_slot_peek_* (peek), or per run (auto: peeks for a backlog, the stream when "
+        "following or behind a pinned restart_lsn)",
     )  # fmt: skip
     parser.add_argument(
         "--follow", action="store_true", help="keep reading the slot: commit a window every "

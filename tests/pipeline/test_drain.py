@@ -23,7 +23,6 @@ import pytest
 from airflow_pglogrepl.exceptions import (
     LakeFromAnotherSourceError,
     LakeOfAnotherSlotError,
-    LakeSnapshotUnfinishedError,
     LakeWriterBusyError,
     PublicationNotFoundError,
     SlotAheadOfLakeError,
@@ -33,7 +32,6 @@ from airflow_pglogrepl.exceptions import (
 )
 from airflow_pglogrepl.lake.delta import open_table, read_table
 from airflow_pglogrepl.lake.lake import Lake
-from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge.materialize import materialize
 from airflow_pglogrepl.models.verdicts import drain_refusal
@@ -192,25 +190,6 @@ def test_what_a_killed_stream_kept_in_progress_is_removed_by_a_run_that_peeks(
     assert not left.parent.exists()
 
 
-def test_a_slot_ahead_of_the_lake_is_refused_and_nothing_moves(tmp_path: Path) -> None:
-    lake = Lake(str(tmp_path / "lake"), "s")
-    Window(lake, LSN(0x1000)).commit(LSN(0x1100), transactions=0, changes=0)
-    source = FakeSource([], confirmed=0x1500, flush=0x2000)
-    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=1024)
-    with pytest.raises(SlotAheadOfLakeError, match="0/1500"):
-        drain.run(time.monotonic())
-    assert source.advances == [] and lake.position() == LSN(0x1100)
-
-
-def test_a_lake_ahead_of_the_slot_moves_the_slot_up_first(tmp_path: Path) -> None:
-    lake = Lake(str(tmp_path / "lake"), "s")
-    Window(lake, LSN(0x1000)).commit(LSN(0x1300), transactions=0, changes=0)
-    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1300)
-    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=1024)
-    result = drain.run(time.monotonic()).to_dict()
-    assert source.advances == [LSN(0x1300)] and result["changes"] == 0  # nothing drained twice
-
-
 class DroppingSource(FakeSource):
     """PostgreSQL 18: the publication is dropped after the first advance, and a peek only
     warns, so every later window would come back empty."""
@@ -243,87 +222,6 @@ def test_a_dropped_publication_stops_the_drain_before_a_commit(
     # transaction (commit 0x1200), so that window ends just past it.
     first_end = LSN(0x1201 if arrow_fails else 0x1180)
     assert source.advances == [first_end] and lake.position() == first_end
-
-
-def test_a_lake_from_another_server_or_timeline_moves_nothing(tmp_path: Path) -> None:
-    """Before: a lake ahead of the slot moved the slot up to it, whichever server wrote it
-    (a changed DSN, a restored cluster, a promoted standby's new timeline)."""
-    lake = Lake(str(tmp_path / "lake"), "s")
-    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1100)
-    Drain(source=source, lake=lake, slot="s", publications=["p"],
-          max_window_bytes=1024).run(time.monotonic())  # fmt: skip
-    position = lake.position()
-    assert lake.recorded_source() == source.identity and position is not None
-
-    other = FakeSource([], confirmed=0x1000, flush=0x2000)  # the lake is ahead of this slot
-    other.identity = {**source.identity, "system_identifier": "8"}
-    drain = Drain(source=other, lake=lake, slot="s", publications=["p"], max_window_bytes=1024)
-    with pytest.raises(LakeFromAnotherSourceError, match=r"system identifier 7.*identifier 8"):
-        drain.run(time.monotonic())
-    promoted = FakeSource([], confirmed=0x1000, flush=0x2000)
-    promoted.identity = {**source.identity, "timeline": 2}
-    drain = Drain(source=promoted, lake=lake, slot="s", publications=["p"], max_window_bytes=1024)
-    with pytest.raises(LakeFromAnotherSourceError, match=r"timeline 1.*timeline 2"):
-        drain.run(time.monotonic())
-    assert other.advances == [] and promoted.advances == []
-    assert lake.position() == position
-    # a deliberate change (pg_upgrade keeps slots, gives a new system identifier): on request
-    Drain(source=other, lake=lake, slot="s", publications=["p"], max_window_bytes=1024,
-          accept_source_change=True).run(time.monotonic())  # fmt: skip
-    assert other.advances[0] == position  # the slot moved up to the lake first
-    assert lake.recorded_source() == other.identity  # and the new source is recorded
-
-
-def test_a_windows_table_from_before_source_identities_takes_them(tmp_path: Path) -> None:
-    import pyarrow as pa
-
-    from airflow_pglogrepl.lake import delta
-    from airflow_pglogrepl.lake.windows_table import windows_schema
-
-    lake = Lake(str(tmp_path / "lake"), "s")
-    old = pa.schema([f for f in windows_schema() if f.name != "source"])
-    row = {"kind": "window", "slot": "s", "start_lsn": "0/1000", "end_lsn": "0/1100",
-           "transactions": 0, "changes": 0, "tables": "{}", "committed_at": None,
-           "writer": "old:1"}  # fmt: skip
-    uri = lake.paths.windows()
-    written = delta.write_file(uri, pa.Table.from_pylist([row], schema=old), prefix="old")
-    delta.commit_files(uri, old, [written], app=lake.app, version=0x1100, expected=None)
-    assert lake.recorded_source() is None
-    lake.source = {"system_identifier": "7", "timeline": 1, "database": "db"}
-    lake.record(kind="window", start=LSN(0x1100), end=LSN(0x1200))
-    assert lake.recorded_source() == lake.source and lake.position() == LSN(0x1200)
-
-
-def test_a_lake_of_another_slot_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    """Before: a drain under a new slot name started at its slot, and its first merge replayed
-    the other slot's whole changelog onto the state."""
-    lake = Lake(str(tmp_path / "lake"), "s")
-    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1300)
-    Drain(source=source, lake=lake, slot="s", publications=["p"],
-          max_window_bytes=1024).run(time.monotonic())  # fmt: skip
-    rows = read_table(lake.paths.windows()).num_rows
-    other = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1300)
-    with pytest.raises(LakeOfAnotherSlotError, match=r"belongs to slot 's'.*not to slot 'x'"):
-        Drain(source=other, lake=Lake(lake.root, "x"), slot="x", publications=["p"],
-              max_window_bytes=1024).run(time.monotonic())  # fmt: skip
-    assert other.advances == [] and read_table(lake.paths.windows()).num_rows == rows
-    assert lake.identity() == {
-        **(lake.identity() or {}),
-        "slot": "s", "system_identifier": "7", "database": "db", "publications": ["p"],
-        "began_with": "drain",
-    }  # fmt: skip
-
-
-def test_a_drain_refuses_a_lake_whose_initial_snapshot_never_committed(tmp_path: Path) -> None:
-    """Before: a killed snapshot left its slot; a plain drain then started at the slot, and the
-    tables the snapshot never reached were left empty without an error."""
-    lake = Lake(str(tmp_path / "lake"), "s")
-    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1300)
-    lake.claim(source.identity, publications=["p"], began_with="snapshot")  # then killed
-    with pytest.raises(LakeSnapshotUnfinishedError, match=r"initial snapshot of slot 's'"):
-        Drain(source=source, lake=lake, slot="s", publications=["p"],
-              max_window_bytes=1024).run(time.monotonic())  # fmt: skip
-    assert source.advances == [] and lake.position() is None and lake.changes_tables() == []
 
 
 def test_a_writer_that_lost_its_lock_commits_and_advances_nothing(tmp_path: Path) -> None:

@@ -32,15 +32,21 @@ from airflow_pglogrepl.testing.wait import wait_until
 from tests.pipeline.test_windows import _ids, three_transactions
 from tests.support.drain import changelog
 from tests.support.fake_source import FakeSource, FakeStream
-from tests.support.silent_decode import create_filtered_publication, write_silent_transaction
+from tests.support.silent_decode import (
+    create_filtered_publication,
+    decode_cost_s,
+    write_silent_transaction,
+)
 from tests.support.sources import Source
+from tests.support.wal import FILLER, restart_lsn_pinned
 
 
 def test_a_refused_stream_falls_back_to_the_peek_and_says_why(tmp_path: Path) -> None:
-    source = FakeSource(three_transactions().rows, confirmed=0x1000, flush=0x3000)
+    """The slot pinned: "auto" chooses the stream, which this fake refuses."""
+    source = FakeSource(three_transactions().rows, confirmed=0x1000, flush=0x3000, restart=0)
     lake = Lake(str(tmp_path / "lake"), "s")
     result = Drain(source=source, lake=lake, slot="s", publications=["p"],
-                   max_window_bytes=0x1000).run(time.monotonic()).to_dict()  # fmt: skip
+                   max_window_bytes=0x100).run(time.monotonic()).to_dict()  # fmt: skip
     assert result["reader"] == "peek" and "this fake is peeked" in result["reader_note"]
     assert _ids(lake) == [1, 2, 3, 4]
 
@@ -77,7 +83,7 @@ def test_through_unpublished_traffic_a_stream_commits_and_confirms_window_by_win
         source, start, dict(options))  # fmt: skip
     lake = Lake(str(tmp_path / "lake"), "s")
     result = Drain(source=source, lake=lake, slot="s", publications=["p"],
-                   max_window_bytes=0x1000).run(time.monotonic())  # fmt: skip
+                   max_window_bytes=0x1000, reader="stream").run(time.monotonic())  # fmt: skip
     assert [int(w.end) for w in result.windows] == [0x2000, 0x4000, 0x8000, 0x9000]
     (stream,) = source.streamed
     assert [int(c) for c in stream.confirms] == [0x2000, 0x4000, 0x8000, 0x9000]
@@ -91,7 +97,7 @@ def test_a_stream_that_declined_and_could_not_confirm_never_hands_over_to_the_pe
     the slot's older position and store that window again. The run stops instead."""
     from airflow_pglogrepl.changelog.columnar import ColumnarDecoder, ColumnarUnsupportedError
 
-    source = FakeSource(three_transactions().rows, confirmed=0x1000, flush=0x3000)
+    source = FakeSource(three_transactions().rows, confirmed=0x1000, flush=0x3000, restart=0)
     source.streams, source.batch_messages = True, 2
     source.stream_ends_unclean = True
     parts = ColumnarDecoder.parts
@@ -151,8 +157,10 @@ class _PeeksAsAServer(FakeSource):
 
 def _ending_early() -> _PeeksAsAServer:
     """Three transactions (commits at 0x1100, 0x1200, 0x2100, flush 0x3000), streamed by a
-    walsender that goes away after the first window (``_EndsEarly``)."""
-    source = _PeeksAsAServer(three_transactions().rows, confirmed=0x1000, flush=0x3000)
+    walsender that goes away after the first window (``_EndsEarly``); restart_lsn is pinned far
+    enough behind that "auto" reads with the stream."""
+    source = _PeeksAsAServer(three_transactions().rows, confirmed=0x1000, flush=0x3000,
+                             restart=0)  # (pinned: "auto" chooses the stream)  # fmt: skip
     source.streams, source.batch_messages = True, 2
     source.stream_slot = lambda slot, *, start, options, alive=None: _EndsEarly(  # type: ignore[method-assign]
         source, start, dict(options))  # fmt: skip
@@ -413,13 +421,22 @@ def test_a_walsender_ended_mid_run_hands_over_to_the_peek_and_the_lake_has_every
     """The walsender is terminated while it decodes a transaction that sends nothing, after it
     sent the row before that and before the row after: the run's stream ends with
     SlotStreamError. Before, the run failed; now it peeks on from where the lake and the slot
-    agree (the slot is free at once: its walsender is gone) and stores each row once."""
+    agree (the slot is free at once: its walsender is gone) and stores each row once. (A
+    transaction left open 8 MiB behind makes "auto" choose the stream.)"""
     _silent_source(source)
+    cost_s = decode_cost_s(source.dsn, source.publication, "f", 30)  # (before the pin: see there)
+    with restart_lsn_pinned(source, behind=8 << 20):
+        _ended_in_the_silence(source, tmp_path, cost_s)
+
+
+def _ended_in_the_silence(source: Source, tmp_path: Path, cost_s: float) -> None:
     source.sql("INSERT INTO ok VALUES (1)")
     sent_first = source.hook().flush_lsn()
-    write_silent_transaction(source.dsn, source.publication, "f", 2.0, pad_bytes=30)
+    write_silent_transaction(source.dsn, source.publication, "f", 2.0, pad_bytes=30,
+                             cost_s=cost_s)  # fmt: skip
     silent_end = source.hook().flush_lsn()
     source.sql("INSERT INTO ok VALUES (2)")
+    source.sql(FILLER, (1 << 20,))  # (more than one peek's span is left: the stream pays)
     ended: list[object] = []
 
     def end_the_walsender_in_the_silence() -> None:
@@ -454,12 +471,13 @@ def test_a_transaction_decoded_silently_for_longer_than_30_s_is_drained_on_the_f
     """The issue's case, with every default (wal_sender_timeout 60 s, status updates every
     10 s): about 35 s of decoding without a message. Before, the stream gave up after 30 s
     (three status intervals) on every run, and the lake never passed the transaction; now the
-    run streams through it and stores the row after it."""
+    run streams through it and stores the row after it. (A following run, or one behind a pinned
+    restart_lsn, reads with the stream; here it is asked for.)"""
     _silent_source(source)
     write_silent_transaction(source.dsn, source.publication, "f", 35.0, pad_bytes=100)
     source.sql("INSERT INTO ok VALUES (1)")
     began = time.monotonic()
-    result = _drain(source.hook(), source, str(tmp_path / "lake"), source.slot, "auto")
+    result = _drain(source.hook(), source, str(tmp_path / "lake"), source.slot, "stream")
     took = time.monotonic() - began
     assert took > 30, f"the decoding took {took:.0f} s, not past the old limit: this proves nothing"
     assert result["reader"] == "stream" and result["reader_note"] is None, result

@@ -54,7 +54,8 @@ def test_a_stream_is_cut_at_the_runs_end_and_what_it_sent_past_it_is_left(
     source = FakeSource(three_transactions().rows, confirmed=0x1000, flush=0x2000)
     source.streams, source.batch_messages = True, batch_messages
     lake = Lake(str(tmp_path / "lake"), "s")
-    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x180)
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x180,
+                  reader="stream")  # fmt: skip
     result = drain.run(time.monotonic()).to_dict()
     assert result["reader"] == "stream" and result["reader_note"] is None
     assert [w for w in result["tables"].values()] == [3]
@@ -70,7 +71,8 @@ def test_a_stream_span_of_max_windows_ends_at_its_bound(tmp_path: Path) -> None:
     source.streams = True
     lake = Lake(str(tmp_path / "lake"), "s")
     result = Drain(source=source, lake=lake, slot="s", publications=["p"],
-                   max_window_bytes=0x180, max_windows=1).run(time.monotonic())  # fmt: skip
+                   max_window_bytes=0x180, max_windows=1,
+                   reader="stream").run(time.monotonic())  # fmt: skip
     assert [(w.start, w.end, w.transactions) for w in result.windows] == [
         (LSN(0x1000), LSN(0x1180), 1)
     ]

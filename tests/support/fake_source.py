@@ -14,14 +14,18 @@ from airflow_pglogrepl.models.records import SlotInfo
 
 
 class FakeSource:
-    """A slot over a fixed list of peek rows; records every advance."""
+    """A slot over a fixed list of peek rows; records every advance. Its ``restart_lsn`` follows
+    the slot's position, or stays at ``restart`` when given (a transaction left open pins it)."""
 
-    def __init__(self, rows: list[tuple[LSN, int | None, bytes]], confirmed: int, flush: int):
+    def __init__(self, rows: list[tuple[LSN, int | None, bytes]], confirmed: int, flush: int,
+                 restart: int | None = None):  # fmt: skip
         self.rows = rows
+        self.pinned = restart is not None
         self.streamed: list[FakeStream] = []
         self.slot = SlotInfo(
             name="s", plugin="pgoutput", slot_type="logical", database="db", temporary=False,
-            active=False, active_pid=None, restart_lsn=LSN(confirmed),
+            active=False, active_pid=None,
+            restart_lsn=LSN(confirmed if restart is None else restart),
             confirmed_flush_lsn=LSN(confirmed), wal_status="reserved", safe_wal_size=None,
             two_phase=False, retained_bytes=0, current_lsn=LSN(flush), inactive_since=None,
         )  # fmt: skip
@@ -35,6 +39,8 @@ class FakeSource:
     def advance_slot(self, name: str, upto: LSN | str) -> LSN:
         self.advances.append(LSN(upto))
         self.slot = dataclasses.replace(self.slot, confirmed_flush_lsn=LSN(upto))
+        if not self.pinned:
+            self.slot = dataclasses.replace(self.slot, restart_lsn=LSN(upto))
         return LSN(upto)
 
     def flush_lsn(self) -> LSN:

@@ -69,11 +69,21 @@ def decode_cost_s(dsn: str, publication: str, table: str, pad_bytes: int) -> flo
 
 
 def write_silent_transaction(
-    dsn: str, publication: str, table: str, seconds: float, *, pad_bytes: int, first_id: int = 1
+    dsn: str,
+    publication: str,
+    table: str,
+    seconds: float,
+    *,
+    pad_bytes: int,
+    first_id: int = 1,
+    cost_s: float | None = None,
 ) -> int:
     """One transaction of rows into ``table`` that ``publication`` rejects, enough for their
-    decoding to take about ``seconds``; returns how many rows it wrote."""
-    rows = max(1, round(seconds / decode_cost_s(dsn, publication, table, pad_bytes)))
+    decoding to take about ``seconds``; returns how many rows it wrote. ``cost_s``: a row's
+    ``decode_cost_s`` measured before (its temporary slot waits for every open transaction)."""
+    if cost_s is None:
+        cost_s = decode_cost_s(dsn, publication, table, pad_bytes)
+    rows = max(1, round(seconds / cost_s))
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("INSERT INTO {} SELECT g, repeat('x', %s)"
                              " FROM generate_series(%s::int, %s) g").format(sql.Identifier(table)),

@@ -9,6 +9,8 @@ See https://www.postgresql.org/docs/15/wal-internals.html
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from airflow_pglogrepl.lsn import LSN
@@ -22,6 +24,8 @@ PAGE_HEADER = 24  # SizeOfXLogShortPHD
 # so the overhead is the same for every pad.
 PAD = "SELECT pg_logical_emit_message(true, 'pad', repeat('x', %s::int))"
 MEASURE = 300
+# WAL the drain reads past and stores nothing of: a committed transaction of one such message.
+FILLER = "SELECT pg_logical_emit_message(true, 'filler', repeat('x', %s::int))"
 INSERT_LSN = "SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint"
 
 
@@ -94,3 +98,19 @@ def _commit_lsn(src: Source, xid: int) -> LSN:
     )
     assert len(rows) == 1, f"transaction {xid}: {len(rows)} Commit messages"
     return LSN(int.from_bytes(bytes(rows[0][0])[2:10], "big"))
+
+
+@contextlib.contextmanager
+def restart_lsn_pinned(src: Source, *, behind: int) -> Iterator[None]:
+    """For the block, a transaction left open ``behind`` bytes of WAL before the slot's position,
+    as a forgotten session leaves one: the slot is advanced past that WAL, and its
+    ``restart_lsn`` stays at the open transaction's first record. Rolled back at the end. (A
+    logical slot created meanwhile waits for that transaction to end.)"""
+    with src.cluster.connect(src.db, autocommit=False) as conn:
+        conn.execute(PAD, (1,))  # the open transaction's first record: decoding restarts here
+        src.sql(FILLER, (behind,))
+        src.sql("SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())", (src.slot,))
+        try:
+            yield
+        finally:
+            conn.rollback()

@@ -1,0 +1,84 @@
+"""Before a drain reads anything: is this lake the slot's, and where do the two stand?
+
+The lake's position is compared with the slot's ``confirmed_flush_lsn``. Lake ahead means an
+advance was lost (PostgreSQL persists an advanced position only at the next checkpoint), so the
+slot is moved up to the lake; slot ahead means someone else consumed changes the lake never saw,
+and the run stops, naming both LSNs. A lake written from another server or timeline, claimed by
+another slot, or whose initial snapshot never committed is refused before a byte is written.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from airflow_pglogrepl.exceptions import (
+    LakeFromAnotherSourceError,
+    LakeSnapshotUnfinishedError,
+    SlotAheadOfLakeError,
+)
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pipeline.source import DrainSource
+
+__all__ = ["claim", "reconcile"]
+
+log = logging.getLogger("airflow_pglogrepl.drain")
+
+
+def claim(lake: Lake, source: DrainSource, slot: str, publications: Sequence[str], *,
+          accept_source_change: bool) -> None:  # fmt: skip
+    """Refuse a lake of another slot, server or database, or one whose initial snapshot never
+    committed, before anything is read or written; record the lake's identity at its first run
+    (``Lake.claim``)."""
+    identity = lake.claim(
+        source.source_identity(),
+        publications=list(publications),
+        began_with="drain",
+        accept_source_change=accept_source_change,
+    )
+    if identity.get("began_with") == "snapshot" and lake.position() is None:
+        from airflow_pglogrepl.lake.snapshots import resolve
+
+        left = resolve(lake).get("uncommitted_snapshots") or []
+        raise LakeSnapshotUnfinishedError(lake.root, slot, identity.get("created_at"), left)
+
+
+def reconcile(lake: Lake, source: DrainSource, slot: str, slot_lsn: LSN, *,
+              accept_source_change: bool) -> LSN:  # fmt: skip
+    """Where the run starts: the slot's ``slot_lsn``, or the lake's position when the slot's
+    last advance was lost (the slot is moved up to it first)."""
+    lake_lsn = lake.position()
+    recorded = lake.recorded_source()
+    current = lake.source or {}
+    ahead = lake_lsn is not None and lake_lsn > slot_lsn
+    changed = recorded is not None and (
+        recorded.get("system_identifier") != current.get("system_identifier")
+        or (ahead and recorded.get("timeline") != current.get("timeline"))
+    )
+    if changed and not accept_source_change:
+        raise LakeFromAnotherSourceError(slot, lake.root, recorded or {}, current)
+    if changed:
+        log.warning(
+            "lake %s was written from %s, the slot is on %s: draining on as asked "
+            "(accept_source_change), and recording the new source", lake.root, recorded, current,
+        )  # fmt: skip
+    if ahead and recorded is None:
+        log.warning(
+            "lake %s records no source identity (its last commit predates them): "
+            "advancing slot %s to it unchecked", lake.root, slot,
+        )  # fmt: skip
+    if lake_lsn is None:
+        log.info("empty lake: starting at the slot's confirmed_flush_lsn %s", slot_lsn)
+        return slot_lsn
+    if lake_lsn > slot_lsn:
+        log.warning(
+            "lake is ahead of slot %s (%s > %s): the last advance was lost; advancing the "
+            "slot to the lake, committed changes are not drained again", slot, lake_lsn, slot_lsn,
+        )  # fmt: skip
+        lake.check_writer()
+        source.advance_slot(slot, lake_lsn)
+        return lake_lsn
+    if slot_lsn > lake_lsn:
+        raise SlotAheadOfLakeError(slot, slot_lsn, lake_lsn, lake.root)
+    return slot_lsn
