@@ -156,6 +156,7 @@ class Drain:
         claim(self.lake, self.source, self.slot, self.publications,
               accept_source_change=self.accept_source_change)  # fmt: skip
         self._stream_tried = False
+        self.reader_used, self.reader_note = "peek", None
         # Rows of transactions in progress a killed run kept: the next stream sends them again
         # from their start, and a run that peeks never needs them (``lake.in_progress``).
         InProgressTransactions(self.lake).clear()
@@ -252,8 +253,12 @@ class Drain:
     def _read_span(self, start: LSN, end: LSN, windows: list[WindowStats]) -> None:
         """The windows of ``[start, end)``: asked for the stream, the stream and then peeks for
         what it left; else peeks, which with "auto" hand over to the stream when it pays."""
+        if self.reader_used == "none":  # (the repair's rounds after a run with nothing to read)
+            self.reader_used = "peek"
         if self.reader == "stream":
             start = self._streamed(start, end, windows)
+        elif self.reader == "auto" and self.reader_note is None and self.follow is None:
+            self.reader_note = self._stream_refusal()  # peeks whatever the slot's situation
         self.peeked(start, end, windows)
 
     def peeked(self, start: LSN, run_end: LSN, windows: list[WindowStats]) -> LSN:
@@ -269,7 +274,7 @@ class Drain:
                 room = PEEK_WINDOWS
                 if self.max_windows is not None:
                     room = min(room, self.max_windows - committed(windows))
-                if self._stream_pays(start, run_end, room):
+                if self._stream_pays(start, run_end, windows):
                     start = self._streamed(start, run_end, windows)
                     continue
                 done: list[WindowStats] = []
@@ -308,19 +313,22 @@ class Drain:
             start = stats.end
         return start
 
-    def _stream_pays(self, start: LSN, run_end: LSN, room: int) -> bool:
+    def _stream_pays(self, start: LSN, run_end: LSN, windows: list[WindowStats]) -> bool:
         """With "auto", outside a following run, and once a run: whether the slot's situation
-        now makes the stream the cheaper reader for ``[start, run_end)`` (``reader_choice``)."""
+        now makes the stream the cheaper reader for what is left of the run: ``[start,
+        run_end)``, or fewer windows when ``max_windows`` bounds it (``reader_choice``)."""
         if self.reader != "auto" or self.follow is not None or self._stream_tried:
             return False
-        refusal = self._stream_refusal()
-        if refusal is not None:
-            self.reader_note = self.reader_note or refusal
+        if self._stream_refusal() is not None:
             return False
+        remaining = int(run_end) - int(start)
+        if self.max_windows is not None:
+            room = self.max_windows - committed(windows)
+            remaining = min(remaining, self.max_window_bytes * room)
         restart = self.source.get_slot(self.slot).restart_lsn
         choice = peek_or_stream(pinned=int(start) - int(restart if restart is not None else start),
-                                remaining=int(run_end) - int(start),
-                                span=self.max_window_bytes * room)  # fmt: skip
+                                remaining=remaining,
+                                span=self.max_window_bytes * PEEK_WINDOWS)  # fmt: skip
         if choice.reader == "peek":
             if self.reader_note is None:  # the first choice of the run is logged, not each
                 log.info("slot %s: reading with peeks: %s", self.slot, choice.why)

@@ -54,9 +54,10 @@ def peek_or_stream(*, pinned: int, remaining: int, span: int) -> ReaderChoice:
     extra = STREAM_COST * remaining  # what the stream would pay more than the peeks
     if peeks > 1 and again > extra:
         return ReaderChoice("stream", (
-            f"restart_lsn is {_size(pinned)} behind the slot's position (a transaction "
-            f"still open pins it): {peeks} more peeks would decode that again each time, "
-            f"so the stream reads the remaining {_size(remaining)}"
+            f"restart_lsn is {_size(pinned)} behind the slot's position (decoding restarts "
+            f"there: a transaction still open holds it back, or WAL written faster than the "
+            f"server records its running transactions): {peeks} more peeks would decode that "
+            f"again each time, so the stream reads the remaining {_size(remaining)}"
         ))  # fmt: skip
     return ReaderChoice("peek", (
         f"a backlog of {_size(remaining)} with restart_lsn {_size(pinned)} behind: "

@@ -10,15 +10,18 @@ from typing import Any
 
 import pytest
 
+from airflow_pglogrepl.exceptions import SlotStreamError
 from airflow_pglogrepl.hooks.replication import DsnReplicationHook
+from airflow_pglogrepl.lake.delta import read_table
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pipeline.drain import Drain
 from airflow_pglogrepl.pipeline.reader_choice import STREAM_COST, peek_or_stream
 from airflow_pglogrepl.tables import TableRef
-from tests.pipeline.test_windows import _ids, three_transactions
+from tests.pipeline.test_stream_phase import _PeeksAsAServer
+from tests.pipeline.test_windows import ITEMS, _ids, three_transactions
 from tests.support.drain import changelog
-from tests.support.fake_source import FakeSource
+from tests.support.fake_source import FakeSource, ServerStream
 from tests.support.pgoutput_encoder import Session, relation
 from tests.support.sources import Source
 from tests.support.wal import FILLER, restart_lsn_pinned
@@ -48,22 +51,103 @@ def test_the_crossing_is_where_the_decodes_again_cost_what_the_stream_adds() -> 
         peek_or_stream(pinned=0, remaining=1, span=0)
 
 
+def _transactions(count: int) -> Session:
+    """One single-row transaction committing every 0x100 from 0x1100, its messages just
+    before its commit, as a server's WAL has them."""
+    session = Session(start=0x1000)
+    session.add(relation(16384, "items", [("id", INT8, True), ("name", TEXT)]))
+    for n in range(count):
+        at = 0x1100 + 0x100 * n
+        session.lsn = at - 0x30
+        session.begin(700 + n, at).insert(16384, str(n + 1).encode(), b"x")
+        session.lsn = at - 0x10
+        session.commit(at, at + 8)
+    return session
+
+
+class _EndsEarly(ServerStream):
+    """A walsender that goes away before its seventh batch; its confirms never arrived."""
+
+    def batches(self) -> Any:
+        for n, batch in enumerate(super().batches()):
+            if n == 6:
+                raise SlotStreamError("s", "h:1", "the connection was lost")
+            yield batch
+
+    def close(self) -> bool:
+        return False
+
+
+def _pinned(stream: type[ServerStream] = ServerStream) -> FakeSource:
+    """30 transactions to 0/2E00 (flush 0/3000) behind a transaction left open at 0/1000: the
+    slot's restart_lsn stays there while the run moves the slot."""
+    source = _PeeksAsAServer(_transactions(30).rows, confirmed=0x1000, flush=0x3000,
+                             restart=0x1000)  # fmt: skip
+    source.streams = True
+    source.stream_slot = lambda slot, *, start, options, alive=None: stream(  # type: ignore[method-assign]
+        source, start, dict(options))  # fmt: skip
+    return source
+
+
+def _ids_of(lake: Lake) -> list[int]:
+    if not Path(lake.paths.changes(ITEMS)).exists():  # (no window held a commit yet)
+        return []
+    return sorted(r["id"] for r in read_table(lake.paths.changes(ITEMS)).to_pylist())
+
+
 def test_a_run_whose_pin_grows_moves_on_to_the_stream_and_lands_every_row_once(
     tmp_path: Path,
 ) -> None:
-    """A transaction left open at the slot's position: restart_lsn stays while the run's peeks
-    move the slot, so each peek decodes more again, until the stream pays."""
-    source = FakeSource(three_transactions().rows, confirmed=0x1000, flush=0x3000, restart=0x1000)
-    source.streams = True
+    """restart_lsn stays while the run's peeks move the slot, so each peek would decode more
+    again, until the stream pays: it opens where the peeks ended and sends the rest."""
+    source = _pinned()
     lake = Lake(str(tmp_path / "lake"), "s")
     result = Drain(source=source, lake=lake, slot="s", publications=["p"],
                    max_window_bytes=0x100).run(time.monotonic())  # fmt: skip
     assert result.reader == "stream" and result.reader_note is not None
     assert "restart_lsn is" in result.reader_note and "behind" in result.reader_note
-    assert source.advances, "no peek came first"
     (stream,) = source.streamed
-    assert source.advances[-1] == stream.start  # the stream began where the peeks ended
-    assert _ids(lake) == [1, 2, 3, 4] and lake.position() == LSN(0x3000)
+    assert source.advances and source.advances[-1] == stream.start > LSN(0x1000)
+    streamed = [w for w in result.windows if w.start >= stream.start]
+    assert sum(w.transactions for w in streamed) > 0  # the stream carried rows, not only WAL
+    assert _ids_of(lake) == list(range(1, 31)) and lake.position() == LSN(0x3000)
+
+
+def test_a_stream_that_ends_early_after_peeks_hands_back_to_them_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    source = _pinned(_EndsEarly)
+    lake = Lake(str(tmp_path / "lake"), "s")
+    result = Drain(source=source, lake=lake, slot="s", publications=["p"],
+                   max_window_bytes=0x100).run(time.monotonic())  # fmt: skip
+    assert result.reader == "stream" and "ended early" in (result.reader_note or "")
+    assert _ids_of(lake) == list(range(1, 31)) and lake.position() == LSN(0x3000)
+
+
+@pytest.mark.parametrize("max_windows", [1, 2, 4, 9, 12])
+def test_a_run_that_may_move_on_to_the_stream_keeps_to_its_max_windows(
+    tmp_path: Path, max_windows: int
+) -> None:
+    """Before: the stream's span counted ``max_windows`` from where it began, as if the peeks
+    before it had committed nothing; and the choice weighed the whole backlog, so a run left
+    one window opened the stream for it (with one peek left both decode the pin once)."""
+    source = _pinned()
+    lake = Lake(str(tmp_path / "lake"), "s")
+    result = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x100,
+                   max_windows=max_windows).run(time.monotonic())  # fmt: skip
+    assert len(result.windows) <= max_windows
+    ids = _ids_of(lake)
+    assert ids == list(range(1, len(ids) + 1))  # each once, in order, none skipped
+    if max_windows <= 4:  # one peek's span: the stream never pays
+        assert result.reader == "peek" and source.streamed == []
+
+
+def test_auto_with_the_per_message_decoder_says_why_it_peeks(tmp_path: Path) -> None:
+    source = _pinned()
+    lake = Lake(str(tmp_path / "lake"), "s")
+    result = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x100,
+                   columnar=False).run(time.monotonic())  # fmt: skip
+    assert result.reader == "peek" and "columnar off" in (result.reader_note or "")
 
 
 def test_an_unpinned_backlog_is_peeked_where_the_stream_could_be_opened(tmp_path: Path) -> None:
@@ -113,26 +197,51 @@ def test_live_a_backlog_peeks_and_a_slot_pinned_far_behind_streams(
     assert source.hook().get_slot(source.slot).confirmed_flush_lsn == position
 
 
-def _many_transactions(count: int) -> Session:
-    """One single-row transaction committing every 0x100 from 0x1100."""
-    session = Session(start=0x1000)
-    session.add(relation(16384, "items", [("id", INT8, True), ("name", TEXT)]))
-    for n in range(count):
-        at = 0x1100 + 0x100 * n
-        session.begin(700 + n, at).insert(16384, str(n + 1).encode(), b"x").commit(at, at + 8)
-    return session
+class _RepairInProgress:
+    """A repair whose step is still going on when the run's own windows end (a backfill): the
+    run drains on after it, once the source has moved (``repair.go_on``)."""
+
+    def __init__(self, source: FakeSource) -> None:
+        self.source, self.rounds = source, 0
+
+    def __call__(self, gaps: Any) -> dict[str, Any]:
+        return {}
+
+    def in_progress(self) -> list[str]:
+        return []
+
+    def after_window(self, position: Any) -> None:
+        pass
+
+    def pending(self) -> bool:
+        self.rounds += 1
+        if self.rounds == 1:
+            self.source.flush = LSN(0x3000)  # written while the step went on
+        return self.rounds <= 2
+
+    def waiting_for(self) -> None:
+        return None
+
+    def wait(self, seconds: float) -> None:
+        pass
+
+    def settle(self, failed: bool) -> None:
+        pass
+
+    def report(self) -> dict[str, Any]:
+        return {}
+
+    def parity_report(self) -> dict[str, Any]:
+        return {}
 
 
-def test_a_run_that_moves_on_to_the_stream_keeps_to_its_max_windows(tmp_path: Path) -> None:
-    """Before: the stream's span counted ``max_windows`` from where it began, as if the peeks
-    before it had committed nothing."""
-    source = FakeSource(_many_transactions(30).rows, confirmed=0x1000, flush=0x3000,
-                        restart=0x1000)  # fmt: skip
-    source.streams = True
+def test_windows_peeked_after_a_run_with_nothing_to_read_say_peek(tmp_path: Path) -> None:
+    """Before: the summary said ``reader="none"`` though the repair's rounds peeked windows."""
+    source = _PeeksAsAServer(_transactions(30).rows, confirmed=0x1000, flush=0x1200)
     lake = Lake(str(tmp_path / "lake"), "s")
+    Drain(source=source, lake=lake, slot="s", publications=["p"],
+          max_window_bytes=0x100).run(time.monotonic())  # fmt: skip
+    repair = _RepairInProgress(source)  # (nothing to read at the run's start)
     result = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x100,
-                   max_windows=4).run(time.monotonic())  # fmt: skip
-    assert result.reader == "stream" and len(source.advances) == 3, "three peeked windows first"
-    # the stream had room for one window of 0x100 (before: for four, up to 0/2901)
-    assert result.windows[-1].start == source.advances[-1]
-    assert lake.position() == LSN(int(source.advances[-1]) + 0x100)
+                   repair=repair).run(time.monotonic())  # type: ignore[arg-type]  # fmt: skip
+    assert result.windows and result.reader != "none"

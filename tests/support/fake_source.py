@@ -147,3 +147,31 @@ def _commit_end(message: bytes) -> int:
 class _Batch:
     messages: Any
     wal_end: LSN
+
+
+class ServerStream(FakeStream):
+    """A walsender as a server's is, for rows whose LSNs are a server's (each transaction's
+    messages before its commit LSN): the Relations first, then every message of each transaction
+    whose commit is at or past ``start``, whole, however far back its first message lies."""
+
+    def batches(self) -> Iterator[Any]:
+        import pyarrow as pa
+
+        relations, rows, final = [], [], None
+        for row in self.source.rows:
+            if row[2][:1] == b"R":
+                relations.append(row)
+                continue
+            if row[2][:1] == b"B":
+                final = int.from_bytes(row[2][1:9], "big")
+            if final is not None and final >= int(self.start):
+                rows.append(row)
+            if row[2][:1] == b"C":
+                final = None
+        rows = relations + rows
+        step = self.source.batch_messages
+        for first in range(0, len(rows), step):
+            part = rows[first : first + step]
+            ends = [max(int(r[0]), _commit_end(r[2])) for r in part]
+            yield _Batch(pa.array([r[2] for r in part], pa.large_binary()), LSN(max(ends)))
+        yield _Batch(pa.array([], pa.large_binary()), self.source.flush)
