@@ -1,8 +1,10 @@
-"""The drain application run as a plain Python process on the worker, for a local Spark master.
+"""The drain and snapshot applications run as plain Python processes on the worker, for a local
+Spark master.
 
 spark-submit starts a JVM before the application's first line, 3 to 10 seconds on a small
-machine, and the drain's application may never need it: its changelog is written by pyarrow and
-delta-rs, and most small batches merge without a JVM. With a local master (``local``,
+machine, and these applications may never need it: the drain's changelog is written by pyarrow
+and delta-rs, and most small batches merge without a JVM; a snapshot of small tables is copied
+in the application's own process. With a local master (``local``,
 ``local[N]``, ``local[*]``) everything runs on the worker anyway, so the operator runs the
 application with this Python instead (``python -m``), and the application starts its local
 Spark session only when a table needs it, with the same master and configuration spark-submit

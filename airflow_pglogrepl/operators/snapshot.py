@@ -89,6 +89,11 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         ``DEBUG`` to see what Spark did).
     """
 
+    # A local master runs the application without spark-submit (``operators._in_worker``): a
+    # snapshot of small tables copies them in its own process and never needs the JVM that
+    # spark-submit would start first.
+    IN_WORKER_MODULE = "airflow_pglogrepl.spark.snapshot_app"
+
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields,
         "postgres_conn_id", "slot_name", "publications", "lake", "tables", "database",
