@@ -458,8 +458,9 @@ def test_a_walsender_terminated_mid_window_loses_and_repeats_nothing(
     else:  # its last confirm went nowhere: the slot is advanced the peek's way
         position = Lake(lake_root, source.slot).position()
         assert source.hook().get_slot(source.slot).confirmed_flush_lsn == position
-    result = drain_in_process(spark, source, lake_root, window=1 << 20)
-    assert result["reader"] in ("peek", "none")  # ("auto": a backlog is peeked)
+    # (the rerun reads with either reader: "auto" streams when the killed run's small windows
+    # left restart_lsn far behind, as they do with 40 MB still to send)
+    drain_in_process(spark, source, lake_root, window=1 << 20)
     for ref in tables:
         assert_state_equals_source(source, lake_root, ref)  # equal, no (_commit_lsn, _seq) twice
 
