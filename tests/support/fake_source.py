@@ -109,9 +109,13 @@ class FakeStream:
         source.streamed.append(self)
 
     def batches(self) -> Iterator[Any]:
+        return self._sent([r for r in self.source.rows if r[0] >= self.start])
+
+    def _sent(self, rows: list[tuple[LSN, int | None, bytes]]) -> Iterator[Any]:
+        """``rows`` as the walsender's batches, ``batch_messages`` at a time, then a keepalive
+        at the flush position."""
         import pyarrow as pa
 
-        rows = [r for r in self.source.rows if r[0] >= self.start]
         step = self.source.batch_messages
         for first in range(0, len(rows), step):
             part = rows[first : first + step]
@@ -155,8 +159,6 @@ class ServerStream(FakeStream):
     whose commit is at or past ``start``, whole, however far back its first message lies."""
 
     def batches(self) -> Iterator[Any]:
-        import pyarrow as pa
-
         relations, rows, final = [], [], None
         for row in self.source.rows:
             if row[2][:1] == b"R":
@@ -168,10 +170,4 @@ class ServerStream(FakeStream):
                 rows.append(row)
             if row[2][:1] == b"C":
                 final = None
-        rows = relations + rows
-        step = self.source.batch_messages
-        for first in range(0, len(rows), step):
-            part = rows[first : first + step]
-            ends = [max(int(r[0]), _commit_end(r[2])) for r in part]
-            yield _Batch(pa.array([r[2] for r in part], pa.large_binary()), LSN(max(ends)))
-        yield _Batch(pa.array([], pa.large_binary()), self.source.flush)
+        return self._sent(relations + rows)
