@@ -1,5 +1,7 @@
 """``InitialSnapshotOperator`` (``operators.snapshot``): a job killed before its commit leaves no
-slot and no state, and a rerun is exact (real spark-submit and Spark); the application's
+slot and no state, and a rerun is exact (the application run on the worker, a rerun copying on a
+local Spark it starts itself); a local master's snapshot of small tables calls no spark-submit
+and starts no JVM; the application's
 arguments built from templated text parse to what the operator was given; the tables of a
 re-snapshot read from a templated value; after a failed job, a snapshot not committed drops the
 slot it created, and a lake whose log cannot be read keeps it (the next run's checks decide)."""
@@ -7,6 +9,7 @@ slot it created, and a lake whose log cannot be read keeps it (the next run's ch
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,11 +76,12 @@ def test_killed_snapshot_job_is_cleaned_up_and_a_rerun_is_exact(
 
     src.sql("UPDATE t SET v = 'between' WHERE id <= 100")  # must be in the snapshot, once
     ti = FakeTI()
-    result = operator().execute({"ti": ti})  # type: ignore[arg-type]
+    result = operator(engine="spark").execute({"ti": ti})  # type: ignore[arg-type]
     assert result["committed"] and result["rows"] == 20000, result
     assert ti.pushed["consistent_point"] == result["consistent_point"]
     slot = src.hook().get_slot(src.slot)
     assert slot.confirmed_flush_lsn == LSN(result["consistent_point"])
+    assert result["spark_start_s"] is not None  # the rerun copied on the Spark it started
     # running it again is a no-op
     again = operator().execute({"ti": FakeTI()})  # type: ignore[arg-type]
     assert again["status"] == "exists" and again["consistent_point"] == result["consistent_point"]
@@ -87,6 +91,39 @@ def test_killed_snapshot_job_is_cleaned_up_and_a_rerun_is_exact(
     drained = drain_in_process(spark, src, str(lake_root), window=1 << 20)
     assert drained["changes"] == 20000 // 7 + 20000 // 11
     assert lake_table(str(lake_root), "t") == source_table(src, "t")
+
+
+def test_a_local_master_snapshots_small_tables_without_spark_submit_or_a_jvm(
+    src: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the operator always called spark-submit, which starts a JVM before the
+    application's first line (most of a small database's first run in the demo)."""
+    src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    src.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 1000) g")
+    src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE t")
+    conn_id = f"pg_{src.db}"
+    set_airflow_connection(conn_id, src.cluster.airflow_uri(src.db))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_LOCAL", json.dumps({"conn_type": "spark", "host": "local[1]"})
+    )
+    called = tmp_path / "spark-submit-called"
+    binary = tmp_path / "bin" / "spark-submit"
+    binary.parent.mkdir()
+    binary.write_text(f"#!/bin/sh\ntouch {called}\nexit 3\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{binary.parent}:{os.environ['PATH']}")
+    lake_root = str(tmp_path / "lake")
+    task = InitialSnapshotOperator(
+        task_id="snapshot", postgres_conn_id=conn_id, conn_id="spark_local", slot_name=src.slot,
+        publications=[src.publication], lake=lake_root, outlets=[],
+    )  # fmt: skip
+
+    result = task.execute({"ti": FakeTI()})  # type: ignore[arg-type]
+
+    assert result["committed"] and result["rows"] == 1000, result
+    assert not called.exists(), "spark-submit was called"
+    assert result["spark_start_s"] is None, result  # no JVM
+    assert lake_table(lake_root, "t") == source_table(src, "t")
 
 
 class _Exported:
