@@ -41,22 +41,29 @@ def _slots(src: Source) -> list[tuple[Any, ...]]:
                    (src.slot,))  # fmt: skip
 
 
-def test_killed_snapshot_job_is_cleaned_up_and_a_rerun_is_exact(
-    spark: Any, src: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _published_table(src: Source, rows: int, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Table ``t`` of ``rows`` rows in the source's publication, and the connections a snapshot
+    of it takes: the source's (its id, returned) and ``spark_local`` (a local master)."""
     src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    src.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 20000) g")
+    src.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, %s) g", (rows,))
     src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE t")
     conn_id = f"pg_{src.db}"
     set_airflow_connection(conn_id, src.cluster.airflow_uri(src.db))
     monkeypatch.setenv(
-        "AIRFLOW_CONN_SPARK_SNAPSHOT", json.dumps({"conn_type": "spark", "host": "local[1]"})
+        "AIRFLOW_CONN_SPARK_LOCAL", json.dumps({"conn_type": "spark", "host": "local[1]"})
     )
+    return conn_id
+
+
+def test_killed_snapshot_job_is_cleaned_up_and_a_rerun_is_exact(
+    spark: Any, src: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn_id = _published_table(src, 20000, monkeypatch)
     lake_root = tmp_path / "lake"
 
     def operator(**kwargs: Any) -> InitialSnapshotOperator:
         return InitialSnapshotOperator(
-            task_id="snapshot", postgres_conn_id=conn_id, conn_id="spark_snapshot",
+            task_id="snapshot", postgres_conn_id=conn_id, conn_id="spark_local",
             slot_name=src.slot, publications=[src.publication], lake=str(lake_root),
             tasks_per_table=2, rows_per_task=5000, outlets=[], **kwargs,
         )  # fmt: skip
@@ -98,14 +105,7 @@ def test_a_local_master_snapshots_small_tables_without_spark_submit_or_a_jvm(
 ) -> None:
     """Before: the operator always called spark-submit, which starts a JVM before the
     application's first line (most of a small database's first run in the demo)."""
-    src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    src.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 1000) g")
-    src.sql(f"CREATE PUBLICATION {src.publication} FOR TABLE t")
-    conn_id = f"pg_{src.db}"
-    set_airflow_connection(conn_id, src.cluster.airflow_uri(src.db))
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_SPARK_LOCAL", json.dumps({"conn_type": "spark", "host": "local[1]"})
-    )
+    conn_id = _published_table(src, 1000, monkeypatch)
     called = tmp_path / "spark-submit-called"
     binary = tmp_path / "bin" / "spark-submit"
     binary.parent.mkdir()
