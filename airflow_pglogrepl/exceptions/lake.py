@@ -411,3 +411,23 @@ class LakeSnapshotUnfinishedError(LakeMismatchError):
             f"snapshot again (InitialSnapshotOperator, or snapshot_app with --replace-slot when "
             f"the killed run left its slot), then drain"
         )
+
+
+class MergeStalledError(LakeError):
+    """A table's Spark merge made no progress for the stall bound: its job ran with no task of
+    the application active and none of its own finishing (a driver short of heap waits so
+    without end, holding the lake's writer lock). The merge was cancelled before it committed:
+    the state is unchanged and the next run merges the same changes again."""
+
+    retryable = True
+
+    def __init__(self, table: str, seconds: float) -> None:
+        self.table = table
+        self.seconds = seconds
+        super().__init__(
+            f"the Spark merge of {table} made no progress for {seconds:.0f} s (a job running, no "
+            f"task active, none finished) and was cancelled; its state is unchanged and the next "
+            f"run merges the same changes again. Fix: give the driver more memory "
+            f"(driver_memory), or drain smaller windows (max_window_bytes); merge_stall_seconds "
+            f"sets the bound (0 turns the watch off)"
+        )

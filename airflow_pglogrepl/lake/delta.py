@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
     from airflow_pglogrepl.lake.mapping import MappedSchema
 
+ROW_GROUP_BYTES = 32 << 20  # Arrow bytes of one Parquet row group the lake writes, about
+
 
 def open_table(uri: str, version: int | None = None) -> Any | None:
     """The ``deltalake.DeltaTable`` at ``uri`` (at ``version``; default its newest), or None
@@ -253,6 +255,14 @@ class DataFile:
         return AddAction(self.name, self.size, {}, int(time.time() * 1000), True, self.stats())
 
 
+def row_group_rows(rows: pa.Table | pa.RecordBatch) -> int:
+    """Rows per Parquet row group for rows like ``rows``: about ``ROW_GROUP_BYTES`` of Arrow
+    data each. A reader decodes a row group whole, so its size bounds the reader's memory
+    (pyarrow's default, a million rows, made one of 313 MiB for rows of 16 KiB)."""
+    per_row = max(1, rows.nbytes // max(1, rows.num_rows))
+    return int(max(1, min(1 << 20, ROW_GROUP_BYTES // per_row)))
+
+
 def write_file(uri: str, batch: pa.Table, prefix: str) -> DataFile:
     """Write ``batch`` as one Parquet file under the table directory ``uri`` (durably if local)."""
     import pyarrow.compute as pc
@@ -262,7 +272,8 @@ def write_file(uri: str, batch: pa.Table, prefix: str) -> DataFile:
     system.create_dir(base, recursive=True)
     name = f"{prefix}-{uuid.uuid4().hex}.parquet"
     path = f"{base}/{name}"
-    pq.write_table(batch, path, filesystem=system, compression="snappy")
+    pq.write_table(batch, path, filesystem=system, compression="snappy",
+                   row_group_size=row_group_rows(batch))  # fmt: skip
     if is_local(uri):
         durability.fsync(path)
     lsn_range = None

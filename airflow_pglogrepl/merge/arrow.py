@@ -34,7 +34,7 @@ state stays readable by every reader, and Spark's later merges write vectors aga
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +65,13 @@ from airflow_pglogrepl.lake.mapping import (
     to_physical,
 )
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.merge.buckets import (
+    FOLDER_ENV,
+    Buckets,
+    bucket_count,
+    can_hash,
+    free_bytes,
+)
 from airflow_pglogrepl.merge.lineage import INTERNAL
 from airflow_pglogrepl.merge.net_upserts import (
     DELETE_COLUMN,
@@ -73,6 +80,7 @@ from airflow_pglogrepl.merge.net_upserts import (
     sent_column,
     updates_of_missing_rows,
 )
+from airflow_pglogrepl.merge.state_files import StateFiles
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -81,15 +89,26 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("airflow_pglogrepl.lake")
 
-# Changelog rows of one table's batch this path takes at most (it holds them in memory, about
-# 1 GB a million), and the state size (bytes of data files) it rewrites into at most: delta-rs
-# rewrites every file a touched key is in, Spark writes deletion vectors instead.
+# Changelog rows of one table's batch merged into an existing state here at most, and the state
+# size (bytes of data files) it rewrites into at most: delta-rs rewrites every file a touched key
+# is in, Spark writes deletion vectors instead.
 MAX_ROWS = 100_000
 MAX_STATE_BYTES = 256 << 20
-# A table's first state is one append, with no files to rewrite: only memory bounds the batch
-# (the benchmark's 1,250,000 changes of a 4-column table peak at about 785 MiB: docs/benchmarks.md).
-APPEND_ROWS = 2_000_000
-FILE_ROWS = 1_000_000  # rows of one file of a first state
+# A keyed batch into an existing state is read here (for delta-rs' MERGE, or reduced for Spark's:
+# ``Reduced``) up to this many Arrow bytes; a bigger one Spark reads from the changelog itself
+# (a reduced batch reaches Spark as a local relation in the driver's heap: 40,000 rows of 16 KiB
+# hung the merge with the heap full).
+READ_BYTES = 64 << 20
+# A table's first state (one append, no files to rewrite) is reduced in memory at once up to
+# these; a bigger one key hash bucket by key hash bucket on local disk (``merge.buckets``).
+IN_MEMORY_ROWS = 2_000_000
+IN_MEMORY_BYTES = 256 << 20
+BATCH_BYTES = 8 << 20  # Arrow bytes of one batch read from the changelog, about
+SAMPLE_ROWS = 1024  # rows read to learn a batch's bytes per row
+
+
+class _DeclinedError(Exception):
+    """Raised inside a streamed write to decline the table (files written so far go)."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +156,7 @@ def merge_small(
                     None if found is None else int(found), int(end),
                 ) from None  # fmt: skip
             log.warning("state of %s: the merge without a JVM failed (%s: %s); Spark merges it",
-                        name, type(exc).__name__, exc)  # fmt: skip
+                        name, type(exc).__name__, exc, exc_info=True)  # fmt: skip
             why = "failed here"
         if why is None:
             merged[name] = str(end)
@@ -179,16 +198,25 @@ def merge_table(
         lake.check_writer()
         _record_position(lake.paths.state(name), lake.app, plan.state, end, plan.have)
         return None
-    if count == 0 or count > plan.limit:
-        return f"{count} changes"
-    if not plan.keys:  # an append takes inserts alone: known from one column, before the batch
-        operations = in_range.operations()
-        if operations - {INSERT}:
-            return _not_appendable(plan.full, operations)
-    batch = _read_batch(in_range, plan)
-    if not plan.keys:
-        return _append(lake, name, end, target, batch, plan.columns, plan.state, full=plan.full)
-    return _merge_keyed(lake, name, end, plan, batch, reduced)
+    if count == 0:
+        return "0 changes"
+    try:
+        if not plan.keys:  # an append takes inserts alone: known from one column, before the batch
+            operations = in_range.operations()
+            if operations - {INSERT}:
+                return _not_appendable(plan.full, operations)
+            return _append(lake, name, end, target, in_range, plan)
+        size = in_range.size_bytes(_needed(plan))
+        if target is not None:
+            if count > plan.limit or size > READ_BYTES:
+                return (f"{count} changes, about {size >> 20} MiB (Spark reads them from the "
+                        f"changelog itself)")  # fmt: skip
+            return _merge_keyed(lake, name, end, plan, _read_batch(in_range, plan), reduced)
+        if count <= IN_MEMORY_ROWS and size <= IN_MEMORY_BYTES:
+            return _merge_keyed(lake, name, end, plan, _read_batch(in_range, plan), reduced)
+        return _first_state_in_buckets(lake, name, end, plan, in_range, size)
+    except _DeclinedError as declined:
+        return str(declined)
 
 
 @dataclass(frozen=True)
@@ -203,7 +231,7 @@ class _Plan:
     keys: list[str]  # empty: a keyless table (no replica identity, or FULL), appended
     full: bool  # REPLICA IDENTITY FULL
     state: pa.Schema  # the state's (or the first state's) columns and types
-    limit: int  # changes this path takes at most
+    limit: int  # changes this path reads into memory at most
     too_big: str | None  # why the state is too big to rewrite here, when it is
 
 
@@ -228,25 +256,85 @@ def _plan(target: Any | None, have: int | None, changes: Any, max_rows: int) -> 
     too_big = None
     if target is None:
         state = pa.schema([schema.field(c) for c in columns])
-        limit = max(max_rows, APPEND_ROWS)
+        limit = max(max_rows, IN_MEMORY_ROWS)
     else:
         state = delta.unmapped(pa.schema(target.schema().to_arrow()))
         if any(c not in state.names for c in columns):
             return "new columns for the state"
-        limit = max_rows if keys else max(max_rows, APPEND_ROWS)
+        limit = max_rows
         size = sum(delta.file_sizes(target)) if keys else 0  # an append rewrites nothing
         if size > MAX_STATE_BYTES:
             too_big = f"a state of {size} bytes (this path rewrites the files it touches)"
     return _Plan(target, have, schema, columns, keys, full, state, limit, too_big)
 
 
-def _read_batch(in_range: _InRange, plan: _Plan) -> pa.Table:
-    """The batch in range, each column by its current name, with only what the reduction reads
-    (not the transaction id, commit time ...): the whole batch is held in memory."""
+def _needed(plan: _Plan) -> list[str]:
+    """The changelog columns the reduction reads (not the transaction id, commit time ...)."""
     needed = [*plan.columns, OP, COMMIT_LSN, SEQ, UNCHANGED, OLD]
-    batch = in_range.read([c for c in needed if c in plan.schema.names])
+    return [c for c in needed if c in plan.schema.names]
+
+
+def _read_batch(in_range: _InRange, plan: _Plan) -> pa.Table:
+    """The batch in range, each column by its current name, with only what the reduction reads:
+    the whole batch is held in memory."""
     # rows from before a rename name the column as it was then
-    return with_current_names(batch, former_names(plan.schema))
+    return with_current_names(in_range.read(_needed(plan)), former_names(plan.schema))
+
+
+def _first_state_in_buckets(lake: Lake, name: str, end: LSN, plan: _Plan, in_range: _InRange,
+                            size: int) -> str | None:  # fmt: skip
+    """A first state too big to reduce in memory at once: the batch split by key hash into
+    buckets on local disk (``merge.buckets``), each reduced alone (a key's changes all hash to
+    its bucket) and written as it is reduced, then created in one commit. Declined (for Spark)
+    when the keys cannot be hashed here or local disk cannot hold the batch."""
+    import pyarrow.compute as pc
+
+    keys, columns = plan.keys, plan.columns
+    if not all(can_hash(plan.schema.field(k).type) for k in keys):
+        return f"{in_range.count()} changes, keys of a type this path cannot split by hash"
+    room = free_bytes()
+    if room < size:
+        return (f"{in_range.count()} changes, about {size >> 20} MiB, more than the "
+                f"{room >> 20} MiB free where they would be split (set {FOLDER_ENV} to a "
+                f"bigger local folder)")  # fmt: skip
+    if TRUNCATE in in_range.operations():
+        return "a TRUNCATE or a key change"
+    values = [c for c in columns if c not in keys]
+    formers = former_names(plan.schema)
+    with Buckets(bucket_count(size), keys) as buckets:
+        for batch in in_range.batches(_needed(plan)):
+            buckets.add(batch)
+        del batch
+        with _StateTarget(lake, name, plan.state, None, end) as files:
+            for k in range(buckets.count):
+                part = buckets.take(k)
+                if part is None:
+                    continue
+                net = net_upserts(with_current_names(part, formers), keys, values)
+                del part
+                if net is None:
+                    raise _DeclinedError("a TRUNCATE or a key change")
+                missing = updates_of_missing_rows(None, net, keys, values)
+                if missing:
+                    raise _missing_row(name, missing[0])
+                try:
+                    source = net.cast(_wanted(net, plan.state, columns))
+                except (ValueError, NotImplementedError) as exc:  # Arrow's errors are both
+                    raise _DeclinedError(f"types the state holds differently ({exc})") from None
+                files.write(source.filter(pc.invert(source.column(DELETE_COLUMN))).select(columns))
+                del net, source
+            rows = files.commit()
+    log.info("state of %s written up to %s without a JVM, in %d buckets (%d changes, %d rows)",
+             name, end, buckets.count, in_range.count(), rows)  # fmt: skip
+    return None
+
+
+def _missing_row(name: str, key: Any) -> LakeError:
+    return LakeError(
+        f"changes of {name} hold an update whose unchanged TOAST values have no earlier "
+        f"version to keep: row {key} is neither in the state nor inserted earlier. "
+        f"Nothing was merged. Fix: re-snapshot the table (tables=[...])"
+    )
 
 
 def _merge_keyed(lake: Lake, name: str, end: LSN, plan: _Plan, batch: pa.Table,
@@ -273,11 +361,7 @@ def _merge_keyed(lake: Lake, name: str, end: LSN, plan: _Plan, batch: pa.Table,
     if missing is None:
         return "an update with unchanged TOAST values to check against a non-integer, non-text key"
     if missing:
-        raise LakeError(
-            f"changes of {name} hold an update whose unchanged TOAST values have no earlier "
-            f"version to keep: row {missing[0]} is neither in the state nor inserted earlier. "
-            f"Nothing was merged. Fix: re-snapshot the table (tables=[...])"
-        )
+        raise _missing_row(name, missing[0])
     return _write_upserts(lake, name, end, plan, net, values, batch.num_rows)
 
 
@@ -337,7 +421,9 @@ class _InRange:
     """A changelog's rows with ``have <= _commit_lsn < end``. A changelog has no deletion
     vectors (the lake writes it), so a pyarrow dataset reads it exactly and fastest; one under
     column mapping holds physical names in its files, which only delta-rs' own engine reads
-    (files are skipped by their ``_commit_lsn`` statistics either way)."""
+    (files are skipped by their ``_commit_lsn`` statistics either way). Read whole (``read``)
+    or in batches of about ``BATCH_BYTES`` with no read-ahead (``batches``), so that a batch
+    too big for memory is never held at once."""
 
     def __init__(self, changes: Any, schema: pa.Schema, have: int | None, end: int) -> None:
         import pyarrow.compute as pc
@@ -352,67 +438,168 @@ class _InRange:
             expression &= pc.field(COMMIT_LSN) >= have
         self.expression = expression
         self.dataset = None if self.mapped else changes.to_pyarrow_dataset()
+        self._count: int | None = None
 
     def count(self) -> int:
-        if self.dataset is not None:
-            return int(self.dataset.count_rows(filter=self.expression))
-        import pyarrow as pa
+        if self._count is None:
+            if self.dataset is not None:
+                self._count = int(self.dataset.count_rows(filter=self.expression))
+            else:
+                self._count = sum(b.num_rows for b in self._scan([COMMIT_LSN]))
+        return self._count
 
-        reader = self.changes.scan(columns=[COMMIT_LSN], predicate=self.predicate)
-        return sum(batch.num_rows for batch in pa.RecordBatchReader.from_stream(reader))
+    def size_bytes(self, columns: Sequence[str]) -> int:
+        """About how many Arrow bytes ``columns`` of the rows in range take: the bytes per row
+        of the first rows read, times the rows, and never below the Parquet row groups' own
+        uncompressed size (rows that grow later in the range are not missed)."""
+        sample = self._first_rows(columns, SAMPLE_ROWS)
+        estimate = 0 if sample.num_rows == 0 else sample.nbytes * self.count() // sample.num_rows
+        if self.dataset is not None:
+            groups = 0
+            for fragment in self.dataset.get_fragments(filter=self.expression):
+                metadata = fragment.metadata
+                groups += sum(metadata.row_group(i).total_byte_size
+                              for i in range(metadata.num_row_groups))  # fmt: skip
+            estimate = max(estimate, groups)
+        return estimate
 
     def operations(self) -> set[str]:
         """The kinds of change in range (``_op`` alone is read)."""
         import pyarrow.compute as pc
 
-        return {str(op) for op in pc.unique(self.read([OP]).column(OP)).to_pylist()}
+        found: set[str] = set()
+        for batch in self.batches([OP]):
+            found.update(str(op) for op in pc.unique(batch.column(OP)).to_pylist())
+        return found
 
     def read(self, columns: Sequence[str]) -> pa.Table:
         import pyarrow as pa
 
         if self.dataset is not None:
             return self.dataset.to_table(filter=self.expression, columns=list(columns))
+        return pa.Table.from_batches(list(self._scan(columns)), schema=self._schema(columns))
+
+    def batches(self, columns: Sequence[str]) -> Iterator[pa.Table]:
+        """The rows in range, in batches of about ``BATCH_BYTES``, one at a time."""
+        import pyarrow as pa
+
+        sample = self._first_rows(columns, SAMPLE_ROWS)
+        per_row = max(1, sample.nbytes // max(1, sample.num_rows))
+        rows = max(1, BATCH_BYTES // per_row)
+        if self.dataset is not None:
+            for batch in self.dataset.to_batches(
+                filter=self.expression, columns=list(columns), batch_size=rows,
+                batch_readahead=0, fragment_readahead=0,
+            ):  # fmt: skip
+                if batch.num_rows:
+                    yield pa.Table.from_batches([batch])
+            return
+        for batch in self._scan(columns):
+            for at in range(0, batch.num_rows, rows):
+                yield pa.Table.from_batches([batch.slice(at, rows)])
+
+    def _first_rows(self, columns: Sequence[str], limit: int) -> pa.Table:
+        """Up to ``limit`` rows of ``columns`` in range, read without read-ahead."""
+        import pyarrow as pa
+
+        if self.dataset is not None:
+            scanner = self.dataset.scanner(filter=self.expression, columns=list(columns),
+                                           batch_size=limit, batch_readahead=0,
+                                           fragment_readahead=0)  # fmt: skip
+            return scanner.head(limit)
+        taken: list[pa.RecordBatch] = []
+        for batch in self._scan(columns):
+            taken.append(batch.slice(0, limit - sum(b.num_rows for b in taken)))
+            if sum(b.num_rows for b in taken) >= limit:
+                break
+        return pa.Table.from_batches(taken, schema=self._schema(columns))
+
+    def _scan(self, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+        """delta-rs' scan of a mapped changelog, batch by batch, in the table's own types
+        (DataFusion gives strings as views)."""
+        import pyarrow as pa
+
+        schema = self._schema(columns)
         reader = pa.RecordBatchReader.from_stream(
             self.changes.scan(columns=list(columns), predicate=self.predicate)
         )
-        rows = reader.read_all()
-        # in the table's own types (DataFusion gives strings as views)
-        return rows.cast(pa.schema([self.schema.field(c) for c in columns]))
+        for batch in reader:
+            yield batch.cast(schema)
+
+    def _schema(self, columns: Sequence[str]) -> pa.Schema:
+        import pyarrow as pa
+
+        return pa.schema([self.schema.field(c) for c in columns])
 
 
-def _append(lake: Lake, name: str, end: LSN, target: Any | None, batch: pa.Table,
-            columns: Sequence[str], state: pa.Schema, *,
-            full: bool = False) -> str | None:  # fmt: skip
+def _append(lake: Lake, name: str, end: LSN, target: Any | None, in_range: _InRange,
+            plan: _Plan) -> str | None:  # fmt: skip
     """A keyless table's state is a multiset of rows: a batch of inserts alone adds one copy of
-    each, so it is appended as it is, a compare-and-set on the state's transaction version.
-    Without a replica identity only inserts and truncates are published; under REPLICA
-    IDENTITY FULL updates and deletes are too. Anything but inserts goes to Spark (a
-    ``TRUNCATE`` rewrites the state, an update or delete removes copies by counting them)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if not pc.all(pc.equal(batch.column(OP), INSERT)).as_py():
-        return _not_appendable(full, {str(op) for op in pc.unique(batch.column(OP)).to_pylist()})
-    try:
-        rows = batch.select(list(columns)).cast(state)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
-        return f"types the state holds differently ({exc})"
-    uri = lake.paths.state(name)
+    each, so it is appended as it is, batch by batch into new files (``merge.state_files``),
+    and committed once: a compare-and-set on the state's transaction version (or the state's
+    creation). Without a replica identity only inserts and truncates are published; under
+    REPLICA IDENTITY FULL updates and deletes are too. Anything but inserts goes to Spark (a
+    ``TRUNCATE`` rewrites the state, an update or delete removes copies by counting them),
+    which the caller checked from the operations in range."""
     fault("merge_created")
-    if target is None:
-        _create(lake, name, rows, end)
-    else:
-        have = target.transaction_version(lake.app)
-        mapped = mapped_of(target)
-        stored = rows if mapped is None else to_physical(rows, mapped)
-        written = delta.write_file(uri, stored, prefix=f"{int(end):016X}")
-        lake.check_writer()
-        delta.commit_files(uri, state, [written], app=lake.app, version=int(end),
-                           expected=None if have is None else int(have))  # fmt: skip
+    with _StateTarget(lake, name, plan.state, target, end) as files:
+        for batch in in_range.batches(plan.columns):
+            try:
+                rows = batch.cast(plan.state)
+            except (ValueError, NotImplementedError) as exc:  # Arrow's errors are both
+                raise _DeclinedError(f"types the state holds differently ({exc})") from None
+            files.write(rows)
+        appended = files.commit()
     fault("merge_committed")
-    log.info("state of %s appended up to %s without a JVM (%d inserts)", name, end,
-             rows.num_rows)  # fmt: skip
+    log.info("state of %s appended up to %s without a JVM (%d inserts)", name, end, appended)
     return None
+
+
+class _StateTarget:
+    """The files of one table's state write (``merge.state_files``), in the state's stored
+    names, and the one commit that makes them its next version: a new state's creation (with
+    ``Lake.state_config``) or an append that is a compare-and-set on its transaction version."""
+
+    def __init__(self, lake: Lake, name: str, state: pa.Schema, target: Any | None,
+                 end: LSN) -> None:  # fmt: skip
+        self.lake, self.name, self.state, self.target, self.end = lake, name, state, target, end
+        if target is None:
+            config = lake.state_config(name)
+            self.mapped = mapped_schema(state) if MODE in config else None
+            self.config = {k: v for k, v in config.items() if k not in PROTOCOL_KEYS}
+        else:
+            self.mapped, self.config = mapped_of(target), {}
+        stored = state.empty_table()
+        stored = stored if self.mapped is None else to_physical(stored, self.mapped)
+        self.files = StateFiles(lake.paths.state(name), stored.schema, f"{int(end):016X}")
+
+    def __enter__(self) -> _StateTarget:
+        self.files.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.files.__exit__(*exc)
+
+    def write(self, rows: pa.Table) -> None:
+        """Add ``rows`` (in the state's names and types) to the state's new files."""
+        self.files.write(rows if self.mapped is None else to_physical(rows, self.mapped))
+
+    def commit(self) -> int:
+        """The one commit of every file written, right after the writer lock is proven; the
+        rows it added."""
+        uri, lake, end = self.lake.paths.state(self.name), self.lake, self.end
+        have = None if self.target is None else self.target.transaction_version(lake.app)
+
+        def commit(files: list[delta.DataFile]) -> None:
+            lake.check_writer()
+            if self.target is None:
+                delta.create_table(uri, self.state, files, app=lake.app, version=int(end),
+                                   configuration=self.config, mapping=self.mapped)  # fmt: skip
+            else:
+                delta.commit_files(uri, self.state, files, app=lake.app, version=int(end),
+                                   expected=None if have is None else int(have))  # fmt: skip
+
+        return self.files.commit(commit)
 
 
 def _not_appendable(full: bool, operations: set[str]) -> str:
@@ -431,16 +618,9 @@ def _create(lake: Lake, name: str, rows: pa.Table, end: LSN) -> None:
     Spark's path creates a state (``Lake.state_config``: deletion vectors on unless the lake
     says otherwise, so later merges by Spark write vectors instead of rewriting); created by
     ``delta.create_table``, whose protocol needs no more than that."""
-    uri = lake.paths.state(name)
-    config = lake.state_config(name)
-    mapped = mapped_schema(rows.schema) if MODE in config else None
-    config = {k: v for k, v in config.items() if k not in PROTOCOL_KEYS}
-    stored = rows if mapped is None else to_physical(rows, mapped)
-    files = [delta.write_file(uri, stored.slice(at, FILE_ROWS), prefix=f"{int(end):016X}")
-             for at in range(0, stored.num_rows, FILE_ROWS)]  # fmt: skip
-    lake.check_writer()
-    delta.create_table(uri, rows.schema, files, app=lake.app, version=int(end),
-                       configuration=config, mapping=mapped)  # fmt: skip
+    with _StateTarget(lake, name, rows.schema, None, end) as files:
+        files.write(rows)
+        files.commit()
 
 
 def _wanted(net: pa.Table, state: pa.Schema, columns: Sequence[str]) -> pa.Schema:

@@ -60,6 +60,7 @@ from airflow_pglogrepl.merge.reduce import (
     net_changes,
     row_column,
 )
+from airflow_pglogrepl.merge.stall_watch import STALL_SECONDS, watched
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -108,6 +109,7 @@ def materialize(
     tables: list[str] | None = None,
     parallelism: int = 4,
     small_rows: int = arrow_merge.MAX_ROWS,
+    stall_seconds: float | None = STALL_SECONDS,
 ) -> dict[str, str]:
     """Merge the committed changes of ``tables`` (default: ``pending_tables``) into their state;
     returns table -> the LSN its state includes now.
@@ -115,7 +117,8 @@ def materialize(
     Small simple batches (at most ``small_rows`` changes, 0: none) are merged without a JVM
     (``merge.arrow``); the others by Spark. ``spark`` is a session, or a function that
     returns one: called only when some table needs Spark, so a run whose batches are all small
-    starts no JVM."""
+    starts no JVM. A table's Spark merge that makes no progress for ``stall_seconds`` is
+    cancelled and fails the run (``merge.stall_watch``; 0 or None: never)."""
     end = lake.position()
     if end is None:
         return {}
@@ -132,13 +135,15 @@ def materialize(
     if not rest:
         return merged
     session = spark() if callable(spark) else spark
+
+    def merge_one(name: str) -> LSN | None:
+        with watched(session.sparkContext, name, stall_seconds):
+            if name in reduced:
+                return merge_reduced(session, lake, reduced[name])
+            return materialize_table(session, lake, name, end)
+
     with ThreadPoolExecutor(max_workers=max(1, parallelism), thread_name_prefix="merge") as pool:
-        futures = {
-            name: pool.submit(merge_reduced, session, lake, reduced[name])
-            if name in reduced
-            else pool.submit(materialize_table, session, lake, name, end)
-            for name in rest
-        }
+        futures = {name: pool.submit(merge_one, name) for name in rest}
         merged.update({name: str(future.result()) for name, future in futures.items()})
     return merged
 

@@ -60,6 +60,10 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     :param small_merge_rows: a table's batch of at most this many changes is merged without a
         JVM when it can be (keyed, no TRUNCATE or key change: ``merge.arrow``); 0 merges
         every table with Spark. A run whose batches are all merged so starts no Spark at all.
+    :param merge_stall_seconds: a table's Spark merge that makes no progress for this long (a
+        job running, no task of the application active, none finishing: a driver short of
+        heap) is cancelled before it commits, and the task fails with ``MergeStalledError``
+        (retryable) instead of hanging with the lake's writer lock. 0 or None: never.
     :param accept_source_change: drain although the lake was written from another system
         identifier or timeline (``LakeFromAnotherSourceError``). For one run, after checking
         that the change was deliberate: a ``pg_upgrade`` (new system identifier, slots carried
@@ -144,7 +148,8 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields,
         "postgres_conn_id", "slot_name", "publications", "lake", "database",
-        "max_window_bytes", "max_windows", "small_merge_rows", "idle_wal_bytes", "spark_log_level",
+        "max_window_bytes", "max_windows", "small_merge_rows", "merge_stall_seconds",
+        "idle_wal_bytes", "spark_log_level",
         "lake_conn_id", "reader", "window_seconds", "follow_seconds", "accept_incomplete",
         "resync", "parity", "parity_repair",
     )  # fmt: skip
@@ -162,6 +167,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         max_windows: int | None = None,
         materialize: bool = True,
         small_merge_rows: int = 100_000,
+        merge_stall_seconds: float | None = 600.0,
         database: str | None = None,
         conn_id: str = "spark_default",
         accept_source_change: bool = False,
@@ -195,6 +201,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         self.max_windows = max_windows
         self.materialize = materialize
         self.small_merge_rows = small_merge_rows
+        self.merge_stall_seconds = merge_stall_seconds
         self.database = database
         self.accept_source_change = accept_source_change
         self.skip_when_idle = skip_when_idle
@@ -332,6 +339,8 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         if not self.materialize:
             args.append("--no-materialize")
         args += ["--small-merge-rows", str(int(str(self.small_merge_rows)))]
+        stall = str(self.merge_stall_seconds)  # templated: may render as text
+        args += ["--merge-stall-seconds", "0" if stall in ("None", "") else str(float(stall))]
         args += ["--on-quarantine", self.on_quarantine]
         args += ["--on-incomplete", self.on_incomplete]
         accepted = self.accept_incomplete

@@ -52,6 +52,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "many changes is merged without a JVM when it can be (0: every merge by Spark)",
     )  # fmt: skip
     parser.add_argument(
+        "--merge-stall-seconds", type=float, default=600.0, help="a table's Spark merge with no "
+        "progress for this long (a job running, no task active or finishing) is cancelled and "
+        "fails the run, which releases the writer lock (0: never)",
+    )  # fmt: skip
+    parser.add_argument(
         "--accept-source-change", action="store_true", help="the lake's source changed on "
         "purpose (pg_upgrade gives a new system identifier; a promotion a new timeline): drain "
         "on, and record the new source",
@@ -219,7 +224,8 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                 if tables:  # Spark starts only for a table the JVM-free merge declines
                     merged = materialize(spark.get, lake, tables=tables,
                                          parallelism=args.merge_parallelism,
-                                         small_rows=args.small_merge_rows)  # fmt: skip
+                                         small_rows=args.small_merge_rows,
+                                         stall_seconds=args.merge_stall_seconds)  # fmt: skip
                 result["materialized"] = merged
                 result["materialize_s"] = round(time.monotonic() - began, 3)
                 result["peak_rss_mb"] = peak_rss_mb()  # a merge without a JVM holds its batch

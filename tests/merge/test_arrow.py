@@ -144,6 +144,83 @@ def test_a_first_state_is_one_append_of_the_net_change(tmp_path: Path, seed: int
     assert state(lake) == model
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_a_first_state_too_big_for_memory_is_reduced_bucket_by_bucket(
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above the in-memory bounds a first state goes through key-hash buckets on local disk,
+    read in small batches and written into several files: the same rows as the model, one
+    commit, and no bucket folder left behind."""
+    from deltalake import DeltaTable
+
+    from airflow_pglogrepl.merge import buckets, state_files
+
+    monkeypatch.setattr(arrow_merge, "IN_MEMORY_ROWS", 5)
+    monkeypatch.setattr(arrow_merge, "BATCH_BYTES", 200)  # a few rows a batch
+    monkeypatch.setattr(buckets, "BUCKET_BYTES", 300)
+    monkeypatch.setattr(state_files, "FILE_ROWS", 3)
+    monkeypatch.setenv(buckets.FOLDER_ENV, str(tmp_path / "buckets"))
+    rng = random.Random(seed)
+    lake = Lake(str(tmp_path / "lake"), "s")
+    model: Model = {}
+    log = Log(0x100)
+    play(rng, model, log, 80)
+    end = commit(lake, log, 0x100)
+    assert arrow_merge.merge_small(lake, ["public.t"]) == ({"public.t": str(end)}, [])
+    assert state(lake) == model
+    table = DeltaTable(lake.paths.state(T))
+    assert table.version() == 0 and table.transaction_version(lake.app) == int(end)
+    assert 1 < len(table.file_uris()) <= -(-len(model) // 3)  # files closed at 3 rows or more
+    assert list((tmp_path / "buckets").iterdir()) == []
+
+
+def test_a_first_state_in_buckets_refuses_an_unchanged_value_with_no_row_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bucket path fails as the in-memory one does on an update whose unchanged TOAST value
+    has no earlier row, and the files it had written for other buckets are removed."""
+    from airflow_pglogrepl.merge import buckets
+
+    monkeypatch.setattr(arrow_merge, "IN_MEMORY_ROWS", 1)
+    monkeypatch.setattr(buckets, "BUCKET_BYTES", 100)
+    monkeypatch.setenv(buckets.FOLDER_ENV, str(tmp_path / "buckets"))
+    lake = Lake(str(tmp_path / "lake"), "s")
+    log = Log(0x100)
+    for key in range(40):
+        log.add("I", key, key, "a")
+    log.add("U", 99, 1, None, unchanged=("big",))
+    end = commit(lake, log, 0x100)
+    with pytest.raises(LakeError, match="row 99 is neither in the state"):
+        arrow_merge.merge_table(lake, "public.t", end)
+    assert txn_version(lake.paths.state(T), lake.app) is None
+    state_dir = Path(lake.paths.state(T))
+    assert not state_dir.exists() or list(state_dir.rglob("*.parquet")) == []
+    assert list((tmp_path / "buckets").iterdir()) == []
+
+
+def test_a_keyed_batch_too_big_to_read_here_goes_to_spark_unreduced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Into an existing state, a batch above ``READ_BYTES`` is neither merged nor reduced here:
+    Spark reads it from the changelog (a reduced batch reaches Spark through the driver's heap,
+    where 40,000 rows of 16 KiB hung the merge)."""
+    lake = Lake(str(tmp_path / "lake"), "s")
+    state_table(lake, {1: (1, "a")}, 0x100)
+    lake.record(kind="snapshot", start=LSN(0x100), end=LSN(0x100))
+    log = Log(0x100)
+    for key in range(20):
+        log.add("U", 1, key, "x" * 1000)
+    commit(lake, log, 0x100)
+    monkeypatch.setattr(arrow_merge, "READ_BYTES", 10_000)
+    monkeypatch.setattr(arrow_merge, "MAX_STATE_BYTES", 0)  # a state "too big" to rewrite here
+    reduced: dict[str, arrow_merge.Reduced] = {}
+    merged, declined = arrow_merge.merge_small(lake, ["public.t"], reduced=reduced)
+    assert (merged, declined, reduced) == ({}, ["public.t"], {})
+    monkeypatch.setattr(arrow_merge, "READ_BYTES", 10_000_000)
+    arrow_merge.merge_small(lake, ["public.t"], reduced=reduced)
+    assert list(reduced) == ["public.t"]  # below it, reduced here as before
+
+
 def test_a_first_state_bigger_than_a_merge_batch_is_still_written_here(tmp_path: Path) -> None:
     """Only memory bounds an append (``FIRST_STATE_ROWS``); ``max_rows`` bounds merges, which
     rewrite files. ``max_rows=0`` still sends everything to Spark."""
@@ -242,9 +319,8 @@ def test_what_it_declines_is_left_untouched_for_spark(tmp_path: Path) -> None:
     log = Log(0x100)
     for key in range(5):
         log.add("I", key, key, "a")
-    assert arrow_merge.merge_table(small, "public.t", commit(small, log, 0x100), max_rows=4) == (
-        "5 changes"
-    )
+    why = arrow_merge.merge_table(small, "public.t", commit(small, log, 0x100), max_rows=4)
+    assert str(why).startswith("5 changes")
     hostile = Lake(str(tmp_path / "hostile"), "s")
     state_table(hostile, {}, 0x100)
     log = Log(0x100)
@@ -523,9 +599,12 @@ def test_a_table_without_a_key_has_its_inserts_appended(tmp_path: Path) -> None:
     write_deltalake(raced.paths.state(T), pa.table({"id": [9], "v": [9], "big": ["x"]}),
                     mode="append", commit_properties=CommitProperties(
                         app_transactions=[Transaction(raced.app, 0x250)]))  # fmt: skip
+    changes = DeltaTable(raced.paths.changes(T))
+    plan = arrow_merge._plan(stale, stale.transaction_version(raced.app), changes, 100)
+    assert not isinstance(plan, str)
+    in_range = arrow_merge._InRange(changes, plan.schema, plan.have, 0x300)
     with pytest.raises(LakeCommitConflictError):
-        arrow_merge._append(raced, "public.t", LSN(0x300), stale, log.table().slice(0, 1),
-                            ["id", "v", "big"], pa.schema(stale.schema().to_arrow()))  # fmt: skip
+        arrow_merge._append(raced, "public.t", LSN(0x300), stale, in_range, plan)
 
 
 def full_identity(log: Log, lake: Lake, start: int) -> LSN:
@@ -563,9 +642,9 @@ def test_inserts_under_replica_identity_full_are_appended_as_copies(
         start = int(end)
     merged = start
     read: list[list[str]] = []
-    real_read = arrow_merge._InRange.read
-    monkeypatch.setattr(arrow_merge._InRange, "read", lambda self, columns: (
-        read.append(list(columns)), real_read(self, columns))[1])  # fmt: skip
+    real_batches = arrow_merge._InRange.batches
+    monkeypatch.setattr(arrow_merge._InRange, "batches", lambda self, columns: (
+        read.append(list(columns)), real_batches(self, columns))[1])  # fmt: skip
     for op, why in (("U", "updates or deletes"), ("D", "updates or deletes"), ("T", "TRUNCATE")):
         log = Log(start)
         log.add("I", 9, 9, "new")

@@ -1,0 +1,113 @@
+"""A state's new data files, written batch by batch and committed once.
+
+Why: a first state, or rows appended to a table without a key, used to be built as one Arrow
+table and written at the end, so memory followed the whole batch. Written here as the batches
+arrive, each file closed at ``FILE_ROWS`` rows or ``FILE_BYTES`` Arrow bytes (row groups of
+``delta.ROW_GROUP_BYTES``), memory follows one batch.
+
+The files are invisible to every reader until the one commit names them. So until a commit is
+tried, a failure removes them: the lake's vacuum keeps files younger than its retention, and a
+run that failed every day would otherwise pile them up. Once a commit is tried they stay,
+whatever it raised: it may have landed (an fsync of the log's folder, a store's error after its
+PUT, a task timeout), and removing them then would leave a state whose log names missing files.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from airflow_pglogrepl.lake import delta, durability
+from airflow_pglogrepl.lake.layout import is_local
+from airflow_pglogrepl.lake.storage import filesystem
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger("airflow_pglogrepl.lake")
+
+FILE_ROWS = 1_000_000
+FILE_BYTES = 128 << 20
+
+
+class StateFiles:
+    """Data files of the table at ``uri`` with ``schema`` (its stored names), written from
+    batches (``write``) and committed once (``commit``). Use as a context manager: leaving it
+    by an error before a commit was tried removes every file written."""
+
+    def __init__(self, uri: str, schema: pa.Schema, prefix: str) -> None:
+        self.uri, self.schema, self.prefix = uri, schema, prefix
+        self.system, self.base = filesystem(uri)
+        self.files: list[delta.DataFile] = []
+        self.commit_tried = False
+        self._writer: Any = None
+        self._sink: Any = None  # the writer's stream: closing the writer does not close it
+        self._path = ""
+        self._rows = self._bytes = 0
+
+    def __enter__(self) -> StateFiles:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:  # fmt: skip
+        if error is not None and not self.commit_tried:
+            self._discard()
+
+    def write(self, rows: pa.Table) -> None:
+        """Add ``rows`` (in ``schema``'s names and types) to the files."""
+        import pyarrow.parquet as pq
+
+        if rows.num_rows == 0:
+            return
+        rows = rows.cast(self.schema)
+        if self._writer is None:
+            self.system.create_dir(self.base, recursive=True)
+            self._path = f"{self.base}/{self.prefix}-{uuid.uuid4().hex}.parquet"
+            self._sink = self.system.open_output_stream(self._path)
+            self._writer = pq.ParquetWriter(self._sink, self.schema, compression="snappy")
+        self._writer.write_table(rows, row_group_size=delta.row_group_rows(rows))
+        self._rows += rows.num_rows
+        self._bytes += rows.nbytes
+        if self._rows >= FILE_ROWS or self._bytes >= FILE_BYTES:
+            self._close_file()
+
+    def commit(self, commit: Callable[[list[delta.DataFile]], None]) -> int:
+        """Close the last file and ``commit`` every file written; the rows they hold."""
+        self._close_file()
+        self.commit_tried = True
+        commit(list(self.files))
+        return sum(f.rows for f in self.files)
+
+    def _close_file(self) -> None:
+        if self._writer is None:
+            return
+        writer, sink, path, rows = self._writer, self._sink, self._path, self._rows
+        self._writer, self._sink, self._rows, self._bytes = None, None, 0, 0
+        writer.close()
+        sink.close()  # on an object store: the upload completes here
+        if is_local(self.uri):
+            durability.fsync(path)
+        name = path.rsplit("/", 1)[-1]
+        size = int(self.system.get_file_info(path).size)
+        self.files.append(delta.DataFile(name, size, rows, None, tuple(self.schema.names)))
+
+    def _discard(self) -> None:
+        """Remove the files written (none is in the table: no commit was tried)."""
+        paths = [f"{self.base}/{f.name}" for f in self.files]
+        if self._writer is not None:
+            try:
+                self._writer.close()
+                self._sink.close()
+            except Exception:  # the file goes anyway
+                log.debug("state file %s not closed cleanly before removal", self._path)
+            paths.append(self._path)
+            self._writer = self._sink = None
+        for path in paths:
+            try:
+                self.system.delete_file(path)
+            except OSError as exc:
+                log.warning("file %s of a failed merge not removed (%s): no version of the "
+                            "table names it, so it may be deleted by hand", path, exc)  # fmt: skip
