@@ -19,9 +19,15 @@ its state: a batch of inserts alone adds one copy of each row, so it is appended
 where Spark's multiset merge started a JVM.
 
 A table's first state (no state table yet) is the same net change written as one append that
-creates the table: no MERGE and no files to rewrite, so only memory bounds it
-(``APPEND_ROWS``). That is what an initial load through the slot (no snapshot) costs: a
-million and more changes, which Spark's MERGE into an empty table took about a minute for.
+creates the table: no MERGE and no files to rewrite. Reduced in memory up to ``IN_MEMORY_ROWS``
+changes and ``IN_MEMORY_BYTES``, above that bucket by bucket on local disk (``merge.buckets``),
+so memory follows a bucket, not the run. That is what an initial load through the slot (no
+snapshot) costs: a million and more changes, which Spark's MERGE into an empty table took about
+a minute for.
+
+What is read is sized in bytes before a row is read (``_InRange.size_bytes``): rows of 16 KiB
+made a batch of 100,000 changes 1.6 GB. The changelog is read in batches of ``BATCH_BYTES``,
+and the state's new files are written as the batches arrive (``merge.state_files``).
 
 Exactly once, as on the Spark path and a little more: the MERGE carries the app transaction
 ``(app_id(slot), lake position)``, is made on the snapshot whose transaction version was read

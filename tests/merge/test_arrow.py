@@ -222,7 +222,7 @@ def test_a_keyed_batch_too_big_to_read_here_goes_to_spark_unreduced(
 
 
 def test_a_first_state_bigger_than_a_merge_batch_is_still_written_here(tmp_path: Path) -> None:
-    """Only memory bounds an append (``FIRST_STATE_ROWS``); ``max_rows`` bounds merges, which
+    """Memory bounds an append (``IN_MEMORY_ROWS``, then buckets); ``max_rows`` bounds merges, which
     rewrite files. ``max_rows=0`` still sends everything to Spark."""
     lake = Lake(str(tmp_path / "lake"), "s")
     log = Log(0x100)
