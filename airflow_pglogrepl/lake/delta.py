@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -255,12 +255,36 @@ class DataFile:
         return AddAction(self.name, self.size, {}, int(time.time() * 1000), True, self.stats())
 
 
-def row_group_rows(rows: pa.Table | pa.RecordBatch) -> int:
-    """Rows per Parquet row group for rows like ``rows``: about ``ROW_GROUP_BYTES`` of Arrow
-    data each. A reader decodes a row group whole, so its size bounds the reader's memory
-    (pyarrow's default, a million rows, made one of 313 MiB for rows of 16 KiB)."""
-    per_row = max(1, rows.nbytes // max(1, rows.num_rows))
-    return int(max(1, min(1 << 20, ROW_GROUP_BYTES // per_row)))
+def pieces(rows: pa.Table, limit_bytes: int) -> Iterator[pa.Table]:
+    """``rows`` cut into consecutive slices of at most ``limit_bytes`` of Arrow data each (or
+    one row): halved until each part fits, so rows of uneven sizes are cut where they are big,
+    then neighbours joined again while they fit. A reader decodes a Parquet row group whole,
+    so its bytes bound the reader's memory (pyarrow's default, a million rows, made one of 313
+    MiB for rows of 16 KiB)."""
+    start = held = 0
+    for at, part in _halves(rows, 0, limit_bytes):
+        if held and held + part.nbytes > limit_bytes:
+            yield rows.slice(start, at - start)
+            start, held = at, 0
+        held += part.nbytes
+    if rows.num_rows > start:
+        yield rows.slice(start)
+
+
+def _halves(rows: pa.Table, at: int, limit_bytes: int) -> Iterator[tuple[int, pa.Table]]:
+    if rows.num_rows <= 1 or rows.nbytes <= limit_bytes:
+        if rows.num_rows:
+            yield at, rows
+        return
+    half = rows.num_rows // 2
+    yield from _halves(rows.slice(0, half), at, limit_bytes)
+    yield from _halves(rows.slice(half), at + half, limit_bytes)
+
+
+def write_rows(writer: Any, rows: pa.Table) -> None:
+    """Write ``rows`` through a Parquet writer in row groups of about ``ROW_GROUP_BYTES``."""
+    for piece in pieces(rows, ROW_GROUP_BYTES):
+        writer.write_table(piece, row_group_size=piece.num_rows)
 
 
 def write_file(uri: str, batch: pa.Table, prefix: str) -> DataFile:
@@ -272,8 +296,8 @@ def write_file(uri: str, batch: pa.Table, prefix: str) -> DataFile:
     system.create_dir(base, recursive=True)
     name = f"{prefix}-{uuid.uuid4().hex}.parquet"
     path = f"{base}/{name}"
-    pq.write_table(batch, path, filesystem=system, compression="snappy",
-                   row_group_size=row_group_rows(batch))  # fmt: skip
+    with pq.ParquetWriter(path, batch.schema, filesystem=system, compression="snappy") as out:
+        write_rows(out, batch)
     if is_local(uri):
         durability.fsync(path)
     lsn_range = None

@@ -73,6 +73,8 @@ from airflow_pglogrepl.lake.mapping import (
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge.buckets import (
     FOLDER_ENV,
+    MAX_BUCKET_BYTES,
+    MAX_BUCKETS,
     Buckets,
     bucket_count,
     can_hash,
@@ -214,12 +216,18 @@ def merge_table(
             return _append(lake, name, end, target, in_range, plan)
         size = in_range.size_bytes(_needed(plan))
         if target is not None:
-            if count > plan.limit or size > READ_BYTES:
-                return (f"{count} changes, about {size >> 20} MiB (Spark reads them from the "
-                        f"changelog itself)")  # fmt: skip
-            return _merge_keyed(lake, name, end, plan, _read_batch(in_range, plan), reduced)
+            batch = None if count > plan.limit else _read_batch(in_range, plan, READ_BYTES)
+            if batch is None:
+                return (f"{count} changes, more than {READ_BYTES >> 20} MiB or {plan.limit} "
+                        f"changes (Spark reads them from the changelog itself)")  # fmt: skip
+            return _merge_keyed(lake, name, end, plan, batch, reduced)
         if count <= IN_MEMORY_ROWS and size <= IN_MEMORY_BYTES:
-            return _merge_keyed(lake, name, end, plan, _read_batch(in_range, plan), reduced)
+            batch = _read_batch(in_range, plan, IN_MEMORY_BYTES)
+            if batch is not None:
+                return _merge_keyed(lake, name, end, plan, batch, reduced)
+            # more bytes than the estimate said (rows that grow, repeated values Parquet
+            # stores small): sized again from what the read saw
+            size = max(size, in_range.seen_bytes * count // max(1, in_range.seen_rows))
         return _first_state_in_buckets(lake, name, end, plan, in_range, size)
     except _DeclinedError as declined:
         return str(declined)
@@ -280,11 +288,23 @@ def _needed(plan: _Plan) -> list[str]:
     return [c for c in needed if c in plan.schema.names]
 
 
-def _read_batch(in_range: _InRange, plan: _Plan) -> pa.Table:
-    """The batch in range, each column by its current name, with only what the reduction reads:
-    the whole batch is held in memory."""
+def _read_batch(in_range: _InRange, plan: _Plan, limit_bytes: int) -> pa.Table | None:
+    """The batch in range, each column by its current name, with only what the reduction reads,
+    held in memory whole; None as soon as it reads more than ``limit_bytes`` of Arrow data (an
+    estimate is only an estimate: this bound is what was read)."""
+    import pyarrow as pa
+
+    parts, held = [], 0
+    for part in in_range.batches(_needed(plan)):
+        held += part.nbytes
+        if held > limit_bytes:
+            return None
+        parts.append(part)
+    if not parts:
+        return None
+    batch = pa.concat_tables(parts)
     # rows from before a rename name the column as it was then
-    return with_current_names(in_range.read(_needed(plan)), former_names(plan.schema))
+    return with_current_names(batch, former_names(plan.schema))
 
 
 def _first_state_in_buckets(lake: Lake, name: str, end: LSN, plan: _Plan, in_range: _InRange,
@@ -298,9 +318,11 @@ def _first_state_in_buckets(lake: Lake, name: str, end: LSN, plan: _Plan, in_ran
     keys, columns = plan.keys, plan.columns
     if not all(can_hash(plan.schema.field(k).type) for k in keys):
         return f"{in_range.count()} changes, keys of a type this path cannot split by hash"
+    if size > MAX_BUCKETS * MAX_BUCKET_BYTES:
+        return f"{in_range.count()} changes, about {size >> 30} GiB: more than buckets hold"
     room = free_bytes()
-    if room < size:
-        return (f"{in_range.count()} changes, about {size >> 20} MiB, more than the "
+    if room < 2 * size:
+        return (f"{in_range.count()} changes, about {size >> 20} MiB, more than half the "
                 f"{room >> 20} MiB free where they would be split (set {FOLDER_ENV} to a "
                 f"bigger local folder)")  # fmt: skip
     if TRUNCATE in in_range.operations():
@@ -311,6 +333,16 @@ def _first_state_in_buckets(lake: Lake, name: str, end: LSN, plan: _Plan, in_ran
         for batch in in_range.batches(_needed(plan)):
             buckets.add(batch)
         del batch
+        if buckets.rows() != in_range.count():  # the changelog moved under the read
+            raise LakeError(f"changes of {name}: {buckets.rows()} rows split, "
+                            f"{in_range.count()} in range; nothing was merged")  # fmt: skip
+        biggest = buckets.largest_bytes()
+        if biggest > MAX_BUCKET_BYTES:  # a hot key, or a batch bigger than it was sized
+            raise _DeclinedError(
+                f"{in_range.count()} changes, a bucket of {biggest >> 20} MiB (more than "
+                f"{MAX_BUCKET_BYTES >> 20} MiB: a key with that many changes, or rows bigger "
+                f"than sized)"
+            )
         with _StateTarget(lake, name, plan.state, None, end) as files:
             for k in range(buckets.count):
                 part = buckets.take(k)
@@ -445,6 +477,7 @@ class _InRange:
         self.expression = expression
         self.dataset = None if self.mapped else changes.to_pyarrow_dataset()
         self._count: int | None = None
+        self.seen_rows = self.seen_bytes = 0  # what ``batches`` read so far
 
     def count(self) -> int:
         if self._count is None:
@@ -486,23 +519,25 @@ class _InRange:
         return pa.Table.from_batches(list(self._scan(columns)), schema=self._schema(columns))
 
     def batches(self, columns: Sequence[str]) -> Iterator[pa.Table]:
-        """The rows in range, in batches of about ``BATCH_BYTES``, one at a time."""
+        """The rows in range, in batches of about ``BATCH_BYTES`` (a batch of rows bigger than
+        the first ones is cut again by its bytes), one at a time."""
         import pyarrow as pa
 
         sample = self._first_rows(columns, SAMPLE_ROWS)
         per_row = max(1, sample.nbytes // max(1, sample.num_rows))
         rows = max(1, BATCH_BYTES // per_row)
         if self.dataset is not None:
-            for batch in self.dataset.to_batches(
+            read: Iterator[pa.RecordBatch] = iter(self.dataset.to_batches(
                 filter=self.expression, columns=list(columns), batch_size=rows,
                 batch_readahead=0, fragment_readahead=0,
-            ):  # fmt: skip
-                if batch.num_rows:
-                    yield pa.Table.from_batches([batch])
-            return
-        for batch in self._scan(columns):
-            for at in range(0, batch.num_rows, rows):
-                yield pa.Table.from_batches([batch.slice(at, rows)])
+            ))  # fmt: skip
+        else:
+            read = (b.slice(at, rows) for b in self._scan(columns) for at in range(0, len(b), rows))
+        for batch in read:
+            for piece in delta.pieces(pa.Table.from_batches([batch]), BATCH_BYTES):
+                self.seen_rows += piece.num_rows
+                self.seen_bytes += piece.nbytes
+                yield piece
 
     def _first_rows(self, columns: Sequence[str], limit: int) -> pa.Table:
         """Up to ``limit`` rows of ``columns`` in range, read without read-ahead."""

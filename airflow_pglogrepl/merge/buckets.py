@@ -28,6 +28,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from airflow_pglogrepl.exceptions import LakeError
+
 if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
@@ -37,6 +39,9 @@ log = logging.getLogger("airflow_pglogrepl.lake")
 FOLDER_ENV = "PGLOGREPL_BUCKET_DIR"
 BUCKET_BYTES = 64 << 20  # Arrow bytes of changes a bucket holds, about
 MAX_BUCKETS = 256
+# A bucket above this is not reduced here (a key with that many changes: every change of a key
+# is in its bucket), nor is a batch that would fill MAX_BUCKETS buckets to it.
+MAX_BUCKET_BYTES = 4 * BUCKET_BYTES
 _PREFIX = "pglogrepl-buckets-"
 _LOCK = ".lock"
 _SWEEP_AGE_S = 60.0  # a folder younger than this is never swept: its split may be starting
@@ -151,6 +156,21 @@ def _mix(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return x
 
 
+class BucketLostError(LakeError):
+    """A bucket read back fewer rows than were written to it: its files were removed while the
+    split ran. Nothing was committed; the next run splits again."""
+
+    retryable = True
+
+    def __init__(self, folder: Path, k: int, written: int, found: int) -> None:
+        super().__init__(
+            f"bucket {k} of {folder} read back {found} of the {written} rows written to it: "
+            f"its files were removed while the split ran (a cleaner of temporary files, or a "
+            f"folder shared without working locks). Nothing was merged; the next run splits "
+            f"again. Fix: set {FOLDER_ENV} to a local folder no cleaner visits"
+        )
+
+
 class Buckets:
     """The bucket folder of one split: ``add`` spreads batches over ``count`` buckets by key
     hash, ``take`` reads one bucket back whole and frees its files. Use as a context manager:
@@ -161,6 +181,16 @@ class Buckets:
         self.folder: Path | None = None
         self._lock: int | None = None
         self._pieces = 0
+        self._rows = [0] * count  # rows written to each bucket: checked when it is read back
+        self._bytes = [0] * count
+
+    def rows(self) -> int:
+        """Rows written into all buckets."""
+        return sum(self._rows)
+
+    def largest_bytes(self) -> int:
+        """Arrow bytes written into the biggest bucket."""
+        return max(self._bytes, default=0)
 
     def __enter__(self) -> Buckets:
         base = folder_base()
@@ -202,24 +232,33 @@ class Buckets:
                     pa.ipc.new_stream(sink, piece.schema, options=options) as writer,
                 ):
                     writer.write(piece)
+                self._rows[k] += rows
+                self._bytes[k] += piece.nbytes
                 at += rows
         self._pieces += 1
+        os.utime(self.folder)  # in use: never old enough to be swept
 
     def take(self, k: int) -> pa.Table | None:
-        """Bucket ``k``'s rows (None: none), its files removed once read."""
+        """Bucket ``k``'s rows (None: none was written to it), its files removed once read;
+        ``BucketLostError`` when fewer rows come back than were written (files removed under
+        the split: by a cleaner of temporary files, or a sweep on a share without locks)."""
         import pyarrow as pa
 
         assert self.folder is not None, "Buckets is used as a context manager"
-        paths = sorted(self.folder.glob(f"{k}.*.arrow"), key=lambda p: int(p.name.split(".")[1]))
-        if not paths:
+        if self._rows[k] == 0:
             return None
+        paths = sorted(self.folder.glob(f"{k}.*.arrow"), key=lambda p: int(p.name.split(".")[1]))
         parts = []
         for path in paths:
             with pa.memory_map(str(path)) as source:
                 parts.append(pa.ipc.open_stream(source).read_all())
-        rows = pa.concat_tables(parts)
+        rows = pa.concat_tables(parts) if parts else None
+        found = 0 if rows is None else rows.num_rows
+        if found != self._rows[k]:
+            raise BucketLostError(self.folder, k, self._rows[k], found)
         for path in paths:
             path.unlink()
+        os.utime(self.folder)
         return rows
 
 

@@ -42,6 +42,7 @@ from airflow_pglogrepl.changelog.columns import (
     described_identity,
     described_key,
 )
+from airflow_pglogrepl.exceptions import MergeStalledError
 from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake import delta, evolve
 from airflow_pglogrepl.lake.column_names import former_names
@@ -137,10 +138,21 @@ def materialize(
     session = spark() if callable(spark) else spark
 
     def merge_one(name: str) -> LSN | None:
-        with watched(session.sparkContext, name, stall_seconds):
-            if name in reduced:
-                return merge_reduced(session, lake, reduced[name])
-            return materialize_table(session, lake, name, end)
+        try:
+            with watched(session.sparkContext, name, stall_seconds):
+                if name in reduced:
+                    return merge_reduced(session, lake, reduced[name])
+                return materialize_table(session, lake, name, end)
+        except MergeStalledError:
+            found = lake.state_version(name)
+            if found is None or found < end:
+                raise
+            # the merge committed, and a job after it stalled (Delta's checkpoint after a
+            # commit runs in the same thread): the state holds the batch, a checkpoint is
+            # optional (the next commit writes one)
+            log.warning("state of %s merged up to %s; a Spark job after its commit stalled "
+                        "and was cancelled", name, end)  # fmt: skip
+            return found
 
     with ThreadPoolExecutor(max_workers=max(1, parallelism), thread_name_prefix="merge") as pool:
         futures = {name: pool.submit(merge_one, name) for name in rest}

@@ -8,13 +8,18 @@ MiB of a 1 GiB heap in use). The run holds the lake's writer lock all that time,
 run fails "writer busy" until someone kills it. A failed run releases the lock and is retried.
 
 How: each table's merge runs in a Spark job group of its own (set on the thread that merges, so
-its jobs and only they belong to it). A watcher thread reads Spark's status tracker and cancels
-the group once one of its jobs has been running for ``stall_seconds`` with no task of the whole
-application active (another table's merge holding the executors is progress, not a stall) and
-none of the group's own tasks finishing. A merge cancelled before it commits changes nothing:
-the state keeps its version and the next run merges the same range again. The cancel's own
-error becomes ``MergeStalledError`` (retryable), naming the table and the fix; any other error
-passes as it is.
+its jobs and only they belong to it). A watcher thread reads Spark's status tracker and task
+scheduler and cancels the group once one of its jobs has been running for ``stall_seconds``
+with no task of the whole application running (another table's merge holding the executors is
+progress, not a stall), none of the group's own tasks finishing, and executors to run on (a
+cluster application waiting for its first executor waits for resources, not on itself). A
+group still stalled a bound after its cancel is cancelled again, with a warning each time.
+
+A merge cancelled before it commits changes nothing: the state keeps its version and the next
+run merges the same range again. The cancel's own error becomes ``MergeStalledError``
+(retryable), naming the table and the fix; any other error passes as it is. A job stalled after
+the commit (Delta's checkpoint runs in the same thread) is cancelled the same way, and
+``materialize`` finds the state merged and says so instead of failing.
 """
 
 from __future__ import annotations
@@ -56,15 +61,21 @@ class _Watcher:
                 log.debug("merge watch of %s: status not read (%s)", self.group, exc)
                 continue
             now = self.clock()
-            if not running or active > 0 or done != finished:
+            if (
+                not running
+                or active > 0
+                or done != finished
+                or _waiting_for_executors(self.context)
+            ):
                 progress_at, finished = now, done
                 continue
             if now - progress_at >= self.stall:
+                log.warning("merge job group %s: no progress for %.0f s; cancelling it%s",
+                            self.group, now - progress_at,
+                            " again" if self.cancelled else "")  # fmt: skip
                 self.cancelled = True
-                log.warning("merge job group %s: no progress for %.0f s; cancelling it",
-                            self.group, now - progress_at)  # fmt: skip
                 self.context.cancelJobGroup(self.group)
-                return
+                progress_at = now  # still stalled a bound later: cancelled again, and said
 
     def _status(self) -> tuple[bool, int, int]:
         """Whether a job of the group is running, the tasks its stages finished, and the tasks
@@ -94,12 +105,24 @@ def _running_tasks(context: Any) -> int | None:
     executor heartbeat, so a stage of long tasks reads 0 active for its first ten seconds."""
     try:
         counts = context._jsc.sc().taskScheduler().runningTasksByExecutors().valuesIterator()
+        total = 0
+        while counts.hasNext():
+            total += int(counts.next())
+        return total
     except Exception:  # not a JVM SparkContext (or one without that scheduler)
         return None
-    total = 0
-    while counts.hasNext():
-        total += int(counts.next())
-    return total
+
+
+def _waiting_for_executors(context: Any) -> bool:
+    """Whether a cluster application has no executor yet (pods pending, a queue, dynamic
+    allocation scaling up): its jobs wait for resources, which is no stall. A local master runs
+    its tasks in the driver and never waits so."""
+    try:
+        if str(context.master).startswith("local"):
+            return False
+        return int(context._jsc.sc().getExecutorIds().size()) == 0
+    except Exception:  # nothing to ask: judged by the tasks alone
+        return False
 
 
 @contextmanager

@@ -45,6 +45,7 @@ class StateFiles:
         self.commit_tried = False
         self._writer: Any = None
         self._sink: Any = None  # the writer's stream: closing the writer does not close it
+        self._unlisted: list[str] = []  # files whose close failed
         self._path = ""
         self._rows = self._bytes = 0
 
@@ -68,7 +69,7 @@ class StateFiles:
             self._path = f"{self.base}/{self.prefix}-{uuid.uuid4().hex}.parquet"
             self._sink = self.system.open_output_stream(self._path)
             self._writer = pq.ParquetWriter(self._sink, self.schema, compression="snappy")
-        self._writer.write_table(rows, row_group_size=delta.row_group_rows(rows))
+        delta.write_rows(self._writer, rows)
         self._rows += rows.num_rows
         self._bytes += rows.nbytes
         if self._rows >= FILE_ROWS or self._bytes >= FILE_BYTES:
@@ -86,17 +87,21 @@ class StateFiles:
             return
         writer, sink, path, rows = self._writer, self._sink, self._path, self._rows
         self._writer, self._sink, self._rows, self._bytes = None, None, 0, 0
-        writer.close()
-        sink.close()  # on an object store: the upload completes here
-        if is_local(self.uri):
-            durability.fsync(path)
+        try:
+            writer.close()
+            sink.close()  # on an object store: the upload completes here
+            if is_local(self.uri):
+                durability.fsync(path)
+        except BaseException:
+            self._unlisted.append(path)  # written in part: removed with the others
+            raise
         name = path.rsplit("/", 1)[-1]
         size = int(self.system.get_file_info(path).size)
         self.files.append(delta.DataFile(name, size, rows, None, tuple(self.schema.names)))
 
     def _discard(self) -> None:
         """Remove the files written (none is in the table: no commit was tried)."""
-        paths = [f"{self.base}/{f.name}" for f in self.files]
+        paths = [f"{self.base}/{f.name}" for f in self.files] + self._unlisted
         if self._writer is not None:
             try:
                 self._writer.close()
@@ -108,6 +113,8 @@ class StateFiles:
         for path in paths:
             try:
                 self.system.delete_file(path)
+            except FileNotFoundError:
+                continue  # (a partial upload that never became an object)
             except OSError as exc:
                 log.warning("file %s of a failed merge not removed (%s): no version of the "
                             "table names it, so it may be deleted by hand", path, exc)  # fmt: skip

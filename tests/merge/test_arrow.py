@@ -221,6 +221,72 @@ def test_a_keyed_batch_too_big_to_read_here_goes_to_spark_unreduced(
     assert list(reduced) == ["public.t"]  # below it, reduced here as before
 
 
+def test_what_is_read_into_memory_is_bounded_by_the_bytes_read_not_the_estimate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Small rows first, then big identical values (which Parquet stores as one dictionary
+    entry: its row groups look small): the estimate says little, the read finds more. Into a
+    state the batch goes to Spark unreduced; as a first state it goes through buckets."""
+    import logging
+
+    from deltalake import DeltaTable
+
+    from airflow_pglogrepl.merge import buckets
+
+    monkeypatch.setattr(arrow_merge, "SAMPLE_ROWS", 10)
+    monkeypatch.setattr(arrow_merge, "BATCH_BYTES", 20_000)
+    monkeypatch.setattr(arrow_merge, "READ_BYTES", 100_000)
+    monkeypatch.setattr(arrow_merge, "IN_MEMORY_BYTES", 100_000)
+    monkeypatch.setenv(buckets.FOLDER_ENV, str(tmp_path / "buckets"))
+    for first in (False, True):
+        lake = Lake(str(tmp_path / f"lake{first}"), "s")
+        if not first:
+            state_table(lake, {1: (1, "a")}, 0x100)
+            lake.record(kind="snapshot", start=LSN(0x100), end=LSN(0x100))
+        log = Log(0x100)
+        for key in range(20):
+            log.add("I", key + 10, key, "s")
+        for key in range(20):
+            log.add("I", key + 100, key, "b" * 10_000)
+        end = commit(lake, log, 0x100)
+        in_range = arrow_merge._InRange(
+            DeltaTable(lake.paths.changes(T)), log.table().schema, None, int(end)
+        )
+        assert in_range.size_bytes(["id", "v", "big"]) < 100_000  # the estimate is low
+        reduced: dict[str, arrow_merge.Reduced] = {}
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="airflow_pglogrepl.lake"):
+            merged, declined = arrow_merge.merge_small(lake, ["public.t"], reduced=reduced)
+        if first:
+            assert merged == {"public.t": str(end)} and "in 2 buckets" in caplog.text
+            assert len(state(lake)) == 40
+        else:
+            assert (merged, declined, reduced) == ({}, ["public.t"], {})
+            assert "more than 0 MiB" in caplog.text  # (READ_BYTES is 100,000 here)
+
+
+def test_a_key_with_more_changes_than_a_bucket_holds_goes_to_spark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every change of a key is in its bucket: a hot key makes one bucket as big as the batch,
+    which is not reduced here (memory would follow the key, not the bucket)."""
+    from airflow_pglogrepl.merge import buckets
+
+    monkeypatch.setattr(arrow_merge, "IN_MEMORY_ROWS", 5)
+    monkeypatch.setattr(arrow_merge, "MAX_BUCKET_BYTES", 20_000)
+    monkeypatch.setenv(buckets.FOLDER_ENV, str(tmp_path / "buckets"))
+    lake = Lake(str(tmp_path / "lake"), "s")
+    log = Log(0x100)
+    log.add("I", 1, 0, "a")
+    for n in range(200):
+        log.add("U", 1, n, "x" * 200)
+    end = commit(lake, log, 0x100)
+    why = arrow_merge.merge_table(lake, "public.t", end)
+    assert why is not None and "a bucket of" in why and "a key with that many changes" in why
+    assert txn_version(lake.paths.state(T), lake.app) is None
+    assert list((tmp_path / "buckets").iterdir()) == []
+
+
 def test_a_first_state_bigger_than_a_merge_batch_is_still_written_here(tmp_path: Path) -> None:
     """Memory bounds an append (``IN_MEMORY_ROWS``, then buckets); ``max_rows`` bounds merges, which
     rewrite files. ``max_rows=0`` still sends everything to Spark."""

@@ -93,3 +93,20 @@ def test_a_killed_splits_folder_is_swept_only_when_unheld_and_old(
         assert held.exists() and young.exists()
     finally:
         os.close(lock)
+
+
+def test_a_bucket_whose_files_vanished_fails_instead_of_losing_its_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cleaner of temporary files (or a sweep on a share without working locks) removing a
+    bucket's files mid-split must not make a state without those keys."""
+    monkeypatch.setenv(buckets.FOLDER_ENV, str(tmp_path))
+    with Buckets(4, ["k"]) as split:
+        split.add(pa.table({"k": list(range(100))}))
+        assert split.rows() == 100
+        assert split.folder is not None
+        for path in split.folder.glob("1.*.arrow"):
+            path.unlink()
+        assert split.take(0) is not None
+        with pytest.raises(buckets.BucketLostError, match=r"bucket 1 .* read back 0 of the"):
+            split.take(1)

@@ -105,3 +105,43 @@ def test_the_columns_a_changelog_recorded_as_added_and_their_fill() -> None:
     ])  # fmt: skip
     assert added_columns(schema) == [Added("v", (256, 3), "before"), Added("w", (300, 0), None)]
     assert added_columns(pa.schema([pa.field("id", pa.int64())])) == []
+
+
+class _StalledSpark:
+    """A session whose merges stall: its context is the watchdog's, and the merge (patched in
+    below) commits first or not, then fails as a cancelled job group does."""
+
+    class sparkContext:  # noqa: N801 (Spark's own name)
+        @staticmethod
+        def setJobGroup(group: str, description: str, interruptOnCancel: bool) -> None:  # noqa: N802,N803
+            pass
+
+        @staticmethod
+        def setLocalProperty(key: str, value: object) -> None:  # noqa: N802
+            pass
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_a_merge_stalled_after_its_commit_is_merged_and_one_stalled_before_fails(
+    batches: KeyedBatches, monkeypatch: pytest.MonkeyPatch, committed: bool
+) -> None:
+    """Delta's checkpoint after a commit runs in the merge's thread, in its job group: when that
+    job stalls and is cancelled, the state holds the batch and the run says so; a merge stalled
+    before its commit fails the run (retryable), the state unchanged."""
+    from airflow_pglogrepl.exceptions import MergeStalledError
+    from airflow_pglogrepl.merge import materialize as module
+
+    end = batches.inserts(range(1, 11))
+
+    def stalled(spark: object, lake: Lake, name: str, at: LSN) -> LSN:
+        if committed:
+            arrow_merge.merge_table(lake, name, at)  # the commit lands ...
+        raise MergeStalledError(name, 600)  # ... and a job after it is cancelled
+
+    monkeypatch.setattr(module, "materialize_table", stalled)
+    if committed:
+        assert materialize(_StalledSpark(), batches.lake, small_rows=0) == {"public.t": str(end)}
+    else:
+        with pytest.raises(MergeStalledError):
+            materialize(_StalledSpark(), batches.lake, small_rows=0)
+        assert batches.lake.state_version(T) is None

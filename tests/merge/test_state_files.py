@@ -57,3 +57,39 @@ def test_files_stay_once_a_commit_was_tried(tmp_path: Path) -> None:
         files.write(rows(10))
         files.commit(landed_then_raised)
     assert len(list((tmp_path / "t").iterdir())) == 1
+
+
+def test_rows_of_uneven_sizes_are_cut_into_row_groups_by_their_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many small rows and a few big ones: no row group above the bound (a row group sized by
+    the average row held all the big ones)."""
+    monkeypatch.setattr(delta, "ROW_GROUP_BYTES", 50_000)
+    uneven = pa.table({"id": range(2010), "v": ["x"] * 2000 + ["y" * 16_000] * 10}, schema=SCHEMA)
+    committed: list[delta.DataFile] = []
+    with StateFiles(str(tmp_path / "t"), SCHEMA, "0001") as files:
+        files.write(uneven)
+        files.commit(committed.extend)
+    metadata = pq.ParquetFile(tmp_path / "t" / committed[0].name).metadata
+    read = pq.ParquetFile(tmp_path / "t" / committed[0].name)
+    for i in range(metadata.num_row_groups):
+        assert read.read_row_group(i).nbytes <= 50_000 or metadata.row_group(i).num_rows == 1
+    assert read.read().column("id").to_pylist() == list(range(2010))
+
+
+def test_a_file_whose_close_fails_is_removed_with_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_pglogrepl.lake import durability
+
+    def full_disk(path: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(durability, "fsync", full_disk)
+    with (
+        pytest.raises(OSError, match="No space"),
+        StateFiles(str(tmp_path / "t"), SCHEMA, "0001") as files,
+    ):
+        files.write(rows(10))
+        files.commit(lambda written: None)
+    assert list((tmp_path / "t").iterdir()) == []
