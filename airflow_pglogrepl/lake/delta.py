@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.changelog.columns import COMMIT_LSN
-from airflow_pglogrepl.lake import durability
+from airflow_pglogrepl.lake import durability, row_groups
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lake.mapping import FEATURE, mapped_of, physical_names
 from airflow_pglogrepl.lake.storage import delta_options, filesystem
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_pglogrepl.lake.mapping import MappedSchema
-
-ROW_GROUP_BYTES = 32 << 20  # Arrow bytes of one Parquet row group the lake writes, about
 
 
 def open_table(uri: str, version: int | None = None) -> Any | None:
@@ -255,38 +253,6 @@ class DataFile:
         return AddAction(self.name, self.size, {}, int(time.time() * 1000), True, self.stats())
 
 
-def pieces(rows: pa.Table, limit_bytes: int) -> Iterator[pa.Table]:
-    """``rows`` cut into consecutive slices of at most ``limit_bytes`` of Arrow data each (or
-    one row): halved until each part fits, so rows of uneven sizes are cut where they are big,
-    then neighbours joined again while they fit. A reader decodes a Parquet row group whole,
-    so its bytes bound the reader's memory (pyarrow's default, a million rows, made one of 313
-    MiB for rows of 16 KiB)."""
-    start = held = 0
-    for at, part in _halves(rows, 0, limit_bytes):
-        if held and held + part.nbytes > limit_bytes:
-            yield rows.slice(start, at - start)
-            start, held = at, 0
-        held += part.nbytes
-    if rows.num_rows > start:
-        yield rows.slice(start)
-
-
-def _halves(rows: pa.Table, at: int, limit_bytes: int) -> Iterator[tuple[int, pa.Table]]:
-    if rows.num_rows <= 1 or rows.nbytes <= limit_bytes:
-        if rows.num_rows:
-            yield at, rows
-        return
-    half = rows.num_rows // 2
-    yield from _halves(rows.slice(0, half), at, limit_bytes)
-    yield from _halves(rows.slice(half), at + half, limit_bytes)
-
-
-def write_rows(writer: Any, rows: pa.Table) -> None:
-    """Write ``rows`` through a Parquet writer in row groups of about ``ROW_GROUP_BYTES``."""
-    for piece in pieces(rows, ROW_GROUP_BYTES):
-        writer.write_table(piece, row_group_size=piece.num_rows)
-
-
 def write_file(uri: str, batch: pa.Table, prefix: str) -> DataFile:
     """Write ``batch`` as one Parquet file under the table directory ``uri`` (durably if local)."""
     import pyarrow.compute as pc
@@ -297,7 +263,7 @@ def write_file(uri: str, batch: pa.Table, prefix: str) -> DataFile:
     name = f"{prefix}-{uuid.uuid4().hex}.parquet"
     path = f"{base}/{name}"
     with pq.ParquetWriter(path, batch.schema, filesystem=system, compression="snappy") as out:
-        write_rows(out, batch)
+        row_groups.write_rows(out, batch)
     if is_local(uri):
         durability.fsync(path)
     lsn_range = None

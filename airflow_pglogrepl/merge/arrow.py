@@ -25,7 +25,7 @@ so memory follows a bucket, not the run. That is what an initial load through th
 snapshot) costs: a million and more changes, which Spark's MERGE into an empty table took about
 a minute for.
 
-What is read is sized in bytes before a row is read (``_InRange.size_bytes``): rows of 16 KiB
+What is read is sized in bytes before a row is read (``InRange.size_bytes``): rows of 16 KiB
 made a batch of 100,000 changes 1.6 GB. The changelog is read in batches of ``BATCH_BYTES``,
 and the state's new files are written as the batches arrive (``merge.state_files``).
 
@@ -40,7 +40,7 @@ state stays readable by every reader, and Spark's later merges write vectors aga
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,30 +56,15 @@ from airflow_pglogrepl.changelog.columns import (
     described_identity,
     described_key,
 )
-from airflow_pglogrepl.exceptions import LakeCommitConflictError, LakeError, PgLogReplError
+from airflow_pglogrepl.exceptions import LakeCommitConflictError, PgLogReplError
 from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake import delta, durability
 from airflow_pglogrepl.lake.column_names import former_names, with_current_names
 from airflow_pglogrepl.lake.evolve import added_at, base_fields, fill_value
 from airflow_pglogrepl.lake.layout import is_local
-from airflow_pglogrepl.lake.mapping import (
-    MODE,
-    PROTOCOL_KEYS,
-    is_mapped,
-    mapped_of,
-    mapped_schema,
-    to_physical,
-)
 from airflow_pglogrepl.lsn import LSN
-from airflow_pglogrepl.merge.buckets import (
-    FOLDER_ENV,
-    MAX_BUCKET_BYTES,
-    MAX_BUCKETS,
-    Buckets,
-    bucket_count,
-    can_hash,
-    free_bytes,
-)
+from airflow_pglogrepl.merge.changes_range import InRange
+from airflow_pglogrepl.merge.first_state import DeclinedError, in_buckets, missing_row, wanted
 from airflow_pglogrepl.merge.lineage import INTERNAL
 from airflow_pglogrepl.merge.net_upserts import (
     DELETE_COLUMN,
@@ -88,7 +73,7 @@ from airflow_pglogrepl.merge.net_upserts import (
     sent_column,
     updates_of_missing_rows,
 )
-from airflow_pglogrepl.merge.state_files import StateFiles
+from airflow_pglogrepl.merge.state_files import StateTarget
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -111,12 +96,6 @@ READ_BYTES = 64 << 20
 # these; a bigger one key hash bucket by key hash bucket on local disk (``merge.buckets``).
 IN_MEMORY_ROWS = 2_000_000
 IN_MEMORY_BYTES = 256 << 20
-BATCH_BYTES = 8 << 20  # Arrow bytes of one batch read from the changelog, about
-SAMPLE_ROWS = 1024  # rows read to learn a batch's bytes per row
-
-
-class _DeclinedError(Exception):
-    """Raised inside a streamed write to decline the table (files written so far go)."""
 
 
 @dataclass(frozen=True)
@@ -198,7 +177,7 @@ def merge_table(
     if plan.too_big is not None and reduced is None:
         return plan.too_big
     try:
-        in_range = _InRange(changes, plan.schema, plan.have, int(end))
+        in_range = InRange(changes, plan.schema, plan.have, int(end))
         count = in_range.count()  # before reading: the batch may be huge
     except Exception as exc:  # delta-rs raises its own classes for what it cannot read so
         return f"changelog not readable here ({type(exc).__name__}: {exc})"
@@ -228,8 +207,9 @@ def merge_table(
             # more bytes than the estimate said (rows that grow, repeated values Parquet
             # stores small): sized again from what the read saw
             size = max(size, in_range.seen_bytes * count // max(1, in_range.seen_rows))
-        return _first_state_in_buckets(lake, name, end, plan, in_range, size)
-    except _DeclinedError as declined:
+        return in_buckets(lake, name, end, in_range, size, plan.schema, plan.state, keys=plan.keys,
+                          columns=plan.columns, needed=_needed(plan))  # fmt: skip
+    except DeclinedError as declined:
         return str(declined)
 
 
@@ -288,7 +268,7 @@ def _needed(plan: _Plan) -> list[str]:
     return [c for c in needed if c in plan.schema.names]
 
 
-def _read_batch(in_range: _InRange, plan: _Plan, limit_bytes: int) -> pa.Table | None:
+def _read_batch(in_range: InRange, plan: _Plan, limit_bytes: int) -> pa.Table | None:
     """The batch in range, each column by its current name, with only what the reduction reads,
     held in memory whole; None as soon as it reads more than ``limit_bytes`` of Arrow data (an
     estimate is only an estimate: this bound is what was read)."""
@@ -307,74 +287,6 @@ def _read_batch(in_range: _InRange, plan: _Plan, limit_bytes: int) -> pa.Table |
     return with_current_names(batch, former_names(plan.schema))
 
 
-def _first_state_in_buckets(lake: Lake, name: str, end: LSN, plan: _Plan, in_range: _InRange,
-                            size: int) -> str | None:  # fmt: skip
-    """A first state too big to reduce in memory at once: the batch split by key hash into
-    buckets on local disk (``merge.buckets``), each reduced alone (a key's changes all hash to
-    its bucket) and written as it is reduced, then created in one commit. Declined (for Spark)
-    when the keys cannot be hashed here or local disk cannot hold the batch."""
-    import pyarrow.compute as pc
-
-    keys, columns = plan.keys, plan.columns
-    if not all(can_hash(plan.schema.field(k).type) for k in keys):
-        return f"{in_range.count()} changes, keys of a type this path cannot split by hash"
-    if size > MAX_BUCKETS * MAX_BUCKET_BYTES:
-        return f"{in_range.count()} changes, about {size >> 30} GiB: more than buckets hold"
-    room = free_bytes()
-    if room < 2 * size:
-        return (f"{in_range.count()} changes, about {size >> 20} MiB, more than half the "
-                f"{room >> 20} MiB free where they would be split (set {FOLDER_ENV} to a "
-                f"bigger local folder)")  # fmt: skip
-    if TRUNCATE in in_range.operations():
-        return "a TRUNCATE or a key change"
-    values = [c for c in columns if c not in keys]
-    formers = former_names(plan.schema)
-    with Buckets(bucket_count(size), keys) as buckets:
-        for batch in in_range.batches(_needed(plan)):
-            buckets.add(batch)
-        del batch
-        if buckets.rows() != in_range.count():  # the changelog moved under the read
-            raise LakeError(f"changes of {name}: {buckets.rows()} rows split, "
-                            f"{in_range.count()} in range; nothing was merged")  # fmt: skip
-        biggest = buckets.largest_bytes()
-        if biggest > MAX_BUCKET_BYTES:  # a hot key, or a batch bigger than it was sized
-            raise _DeclinedError(
-                f"{in_range.count()} changes, a bucket of {biggest >> 20} MiB (more than "
-                f"{MAX_BUCKET_BYTES >> 20} MiB: a key with that many changes, or rows bigger "
-                f"than sized)"
-            )
-        with _StateTarget(lake, name, plan.state, None, end) as files:
-            for k in range(buckets.count):
-                part = buckets.take(k)
-                if part is None:
-                    continue
-                net = net_upserts(with_current_names(part, formers), keys, values)
-                del part
-                if net is None:
-                    raise _DeclinedError("a TRUNCATE or a key change")
-                missing = updates_of_missing_rows(None, net, keys, values)
-                if missing:
-                    raise _missing_row(name, missing[0])
-                try:
-                    source = net.cast(_wanted(net, plan.state, columns))
-                except (ValueError, NotImplementedError) as exc:  # Arrow's errors are both
-                    raise _DeclinedError(f"types the state holds differently ({exc})") from None
-                files.write(source.filter(pc.invert(source.column(DELETE_COLUMN))).select(columns))
-                del net, source
-            rows = files.commit()
-    log.info("state of %s written up to %s without a JVM, in %d buckets (%d changes, %d rows)",
-             name, end, buckets.count, in_range.count(), rows)  # fmt: skip
-    return None
-
-
-def _missing_row(name: str, key: Any) -> LakeError:
-    return LakeError(
-        f"changes of {name} hold an update whose unchanged TOAST values have no earlier "
-        f"version to keep: row {key} is neither in the state nor inserted earlier. "
-        f"Nothing was merged. Fix: re-snapshot the table (tables=[...])"
-    )
-
-
 def _merge_keyed(lake: Lake, name: str, end: LSN, plan: _Plan, batch: pa.Table,
                  reduced: dict[str, Reduced] | None) -> str | None:  # fmt: skip
     """A keyed table's batch as its net change: put in ``reduced`` for Spark when the state is
@@ -389,7 +301,7 @@ def _merge_keyed(lake: Lake, name: str, end: LSN, plan: _Plan, batch: pa.Table,
         return "a TRUNCATE or a key change"
     if plan.too_big is not None and reduced is not None:
         try:
-            rows = net.cast(_wanted(net, plan.state, columns))
+            rows = net.cast(wanted(net, plan.state, columns))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
             return f"types the state holds differently ({exc})"
         reduced[name] = Reduced(name, end, plan.have, tuple(keys), tuple(values), rows,
@@ -399,7 +311,7 @@ def _merge_keyed(lake: Lake, name: str, end: LSN, plan: _Plan, batch: pa.Table,
     if missing is None:
         return "an update with unchanged TOAST values to check against a non-integer, non-text key"
     if missing:
-        raise _missing_row(name, missing[0])
+        raise missing_row(name, missing[0])
     return _write_upserts(lake, name, end, plan, net, values, batch.num_rows)
 
 
@@ -412,7 +324,7 @@ def _write_upserts(lake: Lake, name: str, end: LSN, plan: _Plan, net: pa.Table,
 
     target, columns = plan.target, plan.columns
     try:
-        source = net.cast(_wanted(net, plan.state, columns))
+        source = net.cast(wanted(net, plan.state, columns))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
         return f"types the state holds differently ({exc})"
     uri = lake.paths.state(name)
@@ -455,125 +367,7 @@ def _record_position(uri: str, app: str, state: pa.Schema, end: LSN, have: int |
     delta.commit_files(uri, state, [], app=app, version=int(end), expected=have)
 
 
-class _InRange:
-    """A changelog's rows with ``have <= _commit_lsn < end``. A changelog has no deletion
-    vectors (the lake writes it), so a pyarrow dataset reads it exactly and fastest; one under
-    column mapping holds physical names in its files, which only delta-rs' own engine reads
-    (files are skipped by their ``_commit_lsn`` statistics either way). Read whole (``read``)
-    or in batches of about ``BATCH_BYTES`` with no read-ahead (``batches``), so that a batch
-    too big for memory is never held at once."""
-
-    def __init__(self, changes: Any, schema: pa.Schema, have: int | None, end: int) -> None:
-        import pyarrow.compute as pc
-
-        self.changes, self.schema = changes, schema
-        self.mapped = is_mapped(changes)
-        self.predicate = f"{quote(COMMIT_LSN)} < {end}" + (
-            "" if have is None else f" AND {quote(COMMIT_LSN)} >= {have}"
-        )  # integers only
-        expression = pc.field(COMMIT_LSN) < end
-        if have is not None:
-            expression &= pc.field(COMMIT_LSN) >= have
-        self.expression = expression
-        self.dataset = None if self.mapped else changes.to_pyarrow_dataset()
-        self._count: int | None = None
-        self.seen_rows = self.seen_bytes = 0  # what ``batches`` read so far
-
-    def count(self) -> int:
-        if self._count is None:
-            if self.dataset is not None:
-                self._count = int(self.dataset.count_rows(filter=self.expression))
-            else:
-                self._count = sum(b.num_rows for b in self._scan([COMMIT_LSN]))
-        return self._count
-
-    def size_bytes(self, columns: Sequence[str]) -> int:
-        """About how many Arrow bytes ``columns`` of the rows in range take: the bytes per row
-        of the first rows read, times the rows, and never below the Parquet row groups' own
-        uncompressed size (rows that grow later in the range are not missed)."""
-        sample = self._first_rows(columns, SAMPLE_ROWS)
-        estimate = 0 if sample.num_rows == 0 else sample.nbytes * self.count() // sample.num_rows
-        if self.dataset is not None:
-            groups = 0
-            for fragment in self.dataset.get_fragments(filter=self.expression):
-                metadata = fragment.metadata
-                groups += sum(metadata.row_group(i).total_byte_size
-                              for i in range(metadata.num_row_groups))  # fmt: skip
-            estimate = max(estimate, groups)
-        return estimate
-
-    def operations(self) -> set[str]:
-        """The kinds of change in range (``_op`` alone is read)."""
-        import pyarrow.compute as pc
-
-        found: set[str] = set()
-        for batch in self.batches([OP]):
-            found.update(str(op) for op in pc.unique(batch.column(OP)).to_pylist())
-        return found
-
-    def read(self, columns: Sequence[str]) -> pa.Table:
-        import pyarrow as pa
-
-        if self.dataset is not None:
-            return self.dataset.to_table(filter=self.expression, columns=list(columns))
-        return pa.Table.from_batches(list(self._scan(columns)), schema=self._schema(columns))
-
-    def batches(self, columns: Sequence[str]) -> Iterator[pa.Table]:
-        """The rows in range, in batches of about ``BATCH_BYTES`` (a batch of rows bigger than
-        the first ones is cut again by its bytes), one at a time."""
-        import pyarrow as pa
-
-        sample = self._first_rows(columns, SAMPLE_ROWS)
-        per_row = max(1, sample.nbytes // max(1, sample.num_rows))
-        rows = max(1, BATCH_BYTES // per_row)
-        if self.dataset is not None:
-            read: Iterator[pa.RecordBatch] = iter(self.dataset.to_batches(
-                filter=self.expression, columns=list(columns), batch_size=rows,
-                batch_readahead=0, fragment_readahead=0,
-            ))  # fmt: skip
-        else:
-            read = (b.slice(at, rows) for b in self._scan(columns) for at in range(0, len(b), rows))
-        for batch in read:
-            for piece in delta.pieces(pa.Table.from_batches([batch]), BATCH_BYTES):
-                self.seen_rows += piece.num_rows
-                self.seen_bytes += piece.nbytes
-                yield piece
-
-    def _first_rows(self, columns: Sequence[str], limit: int) -> pa.Table:
-        """Up to ``limit`` rows of ``columns`` in range, read without read-ahead."""
-        import pyarrow as pa
-
-        if self.dataset is not None:
-            scanner = self.dataset.scanner(filter=self.expression, columns=list(columns),
-                                           batch_size=limit, batch_readahead=0,
-                                           fragment_readahead=0)  # fmt: skip
-            return scanner.head(limit)
-        taken: list[pa.RecordBatch] = []
-        for batch in self._scan(columns):
-            taken.append(batch.slice(0, limit - sum(b.num_rows for b in taken)))
-            if sum(b.num_rows for b in taken) >= limit:
-                break
-        return pa.Table.from_batches(taken, schema=self._schema(columns))
-
-    def _scan(self, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
-        """delta-rs' scan of a mapped changelog, batch by batch, in the table's own types
-        (DataFusion gives strings as views)."""
-        import pyarrow as pa
-
-        schema = self._schema(columns)
-        reader = pa.RecordBatchReader.from_stream(
-            self.changes.scan(columns=list(columns), predicate=self.predicate)
-        )
-        for batch in reader:
-            yield batch.cast(schema)
-
-    def _schema(self, columns: Sequence[str]) -> pa.Schema:
-        import pyarrow as pa
-
-        return pa.schema([self.schema.field(c) for c in columns])
-
-
-def _append(lake: Lake, name: str, end: LSN, target: Any | None, in_range: _InRange,
+def _append(lake: Lake, name: str, end: LSN, target: Any | None, in_range: InRange,
             plan: _Plan) -> str | None:  # fmt: skip
     """A keyless table's state is a multiset of rows: a batch of inserts alone adds one copy of
     each, so it is appended as it is, batch by batch into new files (``merge.state_files``),
@@ -583,64 +377,17 @@ def _append(lake: Lake, name: str, end: LSN, target: Any | None, in_range: _InRa
     ``TRUNCATE`` rewrites the state, an update or delete removes copies by counting them),
     which the caller checked from the operations in range."""
     fault("merge_created")
-    with _StateTarget(lake, name, plan.state, target, end) as files:
+    with StateTarget(lake, name, plan.state, target, end) as files:
         for batch in in_range.batches(plan.columns):
             try:
                 rows = batch.cast(plan.state)
             except (ValueError, NotImplementedError) as exc:  # Arrow's errors are both
-                raise _DeclinedError(f"types the state holds differently ({exc})") from None
+                raise DeclinedError(f"types the state holds differently ({exc})") from None
             files.write(rows)
         appended = files.commit()
     fault("merge_committed")
     log.info("state of %s appended up to %s without a JVM (%d inserts)", name, end, appended)
     return None
-
-
-class _StateTarget:
-    """The files of one table's state write (``merge.state_files``), in the state's stored
-    names, and the one commit that makes them its next version: a new state's creation (with
-    ``Lake.state_config``) or an append that is a compare-and-set on its transaction version."""
-
-    def __init__(self, lake: Lake, name: str, state: pa.Schema, target: Any | None,
-                 end: LSN) -> None:  # fmt: skip
-        self.lake, self.name, self.state, self.target, self.end = lake, name, state, target, end
-        if target is None:
-            config = lake.state_config(name)
-            self.mapped = mapped_schema(state) if MODE in config else None
-            self.config = {k: v for k, v in config.items() if k not in PROTOCOL_KEYS}
-        else:
-            self.mapped, self.config = mapped_of(target), {}
-        stored = state.empty_table()
-        stored = stored if self.mapped is None else to_physical(stored, self.mapped)
-        self.files = StateFiles(lake.paths.state(name), stored.schema, f"{int(end):016X}")
-
-    def __enter__(self) -> _StateTarget:
-        self.files.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.files.__exit__(*exc)
-
-    def write(self, rows: pa.Table) -> None:
-        """Add ``rows`` (in the state's names and types) to the state's new files."""
-        self.files.write(rows if self.mapped is None else to_physical(rows, self.mapped))
-
-    def commit(self) -> int:
-        """The one commit of every file written, right after the writer lock is proven; the
-        rows it added."""
-        uri, lake, end = self.lake.paths.state(self.name), self.lake, self.end
-        have = None if self.target is None else self.target.transaction_version(lake.app)
-
-        def commit(files: list[delta.DataFile]) -> None:
-            lake.check_writer()
-            if self.target is None:
-                delta.create_table(uri, self.state, files, app=lake.app, version=int(end),
-                                   configuration=self.config, mapping=self.mapped)  # fmt: skip
-            else:
-                delta.commit_files(uri, self.state, files, app=lake.app, version=int(end),
-                                   expected=None if have is None else int(have))  # fmt: skip
-
-        return self.files.commit(commit)
 
 
 def _not_appendable(full: bool, operations: set[str]) -> str:
@@ -659,16 +406,9 @@ def _create(lake: Lake, name: str, rows: pa.Table, end: LSN) -> None:
     Spark's path creates a state (``Lake.state_config``: deletion vectors on unless the lake
     says otherwise, so later merges by Spark write vectors instead of rewriting); created by
     ``delta.create_table``, whose protocol needs no more than that."""
-    with _StateTarget(lake, name, rows.schema, None, end) as files:
+    with StateTarget(lake, name, rows.schema, None, end) as files:
         files.write(rows)
         files.commit()
-
-
-def _wanted(net: pa.Table, state: pa.Schema, columns: Sequence[str]) -> pa.Schema:
-    """The net change's schema with the state's own type for each table column."""
-    import pyarrow as pa
-
-    return pa.schema([state.field(f.name) if f.name in columns else f for f in net.schema])
 
 
 def _text(metadata: dict[bytes, bytes] | None) -> dict[str, str]:

@@ -3,7 +3,7 @@
 Why: a first state, or rows appended to a table without a key, used to be built as one Arrow
 table and written at the end, so memory followed the whole batch. Written here as the batches
 arrive, each file closed at ``FILE_ROWS`` rows or ``FILE_BYTES`` Arrow bytes (row groups of
-``delta.ROW_GROUP_BYTES``), memory follows one batch.
+``row_groups.ROW_GROUP_BYTES``), memory follows one batch.
 
 The files are invisible to every reader until the one commit names them. So until a commit is
 tried, a failure removes them: the lake's vacuum keeps files younger than its retention, and a
@@ -22,10 +22,21 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.lake import delta, durability
 from airflow_pglogrepl.lake.layout import is_local
+from airflow_pglogrepl.lake.mapping import (
+    MODE,
+    PROTOCOL_KEYS,
+    mapped_of,
+    mapped_schema,
+    to_physical,
+)
+from airflow_pglogrepl.lake.row_groups import write_rows
 from airflow_pglogrepl.lake.storage import filesystem
+from airflow_pglogrepl.lsn import LSN
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from airflow_pglogrepl.lake.lake import Lake
 
 log = logging.getLogger("airflow_pglogrepl.lake")
 
@@ -69,7 +80,7 @@ class StateFiles:
             self._path = f"{self.base}/{self.prefix}-{uuid.uuid4().hex}.parquet"
             self._sink = self.system.open_output_stream(self._path)
             self._writer = pq.ParquetWriter(self._sink, self.schema, compression="snappy")
-        delta.write_rows(self._writer, rows)
+        write_rows(self._writer, rows)
         self._rows += rows.num_rows
         self._bytes += rows.nbytes
         if self._rows >= FILE_ROWS or self._bytes >= FILE_BYTES:
@@ -118,3 +129,50 @@ class StateFiles:
             except OSError as exc:
                 log.warning("file %s of a failed merge not removed (%s): no version of the "
                             "table names it, so it may be deleted by hand", path, exc)  # fmt: skip
+
+
+class StateTarget:
+    """The files of one table's state write (``merge.state_files``), in the state's stored
+    names, and the one commit that makes them its next version: a new state's creation (with
+    ``Lake.state_config``) or an append that is a compare-and-set on its transaction version."""
+
+    def __init__(self, lake: Lake, name: str, state: pa.Schema, target: Any | None,
+                 end: LSN) -> None:  # fmt: skip
+        self.lake, self.name, self.state, self.target, self.end = lake, name, state, target, end
+        if target is None:
+            config = lake.state_config(name)
+            self.mapped = mapped_schema(state) if MODE in config else None
+            self.config = {k: v for k, v in config.items() if k not in PROTOCOL_KEYS}
+        else:
+            self.mapped, self.config = mapped_of(target), {}
+        stored = state.empty_table()
+        stored = stored if self.mapped is None else to_physical(stored, self.mapped)
+        self.files = StateFiles(lake.paths.state(name), stored.schema, f"{int(end):016X}")
+
+    def __enter__(self) -> StateTarget:
+        self.files.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.files.__exit__(*exc)
+
+    def write(self, rows: pa.Table) -> None:
+        """Add ``rows`` (in the state's names and types) to the state's new files."""
+        self.files.write(rows if self.mapped is None else to_physical(rows, self.mapped))
+
+    def commit(self) -> int:
+        """The one commit of every file written, right after the writer lock is proven; the
+        rows it added."""
+        uri, lake, end = self.lake.paths.state(self.name), self.lake, self.end
+        have = None if self.target is None else self.target.transaction_version(lake.app)
+
+        def commit(files: list[delta.DataFile]) -> None:
+            lake.check_writer()
+            if self.target is None:
+                delta.create_table(uri, self.state, files, app=lake.app, version=int(end),
+                                   configuration=self.config, mapping=self.mapped)  # fmt: skip
+            else:
+                delta.commit_files(uri, self.state, files, app=lake.app, version=int(end),
+                                   expected=None if have is None else int(have))  # fmt: skip
+
+        return self.files.commit(commit)

@@ -17,6 +17,8 @@ from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge import arrow as arrow_merge
+from airflow_pglogrepl.merge import changes_range
+from airflow_pglogrepl.merge.changes_range import InRange
 from airflow_pglogrepl.tables import TableRef
 
 T = TableRef("public", "t")
@@ -144,60 +146,6 @@ def test_a_first_state_is_one_append_of_the_net_change(tmp_path: Path, seed: int
     assert state(lake) == model
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_a_first_state_too_big_for_memory_is_reduced_bucket_by_bucket(
-    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Above the in-memory bounds a first state goes through key-hash buckets on local disk,
-    read in small batches and written into several files: the same rows as the model, one
-    commit, and no bucket folder left behind."""
-    from deltalake import DeltaTable
-
-    from airflow_pglogrepl.merge import buckets, state_files
-
-    monkeypatch.setattr(arrow_merge, "IN_MEMORY_ROWS", 5)
-    monkeypatch.setattr(arrow_merge, "BATCH_BYTES", 200)  # a few rows a batch
-    monkeypatch.setattr(buckets, "BUCKET_BYTES", 300)
-    monkeypatch.setattr(state_files, "FILE_ROWS", 3)
-    monkeypatch.setenv(buckets.FOLDER_ENV, str(tmp_path / "buckets"))
-    rng = random.Random(seed)
-    lake = Lake(str(tmp_path / "lake"), "s")
-    model: Model = {}
-    log = Log(0x100)
-    play(rng, model, log, 80)
-    end = commit(lake, log, 0x100)
-    assert arrow_merge.merge_small(lake, ["public.t"]) == ({"public.t": str(end)}, [])
-    assert state(lake) == model
-    table = DeltaTable(lake.paths.state(T))
-    assert table.version() == 0 and table.transaction_version(lake.app) == int(end)
-    assert 1 < len(table.file_uris()) <= -(-len(model) // 3)  # files closed at 3 rows or more
-    assert list((tmp_path / "buckets").iterdir()) == []
-
-
-def test_a_first_state_in_buckets_refuses_an_unchanged_value_with_no_row_and_leaves_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The bucket path fails as the in-memory one does on an update whose unchanged TOAST value
-    has no earlier row, and the files it had written for other buckets are removed."""
-    from airflow_pglogrepl.merge import buckets
-
-    monkeypatch.setattr(arrow_merge, "IN_MEMORY_ROWS", 1)
-    monkeypatch.setattr(buckets, "BUCKET_BYTES", 100)
-    monkeypatch.setenv(buckets.FOLDER_ENV, str(tmp_path / "buckets"))
-    lake = Lake(str(tmp_path / "lake"), "s")
-    log = Log(0x100)
-    for key in range(40):
-        log.add("I", key, key, "a")
-    log.add("U", 99, 1, None, unchanged=("big",))
-    end = commit(lake, log, 0x100)
-    with pytest.raises(LakeError, match="row 99 is neither in the state"):
-        arrow_merge.merge_table(lake, "public.t", end)
-    assert txn_version(lake.paths.state(T), lake.app) is None
-    state_dir = Path(lake.paths.state(T))
-    assert not state_dir.exists() or list(state_dir.rglob("*.parquet")) == []
-    assert list((tmp_path / "buckets").iterdir()) == []
-
-
 def test_a_keyed_batch_too_big_to_read_here_goes_to_spark_unreduced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -233,8 +181,8 @@ def test_what_is_read_into_memory_is_bounded_by_the_bytes_read_not_the_estimate(
 
     from airflow_pglogrepl.merge import buckets
 
-    monkeypatch.setattr(arrow_merge, "SAMPLE_ROWS", 10)
-    monkeypatch.setattr(arrow_merge, "BATCH_BYTES", 20_000)
+    monkeypatch.setattr(changes_range, "SAMPLE_ROWS", 10)
+    monkeypatch.setattr(changes_range, "BATCH_BYTES", 20_000)
     monkeypatch.setattr(arrow_merge, "READ_BYTES", 100_000)
     monkeypatch.setattr(arrow_merge, "IN_MEMORY_BYTES", 100_000)
     monkeypatch.setenv(buckets.FOLDER_ENV, str(tmp_path / "buckets"))
@@ -249,9 +197,7 @@ def test_what_is_read_into_memory_is_bounded_by_the_bytes_read_not_the_estimate(
         for key in range(20):
             log.add("I", key + 100, key, "b" * 10_000)
         end = commit(lake, log, 0x100)
-        in_range = arrow_merge._InRange(
-            DeltaTable(lake.paths.changes(T)), log.table().schema, None, int(end)
-        )
+        in_range = InRange(DeltaTable(lake.paths.changes(T)), log.table().schema, None, int(end))
         assert in_range.size_bytes(["id", "v", "big"]) < 100_000  # the estimate is low
         reduced: dict[str, arrow_merge.Reduced] = {}
         caplog.clear()
@@ -263,28 +209,6 @@ def test_what_is_read_into_memory_is_bounded_by_the_bytes_read_not_the_estimate(
         else:
             assert (merged, declined, reduced) == ({}, ["public.t"], {})
             assert "more than 0 MiB" in caplog.text  # (READ_BYTES is 100,000 here)
-
-
-def test_a_key_with_more_changes_than_a_bucket_holds_goes_to_spark(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Every change of a key is in its bucket: a hot key makes one bucket as big as the batch,
-    which is not reduced here (memory would follow the key, not the bucket)."""
-    from airflow_pglogrepl.merge import buckets
-
-    monkeypatch.setattr(arrow_merge, "IN_MEMORY_ROWS", 5)
-    monkeypatch.setattr(arrow_merge, "MAX_BUCKET_BYTES", 20_000)
-    monkeypatch.setenv(buckets.FOLDER_ENV, str(tmp_path / "buckets"))
-    lake = Lake(str(tmp_path / "lake"), "s")
-    log = Log(0x100)
-    log.add("I", 1, 0, "a")
-    for n in range(200):
-        log.add("U", 1, n, "x" * 200)
-    end = commit(lake, log, 0x100)
-    why = arrow_merge.merge_table(lake, "public.t", end)
-    assert why is not None and "a bucket of" in why and "a key with that many changes" in why
-    assert txn_version(lake.paths.state(T), lake.app) is None
-    assert list((tmp_path / "buckets").iterdir()) == []
 
 
 def test_a_first_state_bigger_than_a_merge_batch_is_still_written_here(tmp_path: Path) -> None:
@@ -668,7 +592,7 @@ def test_a_table_without_a_key_has_its_inserts_appended(tmp_path: Path) -> None:
     changes = DeltaTable(raced.paths.changes(T))
     plan = arrow_merge._plan(stale, stale.transaction_version(raced.app), changes, 100)
     assert not isinstance(plan, str)
-    in_range = arrow_merge._InRange(changes, plan.schema, plan.have, 0x300)
+    in_range = InRange(changes, plan.schema, plan.have, 0x300)
     with pytest.raises(LakeCommitConflictError):
         arrow_merge._append(raced, "public.t", LSN(0x300), stale, in_range, plan)
 
@@ -708,8 +632,8 @@ def test_inserts_under_replica_identity_full_are_appended_as_copies(
         start = int(end)
     merged = start
     read: list[list[str]] = []
-    real_batches = arrow_merge._InRange.batches
-    monkeypatch.setattr(arrow_merge._InRange, "batches", lambda self, columns: (
+    real_batches = InRange.batches
+    monkeypatch.setattr(InRange, "batches", lambda self, columns: (
         read.append(list(columns)), real_batches(self, columns))[1])  # fmt: skip
     for op, why in (("U", "updates or deletes"), ("D", "updates or deletes"), ("T", "TRUNCATE")):
         log = Log(start)

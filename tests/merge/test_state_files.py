@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_pglogrepl.lake import delta
+from airflow_pglogrepl.lake import delta, row_groups
 from airflow_pglogrepl.merge import state_files
 from airflow_pglogrepl.merge.state_files import StateFiles
 
@@ -24,7 +24,7 @@ def test_files_close_at_their_bound_and_row_groups_at_theirs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(state_files, "FILE_ROWS", 250)
-    monkeypatch.setattr(delta, "ROW_GROUP_BYTES", 2_000)
+    monkeypatch.setattr(row_groups, "ROW_GROUP_BYTES", 2_000)
     committed: list[delta.DataFile] = []
     with StateFiles(str(tmp_path / "t"), SCHEMA, "0001") as files:
         for at in range(0, 1000, 100):
@@ -64,7 +64,7 @@ def test_rows_of_uneven_sizes_are_cut_into_row_groups_by_their_bytes(
 ) -> None:
     """Many small rows and a few big ones: no row group above the bound (a row group sized by
     the average row held all the big ones)."""
-    monkeypatch.setattr(delta, "ROW_GROUP_BYTES", 50_000)
+    monkeypatch.setattr(row_groups, "ROW_GROUP_BYTES", 50_000)
     uneven = pa.table({"id": range(2010), "v": ["x"] * 2000 + ["y" * 16_000] * 10}, schema=SCHEMA)
     committed: list[delta.DataFile] = []
     with StateFiles(str(tmp_path / "t"), SCHEMA, "0001") as files:
