@@ -193,13 +193,13 @@ def merge_table(
             if operations - {INSERT}:
                 return _not_appendable(plan.full, operations)
             return _append(lake, name, end, target, in_range, plan)
-        size = in_range.size_bytes(_needed(plan))
         if target is not None:
             batch = None if count > plan.limit else _read_batch(in_range, plan, READ_BYTES)
             if batch is None:
                 return (f"{count} changes, more than {READ_BYTES >> 20} MiB or {plan.limit} "
                         f"changes (Spark reads them from the changelog itself)")  # fmt: skip
             return _merge_keyed(lake, name, end, plan, batch, reduced)
+        size = in_range.size_bytes(_needed(plan))
         if count <= IN_MEMORY_ROWS and size <= IN_MEMORY_BYTES:
             batch = _read_batch(in_range, plan, IN_MEMORY_BYTES)
             if batch is not None:

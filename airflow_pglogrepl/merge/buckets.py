@@ -45,6 +45,7 @@ MAX_BUCKET_BYTES = 4 * BUCKET_BYTES
 _PREFIX = "pglogrepl-buckets-"
 _LOCK = ".lock"
 _SWEEP_AGE_S = 60.0  # a folder younger than this is never swept: its split may be starting
+HASH_CHUNK_BYTES = 1 << 20
 _NULL_HASH = 0x9E3779B97F4A7C15  # every NULL key hashes alike (they group together)
 
 
@@ -111,7 +112,13 @@ def _column_hash(column: Any) -> np.ndarray[Any, Any]:
         raw = pc.fill_null(column, 0).to_numpy(zero_copy_only=False).astype(np.int64)
         hashed = _mix(raw.view(np.uint64))
     else:
-        hashed = _mix(_bytes_hash(pc.cast(column, pa.large_binary())))
+        binary = pc.cast(column, pa.large_binary())
+        # in chunks of about HASH_CHUNK_BYTES of values: the hash holds 48 bytes per value byte
+        chunk = max(1, HASH_CHUNK_BYTES * max(1, len(binary)) // max(1, binary.nbytes))
+        hashed = np.concatenate(
+            [_mix(_bytes_hash(binary.slice(at, chunk))) for at in range(0, len(binary), chunk)]
+            or [np.zeros(0, dtype=np.uint64)]
+        )
     return np.where(valid, hashed, np.uint64(_NULL_HASH))
 
 
@@ -187,6 +194,10 @@ class Buckets:
     def rows(self) -> int:
         """Rows written into all buckets."""
         return sum(self._rows)
+
+    def written_bytes(self) -> int:
+        """Arrow bytes written into all buckets (their files hold about as much, or less)."""
+        return sum(self._bytes)
 
     def largest_bytes(self) -> int:
         """Arrow bytes written into the biggest bucket."""

@@ -89,17 +89,11 @@ def in_buckets(lake: Lake, name: str, end: LSN, in_range: InRange, size: int,
     with Buckets(bucket_count(size), keys) as buckets:
         for batch in in_range.batches(needed):
             buckets.add(batch)
+            _check_split(buckets, in_range, room)
         del batch
         if buckets.rows() != in_range.count():  # the changelog moved under the read
             raise LakeError(f"changes of {name}: {buckets.rows()} rows split, "
                             f"{in_range.count()} in range; nothing was merged")  # fmt: skip
-        biggest = buckets.largest_bytes()
-        if biggest > MAX_BUCKET_BYTES:  # a hot key, or a batch bigger than it was sized
-            raise DeclinedError(
-                f"{in_range.count()} changes, a bucket of {biggest >> 20} MiB (more than "
-                f"{MAX_BUCKET_BYTES >> 20} MiB: a key with that many changes, or rows bigger "
-                f"than sized)"
-            )
         with StateTarget(lake, name, state, None, end) as files:
             for k in range(buckets.count):
                 part = buckets.take(k)
@@ -122,3 +116,22 @@ def in_buckets(lake: Lake, name: str, end: LSN, in_range: InRange, size: int,
     log.info("state of %s written up to %s without a JVM, in %d buckets (%d changes, %d rows)",
              name, end, buckets.count, in_range.count(), rows)  # fmt: skip
     return None
+
+
+def _check_split(buckets: Buckets, in_range: InRange, room: int) -> None:
+    """Decline as soon as the split outgrows what it was sized for (an estimate low for rows
+    that grow, or for repeated values Parquet stores small), before it fills the disk: a bucket
+    above ``MAX_BUCKET_BYTES`` (a key with that many changes, or rows bigger than sized), or
+    more written than half the free space."""
+    biggest = buckets.largest_bytes()
+    if biggest > MAX_BUCKET_BYTES:
+        raise DeclinedError(
+            f"{in_range.count()} changes, a bucket of {biggest >> 20} MiB (more than "
+            f"{MAX_BUCKET_BYTES >> 20} MiB: a key with that many changes, or rows bigger "
+            f"than sized)"
+        )
+    if 2 * buckets.written_bytes() > room:
+        raise DeclinedError(
+            f"{in_range.count()} changes, more than half the {room >> 20} MiB free where they "
+            f"are split (set {FOLDER_ENV} to a bigger local folder)"
+        )

@@ -74,7 +74,11 @@ class _Watcher:
                             self.group, now - progress_at,
                             " again" if self.cancelled else "")  # fmt: skip
                 self.cancelled = True
-                self.context.cancelJobGroup(self.group)
+                try:
+                    self.context.cancelJobGroup(self.group)
+                except Exception as exc:  # a driver short of heap may fail the call: again later
+                    log.error("merge job group %s: the cancel failed (%s); trying again in "
+                              "%.0f s", self.group, exc, self.stall)  # fmt: skip
                 progress_at = now  # still stalled a bound later: cancelled again, and said
 
     def _status(self) -> tuple[bool, int, int]:

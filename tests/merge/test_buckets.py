@@ -110,3 +110,12 @@ def test_a_bucket_whose_files_vanished_fails_instead_of_losing_its_rows(
         assert split.take(0) is not None
         with pytest.raises(buckets.BucketLostError, match=r"bucket 1 .* read back 0 of the"):
             split.take(1)
+
+
+def test_text_keys_hash_alike_in_chunks_of_any_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Long text keys are hashed in chunks of rows (the hash holds 48 bytes per key byte): the
+    hashes do not depend on where the chunks fall."""
+    table = pa.table({"k": [f"/a/path/{i}/" * (i % 7) for i in range(2000)] + [None]})
+    whole = key_hash(table, ["k"])
+    monkeypatch.setattr(buckets, "HASH_CHUNK_BYTES", 100)
+    assert list(key_hash(table, ["k"])) == list(whole)

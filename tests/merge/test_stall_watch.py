@@ -92,6 +92,24 @@ def test_a_merge_with_no_task_active_or_finishing_is_cancelled_and_named(
     assert context.properties["spark.jobGroup.id"] is None
 
 
+def test_a_cancel_that_fails_is_tried_again_a_bound_later(context: _Context) -> None:
+    """A driver short of heap may fail the cancel call itself: the watch goes on and cancels
+    again, instead of dying and leaving the merge hanging with the lock."""
+    calls: list[str] = []
+    cancel = context.cancelJobGroup
+
+    def flaky(group: str) -> None:
+        calls.append(group)
+        if len(calls) == 1:
+            raise RuntimeError("java.lang.OutOfMemoryError: Java heap space")
+        cancel(group)
+
+    context.cancelJobGroup = flaky  # type: ignore[method-assign]
+    with pytest.raises(MergeStalledError), watched(context, "public.t", 0.2):
+        _merge_until_cancelled(context, 30)
+    assert len(calls) == 2
+
+
 def test_a_merge_waiting_behind_another_tables_tasks_is_not_cancelled(
     context: _Context,
 ) -> None:
