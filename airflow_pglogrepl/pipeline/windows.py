@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ColumnarWindows", "OpenWindow", "through_first_commit", "window_end"]
 
+QUEUE_BYTES = 64 << 20  # Arrow bytes of one table's rows a window queues before writing them
+
 
 def window_end(end: LSN | int, commit_lsns: Iterable[int]) -> LSN:
     """Where a window the peek read up to ``end`` ends, given the commit LSNs it holds (where
@@ -254,10 +256,13 @@ class OpenWindow:
         self.behind = Behind()
         self.pending: dict[int, list[TablePiece]] = {}  # relation OID -> one description's
         self.queued_rows: dict[int, int] = {}
+        self.queued_bytes: dict[int, int] = {}
 
     def add(self, piece: TablePiece) -> None:
-        """Queue rows of the window; a table's queue is written once it holds ``batch_rows``,
-        or when the table's description changes (the older rows first)."""
+        """Queue rows of the window; a table's queue is written once it holds ``batch_rows``
+        or ``QUEUE_BYTES`` of Arrow data (rows of 16 KiB made 200,000 rows 3 GB: a transaction
+        bigger than a window, joining it a file at a time, was held whole), or when the table's
+        description changes (the older rows first)."""
         rows = piece.rows.num_rows
         if not rows:
             return
@@ -269,12 +274,14 @@ class OpenWindow:
         queued = self.pending.setdefault(relid, [])
         if queued and queued[0].table is not piece.table:
             self._write(queued)
-            self.queued_rows[relid] = 0
+            self.queued_rows[relid] = self.queued_bytes[relid] = 0
         queued.append(piece)
         self.queued_rows[relid] = self.queued_rows.get(relid, 0) + rows
-        if self.queued_rows[relid] >= self.committer.batch_rows:
+        self.queued_bytes[relid] = self.queued_bytes.get(relid, 0) + piece.rows.nbytes
+        if (self.queued_rows[relid] >= self.committer.batch_rows
+                or self.queued_bytes[relid] >= QUEUE_BYTES):  # fmt: skip
             self._write(queued)
-            self.queued_rows[relid] = 0
+            self.queued_rows[relid] = self.queued_bytes[relid] = 0
 
     def _write(self, pieces: list[TablePiece]) -> None:
         """Hand one table description's queued pieces to the writer (and empty the queue)."""

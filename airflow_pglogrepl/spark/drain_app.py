@@ -219,6 +219,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                 from airflow_pglogrepl.merge.materialize import materialize, pending_tables
 
                 began = time.monotonic()
+                result["drain_peak_rss_mb"] = result.get("peak_rss_mb")  # before the merge
                 tables = pending_tables(lake)  # Spark starts only if some state is behind
                 merged = {}
                 if tables:  # Spark starts only for a table the JVM-free merge declines

@@ -152,3 +152,25 @@ def test_a_transaction_without_its_commit_is_said_truly_when_the_stream_ends(
         assert said.levelno == logging.INFO and "before the stream ended" in said.getMessage()
     else:
         assert said.levelno == logging.WARNING and "had not committed" in said.getMessage()
+
+
+@pytest.mark.parametrize("queue_bytes", [1 << 30, 1])
+def test_a_tables_rows_are_written_once_they_fill_the_queue_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, queue_bytes: int
+) -> None:
+    """A window writes a table's queued rows once they hold ``QUEUE_BYTES`` as well as
+    ``batch_rows``: a transaction of wide rows bigger than a window was held whole until its
+    window's commit (1.2 GB of driver memory for 700 MiB of WAL)."""
+    from deltalake import DeltaTable
+
+    from airflow_pglogrepl.pipeline import windows
+
+    monkeypatch.setattr(windows, "QUEUE_BYTES", queue_bytes)
+    source = FakeSource(three_transactions().rows, confirmed=0x1000, flush=0x2000)
+    source.streams, source.batch_messages = True, 1
+    lake = Lake(str(tmp_path / "lake"), "s")
+    Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x1000,
+          reader="stream").run(time.monotonic())  # fmt: skip
+    assert _ids(lake) == [1, 2, 3]
+    files = len(DeltaTable(lake.paths.changes(ITEMS)).file_uris())
+    assert files == (1 if queue_bytes > 1 else 3)
