@@ -148,6 +148,10 @@ def test_every_error_says_whether_a_retry_can_help() -> None:
         "LakeStoreUnreachableError",
         # a replication stream ended by the server (a terminated walsender, a restart)
         "SlotStreamError",
+        # a Spark merge cancelled for making no progress, and a split whose bucket files were
+        # removed under it: nothing was committed, the next run merges again
+        "MergeStalledError",
+        "BucketLostError",
     }
 
 

@@ -21,6 +21,7 @@ from airflow_pglogrepl.exceptions.base import (
     PgLogReplError,
 )
 from airflow_pglogrepl.exceptions.lake import (
+    BucketLostError,
     ColumnBackfillError,
     IncompatibleSchemaChangeError,
     LakeCommitConflictError,
@@ -106,6 +107,7 @@ from airflow_pglogrepl.exceptions.source import (
 __all__ = [
     "INVALIDATION_CAUSES",
     "ArrowPeekError",
+    "BucketLostError",
     "CatalogChangedError",
     "CheckFailedError",
     "ColumnBackfillError",

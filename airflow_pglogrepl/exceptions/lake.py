@@ -431,3 +431,18 @@ class MergeStalledError(LakeError):
             f"(driver_memory), or drain smaller windows (max_window_bytes); merge_stall_seconds "
             f"sets the bound (0 turns the watch off)"
         )
+
+
+class BucketLostError(LakeError):
+    """A bucket read back fewer rows than were written to it: its files were removed while the
+    split ran. Nothing was committed; the next run splits again."""
+
+    retryable = True
+
+    def __init__(self, folder: str, k: int, written: int, found: int, setting: str) -> None:
+        super().__init__(
+            f"bucket {k} of {folder} read back {found} of the {written} rows written to it: "
+            f"its files were removed while the split ran (a cleaner of temporary files, or a "
+            f"folder shared without working locks). Nothing was merged; the next run splits "
+            f"again. Fix: set {setting} to a local folder no cleaner visits"
+        )

@@ -197,7 +197,14 @@ def _look_failed(exc: OSError, bucket: str, where: str) -> Exception:
             f"Nothing was started. Fix: give the lake's connection keys allowed to list and "
             f"write the lake's prefix"
         )
-    if any(s in text for s in ("PermanentRedirect", "301", "AuthorizationHeaderMalformed")):
+    if (
+        "PermanentRedirect" in text
+        or "AuthorizationHeaderMalformed" in text
+        or re.search(
+            r"(?<![\d.:])301(?!\d)",
+            text,  # an HTTP status, not a digit run of a port or address
+        )
+    ):
         return LakeLocationError(
             f"bucket {bucket!r} is in another region than {where} ({text}). Nothing was "
             f"started. Fix: set region_name in the lake's connection to the bucket's region"

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.exceptions import LakeError
+from airflow_pglogrepl.exceptions import BucketLostError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -163,21 +163,6 @@ def _mix(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return x
 
 
-class BucketLostError(LakeError):
-    """A bucket read back fewer rows than were written to it: its files were removed while the
-    split ran. Nothing was committed; the next run splits again."""
-
-    retryable = True
-
-    def __init__(self, folder: Path, k: int, written: int, found: int) -> None:
-        super().__init__(
-            f"bucket {k} of {folder} read back {found} of the {written} rows written to it: "
-            f"its files were removed while the split ran (a cleaner of temporary files, or a "
-            f"folder shared without working locks). Nothing was merged; the next run splits "
-            f"again. Fix: set {FOLDER_ENV} to a local folder no cleaner visits"
-        )
-
-
 class Buckets:
     """The bucket folder of one split: ``add`` spreads batches over ``count`` buckets by key
     hash, ``take`` reads one bucket back whole and frees its files. Use as a context manager:
@@ -266,7 +251,7 @@ class Buckets:
         rows = pa.concat_tables(parts) if parts else None
         found = 0 if rows is None else rows.num_rows
         if found != self._rows[k]:
-            raise BucketLostError(self.folder, k, self._rows[k], found)
+            raise BucketLostError(str(self.folder), k, self._rows[k], found, FOLDER_ENV)
         for path in paths:
             path.unlink()
         os.utime(self.folder)

@@ -224,6 +224,7 @@ def idle_summary(slot: str, idle: Idle, *, materialize: bool, started: float) ->
         lag_bytes_left=max(0, idle.flush - idle.confirmed),
     ).to_dict()
     if materialize:
+        result["drain_peak_rss_mb"] = result.get("peak_rss_mb")
         result["materialized"] = {}
         result["materialize_s"] = 0.0
     result["spark_start_s"] = None

@@ -180,3 +180,20 @@ def test_a_refused_look_needs_a_person_and_a_silent_store_may_answer_next_time()
     silent = _look_failed(OSError("curlCode: 28, Timeout was reached"), "bkt", "http://x:9")
     assert isinstance(silent, LakeStoreUnreachableError) and silent.retryable
     assert "could not be looked at: curlCode: 28" in str(silent)
+
+
+def test_a_store_that_does_not_answer_on_a_port_holding_301_is_unreachable_not_elsewhere() -> None:
+    """The failure's text names the endpoint: a port like 33017 holds "301", which was taken
+    for an HTTP redirect to another region (a person's error, not retried) instead of a store
+    that did not answer (retried). A CI run hit it on a free port of 33017."""
+    from airflow_pglogrepl.hooks.object_store import _look_failed
+
+    refused = OSError(
+        "When getting information for key 'lake' in bucket 'b1b': AWS Error NETWORK_CONNECTION "
+        "during HeadObject operation: curlCode: 7, Could not connect to server; Details: Failed "
+        "to connect to 127.0.0.1:33017 after 0 ms: Could not connect to server"
+    )
+    found = _look_failed(refused, "b1b", "http://127.0.0.1:33017")
+    assert isinstance(found, LakeStoreUnreachableError), found
+    moved = OSError("AWS Error UNKNOWN (HTTP status 301) during HeadObject operation")
+    assert "another region" in str(_look_failed(moved, "b1b", "http://127.0.0.1:9000"))
