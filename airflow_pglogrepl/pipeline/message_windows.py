@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.changelog.rows import ChangelogBatch
 from airflow_pglogrepl.lake.quarantine import TABLE_ERRORS, Cause, cause_of
@@ -21,7 +21,7 @@ from airflow_pglogrepl.lake.quarantine import rows as quarantine_rows
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput import Change, PgOutputStream, TransactionCommit
 from airflow_pglogrepl.pipeline.results import WindowStats
-from airflow_pglogrepl.pipeline.windows import window_end
+from airflow_pglogrepl.pipeline.windows import QUEUE_BYTES, window_end
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 __all__ = ["MessageWindows"]
 
 log = logging.getLogger("airflow_pglogrepl.drain")
+
+# Rows of the peek's result fetched at a time: libpq holds a fetched chunk whole, so this and
+# the rows' size bound the client's memory (200,000 rows of 16 KiB, the default batch_rows,
+# held a 700 MiB transaction at once).
+FETCH_ROWS = 5_000
 
 
 class MessageWindows:
@@ -68,13 +73,15 @@ class MessageWindows:
         window = self.committer.open(start)
         batches: dict[int, ChangelogBatch] = {}
         stream = PgOutputStream.from_options(self.options)
-        rows = self.committer.source.peek_changes(
+        read = [0]  # bytes of messages read so far
+        rows = _counted(self.committer.source.peek_changes(
             self.committer.slot,
             upto_lsn=end,
             options=self.options,
-            batch_rows=self.committer.batch_rows,
+            batch_rows=min(self.committer.batch_rows, FETCH_ROWS),
             upto_nchanges=1 if next_commit else None,
-        )
+        ), read)  # fmt: skip
+        written_at = 0
         last_commit: TransactionCommit | None = None
         floors: dict[int, int] = {}
         quarantined: dict[TableRef, list[Change]] = {}
@@ -102,6 +109,13 @@ class MessageWindows:
                     with _naming(batch.ref):
                         self.committer.write(window, batch.ref, batch.to_arrow(), stats)
                     batches[id(change.table)] = ChangelogBatch(change.table)
+                elif read[0] - written_at >= QUEUE_BYTES:  # wide rows: bounded by bytes too
+                    for key, queued in list(batches.items()):
+                        if len(queued):
+                            with _naming(queued.ref):
+                                self.committer.write(window, queued.ref, queued.to_arrow(), stats)
+                            batches[key] = ChangelogBatch(queued.table)
+                    written_at = read[0]
             elif event.__class__ is TransactionCommit:
                 stats.transactions += 1
                 last_commit = event
@@ -118,6 +132,15 @@ class MessageWindows:
                                               str(stats.end)))  # fmt: skip
             stats.quarantined[str(ref)] = len(changes)
         return self.committer.commit(window, stats, began)
+
+
+def _counted(
+    rows: Iterator[tuple[Any, Any, Any]], read: list[int]
+) -> Iterator[tuple[Any, Any, Any]]:
+    """The peek's rows, adding the bytes of each message to ``read[0]`` as it passes."""
+    for row in rows:
+        read[0] += len(row[2])
+        yield row
 
 
 @contextlib.contextmanager

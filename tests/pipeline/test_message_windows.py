@@ -74,3 +74,41 @@ def test_without_the_quarantine_the_window_stops_on_the_table_and_nothing_counts
         windows.window(LSN(0x1000), LSN(0x2000), next_commit=False)
     assert windows.held == {} and source.advances == []
     assert windows.committer.lake.position() is None
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("queue_bytes", [1 << 30, 1])
+def test_rows_are_written_once_their_messages_fill_the_queue_and_fetched_in_small_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, queue_bytes: int
+) -> None:
+    """A transaction of wide rows bigger than a window is neither fetched nor held whole:
+    the peek's rows come ``FETCH_ROWS`` at a time, and a window writes its rows once the
+    messages read since the last write hold ``QUEUE_BYTES`` (a 700 MiB transaction peaked at
+    2.6 GiB, fetched and queued by ``batch_rows``, 200,000 rows)."""
+    from deltalake import DeltaTable
+
+    from airflow_pglogrepl.pipeline import message_windows
+
+    monkeypatch.setattr(message_windows, "QUEUE_BYTES", queue_bytes)
+    session = Session(start=0x1000)
+    session.add(relation(16384, "good", [("id", INT8, True)]))
+    session.begin(700, 0x1100).insert(16384, b"1").insert(16384, b"2").insert(16384, b"3")
+    session.commit(0x1100, 0x1108)
+    source = FakeSource(session.rows, confirmed=0x1000, flush=0x2000)
+    fetched: list[int] = []
+    peek = source.peek_changes
+
+    def recording(slot: str, **options: object) -> object:
+        fetched.append(int(options["batch_rows"]))  # type: ignore[call-overload]
+        return peek(slot, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(source, "peek_changes", recording)
+    lake = Lake(str(tmp_path / "lake"), "s")
+    committer = WindowCommitter(source=source, lake=lake, slot="s", publications=["p"],
+                                batch_rows=200_000)  # fmt: skip
+    windows = MessageWindows(committer, peek_options(["p"]), held={}, quarantine=False)
+    stats = windows.window(LSN(0x1000), LSN(0x2000), next_commit=False)
+    assert stats.tables == {"public.good": 3}
+    files = len(DeltaTable(lake.paths.changes(TableRef("public", "good"))).file_uris())
+    assert files == (1 if queue_bytes > 1 else 3)
+    assert fetched == [message_windows.FETCH_ROWS]
