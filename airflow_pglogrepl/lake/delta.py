@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -208,8 +208,10 @@ def _additions(current: pa.Schema, wanted: pa.Schema) -> pa.Schema:
     return pa.schema(fields + [f for f in wanted if f.name not in names])
 
 
-def list_tables(parent: str) -> list[str]:
-    """Names of the directories under ``parent`` that hold a Delta table, sorted."""
+def list_tables(parent: str, known: Collection[str] = ()) -> list[str]:
+    """Names of the directories under ``parent`` that hold a Delta table, sorted. A name in
+    ``known`` (a table seen before: tables are never deleted) is taken without opening its log,
+    which on an object store is a listing and a request per commit."""
     from pyarrow import fs
 
     system, base = filesystem(parent)
@@ -218,7 +220,7 @@ def list_tables(parent: str) -> list[str]:
     except FileNotFoundError:
         return []
     names = sorted(i.base_name for i in infos if i.type == fs.FileType.Directory)
-    return [n for n in names if open_table(f"{parent}/{n}") is not None]
+    return [n for n in names if n in known or open_table(f"{parent}/{n}") is not None]
 
 
 @dataclass(frozen=True)

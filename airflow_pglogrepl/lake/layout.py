@@ -10,6 +10,8 @@ Layout under the lake root (a local path, ``file:`` URI or any URI Delta can wri
     _pglogrepl/backfill/        Delta tables: the rows a backfill copied, until its state is built
     _pglogrepl/in_progress/     Arrow files, no table: rows of streamed transactions not yet
                                 committed at the source, while a run reads them (never state)
+    _pglogrepl/versions.json    JSON, no table: what each table was at the last look, so a run
+                                reads only the logs of tables that moved (a cache, never state)
 
 Every table is a plain Delta table, so Spark, Trino, DuckDB or the ``deltalake`` package read
 any of them at a committed version; nothing else under the root is state.

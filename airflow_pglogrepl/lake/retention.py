@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_pglogrepl.exceptions import LakeError, UnsafeRetentionError
-from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.storage import filesystem
 from airflow_pglogrepl.lake.txnlog import HistoryExpiredError, TxnLog
 from airflow_pglogrepl.lsn import LSN
@@ -89,10 +88,13 @@ class LogListing:
         return self.commits.get(version, self.checkpoints.get(version))
 
 
-def retention_floor(name: str, uri: str, keep: Keep) -> float:
-    """The shortest retention the table allows; refuses a kept-hours below it."""
-    table = delta.open_table(uri)
-    own = interval_hours(table_property(table, "delta.deletedFileRetentionDuration"), None)
+OWN_RETENTION = "delta.deletedFileRetentionDuration"
+
+
+def retention_floor(name: str, own_text: str | None, keep: Keep) -> float:
+    """The shortest retention the table allows, given its own ``OWN_RETENTION``; refuses a
+    kept-hours below it."""
+    own = interval_hours(own_text, None)
     floor = max(keep.min_retention_hours, own or 0.0)
     if keep.hours is not None and keep.hours < floor:
         why = (

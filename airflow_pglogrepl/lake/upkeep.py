@@ -42,7 +42,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_pglogrepl.exceptions import LakeError, WriterLockLostError
@@ -52,6 +52,7 @@ from airflow_pglogrepl.lake.mapping import is_mapped
 from airflow_pglogrepl.lake.retention import (
     LOG_RETENTION_HOURS,
     MARGIN_HOURS,
+    OWN_RETENTION,
     Keep,
     interval_hours,
     kept_versions,
@@ -60,7 +61,16 @@ from airflow_pglogrepl.lake.retention import (
     retention_hours,
     table_property,
 )
+from airflow_pglogrepl.lake.seen_versions import SeenVersions
 from airflow_pglogrepl.lake.storage import filesystem
+from airflow_pglogrepl.lake.upkeep_report import (
+    TableReport,
+    UpkeepReport,
+    rest,
+    rested,
+    summary,
+    upkeep_level,
+)
 
 log = logging.getLogger("airflow_pglogrepl.lake")
 
@@ -84,50 +94,9 @@ class Thresholds:
     # a table's log is checkpointed once it has none, or this many versions since its last one
     # (Delta's own interval): a checkpoint every run is a file per table per run
     checkpoint_every: int = 10
-
-
-@dataclass
-class TableReport:
-    """What the upkeep found and did on one table."""
-
-    table: str
-    version_before: int
-    version_after: int = 0
-    files_before: int = 0
-    files_after: int = 0
-    small_files_before: int = 0
-    dv_files_before: int = 0
-    dv_files_after: int = 0
-    compacted: bool = False
-    keep_version: int | None = None
-    retention_hours: int | None = None
-    files_removed: int = 0
-    bytes_removed: int = 0
-    checkpoint: int | None = None
-    log_cleaned: bool = False
-    skipped: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-
-@dataclass
-class UpkeepReport:
-    """The upkeep of one lake root: one ``TableReport`` per table (for XCom and logs)."""
-
-    root: str
-    slot: str
-    keep: dict[str, Any]
-    tables: list[TableReport] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "root": self.root,
-            "slot": self.slot,
-            "keep": self.keep,
-            "tables": [asdict(t) for t in self.tables],
-            "compacted": sum(t.compacted for t in self.tables),
-            "files_removed": sum(t.files_removed for t in self.tables),
-            "bytes_removed": sum(t.bytes_removed for t in self.tables),
-        }
+    # a table with no commit since its last upkeep is maintained again after this long (what
+    # time alone makes due waits at most that much); until then its log is not read
+    recheck_hours: float = 1.0
 
 
 def upkeep(
@@ -150,21 +119,30 @@ def upkeep(
     lake = Lake(root, slot, writer_check=writer_check)
     lake.check_owner()
     paths = LakePaths(root)
-    targets = [(f"changes/{n}", paths.changes(n)) for n in lake.changes_tables()]
-    targets += [(f"state/{n}", paths.state(n)) for n in lake.state_tables()]
+    seen = SeenVersions(paths.root, app_id(slot))
+    targets = [(f"changes/{n}", paths.changes(n)) for n in seen.tables("changes")]
+    targets += [(f"state/{n}", paths.state(n)) for n in seen.tables("state")]
     for name, uri in ((WINDOWS, paths.windows()), (QUARANTINE, paths.quarantine())):
-        if delta.open_table(uri) is not None:
+        if seen.knows(name) or delta.open_table(uri) is not None:
             targets.append((name, uri))
-    floors = {name: retention_floor(name, uri, keep) for name, uri in targets}  # refusals first
+    now = time.time()
+    resting = rested(seen, [name for name, _ in targets], now, thresholds.recheck_hours)
+    opened = {name: delta.open_table(uri) for name, uri in targets if name not in resting}
+    owns = {name: resting[name]["retention"] if name in resting
+            else table_property(opened[name], OWN_RETENTION) for name, _ in targets}  # fmt: skip
+    floors = {name: retention_floor(name, owns[name], keep) for name, _ in targets}  # refusals
     report = UpkeepReport(
         paths.root, slot, {"lsn": None if keep.lsn is None else str(keep.lsn),
                            "hours": keep.hours, "min_retention_hours": keep.min_retention_hours},
     )  # fmt: skip
     failed: list[str] = []
     for name, uri in targets:
+        if name in resting:
+            report.tables.append(rest(name, resting[name]))
+            continue
         try:
-            table_report = _maintain(name, uri, app_id(slot), keep, floors[name], thresholds,
-                                     lake)  # fmt: skip
+            table_report = _maintain(name, uri, opened.pop(name), app_id(slot), keep,
+                                     floors[name], thresholds, lake)  # fmt: skip
         except WriterLockLostError:
             raise  # nothing more may be committed
         except Exception as exc:  # one table's trouble: the others are still maintained
@@ -178,8 +156,15 @@ def upkeep(
             )
             continue
         report.tables.append(table_report)
+        # whether the kept position held nothing of the table back: then one that moves on
+        # can free nothing more in it until the table moves too
+        behind = keep.lsn is None or (table_report.lsn is not None
+                                      and table_report.lsn <= int(keep.lsn))  # fmt: skip
+        seen.note(name, table_report.version_after, lsn=table_report.lsn, upkeep_at=now,
+                  retention=owns[name], kept_all=behind)  # fmt: skip
         # a line per table that changed or has advice; the others are in the closing count
-        log.log(upkeep_level(table_report), "upkeep of %s: %s", name, _summary(table_report))
+        log.log(upkeep_level(table_report), "upkeep of %s: %s", name, summary(table_report))
+    seen.save()
     if failed:
         raise LakeError(
             f"the upkeep of {len(failed)} of {len(targets)} tables of {paths.root} failed, the "
@@ -190,12 +175,14 @@ def upkeep(
     return report
 
 
-def _maintain(name: str, uri: str, app: str, keep: Keep, floor: float, thresholds: Thresholds,
-              lake: Any) -> TableReport:  # fmt: skip
-    """The upkeep of one table, step by step (see the module docstring); each step is safe
-    alone, so a table whose upkeep stops between two keeps what the first committed."""
-    table = delta.open_table(uri)
-    assert table is not None
+def _maintain(name: str, uri: str, table: Any, app: str, keep: Keep, floor: float,
+              thresholds: Thresholds, lake: Any) -> TableReport:  # fmt: skip
+    """The upkeep of one table (``table``: it opened), step by step (see the module docstring);
+    each step is safe alone, so a table whose upkeep stops between two keeps what the first
+    committed. The table is brought up to date between steps by reading only the log entries
+    added since (on an object store, opening it again reads every entry since its checkpoint)."""
+    if table is None:
+        raise LakeError(f"{uri} is no longer a Delta table")
     report = TableReport(name, version_before=int(table.version()))
     sizes = delta.file_sizes(table)
     report.files_before = len(sizes)
@@ -203,16 +190,17 @@ def _maintain(name: str, uri: str, app: str, keep: Keep, floor: float, threshold
     report.dv_files_before = _dv_files(table)
     table = _compact(name, uri, table, report, thresholds, lake)
     _vacuum(uri, app, table, report, keep, floor, lake)
-    table = _checkpoint(uri, report, thresholds, lake)
+    table = _checkpoint(uri, table, report, thresholds, lake)
     # again on the log as it is now: the versions VACUUM added hold the kept position too
     listing = list_log(uri)
     kept_now = kept_versions(uri, app, keep, listing, time.time(), [])
     kept = min((v for v in kept_now if v is not None), default=None)
     _clean_log(uri, table, report, kept, lake)
-    table = delta.open_table(uri)
-    assert table is not None
+    table.update_incremental()
     report.version_after = int(table.version())
     report.files_after = len(delta.file_sizes(table))
+    found = table.transaction_version(app)
+    report.lsn = None if found is None else int(found)
     return report
 
 
@@ -330,12 +318,12 @@ def _vacuum_files(uri: str, table: Any, report: TableReport, kept: int | None,
     report.bytes_removed = sum(sizes.get(path, 0) for path in removed)
 
 
-def _checkpoint(uri: str, report: TableReport, thresholds: Thresholds, lake: Any) -> Any:
+def _checkpoint(uri: str, table: Any, report: TableReport, thresholds: Thresholds,
+                lake: Any) -> Any:  # fmt: skip
     """A checkpoint at the table's version, so readers replay a short log: when it has none,
     every ``checkpoint_every`` versions, or when its last is older than the log retention;
     returns the table as it is now."""
-    table = delta.open_table(uri)
-    assert table is not None
+    table.update_incremental()
     listing = list_log(uri)
     version = int(table.version())
     last = max(listing.checkpoints, default=None)
@@ -388,31 +376,6 @@ def _clean_log(uri: str, table: Any, report: TableReport, kept: int | None, lake
     report.log_cleaned = True
 
 
-# the skips every run of a table with nothing to do says; any other skip (a cleanup refused with
-# what to set, deletion vectors to purge with Spark, a VACUUM that could not run) is advice
-_ROUTINE_SKIPS = (
-    "compaction: below every threshold",
-    "vacuum: no file removed more than ",
-    "checkpoint: ",
-    "log cleanup: no checkpoint",
-    "log cleanup: no log entry older than ",
-)
-
-
-def upkeep_level(report: TableReport) -> int:
-    """The level of a table's line: INFO when the upkeep changed it or has something to say
-    (advice, a note), DEBUG when it needed nothing."""
-    advice = report.notes or any(not s.startswith(_ROUTINE_SKIPS) for s in report.skipped)
-    return logging.INFO if advice or _changed(report) else logging.DEBUG
-
-
-def _changed(report: TableReport) -> bool:
-    """Whether the upkeep committed or removed anything on the table."""
-    checkpointed = not any(skip.startswith("checkpoint") for skip in report.skipped)
-    return bool(report.compacted or report.files_removed or report.log_cleaned or checkpointed
-                or report.version_after != report.version_before)  # fmt: skip
-
-
 def _dv_files(table: Any) -> int:
     """How many live files carry a deletion vector (read batch by batch)."""
     import pyarrow as pa
@@ -452,12 +415,3 @@ def _marked(step: str) -> Any:
 def _durable(uri: str, before: int) -> None:
     if is_local(uri):
         durability.make_log_durable(uri, after=before)
-
-
-def _summary(report: TableReport) -> str:
-    parts = [f"files {report.files_before} -> {report.files_after}",
-             f"versions {report.version_before} -> {report.version_after}"]  # fmt: skip
-    if report.files_removed:
-        parts.append(f"vacuumed {report.files_removed} files ({report.bytes_removed} bytes)")
-    parts += report.notes + [f"skipped {s}" for s in report.skipped]
-    return "; ".join(parts)

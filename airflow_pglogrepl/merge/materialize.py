@@ -48,6 +48,7 @@ from airflow_pglogrepl.lake import delta, evolve
 from airflow_pglogrepl.lake.column_names import former_names
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.schema_commits import spell_out_mapping
+from airflow_pglogrepl.lake.seen_versions import SeenVersions
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge import arrow as arrow_merge
 from airflow_pglogrepl.merge.lineage import column, value_column
@@ -75,13 +76,27 @@ TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 
 def pending_tables(lake: Lake) -> list[str]:
     """Tables whose changelog holds changes their state does not include yet, read from the
-    Delta logs alone (no JVM): a run with none of them needs no Spark at all."""
+    Delta logs alone (no JVM): a run with none of them needs no Spark at all. Only the logs of
+    tables that moved since the last look are read (``lake.seen_versions``)."""
     end = lake.position()
     if end is None:
         return []
     stuck = _held_tables(lake)
-    return [name for name in lake.changes_tables()
-            if name not in stuck and _behind(lake, name, end)]  # fmt: skip
+    seen = SeenVersions(lake.root, lake.app)
+    names = [name for name in seen.tables("changes") if name not in stuck]
+    seen.still([f"{part}/{name}" for name in names for part in ("changes", "state")])
+    pending = [
+        name
+        for name in names
+        if _behind(_lsn(seen, f"state/{name}"), _lsn(seen, f"changes/{name}"), end)
+    ]
+    seen.save()
+    return pending
+
+
+def _lsn(seen: SeenVersions, name: str) -> LSN | None:
+    found = seen.lsn(name)
+    return None if found is None else LSN(found)
 
 
 def _held_tables(lake: Lake) -> set[str]:
@@ -95,11 +110,11 @@ def _held_tables(lake: Lake) -> set[str]:
     return {table_dir(ref) for ref in held(lake)} | backfilling(lake)
 
 
-def _behind(lake: Lake, name: str, end: LSN) -> bool:
-    have = lake.state_version(name)
+def _behind(have: LSN | None, held: LSN | None, end: LSN) -> bool:
+    """Whether a state that includes changes below ``have`` lacks some of its changelog's
+    (below ``held``) up to the lake's position ``end`` (None: no state, no changelog)."""
     if have is not None and have >= end:
         return False
-    held = lake.changes_version(name)
     return held is not None and (have is None or held > have)
 
 
@@ -213,7 +228,7 @@ def materialize_table(spark: Any, lake: Lake, name: str, end: LSN, *,
     """Apply ``changes/<name>`` up to ``end`` onto ``state/<name>``; the state's version after.
     ``version``: the changelog's Delta version to read (``merge_range``)."""
     have = lake.state_version(name)
-    if not _behind(lake, name, end):
+    if not _behind(have, lake.changes_version(name), end):
         return have
     mode = merge_range(spark.newSession(), lake, name, lake.paths.state(name), have, end,
                        version=version)  # fmt: skip

@@ -12,6 +12,9 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from airflow_pglogrepl.lake.storage import STORE_ENV, ObjectStore
@@ -29,12 +32,27 @@ class S3Server:
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self._server.start()
+        # every request the server answers, by kind (``request_kind``): what a run costs on S3
+        self.requests: Counter[str] = Counter()
+        self._counting = threading.Lock()
+        served = self._server._server
+        assert served is not None
+        served.app = self._counted(served.app)
         host, port = self._server.get_host_and_port()
         self.endpoint = f"http://{host}:{port}"
         self.store = ObjectStore(
             endpoint_url=self.endpoint, region=REGION, access_key_id="pglogrepl-test-key",
             secret_access_key=f"test-secret-{secrets.token_hex(12)}",
         )  # fmt: skip
+
+    def _counted(self, app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+        def counted(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+            kind = request_kind(environ["REQUEST_METHOD"], environ.get("QUERY_STRING", ""))
+            with self._counting:
+                self.requests[kind] += 1
+            return app(environ, start_response)
+
+        return counted
 
     def client(self) -> Any:
         import boto3
@@ -71,6 +89,13 @@ class S3Server:
 
     def stop(self) -> None:
         self._server.stop()
+
+
+def request_kind(method: str, query: str) -> str:
+    """A request's kind as S3 bills it: LIST (a listing of keys), GET, HEAD, PUT, POST, DELETE."""
+    listing = method == "GET" and ("list-type=" in query or "prefix=" in query
+                                   or "delimiter=" in query)  # fmt: skip
+    return "LIST" if listing else method
 
 
 def configure_spark(session: Any, store: ObjectStore) -> None:

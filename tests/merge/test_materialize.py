@@ -63,6 +63,23 @@ def test_small_batches_are_merged_without_spark_and_then_nothing_waits(
     assert batches.state() == batches.model
 
 
+def test_a_state_another_writer_moved_back_waits_again(batches: KeyedBatches) -> None:
+    """Which tables wait is decided from a record of what each log was at the last look
+    (``lake.seen_versions``): a commit the record never heard of still counts."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    first = batches.inserts(range(1, 4))
+    batches.updates_and_deletes(range(1, 4), "u")
+    materialize(no_spark, batches.lake)
+    assert pending_tables(batches.lake) == []
+    lake = batches.lake
+    rows = pa.table({"id": pa.array([1, 2, 3], pa.int64())})
+    write_deltalake(lake.paths.state(T), rows, mode="overwrite", schema_mode="overwrite",
+                    commit_properties=CommitProperties(
+                        app_transactions=[Transaction(lake.app, int(first))]))  # fmt: skip
+    assert pending_tables(lake) == ["public.t"]
+
+
 def test_spark_is_asked_for_only_when_a_batch_needs_it(batches: KeyedBatches) -> None:
     batches.inserts(range(1, 11))
     with pytest.raises(SparkAskedError):

@@ -2,7 +2,7 @@
 the store it hands out reaches the product's engines (pyarrow's S3 client writes what the
 server lists) and travels to an application as the environment says; its Airflow connection
 names the same keys and endpoint; an object is made to look written earlier, as ``os.utime``
-does to a file."""
+does to a file; every request it answers is counted by kind."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import datetime as dt
 
 from airflow_pglogrepl.lake import storage
 from airflow_pglogrepl.lake.storage import STORE_ENV, ObjectStore
-from airflow_pglogrepl.testing.s3 import REGION, S3Server, backdate
+from airflow_pglogrepl.testing.s3 import REGION, S3Server, backdate, request_kind
 
 
 def test_each_bucket_is_new_and_lists_by_prefix(s3_server: S3Server) -> None:
@@ -53,3 +53,21 @@ def test_an_object_is_made_to_look_written_earlier(s3_server: S3Server) -> None:
     backdate(f"s3://{bucket}/lake/_delta_log/0.json", when.timestamp())
     head = client.head_object(Bucket=bucket, Key="lake/_delta_log/0.json")
     assert head["LastModified"] == when
+
+
+def test_every_request_is_counted_by_kind(s3_server: S3Server) -> None:
+    bucket = s3_server.new_bucket()
+    client = s3_server.client()
+    before = s3_server.requests.copy()
+    client.put_object(Bucket=bucket, Key="lake/a", Body=b"x")
+    client.get_object(Bucket=bucket, Key="lake/a")
+    client.head_object(Bucket=bucket, Key="lake/a")
+    assert s3_server.keys(bucket, "lake/") == ["lake/a"]
+    counted = s3_server.requests - before
+    assert counted == {"PUT": 1, "GET": 1, "HEAD": 1, "LIST": 1}
+
+
+def test_a_listing_is_told_from_a_read() -> None:
+    assert request_kind("GET", "list-type=2&prefix=lake%2F") == "LIST"
+    assert request_kind("GET", "") == "GET"
+    assert request_kind("PUT", "") == "PUT"
