@@ -60,6 +60,9 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
         ``delta.targetFileSize``, else 100 MiB).
     :param checkpoint_every: checkpoint a table's log once it has none, or this many versions
         since its last checkpoint.
+    :param recheck_hours: a table with no commit since its last upkeep rests (its log is not
+        read) for this long; what time alone makes due (a VACUUM, a log cleanup) waits at most
+        that much. 0: every table is maintained on every run.
     :param database: the slot's database, when not the connection's.
     """
 
@@ -84,6 +87,7 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
         max_dv_files: int = 10,
         target_file_bytes: int | None = None,
         checkpoint_every: int = 10,
+        recheck_hours: float = 1.0,
         database: str | None = None,
         lake_conn_id: str | None = None,
         **kwargs: Any,
@@ -106,6 +110,7 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
         self.max_dv_files = max_dv_files
         self.target_file_bytes = target_file_bytes
         self.checkpoint_every = checkpoint_every
+        self.recheck_hours = recheck_hours
         self.database = database
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -128,6 +133,7 @@ class LakeUpkeepOperator(TaskBoundary, BaseOperator):
             max_dv_files=int(self.max_dv_files),
             target_file_bytes=self.target_file_bytes,
             checkpoint_every=int(self.checkpoint_every),
+            recheck_hours=float(self.recheck_hours),
         )
         from airflow_pglogrepl.hooks.object_store import check_bucket, lake_store
         from airflow_pglogrepl.lake import storage

@@ -58,6 +58,15 @@ def test_the_upkeep_maintains_the_lake_under_the_writer_lock(
     assert built.lake.position() == position and result["keep"]["lsn"] == "0/50"
     with replication_hook(publisher_conn_id).writer_lock(slot_name) as lock:
         lock.check()  # released when the task ended
+    # 0/50 held versions of changes/A back: maintained again once the position passes them all,
+    # then it rests while nothing commits to it (unless asked to recheck every run)
+    caught_up = operator(publisher_conn_id, slot_name, built.root, keep_lsn="0/5A")
+    caught_up.execute(context())
+    again = {t["table"]: t for t in caught_up.execute(context())["tables"]}
+    assert again[f"changes/{A}"]["skipped"][0].startswith("upkeep: no commit since")
+    eager = operator(publisher_conn_id, slot_name, built.root, keep_lsn="0/5A", recheck_hours=0)
+    again = {t["table"]: t for t in eager.execute(context())["tables"]}
+    assert not again[f"changes/{A}"]["skipped"][0].startswith("upkeep: no commit since")
 
 
 def test_a_lake_being_written_is_skipped_and_left_untouched(
