@@ -13,10 +13,12 @@ LSN a changelog or a state holds up to), and what the upkeep left (when, and the
 ``delta.deletedFileRetentionDuration``). It is a cache, never the truth:
 
 - an entry is used only while its table has no commit after its version: the commit file of
-  that version is there and the next one is not (two HEAD requests). Delta writes each version
-  as a new commit file, and log cleanup removes the oldest first, so a table that moved, or
-  whose log was cleaned past the noted version, is read again whatever wrote it (a drain, a
-  merge, the upkeep, Spark, another tool);
+  that version is the one noted (its size and modification time) and the next one is not there
+  (two HEAD requests). Delta writes each version as a new commit file, and log cleanup removes
+  the oldest first, so a table that moved, whose log was cleaned past the noted version, or
+  that was removed and written again from version 0, is read again whatever wrote it (a drain,
+  a merge, the upkeep, Spark, another tool). A store that fails to answer a check counts as a
+  move;
 - what an entry says was read from the same Delta version (one open table), so an entry whose
   version holds is exact;
 - a record that is missing, unreadable or of another app is no record: every table is read.
@@ -42,11 +44,6 @@ RECORD = "_pglogrepl/versions.json"
 CHECKS_AT_ONCE = 16  # HEAD requests in flight when checking many tables on an object store
 
 
-def commit_file(table_uri: str, version: int) -> str:
-    """The path (in ``filesystem(table_uri)``) of the commit file of ``version``."""
-    return f"{filesystem(table_uri)[1]}/_delta_log/{version:020d}.json"
-
-
 class SeenVersions:
     """The record of one lake root (``RECORD``), read once; ``note`` and ``save`` change it.
 
@@ -59,6 +56,7 @@ class SeenVersions:
         self._entries: dict[str, dict[str, Any]] = {}
         self._dirty = False
         self._still: dict[tuple[str, int], bool] = {}
+        self._system, self._base = filesystem(self.root)
         self._load()
 
     @property
@@ -122,11 +120,29 @@ class SeenVersions:
                 for n in names}  # fmt: skip
 
     def _unmoved(self, name: str, version: int) -> bool:
-        uri = f"{self.root}/{name}"
-        system, _ = filesystem(uri)
-        return _exists(system, commit_file(uri, version)) and not _exists(
-            system, commit_file(uri, version + 1)
-        )
+        """Whether the commit file of ``version`` is the one noted (same size and time: a table
+        written again from scratch reaches the same version numbers with other files) and no
+        commit follows it. A store that fails to answer counts as moved: the log is read."""
+        try:
+            return self._fingerprint(name, version) == self._entries[name].get("commit") and (
+                not _exists(self._system, self._commit(name, version + 1))
+            )
+        except OSError as exc:
+            log.debug("could not check %s/%s (%s: %s); its log is read", self.root, name,
+                      type(exc).__name__, exc)  # fmt: skip
+            return False
+
+    def _commit(self, name: str, version: int) -> str:
+        return f"{self._base}/{name}/_delta_log/{version:020d}.json"
+
+    def _fingerprint(self, name: str, version: int) -> list[int] | None:
+        """The size and modification time of the commit file of ``version`` (None: none)."""
+        from pyarrow import fs
+
+        info = self._system.get_file_info(self._commit(name, version))
+        if info.type != fs.FileType.File:
+            return None
+        return [int(info.size or 0), int(info.mtime_ns or 0)]
 
     def tables(self, parent: str) -> list[str]:
         """The tables under ``parent`` (``changes`` or ``state``), as ``delta.list_tables``
@@ -141,16 +157,33 @@ class SeenVersions:
             return None if found["lsn"] is None else int(found["lsn"])
         table = delta.open_table(f"{self.root}/{name}")
         if table is None:
+            self.forget(name)
             return None
         version = table.transaction_version(self.app)
         self.note(name, int(table.version()), lsn=None if version is None else int(version))
         return None if version is None else int(version)
 
+    def forget(self, name: str) -> None:
+        """Drop what was noted of ``name`` (no table there now)."""
+        if self._entries.pop(name, None) is not None:
+            self._dirty = True
+
     def note(self, name: str, version: int, **facts: Any) -> None:
         """Note what was read of ``name`` at ``version``: ``facts`` join what was noted of the
-        same version, and replace what was noted of another."""
+        same version, and replace what was noted of another. The commit file of ``version`` is
+        fingerprinted (one HEAD); a table whose file cannot be is not noted."""
         current = self._entries.get(name)
-        entry = dict(current) if current and current["version"] == version else {}
+        if current and current["version"] == version and "commit" in current:
+            entry = dict(current)
+        else:
+            try:
+                commit = self._fingerprint(name, version)
+            except OSError:
+                commit = None
+            if commit is None:
+                self.forget(name)
+                return
+            entry = {"commit": commit}
         entry.update(facts, version=version)
         if entry != current:
             self._entries[name] = entry

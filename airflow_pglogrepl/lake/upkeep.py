@@ -128,6 +128,11 @@ def upkeep(
     now = time.time()
     resting = rested(seen, [name for name, _ in targets], now, thresholds.recheck_hours)
     opened = {name: delta.open_table(uri) for name, uri in targets if name not in resting}
+    for name in [name for name, table in opened.items() if table is None]:  # its log is gone
+        log.warning("upkeep of %s skipped: no Delta table there any more", name)
+        seen.forget(name)
+        del opened[name]
+    targets = [(name, uri) for name, uri in targets if name in resting or name in opened]
     owns = {name: resting[name]["retention"] if name in resting
             else table_property(opened[name], OWN_RETENTION) for name, _ in targets}  # fmt: skip
     floors = {name: retention_floor(name, owns[name], keep) for name, _ in targets}  # refusals
@@ -181,8 +186,8 @@ def _maintain(name: str, uri: str, table: Any, app: str, keep: Keep, floor: floa
     each step is safe alone, so a table whose upkeep stops between two keeps what the first
     committed. The table is brought up to date between steps by reading only the log entries
     added since (on an object store, opening it again reads every entry since its checkpoint)."""
-    if table is None:
-        raise LakeError(f"{uri} is no longer a Delta table")
+    table.update_incremental()  # opened before the refusals: what committed since (nothing,
+    # under the writer lock) is read, not acted on from an older view
     report = TableReport(name, version_before=int(table.version()))
     sizes = delta.file_sizes(table)
     report.files_before = len(sizes)

@@ -75,7 +75,7 @@ def rested(seen: SeenVersions, names: list[str], now: float,
     fresh = now - recheck_hours * 3600
     candidates = [name for name, entry in noted.items()
                   if entry is not None and entry.get("kept_all") is True
-                  and float(entry.get("upkeep_at", 0)) > fresh]  # fmt: skip
+                  and fresh < float(entry.get("upkeep_at", 0)) <= now]  # fmt: skip
     still = seen.still(candidates)
     return {name: entry for name, entry in noted.items() if entry is not None
             and name in candidates and still[name]}  # fmt: skip

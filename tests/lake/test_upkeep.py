@@ -356,3 +356,45 @@ def test_a_table_the_kept_position_held_back_is_maintained_when_it_moves(
     again = upkeep(built.root, SLOT, keep=Keep(lsn=LSN(30), **BY_LSN))
     table = {t.table: t for t in again.tables}[f"changes/{A}"]
     assert not table.skipped[0].startswith("upkeep: no commit since")
+
+
+def test_a_known_table_whose_log_is_gone_is_skipped_and_the_others_maintained(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tables the record knows are listed without opening them: one whose log was removed
+    since made every later upkeep fail before it maintained any table."""
+    import shutil
+
+    built = Built(tmp_path / "lake")
+    for end in range(10, 40, 10):
+        built.window(end, {A: [end], B: [end]})
+    keep = Keep(lsn=LSN(30), **BY_LSN)
+    upkeep(built.root, SLOT, keep=keep)
+    shutil.rmtree(f"{built.paths.changes(B)}/_delta_log")
+    built.window(40, {A: [40]})
+    with caplog.at_level(logging.WARNING, "airflow_pglogrepl.lake"):
+        done = upkeep(built.root, SLOT, keep=Keep(lsn=LSN(40), **BY_LSN))
+    assert {t.table for t in done.tables} == {f"changes/{A}", WINDOWS}
+    assert f"upkeep of changes/{B} skipped: no Delta table there any more" in caplog.text
+
+
+def test_an_upkeep_noted_in_the_future_does_not_rest_the_table(tmp_path: Path) -> None:
+    """A worker whose clock ran ahead noted its upkeep later than now: the table must not rest
+    until then."""
+    import json
+    import os
+
+    built = Built(tmp_path / "lake")
+    built.window(10, {A: [10]})
+    keep = Keep(lsn=LSN(10), **BY_LSN)
+    upkeep(built.root, SLOT, keep=keep)
+    record = os.path.join(built.root, "_pglogrepl", "versions.json")
+    with open(record) as found:
+        document = json.load(found)
+    for entry in document["tables"].values():
+        entry["upkeep_at"] += 30 * 86400
+    with open(record, "w") as out:
+        json.dump(document, out)
+    done = upkeep(built.root, SLOT, keep=keep)
+    assert not any(t.skipped and t.skipped[0].startswith("upkeep: no commit since")
+                   for t in done.tables)  # fmt: skip
