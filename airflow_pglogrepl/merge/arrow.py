@@ -63,6 +63,7 @@ from airflow_pglogrepl.lake.column_names import former_names, with_current_names
 from airflow_pglogrepl.lake.evolve import added_at, base_fields, fill_value
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.merge.buckets import BUCKET_BYTES
 from airflow_pglogrepl.merge.changes_range import InRange
 from airflow_pglogrepl.merge.first_state import DeclinedError, in_buckets, missing_row, wanted
 from airflow_pglogrepl.merge.lineage import INTERNAL
@@ -93,9 +94,11 @@ MAX_STATE_BYTES = 256 << 20
 # hung the merge with the heap full).
 READ_BYTES = 64 << 20
 # A table's first state (one append, no files to rewrite) is reduced in memory at once up to
-# these; a bigger one key hash bucket by key hash bucket on local disk (``merge.buckets``).
+# these; a bigger one key hash bucket by key hash bucket on local disk (``merge.buckets``), which
+# is faster from a bucket's size on (a sort of the whole batch at once: 2.8 s and 783 MiB of
+# peak for the benchmark workload's 1,250,000 changes, 1.1 s and 516 MiB in buckets).
 IN_MEMORY_ROWS = 2_000_000
-IN_MEMORY_BYTES = 256 << 20
+IN_MEMORY_BYTES = BUCKET_BYTES
 
 
 @dataclass(frozen=True)
