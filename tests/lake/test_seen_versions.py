@@ -32,6 +32,16 @@ def commit_file(table: str, version: int) -> str:
     return os.path.join(table, "_delta_log", f"{version:020d}.json")
 
 
+def noted_lake(tmp_path: Path) -> str:
+    """A lake whose record notes ``state/public.a`` (one version, LSN 10); its root."""
+    root = str(tmp_path / "lake")
+    commit(f"{root}/state/public.a", 10)
+    seen = SeenVersions(root, APP)
+    seen.lsn("state/public.a")
+    seen.save()
+    return root
+
+
 def test_a_noted_table_is_read_again_once_it_moves(lake_uri: str) -> None:
     state = f"{lake_uri}/state/public.a"
     commit(state, 10)
@@ -81,11 +91,7 @@ def test_facts_of_one_version_join_and_a_new_version_replaces_them(tmp_path: Pat
 def test_a_record_of_another_app_or_torn_is_no_record(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    root = str(tmp_path / "lake")
-    commit(f"{root}/state/public.a", 10)
-    seen = SeenVersions(root, APP)
-    seen.lsn("state/public.a")
-    seen.save()
+    root = noted_lake(tmp_path)
     assert SeenVersions(root, "airflow-pglogrepl-other").noted("state/public.a") is None
     with open(os.path.join(root, RECORD), "w") as record:
         record.write('{"app": "airflow-pglogrepl-seen", "tab')
@@ -141,11 +147,7 @@ def test_a_table_written_again_from_scratch_is_read_again(tmp_path: Path) -> Non
 def test_a_table_whose_log_is_gone_is_forgotten(tmp_path: Path) -> None:
     import shutil
 
-    root = str(tmp_path / "lake")
-    commit(f"{root}/state/public.a", 10)
-    seen = SeenVersions(root, APP)
-    seen.lsn("state/public.a")
-    seen.save()
+    root = noted_lake(tmp_path)
     shutil.rmtree(f"{root}/state/public.a/_delta_log")
     again = SeenVersions(root, APP)
     assert again.lsn("state/public.a") is None and not again.knows("state/public.a")
@@ -157,11 +159,7 @@ def test_a_store_that_fails_a_check_counts_as_a_move(
     """A throttled or refused HEAD must not fail the run: the log is read instead."""
     from airflow_pglogrepl.lake import seen_versions
 
-    root = str(tmp_path / "lake")
-    commit(f"{root}/state/public.a", 10)
-    seen = SeenVersions(root, APP)
-    seen.lsn("state/public.a")
-    seen.save()
+    root = noted_lake(tmp_path)
 
     def refused(system: object, path: str) -> bool:
         raise OSError("AWS Error SLOW_DOWN during HeadObject operation")
