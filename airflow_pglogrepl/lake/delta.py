@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.changelog.columns import COMMIT_LSN
-from airflow_pglogrepl.lake import durability, row_groups
+from airflow_pglogrepl.lake import durability, opened_tables, row_groups
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lake.mapping import FEATURE, mapped_of, physical_names
 from airflow_pglogrepl.lake.storage import delta_options, filesystem
@@ -33,7 +33,14 @@ if TYPE_CHECKING:
 
 def open_table(uri: str, version: int | None = None) -> Any | None:
     """The ``deltalake.DeltaTable`` at ``uri`` (at ``version``; default its newest), or None
-    when there is no Delta table there."""
+    when there is no Delta table there. Inside ``opened_tables.reused()`` the newest version is
+    the table opened earlier in the run, brought up to date."""
+    if version is None:
+        return opened_tables.newest(uri, _load)
+    return _load(uri, version)
+
+
+def _load(uri: str, version: int | None = None) -> Any | None:
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 

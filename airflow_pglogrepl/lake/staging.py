@@ -48,7 +48,7 @@ import shutil
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.exceptions import LakeError, SnapshotTableExistsError
-from airflow_pglogrepl.lake import delta, durability, mapping, storage
+from airflow_pglogrepl.lake import delta, durability, mapping, opened_tables, storage
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lsn import LSN
 
@@ -134,7 +134,9 @@ def publish(table_uri: str, staged: str) -> int:
 
 
 def remove(uri: str) -> None:
-    """Remove a directory and everything in it, if it exists (a local path or a URI)."""
+    """Remove a directory and everything in it, if it exists (a local path or a URI); a table
+    opened there in this run is forgotten first (``opened_tables``)."""
+    opened_tables.forget(uri)
     if is_local(uri):
         if os.path.isdir(uri):
             shutil.rmtree(uri)

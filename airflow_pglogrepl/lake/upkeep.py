@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_pglogrepl.exceptions import LakeError, WriterLockLostError
-from airflow_pglogrepl.lake import delta, durability, mapped_compaction
+from airflow_pglogrepl.lake import delta, durability, mapped_compaction, opened_tables
 from airflow_pglogrepl.lake.layout import LakePaths, app_id, is_local
 from airflow_pglogrepl.lake.mapping import is_mapped
 from airflow_pglogrepl.lake.retention import (
@@ -99,6 +99,7 @@ class Thresholds:
     recheck_hours: float = 1.0
 
 
+@opened_tables.reused()
 def upkeep(
     root: str,
     slot: str,

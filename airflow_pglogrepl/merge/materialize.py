@@ -44,7 +44,7 @@ from airflow_pglogrepl.changelog.columns import (
 )
 from airflow_pglogrepl.exceptions import MergeStalledError
 from airflow_pglogrepl.faults import fault
-from airflow_pglogrepl.lake import delta, evolve
+from airflow_pglogrepl.lake import delta, evolve, opened_tables
 from airflow_pglogrepl.lake.column_names import former_names
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.schema_commits import spell_out_mapping
@@ -118,6 +118,7 @@ def _behind(have: LSN | None, held: LSN | None, end: LSN) -> bool:
     return held is not None and (have is None or held > have)
 
 
+@opened_tables.reused()
 def materialize(
     spark: Any,
     lake: Lake,

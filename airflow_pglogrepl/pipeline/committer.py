@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.exceptions import PublicationNotFoundError
 from airflow_pglogrepl.faults import fault, pause
+from airflow_pglogrepl.lake import opened_tables
 from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.tables import TableRef
 
 if TYPE_CHECKING:
     from airflow_pglogrepl.lake.lake import Lake
+    from airflow_pglogrepl.lake.opened_tables import Opened
     from airflow_pglogrepl.pgoutput import TableInfo
     from airflow_pglogrepl.pipeline.overlap import Behind
     from airflow_pglogrepl.pipeline.results import WindowStats
@@ -75,7 +77,7 @@ class WindowCommitter:
         if behind is None:
             store(window, ref, rows)
         else:
-            behind.submit(store, window, ref, rows)
+            behind.submit(store, window, ref, rows, opened_tables.for_another_thread())
 
     def require_publications(self) -> None:
         """Refuse to go on when a publication of the drain is missing."""
@@ -114,7 +116,9 @@ class WindowCommitter:
         self.source.advance_slot(self.slot, end)
 
 
-def store(window: Window, ref: TableRef, rows: Any) -> None:
-    """One table's rows into ``window`` (in the writer's thread, behind the decoder)."""
-    window.write(ref, rows)
+def store(window: Window, ref: TableRef, rows: Any, tables: Opened | None = None) -> None:
+    """One table's rows into ``window`` (in the writer's thread, behind the decoder, with the
+    tables the run keeps open for that thread: ``lake.opened_tables``)."""
+    with opened_tables.reused(tables):
+        window.write(ref, rows)
     fault("mid_write")

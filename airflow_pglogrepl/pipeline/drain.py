@@ -31,6 +31,7 @@ from airflow_pglogrepl.exceptions import (
     ArrowPeekError,
     SlotStreamError,
 )
+from airflow_pglogrepl.lake import opened_tables
 from airflow_pglogrepl.lake.coverage import Gap
 from airflow_pglogrepl.lake.in_progress import InProgressTransactions
 from airflow_pglogrepl.lake.lake import Lake
@@ -145,8 +146,10 @@ class Drain:
         """The flushed WAL position the run drains to (a following run: the highest sent)."""
         return self.committer.run_end
 
+    @opened_tables.reused()
     def run(self, started: float) -> DrainResult:
-        """Reconcile the lake with the slot, then drain window by window."""
+        """Reconcile the lake with the slot, then drain window by window (each table's log read
+        once in the run: ``lake.opened_tables``)."""
         if self.columnar:
             _preload()
         slot = check_slot(self.source, self.slot)

@@ -138,6 +138,40 @@ def test_one_peek_serves_several_windows_cut_where_separate_peeks_would_end(
     assert [w["end_lsn"] for w in lake.windows()] == ["0/1400", "0/1C00", "0/1F00"]
 
 
+def test_a_run_reads_each_tables_log_once_in_each_thread_however_many_windows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an object store a table's first open is a listing and about fifteen GETs; a later one
+    in the same run brings the opened table up to date (``lake.opened_tables``)."""
+    import threading
+    from collections import Counter
+
+    from airflow_pglogrepl.lake import delta
+
+    session = Session(start=0x1000)
+    for xid, commit in enumerate(range(0x1100, 0x1F00, 0x300)):
+        session.lsn = commit - 0x80  # (each window a peek of its own: relations sent again)
+        session.add(relation(16384, "items", [("id", INT8, True), ("name", TEXT)]))
+        session.add(relation(16385, "other", [("id", INT8, True), ("name", TEXT)]))
+        session.begin(700 + xid, commit).insert(16384, str(xid).encode(), b"v")
+        session.insert(16385, str(xid).encode(), b"w").commit(commit, commit + 8)
+    loads: Counter[tuple[str, str]] = Counter()
+    load = delta._load
+
+    def counting(uri: str, version: int | None = None) -> Any:
+        table = load(uri, version)
+        if version is None and table is not None:  # (no table there: a listing, not kept)
+            loads[uri.rsplit("/lake/", 1)[1], threading.current_thread().name[:14]] += 1
+        return table
+
+    monkeypatch.setattr(delta, "_load", counting)
+    source = FakeSource(session.rows, confirmed=0x1000, flush=0x1F00)
+    lake = Lake(str(tmp_path / "lake"), "s")
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x300)
+    assert len(drain.run(time.monotonic()).windows) >= 3
+    assert loads and max(loads.values()) == 1, loads
+
+
 def test_a_window_is_cut_after_every_table_of_a_batch_and_a_later_decline_loses_nothing(
     tmp_path: Path,
 ) -> None:
