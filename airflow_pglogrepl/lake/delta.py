@@ -100,7 +100,12 @@ def scan(uri: str, *, version: int | None = None, columns: list[str] | None = No
     import pyarrow as pa
     from deltalake import DeltaTable
 
-    table = DeltaTable(uri, version=version, storage_options=delta_options(uri))
+    if version is None:
+        table = open_table(uri)
+    else:
+        table = opened_tables.at_version(uri, version, lambda u: _load(u, version))
+    if table is None:  # (no table there: deltalake's own error says so)
+        table = DeltaTable(uri, version=version, storage_options=delta_options(uri))
     rows = pa.table(table.scan(columns=columns, predicate=where))
     schema = pa.schema(table.schema().to_arrow())
     return rows.cast(pa.schema([schema.field(n) for n in rows.column_names]))

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["Opened", "for_another_thread", "forget", "newest", "reused"]
+__all__ = ["Opened", "at_version", "for_another_thread", "forget", "newest", "reused"]
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,18 @@ def newest(uri: str, load: Callable[[str], Any | None]) -> Any | None:
         if len(tables) > KEPT:
             tables.popitem(last=False)
     return table
+
+
+def at_version(uri: str, version: int, load: Callable[[str], Any | None]) -> Any | None:
+    """The table at ``uri`` at ``version``: the one opened in this scope when it is at that
+    version now (a read of the version just opened), else ``load(uri)``, which is not kept."""
+    opened = _RUN.get()
+    if opened is not None:
+        opened.catch_up()
+        table = opened.tables.get(uri)
+        if table is not None and int(table.version()) == version:
+            return table
+    return load(uri)
 
 
 def forget(uri: str) -> None:

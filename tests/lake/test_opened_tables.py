@@ -168,3 +168,26 @@ def test_a_scope_too_far_behind_the_removals_drops_every_table(
         opened_tables.forget(f"{tmp_path}/elsewhere-last")
         delta.open_table(uri)
     assert loads[uri] == 2
+
+
+def test_a_read_of_the_version_just_opened_reuses_the_opened_table(
+    tmp_path: Path, loads: Counter[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uri = str(tmp_path / "t")
+    append(uri, [1])
+    append(uri, [2])
+    versioned: list[int | None] = []
+    load = delta._load
+
+    def counting(u: str, version: int | None = None) -> Any:
+        versioned.append(version)
+        return load(u, version)
+
+    with opened_tables.reused():
+        table = delta.open_table(uri)
+        assert table is not None and table.version() == 1
+        monkeypatch.setattr(delta, "_load", counting)
+        assert sorted(delta.read_table(uri, version=1).column("id").to_pylist()) == [1, 2]
+        assert versioned == []  # the opened table, at that version
+        assert delta.read_table(uri, version=0).column("id").to_pylist() == [1]
+        assert versioned == [0]
