@@ -2,23 +2,32 @@
 
 Opening a Delta table reads its newest checkpoint and every commit after it. On an object store
 that is one listing and about fifteen GETs (a checkpoint is read in ranges), some 40 ms on the
-tests' S3 server; a drain run opens the windows table and each table it writes five to seven
-times, and the merge and the upkeep each open a table several times. Brought up to date with
-``update_incremental``, an opened table costs one listing and one GET per newer commit.
+tests' S3 server; a drain run opened the windows table nineteen times in five windows, and the
+merge and the upkeep each open a table several times. A kept table is brought up to date with
+``update_incremental`` instead: a HEAD, a listing, and a GET per newer commit.
 
-Why the result is what a fresh open would read: inside ``reused()`` the process holds the
-lake's writer lock, so no other writer commits; commits this process makes (delta-rs, Spark,
-the log entries ``lake.durability`` writes) are newer commits, which the update reads; and the
-one way this process takes a table away, ``staging.remove``, says so (``forget``), and every
-scope drops what was removed before its next open, so a table written again at the same place
-is opened afresh. A table whose update fails is opened afresh too.
+Why the result is what a fresh open would read:
 
-The scope is a context variable: a thread started inside it (the merge's Spark threads) does
-not see it and opens tables afresh, so no table object is shared between threads. A thread
-that should keep its own tables (the drain's write thread) enters, on each call, the
-``Opened`` its scope keeps for it (``for_another_thread``): one thread at a time uses it.
-Callers share an object within one thread: what they keep of it across another open is an
-``int`` of its version, never the object as a snapshot.
+- inside ``reused()`` the process holds the lake's writer lock, so no other writer commits, and
+  the commits this process makes (delta-rs, Spark, the log entries ``lake.durability`` writes)
+  are newer commits, which the update reads;
+- the way this process takes a table away, ``staging.remove``, says so (``forget``, before and
+  after the removal), and every scope drops what was removed before its next open;
+- a table taken away by anyone else (a person, another tool, during the run) is caught before
+  it is used: the commit file of the kept version must still be the one read (size and time; a
+  table written again from scratch reaches the same versions with other files), or the table
+  is opened afresh, with a warning. A table whose update fails is opened afresh too.
+
+A scope belongs to the thread that entered it. A thread started inside it does not use it, even
+where the thread inherits the context (free-threaded Python from 3.14), so no table object is
+shared between threads. A thread that works for the scope (the drain's write thread) enters,
+on each call, the ``Opened`` its scope keeps for it (``for_another_thread``). Callers share an
+object within one thread: what they keep of it across another open is an ``int`` of its
+version, never the object as a snapshot.
+
+What is kept is bounded: at most ``KEPT`` tables and ``KEPT_FILES`` live files in all (a
+table's file list is most of its memory, about 330 bytes a file), the least recently opened
+dropped first; a bigger table is opened afresh each time, as before.
 """
 
 from __future__ import annotations
@@ -29,29 +38,44 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Opened", "at_version", "for_another_thread", "forget", "newest", "reused"]
+from airflow_pglogrepl.lake.storage import commit_fingerprint, filesystem
+
+__all__ = ["Opened", "at_version", "for_another_thread", "forget", "newest", "removing", "reused"]
 
 log = logging.getLogger(__name__)
 
-# Tables kept at most, the least recently opened dropped first: each holds its live files' list,
-# and a run over many tables opens each one in turn, several times, before the next.
 KEPT = 64
+KEPT_FILES = 100_000
 
 _lock = threading.Lock()
 _removed: deque[str] = deque(maxlen=1024)  # the newest removals in this process
 _removals = 0  # all removals in this process: a scope behind by more than the deque drops all
 
 
+@dataclass
+class _Kept:
+    table: Any
+    files: int
+    system: Any
+    path: str
+    commit: list[int] | None  # the fingerprint of the kept version's commit file
+
+
 class Opened:
     """The tables one run, or one thread of it, keeps open."""
 
     def __init__(self) -> None:
-        self.tables: OrderedDict[str, Any] = OrderedDict()
+        self.tables: OrderedDict[str, _Kept] = OrderedDict()
         self.other_thread: Opened | None = None  # (``for_another_thread``)
         with _lock:
             self._seen = _removals
+
+    @property
+    def files(self) -> int:
+        return sum(kept.files for kept in self.tables.values())
 
     def catch_up(self) -> None:
         """Drop the tables removed since the last look (by any thread)."""
@@ -66,8 +90,51 @@ class Opened:
             for key in [k for k in self.tables if k == uri or k.startswith(inside)]:
                 del self.tables[key]
 
+    def keep(self, uri: str, table: Any) -> None:
+        """Keep ``table`` (just opened at ``uri``), within the bounds."""
+        try:
+            files = len(table.file_uris())
+            system, path = filesystem(uri)
+            commit = commit_fingerprint(system, path, int(table.version()))
+        except OSError as exc:  # (not kept: every open reads the log, as without a scope)
+            log.debug("%s not kept open (%s)", uri, exc)
+            return
+        if files > KEPT_FILES:
+            return
+        self.tables[uri] = _Kept(table, files, system, path, commit)
+        while len(self.tables) > KEPT or self.files > KEPT_FILES:
+            self.tables.popitem(last=False)
 
-_RUN: ContextVar[Opened | None] = ContextVar("pglogrepl_opened_tables", default=None)
+    def reuse(self, uri: str) -> Any | None:
+        """The table kept for ``uri``, brought up to date (None: none, or not the same table)."""
+        kept = self.tables.pop(uri, None)
+        if kept is None:
+            return None
+        version = int(kept.table.version())
+        try:
+            if commit_fingerprint(kept.system, kept.path, version) != kept.commit:
+                log.warning("%s changed under the run (its commit file of version %s is not the "
+                            "one read): opened afresh", uri, version)  # fmt: skip
+                return None
+            kept.table.update_incremental()
+            if int(kept.table.version()) != version:
+                kept.commit = commit_fingerprint(kept.system, kept.path, kept.table.version())
+        except Exception as exc:  # (its log changed under it: read it as a first open would)
+            log.warning("%s opened afresh: bringing it up to date failed (%s)", uri, exc)
+            return None
+        self.tables[uri] = kept
+        return kept.table
+
+
+# The scope of the current context, and the thread that entered it
+_RUN: ContextVar[tuple[Opened, int] | None] = ContextVar("pglogrepl_opened_tables", default=None)
+
+
+def _current() -> Opened | None:
+    run = _RUN.get()
+    if run is None or run[1] != threading.get_ident():
+        return None  # (a scope this thread inherited, not entered: not its own)
+    return run[0]
 
 
 @contextmanager
@@ -75,10 +142,11 @@ def reused(opened: Opened | None = None) -> Iterator[None]:
     """Within the block, ``newest`` keeps each table it opens (in ``opened``, default a new
     set) and updates it on the next open. A block inside another without ``opened`` uses the
     outer one's tables. Also a decorator: the function's call is the block."""
-    if opened is None and _RUN.get() is not None:
+    if opened is None and _current() is not None:
         yield
         return
-    token = _RUN.set(opened if opened is not None else Opened())
+    entered = opened if opened is not None else Opened()
+    token = _RUN.set((entered, threading.get_ident()))
     try:
         yield
     finally:
@@ -88,7 +156,7 @@ def reused(opened: Opened | None = None) -> Iterator[None]:
 def for_another_thread() -> Opened | None:
     """The tables a thread working for the current scope keeps, for it to enter with
     ``reused`` on each call (None: no scope here). They live as long as the scope does."""
-    opened = _RUN.get()
+    opened = _current()
     if opened is None:
         return None
     if opened.other_thread is None:
@@ -99,38 +167,40 @@ def for_another_thread() -> Opened | None:
 def newest(uri: str, load: Callable[[str], Any | None]) -> Any | None:
     """The table at ``uri`` at its newest version: the one opened earlier in this scope,
     brought up to date, or ``load(uri)`` (None: no table there; not kept)."""
-    opened = _RUN.get()
+    opened = _current()
     if opened is None:
         return load(uri)
     opened.catch_up()
-    tables = opened.tables
-    table = tables.get(uri)
+    table = opened.reuse(uri)
     if table is not None:
-        try:
-            table.update_incremental()
-            tables.move_to_end(uri)
-            return table
-        except Exception as exc:  # (its log changed under it: read it as a first open would)
-            log.debug("%s opened afresh: bringing it up to date failed (%s)", uri, exc)
-            del tables[uri]
+        return table
     table = load(uri)
     if table is not None:
-        tables[uri] = table
-        if len(tables) > KEPT:
-            tables.popitem(last=False)
+        opened.keep(uri, table)
     return table
 
 
 def at_version(uri: str, version: int, load: Callable[[str], Any | None]) -> Any | None:
     """The table at ``uri`` at ``version``: the one opened in this scope when it is at that
     version now (a read of the version just opened), else ``load(uri)``, which is not kept."""
-    opened = _RUN.get()
+    opened = _current()
     if opened is not None:
         opened.catch_up()
-        table = opened.tables.get(uri)
-        if table is not None and int(table.version()) == version:
-            return table
+        kept = opened.tables.get(uri)
+        if kept is not None and int(kept.table.version()) == version:
+            return kept.table
     return load(uri)
+
+
+@contextmanager
+def removing(uri: str) -> Iterator[None]:
+    """The block removes ``uri`` and what is under it: every scope opens it afresh after that.
+    Said before and after, so a scope that opens it while it goes does not keep what went."""
+    forget(uri)
+    try:
+        yield
+    finally:
+        forget(uri)
 
 
 def forget(uri: str) -> None:

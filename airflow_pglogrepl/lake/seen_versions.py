@@ -36,7 +36,7 @@ from typing import Any
 
 from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.layout import is_local, local_path
-from airflow_pglogrepl.lake.storage import filesystem
+from airflow_pglogrepl.lake.storage import commit_fingerprint, filesystem
 
 log = logging.getLogger("airflow_pglogrepl.lake")
 
@@ -137,12 +137,7 @@ class SeenVersions:
 
     def _fingerprint(self, name: str, version: int) -> list[int] | None:
         """The size and modification time of the commit file of ``version`` (None: none)."""
-        from pyarrow import fs
-
-        info = self._system.get_file_info(self._commit(name, version))
-        if info.type != fs.FileType.File:
-            return None
-        return [int(info.size or 0), int(info.mtime_ns or 0)]
+        return commit_fingerprint(self._system, f"{self._base}/{name}", version)
 
     def tables(self, parent: str) -> list[str]:
         """The tables under ``parent`` (``changes`` or ``state``), as ``delta.list_tables``

@@ -136,14 +136,14 @@ def publish(table_uri: str, staged: str) -> int:
 def remove(uri: str) -> None:
     """Remove a directory and everything in it, if it exists (a local path or a URI); a table
     opened there in this run is forgotten first (``opened_tables``)."""
-    opened_tables.forget(uri)
-    if is_local(uri):
-        if os.path.isdir(uri):
-            shutil.rmtree(uri)
-        return
-    filesystem, path = storage.filesystem(uri)
-    with contextlib.suppress(FileNotFoundError):
-        filesystem.delete_dir(path)
+    with opened_tables.removing(uri):
+        if is_local(uri):
+            if os.path.isdir(uri):
+                shutil.rmtree(uri)
+            return
+        filesystem, path = storage.filesystem(uri)
+        with contextlib.suppress(FileNotFoundError):
+            filesystem.delete_dir(path)
 
 
 def _first_commit(filesystem: Any, staged: str) -> list[dict[str, Any]]:

@@ -237,6 +237,18 @@ def filesystem(uri: str) -> tuple[Any, str]:
     return found, path
 
 
+def commit_fingerprint(system: Any, table_path: str, version: int) -> list[int] | None:
+    """The size and modification time of the Delta commit file of ``version`` of the table at
+    ``table_path`` in ``system`` (None: no such file). A table written again from scratch
+    reaches the same version numbers with other commit files: this tells them apart."""
+    from pyarrow import fs
+
+    info = system.get_file_info(f"{table_path}/_delta_log/{version:020d}.json")
+    if info.type != fs.FileType.File:
+        return None
+    return [int(info.size or 0), int(info.mtime_ns or 0)]
+
+
 def spark_settings() -> dict[str, str]:
     """``spark.hadoop.*`` settings for the current store (empty without one). Keys go to a
     private profile file, removed when the process ends, not into Spark's configuration."""

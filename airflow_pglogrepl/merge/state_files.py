@@ -139,6 +139,9 @@ class StateTarget:
     def __init__(self, lake: Lake, name: str, state: pa.Schema, target: Any | None,
                  end: LSN) -> None:  # fmt: skip
         self.lake, self.name, self.state, self.target, self.end = lake, name, state, target, end
+        # what the rows were computed against, taken now: the commit is a compare-and-set on it
+        # (the target may be a table object another open brings up to date meanwhile)
+        self.have = None if target is None else target.transaction_version(lake.app)
         if target is None:
             config = lake.state_config(name)
             self.mapped = mapped_schema(state) if MODE in config else None
@@ -163,8 +166,7 @@ class StateTarget:
     def commit(self) -> int:
         """The one commit of every file written, right after the writer lock is proven; the
         rows it added."""
-        uri, lake, end = self.lake.paths.state(self.name), self.lake, self.end
-        have = None if self.target is None else self.target.transaction_version(lake.app)
+        uri, lake, end, have = self.lake.paths.state(self.name), self.lake, self.end, self.have
 
         def commit(files: list[delta.DataFile]) -> None:
             lake.check_writer()

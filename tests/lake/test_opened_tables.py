@@ -139,21 +139,101 @@ def test_the_least_recently_opened_table_goes_past_the_bound(
     assert loads == {uris[0]: 2, uris[1]: 1, uris[2]: 1}
 
 
-def test_a_table_whose_update_fails_is_opened_afresh() -> None:
-    class Failing:
-        def update_incremental(self) -> None:
-            raise OSError("log unreadable")
+def test_a_table_whose_update_fails_is_opened_afresh(
+    tmp_path: Path, loads: Counter[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    uri = str(tmp_path / "t")
+    append(uri, [1])
 
-    made: list[Failing] = []
-
-    def load(uri: str) -> Failing:
-        made.append(Failing())
-        return made[-1]
+    def failing() -> None:
+        raise OSError("log unreadable")
 
     with opened_tables.reused():
-        first = opened_tables.newest("mem://t", load)
-        second = opened_tables.newest("mem://t", load)
-    assert first is made[0] and second is made[1]
+        first = delta.open_table(uri)
+        first.update_incremental = failing  # type: ignore[union-attr]
+        second = delta.open_table(uri)
+    assert second is not first and loads[uri] == 2
+    assert "bringing it up to date failed (log unreadable)" in caplog.text
+
+
+def test_a_table_written_again_by_someone_else_during_the_run_is_opened_afresh(
+    tmp_path: Path, loads: Counter[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not through ``staging.remove``: a person or another tool, while the run holds the lock.
+    The new table has the kept version and more, with other files."""
+    import shutil
+
+    uri = str(tmp_path / "t")
+    append(uri, [1])
+    append(uri, [2])
+    with opened_tables.reused():
+        assert ids(delta.open_table(uri)) == [1, 2]
+        shutil.rmtree(uri)
+        for row in (10, 11, 12, 13):
+            append(uri, [row])
+        assert ids(delta.open_table(uri)) == [10, 11, 12, 13]
+    assert loads[uri] == 2
+    assert "changed under the run (its commit file of version 1 is not the one read)" in (
+        caplog.text
+    )
+
+
+def test_a_table_opened_while_it_is_removed_is_not_kept_past_the_removal(
+    tmp_path: Path, loads: Counter[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another thread's scope may open the table between the removal's start and its end."""
+    import shutil
+
+    uri = str(tmp_path / "t")
+    append(uri, [1])
+    append(uri, [2])
+    remove = shutil.rmtree
+
+    def opened_meanwhile(path: str, *args: Any, **kwargs: Any) -> None:
+        delta.open_table(uri)  # (in this scope, for the test: the order is what matters)
+        remove(path, *args, **kwargs)
+
+    with opened_tables.reused():
+        monkeypatch.setattr(shutil, "rmtree", opened_meanwhile)
+        staging.remove(uri)
+        monkeypatch.setattr(shutil, "rmtree", remove)
+        for row in (10, 11, 12):
+            append(uri, [row])
+        assert ids(delta.open_table(uri)) == [10, 11, 12]
+
+
+def test_a_thread_that_inherits_the_context_does_not_use_the_scope(
+    tmp_path: Path, loads: Counter[str]
+) -> None:
+    """Free-threaded Python from 3.14 gives a new thread a copy of its creator's context."""
+    import contextvars
+
+    uri = str(tmp_path / "t")
+    append(uri, [1])
+    opened: list[Any] = []
+    with opened_tables.reused():
+        mine = delta.open_table(uri)
+        context = contextvars.copy_context()
+        thread = threading.Thread(target=context.run, args=(lambda: opened.append(
+            (delta.open_table(uri), opened_tables.for_another_thread())),))  # fmt: skip
+        thread.start()
+        thread.join()
+    assert opened[0][0] is not mine and opened[0][1] is None
+    assert loads[uri] == 2
+
+
+def test_a_table_of_more_files_than_the_budget_is_not_kept(
+    tmp_path: Path, loads: Counter[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(opened_tables, "KEPT_FILES", 2)
+    small, big = str(tmp_path / "small"), str(tmp_path / "big")
+    append(small, [1])
+    for row in (1, 2, 3):
+        append(big, [row])
+    with opened_tables.reused():
+        for uri in (small, big, small, big):
+            delta.open_table(uri)
+    assert loads == {small: 1, big: 2}
 
 
 def test_a_scope_too_far_behind_the_removals_drops_every_table(
