@@ -61,7 +61,8 @@ class _Kept:
     files: int
     system: Any
     path: str
-    commit: list[int] | None  # the fingerprint of the kept version's commit file
+    version: int  # the version last read from the log (a commit through the object moves it on)
+    commit: list[int] | None  # the fingerprint of that version's commit file
 
 
 class Opened:
@@ -95,13 +96,14 @@ class Opened:
         try:
             files = len(table.file_uris())
             system, path = filesystem(uri)
-            commit = commit_fingerprint(system, path, int(table.version()))
+            version = int(table.version())
+            commit = commit_fingerprint(system, path, version)
         except OSError as exc:  # (not kept: every open reads the log, as without a scope)
             log.debug("%s not kept open (%s)", uri, exc)
             return
         if files > KEPT_FILES:
             return
-        self.tables[uri] = _Kept(table, files, system, path, commit)
+        self.tables[uri] = _Kept(table, files, system, path, version, commit)
         while len(self.tables) > KEPT or self.files > KEPT_FILES:
             self.tables.popitem(last=False)
 
@@ -110,15 +112,15 @@ class Opened:
         kept = self.tables.pop(uri, None)
         if kept is None:
             return None
-        version = int(kept.table.version())
         try:
-            if commit_fingerprint(kept.system, kept.path, version) != kept.commit:
+            if commit_fingerprint(kept.system, kept.path, kept.version) != kept.commit:
                 log.warning("%s changed under the run (its commit file of version %s is not the "
-                            "one read): opened afresh", uri, version)  # fmt: skip
+                            "one read): opened afresh", uri, kept.version)  # fmt: skip
                 return None
             kept.table.update_incremental()
-            if int(kept.table.version()) != version:
-                kept.commit = commit_fingerprint(kept.system, kept.path, kept.table.version())
+            if int(kept.table.version()) != kept.version:
+                kept.version = int(kept.table.version())
+                kept.commit = commit_fingerprint(kept.system, kept.path, kept.version)
         except Exception as exc:  # (its log changed under it: read it as a first open would)
             log.warning("%s opened afresh: bringing it up to date failed (%s)", uri, exc)
             return None

@@ -69,6 +69,23 @@ def test_inside_a_scope_a_table_is_read_once_and_brought_up_to_date(
     assert delta.open_table(uri) is not table  # the scope is over
 
 
+def test_a_commit_made_through_the_kept_table_keeps_it(
+    tmp_path: Path, loads: Counter[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A merge or an append through the object moves it to its new version itself."""
+    uri = str(tmp_path / "t")
+    append(uri, [1])
+    with opened_tables.reused():
+        table = delta.open_table(uri)
+        write_deltalake(table, pa.table({"id": pa.array([2], pa.int64())}), mode="append")  # type: ignore[arg-type]
+        assert table is not None and table.version() == 1
+        append(uri, [3])  # and one through another object
+        assert delta.open_table(uri) is table and ids(table) == [1, 2, 3]
+        assert delta.open_table(uri) is table
+    assert loads[uri] == 1
+    assert "changed under the run" not in caplog.text
+
+
 def test_a_table_removed_and_written_again_is_not_read_on_top_of_the_old_one(
     tmp_path: Path, loads: Counter[str]
 ) -> None:
