@@ -90,6 +90,24 @@ class SlotAheadOfLakeError(LakeMismatchError):
         )
 
 
+class LakePastFailoverError(LakeMismatchError):
+    """The source was promoted from a standby that never received all the lake holds: the
+    lake's changes past the switch point are not in the new primary's history, and its own
+    commits take those LSNs, so draining on would mix two histories or skip new changes."""
+
+    def __init__(self, slot: str, lake_root: str, position: object, timeline: object,
+                 switch: object, current: object) -> None:  # fmt: skip
+        super().__init__(
+            f"lake {lake_root} has drained the WAL up to {position} on timeline {timeline}, "
+            f"but the server of slot {slot!r} left timeline {timeline} at {switch} (a promotion; "
+            f"it is on timeline {current}): what the lake holds past {switch} never reached the "
+            f"standby that was promoted. Nothing was drained and the slot did not move. Fix: take "
+            f"a new initial snapshot into a new lake. To keep this from happening again, list the "
+            f"standby's physical slot in synchronized_standby_slots on the primary, so no "
+            f"consumer confirms past what the standby has (docs/high-availability.md)"
+        )
+
+
 class LakeFromAnotherSourceError(LakeMismatchError):
     """The lake's commits came from another server, or another timeline of this one: its LSNs
     and the slot's do not describe the same WAL, so neither can move the other."""

@@ -15,6 +15,7 @@ from collections.abc import Collection, Sequence
 from airflow_pglogrepl import conninfo
 from airflow_pglogrepl.exceptions import DefinitionConflictError
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook, run_ddl, show
+from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import PublicationInfo, PublishedTable, Reconciled
 from airflow_pglogrepl.postgres import publications
 from airflow_pglogrepl.postgres.coverage import SourceCoverage, publication_coverage
@@ -57,6 +58,14 @@ class PublicationsMixin(PgSessionHook):
 
         with self.session() as conn:
             return source_identity(conn)
+
+    def switch_points(self, timeline: int) -> dict[int, LSN]:
+        """The ancestors of ``timeline`` on the server, each with the LSN where its history left
+        it (``postgres.timelines``)."""
+        from airflow_pglogrepl.postgres.timelines import switch_points
+
+        with self.session(replication=True) as conn:
+            return switch_points(conn, timeline)
 
     def missing_publications(self, names: Sequence[str]) -> list[str]:
         """The ``names`` no publication of the connected database has."""

@@ -5,6 +5,11 @@ advance was lost (PostgreSQL persists an advanced position only at the next chec
 slot is moved up to the lake; slot ahead means someone else consumed changes the lake never saw,
 and the run stops, naming both LSNs. A lake written from another server or timeline, claimed by
 another slot, or whose initial snapshot never committed is refused before a byte is written.
+
+A later timeline of the same server is a promotion (or a switchover): the lake goes on there
+when its timeline is an ancestor of the current one, left at or after the lake's position. A
+failover slot synchronized to the standby is then at or behind the lake, and is moved up to it.
+Left before the lake's position, the new primary never had part of what the lake holds.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import Sequence
 
 from airflow_pglogrepl.exceptions import (
     LakeFromAnotherSourceError,
+    LakePastFailoverError,
     LakeSnapshotUnfinishedError,
     SlotAheadOfLakeError,
 )
@@ -44,6 +50,30 @@ def claim(lake: Lake, source: DrainSource, slot: str, publications: Sequence[str
         raise LakeSnapshotUnfinishedError(lake.root, slot, identity.get("created_at"), left)
 
 
+def _promoted(lake: Lake, source: DrainSource, slot: str, recorded: dict[str, object],
+              current: dict[str, object], lake_lsn: LSN, *, ahead: bool) -> bool:  # fmt: skip
+    """Whether the source is the lake's server promoted (or switched over) from a standby
+    that had everything the lake drained: the lake's timeline is an ancestor of the current
+    one, left at or after the lake's position (``postgres.timelines``). A timeline left before
+    it raises ``LakePastFailoverError``; one that is no ancestor (another history) is not a
+    promotion."""
+    old, new = recorded.get("timeline"), current.get("timeline")
+    if not isinstance(old, int) or not isinstance(new, int) or new <= old:
+        return False
+    switch = source.switch_points(new).get(old)
+    if switch is None:
+        return False
+    if lake_lsn > switch:
+        raise LakePastFailoverError(slot, lake.root, lake_lsn, old, switch, new)
+    log.warning(
+        "slot %s is on timeline %s of the server lake %s was drained from on timeline %s "
+        "(a promotion or switchover, which left timeline %s at %s; the lake is at %s, before "
+        "it): draining on%s", slot, new, lake.root, old, old, switch, lake_lsn,
+        ", from the lake's position (the synchronized slot is behind it)" if ahead else "",
+    )  # fmt: skip
+    return True
+
+
 def reconcile(lake: Lake, source: DrainSource, slot: str, slot_lsn: LSN, *,
               accept_source_change: bool) -> LSN:  # fmt: skip
     """Where the run starts: the slot's ``slot_lsn``, or the lake's position when the slot's
@@ -52,10 +82,15 @@ def reconcile(lake: Lake, source: DrainSource, slot: str, slot_lsn: LSN, *,
     recorded = lake.recorded_source()
     current = lake.source or {}
     ahead = lake_lsn is not None and lake_lsn > slot_lsn
-    changed = recorded is not None and (
+    other_system = recorded is not None and (
         recorded.get("system_identifier") != current.get("system_identifier")
-        or (ahead and recorded.get("timeline") != current.get("timeline"))
     )
+    other_timeline = recorded is not None and recorded.get("timeline") != current.get("timeline")
+    promoted = False
+    if other_timeline and not other_system and lake_lsn is not None and not accept_source_change:
+        assert recorded is not None
+        promoted = _promoted(lake, source, slot, recorded, current, lake_lsn, ahead=ahead)
+    changed = other_system or (ahead and other_timeline and not promoted)
     if changed and not accept_source_change:
         raise LakeFromAnotherSourceError(slot, lake.root, recorded or {}, current)
     if changed:

@@ -38,6 +38,8 @@ class DrainSource(Protocol):
 
     def source_identity(self) -> dict[str, object]: ...
 
+    def switch_points(self, timeline: int) -> dict[int, LSN]: ...
+
     def peek_changes(
         self,
         slot: str,

@@ -15,7 +15,7 @@ from typing import Any
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import ColumnOrigins, SlotInfo
-from airflow_pglogrepl.postgres import arrow_peek, columns, locks, server, slots
+from airflow_pglogrepl.postgres import arrow_peek, columns, locks, server, slots, timelines
 from airflow_pglogrepl.postgres.connect import Conn, connect, dsn_params
 from airflow_pglogrepl.postgres.coverage import SourceCoverage, publication_coverage
 from airflow_pglogrepl.postgres.slot_stream import SlotStream
@@ -54,6 +54,12 @@ class PgSource:
     def source_identity(self) -> dict[str, object]:
         with self.session() as conn:
             return server.source_identity(conn)
+
+    def switch_points(self, timeline: int) -> dict[int, LSN]:
+        """The ancestors of ``timeline`` on this server, each with the LSN where its history
+        left it (``postgres.timelines``)."""
+        with connect(self._params, label=self.label, replication=True) as conn:
+            return timelines.switch_points(conn, timeline)
 
     def missing_publications(self, names: Sequence[str]) -> list[str]:
         with self.session() as conn:

@@ -11,6 +11,7 @@ import pytest
 from airflow_pglogrepl.exceptions import (
     LakeFromAnotherSourceError,
     LakeOfAnotherSlotError,
+    LakePastFailoverError,
     LakeSnapshotUnfinishedError,
     SlotAheadOfLakeError,
 )
@@ -69,6 +70,44 @@ def test_a_lake_from_another_server_or_timeline_moves_nothing(tmp_path: Path) ->
           accept_source_change=True).run(time.monotonic())  # fmt: skip
     assert other.advances[0] == position  # the slot moved up to the lake first
     assert lake.recorded_source() == other.identity  # and the new source is recorded
+
+
+def test_a_promoted_standby_that_had_all_the_lake_holds_is_drained_on_unasked(
+    tmp_path: Path,
+) -> None:
+    """The same server on a later timeline, which left the lake's at or after its position: a
+    failover slot synchronized to the standby, behind the lake, is moved up to it. Before, the
+    run was refused as another source unless ``accept_source_change`` was given."""
+    lake = Lake(str(tmp_path / "lake"), "s")
+    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1300)
+    Drain(source=source, lake=lake, slot="s", publications=["p"],
+          max_window_bytes=1024).run(time.monotonic())  # fmt: skip
+    assert lake.position() == LSN(0x1300)
+    promoted = FakeSource([], confirmed=0x1100, flush=0x2000)  # the synced slot, behind
+    promoted.identity = {**source.identity, "timeline": 2}
+    promoted.switches = {1: LSN(0x1300)}
+    result = Drain(source=promoted, lake=lake, slot="s", publications=["p"],
+                   max_window_bytes=1024).run(time.monotonic())  # fmt: skip
+    assert promoted.advances[0] == LSN(0x1300) and result.to_dict()["changes"] == 0
+    assert lake.recorded_source() == promoted.identity and lake.position() == LSN(0x2000)
+
+
+def test_a_promoted_standby_that_missed_part_of_the_lake_moves_nothing(tmp_path: Path) -> None:
+    """The old primary let the drain confirm WAL its standby never received (no
+    ``synchronized_standby_slots``): the new primary's commits take those LSNs."""
+    lake = Lake(str(tmp_path / "lake"), "s")
+    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1300)
+    Drain(source=source, lake=lake, slot="s", publications=["p"],
+          max_window_bytes=1024).run(time.monotonic())  # fmt: skip
+    for slot_at in (0x1100, 0x1300, 0x1400):  # behind the lake, at it, and past it
+        promoted = FakeSource([], confirmed=slot_at, flush=0x2000)
+        promoted.identity = {**source.identity, "timeline": 3}
+        promoted.switches = {1: LSN(0x1200), 2: LSN(0x1800)}
+        drain = Drain(source=promoted, lake=lake, slot="s", publications=["p"],
+                      max_window_bytes=1024)  # fmt: skip
+        with pytest.raises(LakePastFailoverError, match=r"up to 0/1300 on timeline 1.*at 0/1200"):
+            drain.run(time.monotonic())
+        assert promoted.advances == [] and lake.position() == LSN(0x1300)
 
 
 def test_a_windows_table_from_before_source_identities_takes_them(tmp_path: Path) -> None:

@@ -58,6 +58,12 @@ class FakeSource:
         return dict(self.identity)
 
     identity: dict[str, object] = {"system_identifier": "7", "timeline": 1, "database": "db"}
+    # the current timeline's ancestors, each with where its history left it (a promotion's)
+    switches: dict[int, LSN] = {}
+
+    def switch_points(self, timeline: int) -> dict[int, LSN]:
+        assert timeline == self.identity["timeline"], "asked of the current timeline"
+        return dict(self.switches)
 
     def peek_changes(
         self, slot: str, *, upto_lsn: LSN | str | None, options: Mapping[str, str],
