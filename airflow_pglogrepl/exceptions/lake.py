@@ -96,9 +96,13 @@ class LakePastFailoverError(LakeMismatchError):
     commits take those LSNs, so draining on would mix two histories or skip new changes."""
 
     def __init__(self, slot: str, lake_root: str, position: object, timeline: object,
-                 switch: object, current: object) -> None:  # fmt: skip
+                 switch: object, current: object, *,
+                 held_by: str | None = None) -> None:  # fmt: skip
+        what = f"lake {lake_root} holds"
+        if held_by:
+            what = f"table {held_by} of lake {lake_root} holds"
         super().__init__(
-            f"lake {lake_root} has drained the WAL up to {position} on timeline {timeline}, "
+            f"{what} the WAL up to {position} on timeline {timeline}, "
             f"but the server of slot {slot!r} left timeline {timeline} at {switch} (a promotion; "
             f"it is on timeline {current}): what the lake holds past {switch} never reached the "
             f"standby that was promoted. Nothing was drained and the slot did not move. Fix: take "
@@ -125,10 +129,11 @@ class LakeFromAnotherSourceError(LakeMismatchError):
             f"lake {lake_root} was written from {show(recorded)}, but slot {slot!r} is on "
             f"{show(current)}. Nothing was drained and the slot did not move. Fix: point the "
             f"drain at the server the lake came from (PGLOGREPL_SOURCE_DSN, or the connection). "
+            f"A promotion of the lake's own server is recognised without this (its timeline "
+            f"history); another timeline of the same system is another branch of its history. "
             f"If the change was deliberate and the lake's history is this server's (a pg_upgrade "
-            f"that carried the slot over, or a promotion whose slot was synced before the "
-            f"switch), drain once with accept_source_change=True (--accept-source-change); "
-            f"otherwise take a new initial snapshot into a new lake"
+            f"that carried the slot over), drain once with accept_source_change=True "
+            f"(--accept-source-change); otherwise take a new initial snapshot into a new lake"
         )
 
 

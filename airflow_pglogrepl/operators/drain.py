@@ -67,8 +67,8 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     :param accept_source_change: drain although the lake was written from another system
         identifier or timeline (``LakeFromAnotherSourceError``). For one run, after checking
         that the change was deliberate: a ``pg_upgrade`` (new system identifier, slots carried
-        over from 17) or a promotion whose slot is before the switch point. The new source is
-        recorded from then on.
+        over from 17). A promotion of the lake's own server needs no such run: its timeline
+        history shows it (docs/high-availability.md). The new source is recorded from then on.
     :param skip_when_idle: before submitting, decide on the worker whether the run has anything
         to do, and when it has not, start no spark-submit: the task logs why and returns the
         summary of a run that drained and merged nothing (``idle`` True, ``spark_start_s``

@@ -63,8 +63,9 @@ def _promoted(lake: Lake, source: DrainSource, slot: str, recorded: dict[str, ob
     switch = source.switch_points(new).get(old)
     if switch is None:
         return False
-    if lake_lsn > switch:
-        raise LakePastFailoverError(slot, lake.root, lake_lsn, old, switch, new)
+    reach, held_by = _reach(lake, lake_lsn)
+    if reach > switch:
+        raise LakePastFailoverError(slot, lake.root, reach, old, switch, new, held_by=held_by)
     log.warning(
         "slot %s is on timeline %s of the server lake %s was drained from on timeline %s "
         "(a promotion or switchover, which left timeline %s at %s; the lake is at %s, before "
@@ -72,6 +73,19 @@ def _promoted(lake: Lake, source: DrainSource, slot: str, recorded: dict[str, ob
         ", from the lake's position (the synchronized slot is behind it)" if ahead else "",
     )  # fmt: skip
     return True
+
+
+def _reach(lake: Lake, position: LSN) -> tuple[LSN, str | None]:
+    """The furthest WAL position the lake holds anything of, and the table that holds it (None:
+    the position itself). A table's changelog is committed before the window's commit point, so
+    a run killed between the two leaves it past the position; a re-snapshot's state is at its
+    own consistent point. Either is a floor below which the drain skips that table's rows."""
+    furthest, held_by = position, None
+    for name in sorted({*lake.changes_tables(), *lake.state_tables()}):
+        held = lake.covered(name)
+        if held is not None and held > furthest:
+            furthest, held_by = held, name
+    return furthest, held_by
 
 
 def reconcile(lake: Lake, source: DrainSource, slot: str, slot_lsn: LSN, *,
@@ -90,7 +104,9 @@ def reconcile(lake: Lake, source: DrainSource, slot: str, slot_lsn: LSN, *,
     if other_timeline and not other_system and lake_lsn is not None and not accept_source_change:
         assert recorded is not None
         promoted = _promoted(lake, source, slot, recorded, current, lake_lsn, ahead=ahead)
-    changed = other_system or (ahead and other_timeline and not promoted)
+    # a timeline that is not the lake's own promoted is another history: its LSNs past the fork
+    # are not the lake's, whichever of lake and slot is ahead
+    changed = other_system or (other_timeline and lake_lsn is not None and not promoted)
     if changed and not accept_source_change:
         raise LakeFromAnotherSourceError(slot, lake.root, recorded or {}, current)
     if changed:
@@ -107,9 +123,11 @@ def reconcile(lake: Lake, source: DrainSource, slot: str, slot_lsn: LSN, *,
         log.info("empty lake: starting at the slot's confirmed_flush_lsn %s", slot_lsn)
         return slot_lsn
     if lake_lsn > slot_lsn:
+        why = ("its synchronized copy on the promoted standby was behind the lake" if promoted
+               else "the last advance was lost")  # fmt: skip
         log.warning(
-            "lake is ahead of slot %s (%s > %s): the last advance was lost; advancing the "
-            "slot to the lake, committed changes are not drained again", slot, lake_lsn, slot_lsn,
+            "lake is ahead of slot %s (%s > %s): %s; advancing the slot to the lake, committed "
+            "changes are not drained again", slot, lake_lsn, slot_lsn, why,
         )  # fmt: skip
         lake.check_writer()
         source.advance_slot(slot, lake_lsn)

@@ -58,8 +58,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "--accept-source-change", action="store_true", help="the lake's source changed on "
-        "purpose (pg_upgrade gives a new system identifier; a promotion a new timeline): drain "
-        "on, and record the new source",
+        "purpose (pg_upgrade gives a new system identifier; a promotion of the lake's own server "
+        "needs no flag): drain on, and record the new source",
     )  # fmt: skip
     parser.add_argument(
         "--on-quarantine", choices=("fail", "warn"), default="fail", help="tables in the "

@@ -84,7 +84,9 @@ def start_standby(
 
 def synced(standby: PgCluster, slot: str) -> bool:
     """Whether the standby holds ``slot`` synchronized from its primary."""
-    rows = standby.execute("SELECT synced FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+    rows = standby.execute(  # (a synced slot stays temporary until it is sync-ready)
+        "SELECT synced AND NOT temporary AND invalidation_reason IS NULL"
+        " FROM pg_replication_slots WHERE slot_name = %s", (slot,))  # fmt: skip
     return bool(rows and rows[0][0])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,9 +106,85 @@ def test_a_promoted_standby_that_missed_part_of_the_lake_moves_nothing(tmp_path:
         promoted.switches = {1: LSN(0x1200), 2: LSN(0x1800)}
         drain = Drain(source=promoted, lake=lake, slot="s", publications=["p"],
                       max_window_bytes=1024)  # fmt: skip
-        with pytest.raises(LakePastFailoverError, match=r"up to 0/1300 on timeline 1.*at 0/1200"):
+        with pytest.raises(
+            LakePastFailoverError, match=r"holds the WAL up to 0/1300 on timeline 1.*at 0/1200"
+        ):
             drain.run(time.monotonic())
         assert promoted.advances == [] and lake.position() == LSN(0x1300)
+
+
+def test_another_branch_of_the_history_is_refused_with_the_slot_at_the_lake(
+    tmp_path: Path,
+) -> None:
+    """A timeline of the same system that did not come from the lake's (a sibling promotion, a
+    server restored from an old backup). Before, only a lake ahead of the slot was refused: a
+    slot at the lake went on, with LSNs of another history."""
+    lake = Lake(str(tmp_path / "lake"), "s")
+    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1300)
+    Drain(source=source, lake=lake, slot="s", publications=["p"],
+          max_window_bytes=1024).run(time.monotonic())  # fmt: skip
+    for timeline, switches in ((2, {}), (2, {3: LSN(0x1400)})):
+        sibling = FakeSource([], confirmed=0x1300, flush=0x2000)
+        sibling.identity = {**source.identity, "timeline": timeline}
+        sibling.switches = switches
+        with pytest.raises(LakeFromAnotherSourceError, match=r"another branch"):
+            Drain(source=sibling, lake=lake, slot="s", publications=["p"],
+                  max_window_bytes=1024).run(time.monotonic())  # fmt: skip
+        assert sibling.advances == [] and lake.position() == LSN(0x1300)
+
+
+def test_a_table_committed_past_the_switch_point_moves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run killed between a table's commit and the window's commit point leaves the table
+    past the lake's position, and the drain skips its rows below that. Before, a promotion
+    between the two went on: the new primary's own commits there were skipped, and the old
+    timeline's rows, which never happened on it, stayed."""
+    from tests.support.pgoutput_encoder import (
+        T0,
+        BeginMessage,
+        CommitMessage,
+        InsertMessage,
+        encode,
+        relation,
+    )  # fmt: skip
+
+    def txn(xid: int, begin: int, commit: int, key: bytes) -> list[tuple[LSN, int, bytes]]:
+        items = relation(16384, "items", [("id", 20, True), ("name", 25)])
+        return [(LSN(begin), xid, encode(BeginMessage(LSN(commit), T0, xid))),
+                (LSN(begin + 1), xid, encode(items)),
+                (LSN(begin + 2), xid, encode(InsertMessage(None, 16384, (key, b"v")))),
+                (LSN(commit + 8), xid,
+                 encode(CommitMessage(0, LSN(commit), LSN(commit + 8), T0)))]  # fmt: skip
+
+    lake = Lake(str(tmp_path / "lake"), "s")
+    old = FakeSource(txn(700, 0x1020, 0x1100, b"1") + txn(701, 0x1200, 0x1280, b"2"),
+                     confirmed=0x1000, flush=0x1150)  # fmt: skip
+    Drain(source=old, lake=lake, slot="s", publications=["p"],
+          max_window_bytes=1 << 20).run(time.monotonic())  # fmt: skip
+    old.flush = LSN(0x1300)
+    record = Lake.record
+
+    def killed(self: Lake, **kwargs: Any) -> None:
+        if kwargs.get("kind") == "window":
+            raise SystemExit("killed before the window's commit point")
+        record(self, **kwargs)
+
+    monkeypatch.setattr(Lake, "record", killed)
+    with pytest.raises(SystemExit):
+        Drain(source=old, lake=Lake(lake.root, "s"), slot="s", publications=["p"],
+              max_window_bytes=1 << 20).run(time.monotonic())  # fmt: skip
+    monkeypatch.setattr(Lake, "record", record)
+    lake = Lake(lake.root, "s")
+    assert lake.position() == LSN(0x1150) and lake.covered("public.items") == LSN(0x1300)
+    promoted = FakeSource([], confirmed=0x1100, flush=0x2000)
+    promoted.identity = {**old.identity, "timeline": 2}
+    promoted.switches = {1: LSN(0x1180)}  # the standby had the first commit, not the second
+    drain = Drain(source=promoted, lake=lake, slot="s", publications=["p"],
+                  max_window_bytes=1 << 20)  # fmt: skip
+    with pytest.raises(LakePastFailoverError, match=r"table public.items .* up to 0/1300"):
+        drain.run(time.monotonic())
+    assert promoted.advances == [] and lake.position() == LSN(0x1150)
 
 
 def test_a_windows_table_from_before_source_identities_takes_them(tmp_path: Path) -> None:
