@@ -1,6 +1,6 @@
 """A streaming standby of a test cluster, and its promotion: what failover tests run against.
 
-The standby is a base backup of the primary (``pg_basebackup -R``, streaming through a physical
+The standby is a base backup of the primary (``pg_basebackup``, streaming through a physical
 slot of the primary), started with ``hot_standby_feedback`` and, from PostgreSQL 17, failover
 slot synchronization on (``sync_replication_slots``; ``primary_conninfo`` names a database).
 The zonky builds of 16 and 17 carry no ``pg_basebackup``; PostgreSQL 18's backs up a 17 server
@@ -58,19 +58,26 @@ def start_standby(
                 f"dbname=postgres")  # fmt: skip
     env = {**os.environ, "PGPASSWORD": primary.password, "LC_ALL": "C"}
     done = subprocess.run(
-        [str(basebackup), "-D", str(standby.datadir), "-R", "-X", "stream", "-S", physical_slot,
+        [str(basebackup), "-D", str(standby.datadir), "-X", "stream", "-S", physical_slot,
          "-c", "fast", "--no-sync", "-d", conninfo],
         capture_output=True, text=True, env=env, timeout=300, **_as_server_user(),
     )  # fmt: skip
     if done.returncode != 0:
         raise ClusterError(f"pg_basebackup of {primary.name} failed:\n{done.stderr}")
     failover = int(primary.execute("SHOW server_version_num")[0][0]) >= 170000
+    # Written here, not by -R: a newer pg_basebackup's -R writes options an older server's
+    # libpq refuses (18's ``sslnegotiation`` stopped a 16 standby's WAL receiver).
+    (standby.datadir / "standby.signal").touch()
     with (standby.datadir / "postgresql.conf").open("a") as conf:
         conf.write(
             f"\n# standby of {primary.name}\nport = {standby.port}\n"
             f"unix_socket_directories = '{standby.socket_dir}'\nhot_standby_feedback = on\n"
+            f"primary_conninfo = '{conninfo} password={primary.password}'\n"
+            f"primary_slot_name = '{physical_slot}'\n"
             + ("sync_replication_slots = on\n" if failover else "")
         )
+    if user is not None:
+        os.chown(standby.datadir / "standby.signal", user.pw_uid, user.pw_gid)
     standby.start()
     wait_until(lambda: primary.execute(
         "SELECT 1 FROM pg_stat_replication WHERE state = 'streaming'"),
