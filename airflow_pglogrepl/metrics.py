@@ -49,6 +49,14 @@ def slot(info: SlotInfo) -> None:
     _gauge(metric_name(info.name, "active"), int(info.active))
 
 
+def failover(slot_name: str, *, ready: bool, standby_lag_bytes: int | None) -> None:
+    """Whether a promotion of a standby keeps the slot (``failover.ready``, 1 or 0), and how
+    far the nearest ready standby's copy is behind the primary's slot
+    (``failover.standby_lag_bytes``)."""
+    _gauge(metric_name(slot_name, "failover", "ready"), int(ready))
+    _gauge(metric_name(slot_name, "failover", "standby_lag_bytes"), standby_lag_bytes)
+
+
 def drain(slot_name: str, result: Mapping[str, Any]) -> None:
     """A drain run's summary (``SlotDrainOperator``'s return value)."""
     name = str(slot_name)

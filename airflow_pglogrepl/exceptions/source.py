@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from airflow_pglogrepl.exceptions.base import PgLogReplError
+from airflow_pglogrepl.exceptions.objects import UnsupportedFeatureError
 
 
 class InvalidLSNError(PgLogReplError, ValueError):
@@ -95,6 +96,48 @@ class SlotNotFoundError(SlotError):
             f"CreateReplicationSlotOperator or pg_create_logical_replication_slot) or correct "
             f"the slot name",
         )
+
+
+class SlotGoneUnderLakeError(SlotNotFoundError):
+    """The drain's slot does not exist, but the lake holds changes drained from it: the slot was
+    dropped, or the server was promoted from a standby that had no synchronized copy of it.
+    The changes after the lake's position are in no slot, so a new slot of the same name cannot
+    carry the lake on (the drain refuses one that starts past the lake)."""
+
+    def __init__(self, slot: str, lake_root: str, position: object, *, timeline: object,
+                 promoted: bool) -> None:  # fmt: skip
+        self.lake_root = lake_root
+        if promoted:
+            why = (
+                f"the server was promoted (it is on timeline {timeline}, later than the lake's) "
+                f"from a standby that held no synchronized copy of the slot"
+            )
+        else:
+            why = "it was dropped, or the drain's connection points at another server"
+        SlotError.__init__(
+            self,
+            slot,
+            f"replication slot {slot!r} does not exist, but lake {lake_root} holds changes "
+            f"drained from it up to {position}: {why}. The changes committed after {position} "
+            f"are in no slot; a new slot of the same name would start past them, and the drain "
+            f"refuses it. Nothing was drained. Fix: take a new initial snapshot into a new "
+            f"lake path (InitialSnapshotOperator; keep the old lake for its history). To keep "
+            f"it from happening again: on PostgreSQL 17 or later, create the drain's slot as a "
+            f"failover slot synchronized to the standby (SlotHealthCheckOperator with "
+            f"standby_conn_ids says whether it is); before 17 a standby keeps no copy of a "
+            f"logical slot (docs/high-availability.md)",
+        )
+
+
+class FailoverSlotUnsupportedError(SlotError, UnsupportedFeatureError):
+    """A failover slot was asked for where the server cannot keep one: before PostgreSQL 17, on
+    a standby, or for a temporary slot."""
+
+    def __init__(self, slot: str, server: str, why: str, fix: str) -> None:
+        super().__init__(
+            slot, f"replication slot {slot!r} cannot be a failover slot on {server}: {why}. "
+            f"Fix: {fix}",
+        )  # fmt: skip
 
 
 class SlotAlreadyExistsError(SlotError):

@@ -12,8 +12,9 @@ from typing import Any
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
 from airflow_pglogrepl.identifiers import validate_slot_name
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.models.failover import FailoverPrimary, FailoverStandby
 from airflow_pglogrepl.models.records import SlotCreated, SlotInfo, SlotSpill
-from airflow_pglogrepl.postgres import arrow_peek, slots
+from airflow_pglogrepl.postgres import arrow_peek, failover, slots
 from airflow_pglogrepl.postgres.slot_stream import SlotStream
 from airflow_pglogrepl.postgres.slots import OUTPUT_PLUGINS
 
@@ -36,6 +37,7 @@ class SlotsMixin(PgSessionHook):
         plugin: str = "pgoutput",
         temporary: bool = False,
         two_phase: bool = False,
+        failover: bool | None = False,
         conn: Conn | None = None,
     ) -> SlotCreated:
         """Create a logical slot (``postgres.slots.create_logical_slot``).
@@ -50,8 +52,25 @@ class SlotsMixin(PgSessionHook):
             )
         with self._use(conn) as c:
             return slots.create_logical_slot(
-                c, name, plugin=plugin, temporary=temporary, two_phase=two_phase
-            )
+                c, name, plugin=plugin, temporary=temporary, two_phase=two_phase,
+                failover=failover,
+            )  # fmt: skip
+
+    def make_failover_slot(self, name: str) -> None:
+        """Synchronize an existing slot to standbys from now on (17+;
+        ``postgres.failover.make_failover_slot``)."""
+        failover.make_failover_slot(self.connection_params(), name, label=self._source_label())
+
+    def failover_primary(self, name: str) -> FailoverPrimary:
+        """This server's side of the slot's failover (``postgres.failover.primary_failover``)."""
+        with self.session() as conn:
+            return failover.primary_failover(conn, name)
+
+    def failover_standby(self, name: str) -> FailoverStandby:
+        """This standby's copy of the slot and its settings
+        (``postgres.failover.standby_failover``)."""
+        with self.session() as conn:
+            return failover.standby_failover(conn, name)
 
     def drop_slot(self, name: str, *, missing_ok: bool = False, conn: Conn | None = None) -> bool:
         """Drop a slot; False when absent and ``missing_ok`` (``postgres.slots.drop_slot``)."""

@@ -14,11 +14,11 @@ class SnapshotMixin(PgSessionHook):
     """Slot creation with an exported snapshot (replication protocol), for the hook family."""
 
     def create_slot_with_snapshot(self, name: str, *, plugin: str = "pgoutput",
-                                  temporary: bool = False,
-                                  wait_s: float | None = None) -> ExportedSnapshot:  # fmt: skip
+                                  temporary: bool = False, wait_s: float | None = None,
+                                  failover: bool | None = False) -> ExportedSnapshot:  # fmt: skip
         """``CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export')`` (see
         ``postgres.snapshot.create_slot_with_snapshot``); the result holds the session."""
         return create_slot_with_snapshot(
             self.connection_params(), name, plugin=plugin, temporary=temporary,
-            label=self._source_label(), wait_s=wait_s,
+            label=self._source_label(), wait_s=wait_s, failover=failover,
         )  # fmt: skip

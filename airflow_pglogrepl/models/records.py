@@ -96,6 +96,7 @@ class SlotCreated(Record):
     lsn: LSN
     plugin: str
     snapshot_name: str | None = None
+    failover: bool = False  # 17+: synchronized to standbys (models.failover)
 
 
 @dataclass(frozen=True)

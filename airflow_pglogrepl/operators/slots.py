@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, Context
 
 from airflow_pglogrepl import metrics
 from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.hooks.for_connection import replication_hook
+
+if TYPE_CHECKING:
+    from airflow_pglogrepl.models.failover import FailoverReadiness
 
 
 class CreateReplicationSlotOperator(TaskBoundary, BaseOperator):
@@ -23,6 +27,9 @@ class CreateReplicationSlotOperator(TaskBoundary, BaseOperator):
     :param postgres_conn_id: the publisher's Airflow connection.
     :param plugin: output plugin (``pgoutput`` or ``test_decoding``).
     :param two_phase: decode prepared transactions at PREPARE.
+    :param failover: synchronize the slot to standbys, so a promotion keeps it (PostgreSQL 17+;
+        docs/high-availability.md). Default: wherever the server can (a 17+ primary), an
+        existing slot made one too; ``True`` fails where it cannot; ``False`` leaves it as is.
     :param database: the database the slot belongs to, when not the connection's.
     """
 
@@ -35,6 +42,7 @@ class CreateReplicationSlotOperator(TaskBoundary, BaseOperator):
         postgres_conn_id: str,
         plugin: str = "pgoutput",
         two_phase: bool = False,
+        failover: bool | None = None,
         database: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -43,6 +51,7 @@ class CreateReplicationSlotOperator(TaskBoundary, BaseOperator):
         self.postgres_conn_id = postgres_conn_id
         self.plugin = plugin
         self.two_phase = two_phase
+        self.failover = failover
         self.database = database
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -51,15 +60,45 @@ class CreateReplicationSlotOperator(TaskBoundary, BaseOperator):
         hook = replication_hook(self.postgres_conn_id, self.database)
         try:
             slot = hook.get_slot(self.slot_name, plugin=self.plugin)  # WrongPluginError if not
-            self.log.info("Slot %s exists (plugin %s); nothing to do", self.slot_name, slot.plugin)
-            return {"slot": self.slot_name, "plugin": slot.plugin, "created": False,
-                    "lsn": str(slot.confirmed_flush_lsn)}  # fmt: skip
         except SlotNotFoundError:
             created = hook.create_logical_slot(
-                self.slot_name, plugin=self.plugin, two_phase=self.two_phase
-            )
+                self.slot_name, plugin=self.plugin, two_phase=self.two_phase,
+                failover=self.failover,
+            )  # fmt: skip
             return {"slot": created.name, "plugin": created.plugin, "created": True,
-                    "lsn": str(created.lsn)}  # fmt: skip
+                    "lsn": str(created.lsn), "failover": created.failover}  # fmt: skip
+        failover = bool(slot.failover) or self._make_failover(hook, slot.failover)
+        self.log.info("Slot %s exists (plugin %s%s); nothing else to do", self.slot_name,
+                      slot.plugin, ", failover" if failover else "")  # fmt: skip
+        return {"slot": self.slot_name, "plugin": slot.plugin, "created": False,
+                "lsn": str(slot.confirmed_flush_lsn), "failover": failover}  # fmt: skip
+
+    def _make_failover(self, hook: Any, now: bool | None) -> bool:
+        """Make the existing slot a failover slot where asked (or, by default, where the server
+        can); True when it is one now."""
+        from airflow_pglogrepl.conninfo import describe
+        from airflow_pglogrepl.exceptions import SlotInUseError
+        from airflow_pglogrepl.models.failover import wants_failover
+
+        facts = hook.server_facts()
+        server = describe(hook.connection_params())
+        standby = facts.in_recovery
+        if not wants_failover(self.slot_name, server, facts.version_num, in_hot_standby=standby,
+                              requested=self.failover):  # fmt: skip
+            return False
+        try:
+            hook.make_failover_slot(self.slot_name)
+        except SlotInUseError:
+            if self.failover:
+                raise
+            self.log.warning(
+                "Slot %s is not a failover slot, and could not be made one: a consumer holds "
+                "it. A promotion of the server loses it; run again while it is free, or see "
+                "docs/high-availability.md", self.slot_name,
+            )  # fmt: skip
+            return False
+        self.log.info("Slot %s was made a failover slot (synchronized to standbys)", self.slot_name)
+        return True
 
 
 class DropReplicationSlotOperator(TaskBoundary, BaseOperator):
@@ -116,10 +155,16 @@ class SlotHealthCheckOperator(TaskBoundary, BaseOperator):
     :param max_inactive: fail when inactive longer than this.
     :param plugin: fail unless the slot uses this output plugin.
     :param allow_active: when False, fail if another session is consuming the slot.
+    :param standby_conn_ids: the primary's standbys: with them, the check also fails unless a
+        promotion of one keeps the slot (``models.failover``: a failover slot, a ready
+        synchronized copy on the standby, ``synchronized_standby_slots`` on the primary; 17+).
+        The verdict is pushed as ``failover``, and sent as metrics.
     :param database: the database of the slot, when not the connection's.
     """
 
-    template_fields: Sequence[str] = ("slot_name", "postgres_conn_id", "database")
+    template_fields: Sequence[str] = (
+        "slot_name", "postgres_conn_id", "database", "standby_conn_ids",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -131,12 +176,14 @@ class SlotHealthCheckOperator(TaskBoundary, BaseOperator):
         max_inactive: dt.timedelta | None = None,
         plugin: str | None = None,
         allow_active: bool = True,
+        standby_conn_ids: Sequence[str] = (),
         database: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.slot_name = slot_name
         self.postgres_conn_id = postgres_conn_id
+        self.standby_conn_ids = standby_conn_ids
         self.max_retained_bytes = max_retained_bytes
         self.max_retained_fraction = max_retained_fraction
         self.max_inactive = max_inactive
@@ -189,6 +236,12 @@ class SlotHealthCheckOperator(TaskBoundary, BaseOperator):
             "decoding": spill.to_dict() if spill is not None else None,
             "problems": problems,
         }
+        if self.standby_conn_ids:
+            readiness = self._failover(hook)
+            metrics.failover(slot.name, ready=readiness.ready,
+                             standby_lag_bytes=readiness.standby_lag_bytes)  # fmt: skip
+            record["failover"] = readiness.to_dict()
+            problems += readiness.problems
         self.log.info(
             "Slot %s: wal_status=%s retained=%s bytes active=%s confirmed_flush_lsn=%s",
             slot.name, slot.wal_status, slot.retained_bytes, slot.active,
@@ -198,6 +251,25 @@ class SlotHealthCheckOperator(TaskBoundary, BaseOperator):
             context["ti"].xcom_push(key="return_value", value=record)
             raise SlotUnhealthyError(problems)
         return record
+
+    def _failover(self, hook: Any) -> FailoverReadiness:
+        """``models.failover.failover_readiness`` of the slot over the standbys; a standby
+        that cannot be reached is a problem of its own, not a failed check."""
+        from airflow_pglogrepl.exceptions import ConnectionFailedError
+        from airflow_pglogrepl.models.failover import failover_readiness
+
+        standbys, unreachable = [], []
+        for conn_id in self.standby_conn_ids:
+            try:
+                standby = replication_hook(conn_id, self.database)
+                standbys.append(standby.failover_standby(self.slot_name))
+            except ConnectionFailedError as exc:
+                unreachable.append(f"standby {conn_id!r} could not be checked: {exc}")
+        verdict = failover_readiness(hook.failover_primary(self.slot_name), standbys)
+        if not unreachable:
+            return verdict
+        return dataclasses.replace(verdict, ready=False,
+                                   problems=(*verdict.problems, *unreachable))  # fmt: skip
 
     def _first_seen_inactive(
         self, context: Context, active: bool, now: dt.datetime

@@ -78,6 +78,9 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         replaced only when the lake holds the uncommitted snapshot a killed run took at the
         slot's position; otherwise the task fails, since an empty-looking path may be an
         unmounted volume or a changed lake (``replace_slot=True`` is the explicit signal).
+    :param failover: create the slot as a failover slot, synchronized to standbys so a
+        promotion keeps it (docs/high-availability.md). Default: wherever the server can (a
+        primary of PostgreSQL 17 or later); ``True`` fails on a server that cannot.
     :param state_deletion_vectors: whether the lake creates its state tables with deletion
         vectors (cheap Spark merges) or without (readers that cannot apply them, such as
         ``deltalake``'s ``to_pandas()``, read them). None: as the lake records it, on for a new
@@ -117,6 +120,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         lock_timeout: float = 60.0,
         replace_slot: bool = False,
         bootstrap: bool = False,
+        failover: bool | None = None,
         database: str | None = None,
         conn_id: str = "spark_default",
         state_deletion_vectors: bool | None = None,
@@ -135,6 +139,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         self.lock_timeout = lock_timeout
         self.replace_slot = replace_slot
         self.bootstrap = bootstrap
+        self.failover = failover
         self.database = database
         self.state_deletion_vectors = state_deletion_vectors
         self._exported: ExportedSnapshot | None = None
@@ -206,7 +211,7 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
                 else "the lake holds the uncommitted snapshot a killed run took at its position",
             )
             hook.drop_slot(self.slot_name)
-        exported = hook.create_slot_with_snapshot(self.slot_name)
+        exported = hook.create_slot_with_snapshot(self.slot_name, failover=self.failover)
         self._exported = exported
         point = str(exported.consistent_point)
         args = self._copy_args(exported)

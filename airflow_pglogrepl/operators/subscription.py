@@ -165,7 +165,7 @@ class CreateSubscriptionOperator(TaskBoundary, BaseOperator):
             publisher.instance_identity() == subscriber.instance_identity()
         )
         if same_instance and options.get("create_slot", True):
-            self._ensure_slot(publisher, slot)
+            self._ensure_slot(publisher, slot, failover=bool(options.get("failover")))
             options["create_slot"] = False
         if not connect:
             options.pop("slot_name")  # connect=false cannot name a slot it will not create
@@ -179,14 +179,16 @@ class CreateSubscriptionOperator(TaskBoundary, BaseOperator):
         )
         return {**result.to_dict(), "slot_name": slot, "same_instance": same_instance}
 
-    def _ensure_slot(self, publisher: Any, slot: str) -> None:
+    def _ensure_slot(self, publisher: Any, slot: str, *, failover: bool) -> None:
+        """The slot ``CREATE SUBSCRIPTION`` cannot create on its own instance, as the
+        subscription's ``failover`` option asks."""
         from airflow_pglogrepl.exceptions import SlotNotFoundError
 
         try:
             publisher.get_slot(slot, plugin="pgoutput")
             self.log.info("Same instance: reusing existing slot %s", slot)
         except SlotNotFoundError:
-            publisher.create_logical_slot(slot, plugin="pgoutput")
+            publisher.create_logical_slot(slot, plugin="pgoutput", failover=failover)
             self.log.info("Same instance: created slot %s before the subscription", slot)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:

@@ -152,7 +152,7 @@ class Drain:
         once in the run: ``lake.opened_tables``)."""
         if self.columnar:
             _preload()
-        slot = check_slot(self.source, self.slot)
+        slot = check_slot(self.source, self.slot, self.lake)
         self.committer.require_publications()
         before = slot.confirmed_flush_lsn
         assert before is not None, "a logical slot always has confirmed_flush_lsn"

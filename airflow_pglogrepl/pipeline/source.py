@@ -10,14 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from airflow_pglogrepl.exceptions import SlotGoneUnderLakeError, SlotNotFoundError
 from airflow_pglogrepl.lsn import LSN
 
 if TYPE_CHECKING:
+    from airflow_pglogrepl.lake.lake import Lake
     from airflow_pglogrepl.models.records import SlotInfo
     from airflow_pglogrepl.postgres.coverage import SourceCoverage
     from airflow_pglogrepl.postgres.slot_stream import SlotStream
 
-__all__ = ["DrainSource", "check_slot"]
+__all__ = ["DrainSource", "check_slot", "missing_slot"]
 
 
 class DrainSource(Protocol):
@@ -64,12 +66,35 @@ class DrainSource(Protocol):
     ) -> SlotStream: ...
 
 
-def check_slot(source: DrainSource, slot_name: str) -> SlotInfo:
-    """The slot, if it can be drained now: exists, pgoutput, and ``verdicts.drain_refusal``."""
+def check_slot(source: DrainSource, slot_name: str, lake: Lake | None = None) -> SlotInfo:
+    """The slot, if it can be drained now: exists (``missing_slot`` says why not, for ``lake``),
+    pgoutput, and ``verdicts.drain_refusal``."""
     from airflow_pglogrepl.models.verdicts import drain_refusal
 
-    slot = source.get_slot(slot_name, plugin="pgoutput")
+    try:
+        slot = source.get_slot(slot_name, plugin="pgoutput")
+    except SlotNotFoundError:
+        if lake is None:
+            raise
+        raise missing_slot(lake, source, slot_name) from None
     refusal = drain_refusal(slot)
     if refusal is not None:
         raise refusal
     return slot
+
+
+def missing_slot(lake: Lake, source: DrainSource, slot: str) -> SlotNotFoundError:
+    """The error for a drain whose slot does not exist: plain for a lake that holds nothing; for
+    one that holds changes, ``SlotGoneUnderLakeError``, naming a promotion that lost the slot
+    when the server is on a later timeline of the lake's system."""
+    position = lake.position()
+    if position is None:
+        return SlotNotFoundError(slot)
+    recorded = lake.recorded_source() or {}
+    current = source.source_identity()
+    old, new = recorded.get("timeline"), current.get("timeline")
+    promoted = (
+        recorded.get("system_identifier") == current.get("system_identifier")
+        and isinstance(old, int) and isinstance(new, int) and new > old
+    )  # fmt: skip
+    return SlotGoneUnderLakeError(slot, lake.root, position, timeline=new, promoted=promoted)

@@ -175,6 +175,12 @@ def server_of(conn: Conn) -> str:
     return f"{conn.info.host}:{conn.info.port}"
 
 
+def in_hot_standby(conn: Conn) -> bool:
+    """Whether ``conn``'s server is a standby, as it reported at login (``in_hot_standby``,
+    14+): no query, so it holds on a replication connection too."""
+    return conn.info.parameter_status("in_hot_standby") == "on"
+
+
 def show(conn: Conn, name: str) -> str:
     """A server setting's current value (``current_setting``) as text."""
     row = conn.execute("SELECT current_setting(%s) AS value", (name,)).fetchone()

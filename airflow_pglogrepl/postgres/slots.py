@@ -28,6 +28,7 @@ from airflow_pglogrepl.postgres.connect import (
     AsyncConn,
     Conn,
     connect,
+    in_hot_standby,
     long_work_settings,
     server_of,
     set_session,
@@ -54,14 +55,17 @@ SLOT_BY_NAME = SLOTS_QUERY + sql.SQL(" WHERE s.slot_name = %s")
 
 def create_logical_slot(
     conn: Conn, name: str, *, plugin: str = "pgoutput", temporary: bool = False,
-    two_phase: bool = False,
+    two_phase: bool = False, failover: bool | None = False,
 ) -> SlotCreated:  # fmt: skip
     """Create a logical slot; decoding through it starts at the returned consistent point.
 
-    A temporary slot is dropped when ``conn`` closes. Raises ``SlotAlreadyExistsError``,
-    ``ServerNotConfiguredError`` (``wal_level`` below ``logical``, no free slot) or
-    ``InvalidSlotNameError``.
+    A temporary slot is dropped when ``conn`` closes. ``failover``: synchronized to standbys
+    (``models.failover.wants_failover``: None is wherever the server can). Raises
+    ``SlotAlreadyExistsError``, ``ServerNotConfiguredError`` (``wal_level`` below ``logical``,
+    no free slot), ``FailoverSlotUnsupportedError`` or ``InvalidSlotNameError``.
     """
+    from airflow_pglogrepl.models.failover import wants_failover
+
     validate_slot_name(name)
     if plugin not in OUTPUT_PLUGINS:
         raise ValueError(
@@ -72,14 +76,21 @@ def create_logical_slot(
     if two_phase:  # the parameter exists from PostgreSQL 14; only name it when asked for
         args.append(sql.SQL("twophase => %s"))
         params.append(True)
+    as_failover = wants_failover(name, server_of(conn), conn.info.server_version,
+                                 in_hot_standby=in_hot_standby(conn), requested=failover,
+                                 temporary=temporary)  # fmt: skip
+    if as_failover:
+        args.append(sql.SQL("failover => %s"))  # (17+; only named when asked for)
+        params.append(True)
     query = sql.SQL("SELECT slot_name, lsn FROM pg_create_logical_replication_slot({})").format(
         sql.SQL(", ").join(args)
     )
     with slot_errors(name, setting=lambda s: show(conn, s), server=server_of(conn)):
         row = conn.execute(query, params).fetchone()
     assert row is not None
-    log.info("Created logical slot %s (plugin %s) at %s", name, plugin, row["lsn"])
-    return SlotCreated(name=row["slot_name"], lsn=row["lsn"], plugin=plugin)
+    log.info("Created logical %sslot %s (plugin %s) at %s", "failover " if as_failover else "",
+             name, plugin, row["lsn"])  # fmt: skip
+    return SlotCreated(name=row["slot_name"], lsn=row["lsn"], plugin=plugin, failover=as_failover)
 
 
 def drop_slot(conn: Conn, name: str, *, missing_ok: bool = False) -> bool:

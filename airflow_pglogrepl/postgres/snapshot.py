@@ -32,11 +32,13 @@ from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
 from airflow_pglogrepl.exceptions import SnapshotReadError, SnapshotWaitError
 from airflow_pglogrepl.identifiers import validate_slot_name
 from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.models.failover import wants_failover
 from airflow_pglogrepl.postgres.adbc import AdbcError, adbc_session
 from airflow_pglogrepl.postgres.columns import columns_from_json, columns_json
 from airflow_pglogrepl.postgres.connect import (
     TEXT_OUTPUT,
     connect,
+    in_hot_standby,
     long_work_settings,
     server_of,
     set_session,
@@ -165,6 +167,7 @@ class ExportedSnapshot:
     snapshot_name: str
     plugin: str
     temporary: bool
+    failover: bool = False
     _stack: ExitStack = field(default_factory=ExitStack, repr=False, compare=False)
 
     def close(self) -> None:
@@ -179,15 +182,12 @@ class ExportedSnapshot:
 
 
 def create_slot_with_snapshot(
-    params: dict[str, str],
-    name: str,
-    *,
-    plugin: str = "pgoutput",
-    temporary: bool = False,
-    label: str = SOURCE_DSN_ENV,
-    wait_s: float | None = None,
-) -> ExportedSnapshot:
-    """``CREATE_REPLICATION_SLOT name [TEMPORARY] LOGICAL plugin (SNAPSHOT 'export')``.
+    params: dict[str, str], name: str, *, plugin: str = "pgoutput", temporary: bool = False,
+    label: str = SOURCE_DSN_ENV, wait_s: float | None = None, failover: bool | None = False,
+) -> ExportedSnapshot:  # fmt: skip
+    """``CREATE_REPLICATION_SLOT name [TEMPORARY] LOGICAL plugin (SNAPSHOT 'export')``, with
+    ``FAILOVER`` when the slot is to be synchronized to standbys
+    (``models.failover.wants_failover``: None is wherever the server can).
 
     The statement waits until every transaction running when it started has finished (that is
     what makes the point consistent). The returned object holds the replication session it
@@ -196,12 +196,16 @@ def create_slot_with_snapshot(
     ``wait_s``, ``SnapshotWaitError`` once it has waited that long (the statement canceled).
     """
     validate_slot_name(name)
-    statement = sql.SQL("CREATE_REPLICATION_SLOT {} {}LOGICAL {} (SNAPSHOT 'export')").format(
-        sql.Identifier(name), sql.SQL("TEMPORARY " if temporary else ""), sql.Identifier(plugin)
-    )
     stack = ExitStack()
     try:
         conn = stack.enter_context(connect(params, label=label, replication=True))
+        as_failover = wants_failover(name, server_of(conn), conn.info.server_version,
+                                     in_hot_standby=in_hot_standby(conn), requested=failover,
+                                     temporary=temporary)  # fmt: skip
+        statement = sql.SQL("CREATE_REPLICATION_SLOT {} {}LOGICAL {} (SNAPSHOT 'export'{})").format(
+            sql.Identifier(name), sql.SQL("TEMPORARY " if temporary else ""),
+            sql.Identifier(plugin), sql.SQL(", FAILOVER true" if as_failover else ""),
+        )  # fmt: skip
         # the session must outlive the whole copy, idle: no configured timeout may end it
         set_session(conn, long_work_settings(conn.info.server_version))
         timer = None if wait_s is None else threading.Timer(wait_s, conn.cancel)
@@ -226,11 +230,13 @@ def create_slot_with_snapshot(
         snapshot_name=row["snapshot_name"],
         plugin=row["output_plugin"],
         temporary=temporary,
+        failover=as_failover,
         _stack=stack,
     )
     log.info(
         "Created %slogical slot %s (plugin %s) at consistent point %s, exported snapshot %s",
-        "temporary " if temporary else "", name, plugin, exported.consistent_point,
+        "temporary " if temporary else "failover " if as_failover else "", name, plugin,
+        exported.consistent_point,
         exported.snapshot_name,
     )  # fmt: skip
     return exported

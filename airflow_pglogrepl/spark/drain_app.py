@@ -194,11 +194,11 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
         with source.writer_lock(args.slot, role="drain") as lock:
             # Refused early, nothing started yet; after the lock, so that a run that finds
             # another streaming the slot names that run (LakeWriterBusyError), not its PID.
-            check_slot(source, args.slot)
             lake = Lake(
                 args.lake_root, args.slot, origins=source.column_origins, writer_check=lock.check,
                 state_deletion_vectors=args.state_deletion_vectors,
             )  # fmt: skip
+            check_slot(source, args.slot, lake)
             repair = _repair(args, spark, source, lake)
             drain = Drain(
                 source=source,

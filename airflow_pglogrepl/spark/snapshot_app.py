@@ -91,6 +91,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "(schema.table; repeatable)",
     )  # fmt: skip
     parser.add_argument(
+        "--failover", choices=("auto", "on", "off"), default="auto", help="standalone: create "
+        "the slot as a failover slot, synchronized to standbys (auto: on a primary of "
+        "PostgreSQL 17 or later)",
+    )  # fmt: skip
+    parser.add_argument(
         "--replace-slot", action="store_true", help="standalone: drop and re-create the slot "
         "when it exists and the lake holds no commit yet (a slot left by a killed run)",
     )  # fmt: skip
@@ -230,7 +235,8 @@ def _standalone(args: argparse.Namespace, hook: Any, lake: Lake, spark: Any) -> 
         hook.drop_slot(args.slot)
     check_empty_lake(lake)
     _spark_first(args, hook, spark)
-    exported = hook.create_slot_with_snapshot(args.slot)
+    failover = {"auto": None, "on": True, "off": False}[args.failover]
+    exported = hook.create_slot_with_snapshot(args.slot, failover=failover)
     point = SnapshotPoint(exported.slot, exported.consistent_point, exported.snapshot_name)
     try:
         result: dict[str, Any] = _copy(args, hook, lake, spark, point).to_dict()

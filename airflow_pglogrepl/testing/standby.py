@@ -3,8 +3,8 @@
 The standby is a base backup of the primary (``pg_basebackup``, streaming through a physical
 slot of the primary), started with ``hot_standby_feedback`` and, from PostgreSQL 17, failover
 slot synchronization on (``sync_replication_slots``; ``primary_conninfo`` names a database).
-The zonky builds of 16 and 17 carry no ``pg_basebackup``; PostgreSQL 18's backs up a 17 server
-too, so the caller passes the program it has (``basebackup``).
+The caller passes the ``pg_basebackup`` it has (``basebackup``): the build of 16 the tests fetch
+carries none, and 18's backs up a 16 or 17 server too.
 
 ``synchronized_standby_slots`` is set on the primary only after the backup, with ``ALTER
 SYSTEM``: a standby cloned with it set would inherit it, and once promoted, every decode of a

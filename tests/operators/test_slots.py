@@ -105,3 +105,64 @@ def test_a_temp_file_limit_below_the_slots_transactions_is_reported(
                                                           options=options))  # fmt: skip
     finally:
         publisher.execute("SELECT pg_drop_replication_slot('ops_temp')", dbname=db)
+
+
+def test_the_slot_operator_makes_failover_slots_where_the_server_can_keep_them(
+    publisher: PgCluster, publisher_conn_id: str
+) -> None:
+    can = int(publisher.execute("SHOW server_version_num")[0][0]) >= 170000
+
+    def create(**kw: object) -> dict[str, object]:
+        return CreateReplicationSlotOperator(task_id="c", slot_name="ops_fo",
+                                             postgres_conn_id=publisher_conn_id,
+                                             **kw).execute(context())  # type: ignore[arg-type]  # fmt: skip
+
+    def drop() -> None:
+        DropReplicationSlotOperator(
+            task_id="d", slot_name="ops_fo", postgres_conn_id=publisher_conn_id
+        ).execute(context())
+
+    try:
+        assert create()["failover"] is can  # a new slot
+        drop()
+        publisher.execute("SELECT pg_create_logical_replication_slot('ops_fo', 'pgoutput')")
+        assert create(failover=False)["failover"] is False  # left as it is
+        made = create()  # by default, an existing slot is made one where the server can
+        assert made["created"] is False and made["failover"] is can
+        if not can:
+            # (the task boundary fails the task with the error's name and text)
+            with pytest.raises(
+                Exception, match=r"FailoverSlotUnsupportedError.*need PostgreSQL 17"
+            ):
+                create(failover=True)
+    finally:
+        drop()
+
+
+def test_the_health_check_with_standbys_says_whether_a_promotion_keeps_the_slot(
+    publisher: PgCluster, publisher_conn_id: str
+) -> None:
+    """Against the publisher alone (no standby here: tests/pipeline/test_failover.py has one):
+    before 17, failover slots need 17; from 17, a server that is no standby, and a primary
+    that holds no consumer back, are named."""
+    CreateReplicationSlotOperator(
+        task_id="c", slot_name="ops_fo_check", postgres_conn_id=publisher_conn_id
+    ).execute(context())
+    ti = FakeTI()
+    try:
+        with pytest.raises(Exception, match="slot health check failed"):
+            SlotHealthCheckOperator(
+                task_id="h", slot_name="ops_fo_check", postgres_conn_id=publisher_conn_id,
+                standby_conn_ids=[publisher_conn_id],
+            ).execute(context(ti))  # fmt: skip
+        verdict = ti.pushed["return_value"]["failover"]
+        assert verdict["ready"] is False
+        text = " ".join(verdict["problems"])
+        if int(publisher.execute("SHOW server_version_num")[0][0]) < 170000:
+            assert "failover slots need PostgreSQL 17" in text
+        else:
+            assert "is not a standby" in text and "synchronized_standby_slots is empty" in text
+    finally:
+        DropReplicationSlotOperator(
+            task_id="d", slot_name="ops_fo_check", postgres_conn_id=publisher_conn_id
+        ).execute(context())

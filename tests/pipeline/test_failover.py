@@ -19,13 +19,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from airflow_pglogrepl.exceptions import LakePastFailoverError
+from airflow_pglogrepl.exceptions import LakePastFailoverError, SlotGoneUnderLakeError
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.merge.materialize import materialize
+from airflow_pglogrepl.operators.slots import SlotHealthCheckOperator
 from airflow_pglogrepl.tables import TableRef
 from airflow_pglogrepl.testing.pgcluster import LOGICAL_SETTINGS, PgCluster, start_cluster
 from airflow_pglogrepl.testing.standby import promote, start_standby, synced
 from airflow_pglogrepl.testing.wait import wait_until
+from tests.support.airflow import FakeTI, context, set_airflow_connection
 from tests.support.drain import TYPED_TABLE, assert_state_equals_source, drain_only, random_row
 from tests.support.sources import Source
 
@@ -55,7 +57,7 @@ def pair(
         if major < 17:
             pytest.skip(f"failover slots need PostgreSQL 17; this run's server is {major}")
         basebackup = pg_bindir / "pg_basebackup"
-        if not basebackup.is_file():  # (the 17 build has none; 18's backs up a 17 server)
+        if not basebackup.is_file():  # (18's backs up an older server)
             basebackup = pg_bindir_of(18) / "pg_basebackup"
         primary.execute(TYPED_TABLE.format(name=TABLE))
         primary.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE}")
@@ -124,6 +126,39 @@ def drain_and_merge(source: Source, lake_root: str) -> dict[str, Any]:
     return result
 
 
+def failover_check(primary: PgCluster, standby: PgCluster) -> dict[str, Any]:
+    """``SlotHealthCheckOperator`` with the standby: the failover verdict it pushed."""
+    set_airflow_connection("failover_primary", primary.airflow_uri())
+    set_airflow_connection("failover_standby", standby.airflow_uri())
+    ti = FakeTI()
+    try:
+        record = SlotHealthCheckOperator(
+            task_id="h", slot_name=SLOT, postgres_conn_id="failover_primary",
+            standby_conn_ids=["failover_standby"],
+        ).execute(context(ti))  # fmt: skip
+    except Exception as exc:  # (a failed check pushes the record)
+        assert "slot health check failed" in str(exc)
+        record = ti.pushed["return_value"]
+    verdict: dict[str, Any] = record["failover"]
+    return verdict
+
+
+def test_the_health_check_sees_whether_the_standby_synchronizes_the_slot(
+    pair: tuple[PgCluster, PgCluster],
+) -> None:
+    primary, standby = pair
+    verdict = failover_check(primary, standby)
+    assert verdict["ready"] is True and verdict["problems"] == [], verdict
+    assert verdict["standbys_ready"] == [f"{standby.host}:{standby.port}"]
+    standby.execute("ALTER SYSTEM SET sync_replication_slots = off")
+    standby.execute("SELECT pg_reload_conf()")
+    wait_until(lambda: standby.execute("SHOW sync_replication_slots") == [("off",)],
+               what="the standby's reload")  # fmt: skip
+    verdict = failover_check(primary, standby)
+    assert verdict["ready"] is False
+    assert any("sync_replication_slots is off" in p for p in verdict["problems"]), verdict
+
+
 def test_a_drain_goes_on_through_a_promotion_exactly_once(
     pair: tuple[PgCluster, PgCluster], tmp_path: Path
 ) -> None:
@@ -163,6 +198,8 @@ def test_a_promotion_that_lost_what_the_lake_holds_fails_naming_the_fix(
     meanwhile) never received: the promoted server's own commits would take those LSNs."""
     primary, standby = pair
     lake = str(tmp_path / "lake")
+    verdict = failover_check(primary, standby)  # said before it happens
+    assert any("synchronized_standby_slots is empty" in p for p in verdict["problems"]), verdict
     standby.stop("fast")
     with Writer(primary, seed=47) as writer:
         wait_until(lambda: writer.commits >= 50, what="commits the standby never gets")
@@ -179,3 +216,31 @@ def test_a_promotion_that_lost_what_the_lake_holds_fails_naming_the_fix(
     after = new.sql("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
                     (SLOT,))  # fmt: skip
     assert after == before and Lake(lake, SLOT).position() == position
+
+
+def test_a_promotion_that_lost_the_slot_fails_naming_a_new_snapshot(
+    pair: tuple[PgCluster, PgCluster], tmp_path: Path
+) -> None:
+    """The drain's slot not a failover slot: the standby holds no copy, and after the
+    promotion the slot is gone. The run fails naming the promotion and the fix; nothing moves,
+    and no slot is created for it."""
+    primary, standby = pair
+    lake = str(tmp_path / "lake")
+    primary.execute("SELECT pg_drop_replication_slot(%s)", (SLOT,))
+    primary.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (SLOT,))
+    wait_until(lambda: not standby.execute("SELECT 1 FROM pg_replication_slots"
+                                           " WHERE slot_name = %s", (SLOT,)),
+               what="the standby's synchronized copy dropped")  # fmt: skip
+    verdict = failover_check(primary, standby)
+    assert any("not a failover slot" in p for p in verdict["problems"]), verdict
+    with Writer(primary, seed=48) as writer:
+        wait_until(lambda: writer.commits >= 50, what="the writer's first commits")
+        drain_and_merge(Source(primary, "postgres", SLOT, PUBLICATION), lake)
+        primary.stop("immediate")
+    position = Lake(lake, SLOT).position()
+    promote(standby)
+    new = Source(standby, "postgres", SLOT, PUBLICATION)
+    with pytest.raises(SlotGoneUnderLakeError, match=r"was promoted.*new initial snapshot"):
+        drain_only(new, lake, window=WINDOW)
+    assert Lake(lake, SLOT).position() == position
+    assert new.sql("SELECT slot_name FROM pg_replication_slots") == []

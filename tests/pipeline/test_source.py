@@ -4,11 +4,22 @@ pgoutput's, and is neither lost nor in use, named in that order."""
 from __future__ import annotations
 
 import dataclasses
+import time
+from pathlib import Path
 
 import pytest
 
-from airflow_pglogrepl.exceptions import SlotInUseError, SlotLostError
+from airflow_pglogrepl.exceptions import (
+    SlotGoneUnderLakeError,
+    SlotInUseError,
+    SlotLostError,
+    SlotNotFoundError,
+)
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.pipeline.drain import Drain
 from airflow_pglogrepl.pipeline.source import check_slot
+from tests.pipeline.test_drain import two_transactions
 from tests.support.fake_source import FakeSource
 
 
@@ -22,3 +33,33 @@ def test_a_slot_is_drained_only_when_neither_lost_nor_in_use() -> None:
     source.slot = dataclasses.replace(source.slot, wal_status="reserved", active_pid=42)
     with pytest.raises(SlotInUseError, match="42"):
         check_slot(source, "s")
+
+
+@pytest.mark.unit
+def test_a_missing_slot_is_named_plainly_for_an_empty_lake(tmp_path: Path) -> None:
+    source = FakeSource([], confirmed=0x10, flush=0x10)
+    source.gone = True
+    with pytest.raises(SlotNotFoundError) as info:
+        check_slot(source, "s", Lake(str(tmp_path / "lake"), "s"))
+    assert not isinstance(info.value, SlotGoneUnderLakeError)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("timeline", "said"), [(1, "it was dropped"), (2, "was promoted")])
+def test_a_slot_missing_under_a_drained_lake_names_a_new_snapshot(
+    tmp_path: Path, timeline: int, said: str
+) -> None:
+    """The lake holds changes of the slot: a slot of the same name created now would start past
+    what the lake never saw. On a later timeline of the lake's system, a promotion lost it."""
+    lake = Lake(str(tmp_path / "lake"), "s")
+    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1300)
+    Drain(source=source, lake=lake, slot="s", publications=["p"],
+          max_window_bytes=1024).run(time.monotonic())  # fmt: skip
+    source.gone = True
+    source.identity = {**source.identity, "timeline": timeline}
+    with pytest.raises(SlotGoneUnderLakeError, match=said) as info:
+        Drain(source=source, lake=lake, slot="s", publications=["p"],
+              max_window_bytes=1024).run(time.monotonic())  # fmt: skip
+    text = str(info.value)
+    assert "0/1300" in text and "new initial snapshot into a new lake path" in text
+    assert "failover slot" in text and lake.position() == LSN(0x1300)

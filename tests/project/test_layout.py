@@ -33,7 +33,7 @@ UPWARD_IMPORTS = {
 
 # Places where a run of 5 code lines (docstrings, comments and imports left out) that is found in
 # more than one place starts: a new copy of a repeated run adds one, as a new repeated run adds two.
-REPEATED_PLACES = 103
+REPEATED_PLACES = 102
 
 
 def _short(module: str) -> str:

@@ -8,7 +8,11 @@ import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from airflow_pglogrepl.exceptions import ArrowPeekError, SlotStreamUnavailableError
+from airflow_pglogrepl.exceptions import (
+    ArrowPeekError,
+    SlotNotFoundError,
+    SlotStreamUnavailableError,
+)
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import SlotInfo
 
@@ -32,8 +36,11 @@ class FakeSource:
         self.flush = LSN(flush)
         self.advances: list[LSN] = []
         self.dropped_publications: set[str] = set()
+        self.gone = False  # the slot does not exist (dropped, or lost in a promotion)
 
     def get_slot(self, name: str, *, plugin: str | None = None) -> SlotInfo:
+        if self.gone:
+            raise SlotNotFoundError(name)
         return self.slot
 
     def advance_slot(self, name: str, upto: LSN | str) -> LSN:

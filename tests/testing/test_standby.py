@@ -32,7 +32,7 @@ def test_a_standby_streams_then_is_promoted_onto_a_new_timeline(
     try:
         major = int(primary.execute("SHOW server_version_num")[0][0]) // 10000
         basebackup = pg_bindir / "pg_basebackup"
-        if not basebackup.is_file():  # (the 16 and 17 builds have none; 18's backs them up)
+        if not basebackup.is_file():  # (the 16 build has none; 18's backs it up)
             basebackup = pg_bindir_of(18) / "pg_basebackup"
         standby = start_standby(primary, base / "standby", basebackup=basebackup)
         if major >= 17:
