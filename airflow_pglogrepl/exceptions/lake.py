@@ -120,8 +120,10 @@ class LakeFromAnotherSourceError(LakeMismatchError):
         self, slot: str, lake_root: str, recorded: dict[str, Any], current: dict[str, Any]
     ) -> None:
         def show(identity: dict[str, Any]) -> str:
+            version = identity.get("server_version_num")
+            major = f" (PostgreSQL {version // 10000})" if isinstance(version, int) else ""
             return (
-                f"system identifier {identity.get('system_identifier')}, timeline "
+                f"system identifier {identity.get('system_identifier')}{major}, timeline "
                 f"{identity.get('timeline')}, database {identity.get('database')!r}"
             )
 

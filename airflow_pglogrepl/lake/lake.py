@@ -327,6 +327,7 @@ class Lake:
             "database": source.get("database"),
             "database_oid": source.get("database_oid"),
             "timeline": source.get("timeline"),  # recorded, not compared: the drain checks it
+            "server_version_num": source.get("server_version_num"),  # (tells a pg_upgrade)
             "publications": sorted(publications),
             "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "began_with": began_with,

@@ -101,6 +101,7 @@ def identity_of(rows: list[dict[str, Any]], slot: str) -> dict[str, Any] | None:
         "database": source.get("database"),
         "database_oid": source.get("database_oid"),
         "timeline": source.get("timeline"),
+        "server_version_num": source.get("server_version_num"),
         "publications": None,
         "created_at": str(first["committed_at"]),
         "began_with": first["kind"],

@@ -24,6 +24,7 @@ from airflow_pglogrepl.exceptions import (
     SlotAheadOfLakeError,
 )
 from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pipeline.source import DrainSource
 
@@ -133,5 +134,32 @@ def reconcile(lake: Lake, source: DrainSource, slot: str, slot_lsn: LSN, *,
         source.advance_slot(slot, lake_lsn)
         return lake_lsn
     if slot_lsn > lake_lsn:
+        if other_system and accept_source_change and _upgraded(recorded or {}, current):
+            log.warning(
+                "slot %s starts at %s, past lake %s's position %s, on a server of a later major "
+                "version with the lake's database (a pg_upgrade, as accept_source_change says): "
+                "pg_upgrade carries a slot over only when it has consumed all its WAL, and "
+                "creates it at the new cluster's position. Draining on from %s",
+                slot, slot_lsn, lake.root, lake_lsn, slot_lsn,
+            )  # fmt: skip
+            # committed at once, empty: the lake's position and the new source are recorded
+            # even when nothing follows, so the next run needs no asking
+            Window(lake, lake_lsn).commit(slot_lsn, transactions=0, changes=0)
+            return slot_lsn
         raise SlotAheadOfLakeError(slot, slot_lsn, lake_lsn, lake.root)
     return slot_lsn
+
+
+def _upgraded(recorded: dict[str, object], current: dict[str, object]) -> bool:
+    """Whether the source looks like the lake's server after ``pg_upgrade``: the same database
+    (its OID, which pg_upgrade keeps) on a later major version (when the lake recorded one).
+    Only asked with ``accept_source_change``: nothing on a server proves it was upgraded."""
+    oid = recorded.get("database_oid")
+    if oid is None or oid != current.get("database_oid"):
+        return False
+    if recorded.get("database") != current.get("database"):
+        return False
+    old, new = recorded.get("server_version_num"), current.get("server_version_num")
+    if isinstance(old, int) and isinstance(new, int):
+        return new // 10000 > old // 10000
+    return True

@@ -92,14 +92,16 @@ def source_identity(conn: Conn) -> dict[str, object]:
     """Which server, history and database the changes come from: ``system_identifier`` (one
     per cluster, shared with its physical standbys), ``timeline`` (a promotion starts a new
     one: LSNs past the fork are another history), ``database`` and ``database_oid`` (the same
-    database after a rename). The lake records it with
-    every commit, so a lake is never reconciled against another server's LSNs."""
+    database after a rename), and ``server_version_num`` (what tells a ``pg_upgrade`` from
+    another server). The lake records it with every commit, so a lake is never reconciled
+    against another server's LSNs."""
     row = conn.execute(
         "SELECT (SELECT system_identifier::text FROM pg_control_system()) AS system_identifier,"
         " CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint())"
         " ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int"
         " END AS timeline, current_database() AS database,"
-        " (SELECT oid::int8 FROM pg_database WHERE datname = current_database()) AS database_oid"
+        " (SELECT oid::int8 FROM pg_database WHERE datname = current_database()) AS database_oid,"
+        " current_setting('server_version_num')::int AS server_version_num"
     ).fetchone()
     assert row is not None
     return dict(row)

@@ -162,6 +162,7 @@ class PgCluster:
     password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
     host: str = "127.0.0.1"
     started: bool = False
+    initdb_options: tuple[str, ...] = ()  # (``--no-data-checksums``: a pg_upgrade target)
 
     @property
     def datadir(self) -> Path:
@@ -254,6 +255,7 @@ class PgCluster:
                 "--encoding=UTF8",
                 "--locale=C",
                 "--no-sync",
+                *self.initdb_options,
             ]
         )  # fmt: skip
         pwfile.unlink()

@@ -237,3 +237,41 @@ def test_a_drain_refuses_a_lake_whose_initial_snapshot_never_committed(tmp_path:
         Drain(source=source, lake=lake, slot="s", publications=["p"],
               max_window_bytes=1024).run(time.monotonic())  # fmt: skip
     assert source.advances == [] and lake.position() is None and lake.changes_tables() == []
+
+
+@pytest.mark.parametrize(
+    ("change", "goes_on"),
+    [
+        ({"server_version_num": 180001}, True),  # pg_upgrade: the same database, a later major
+        ({"server_version_num": 170012}, False),  # the same major: not an upgrade
+        ({"server_version_num": 180001, "database_oid": 16390}, False),  # another database
+        ({"server_version_num": 180001, "database": "other"}, False),
+    ],
+)
+def test_a_slot_ahead_after_pg_upgrade_is_drained_from_when_asked(
+    tmp_path: Path, change: dict[str, object], goes_on: bool
+) -> None:
+    """``pg_upgrade`` creates the slot again at the new cluster's position, past the lake's;
+    with ``accept_source_change`` the run goes on from there when the server looks upgraded.
+    Before, it was refused as a slot consumed by someone else, whatever was asked."""
+    identity = {"system_identifier": "7", "timeline": 1, "database": "db",
+                "database_oid": 16384, "server_version_num": 170011}  # fmt: skip
+    lake = Lake(str(tmp_path / "lake"), "s")
+    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1300)
+    source.identity = identity
+    Drain(source=source, lake=lake, slot="s", publications=["p"],
+          max_window_bytes=1024).run(time.monotonic())  # fmt: skip
+    upgraded = FakeSource([], confirmed=0x8000, flush=0x8000)
+    upgraded.identity = {**identity, "system_identifier": "9", "timeline": 1, **change}
+    drain = Drain(source=upgraded, lake=lake, slot="s", publications=["p"], max_window_bytes=1024,
+                  accept_source_change=True)  # fmt: skip
+    if goes_on:
+        drain.run(time.monotonic())
+        assert upgraded.advances == [] and lake.position() == LSN(0x8000)
+        assert lake.recorded_source() == upgraded.identity  # so the next run needs no asking
+        Drain(source=upgraded, lake=lake, slot="s", publications=["p"],
+              max_window_bytes=1024).run(time.monotonic())  # fmt: skip
+    else:
+        with pytest.raises(SlotAheadOfLakeError):
+            drain.run(time.monotonic())
+        assert lake.position() == LSN(0x1300)

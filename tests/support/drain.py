@@ -196,6 +196,7 @@ def drain_only(
     max_windows: int | None = None,
     reader: str = "auto",
     accept_incomplete: Sequence[str] = (),
+    accept_source_change: bool = False,
 ) -> DrainResult:
     """One drain run without the merge, under the lock: no Spark (a local lake needs none to
     drain), and the windows as the run committed them."""
@@ -205,7 +206,7 @@ def drain_only(
         return Drain(
             source=hook, lake=lake, slot=src.slot, publications=[src.publication],
             max_window_bytes=window, max_windows=max_windows, columnar=columnar, reader=reader,
-            accept_incomplete=accept_incomplete,
+            accept_incomplete=accept_incomplete, accept_source_change=accept_source_change,
         ).run(time.monotonic())  # fmt: skip
 
 
