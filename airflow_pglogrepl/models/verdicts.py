@@ -153,11 +153,14 @@ def slot_health(
     temp_file_limit: int | None = None,
     spill: SlotSpill | None = None,
     idle_timeout_s: int | None = None,
+    in_recovery: bool = False,
 ) -> list[str]:
     """Problems with a slot (empty when healthy), each naming the slot and the fix.
 
     ``idle_timeout_s`` is the server's ``idle_replication_slot_timeout`` (PostgreSQL 18): an
     inactive slot is reported once it has used half of it, before a checkpoint invalidates it.
+    A standby's (``in_recovery``) synchronized copy of a failover slot is exempt, as the server
+    exempts it; once the standby is promoted the copy keeps ``synced`` and is not.
     """
     problems: list[str] = []
     name = slot.name
@@ -204,11 +207,10 @@ def slot_health(
                 f" more than {policy.max_inactive}; it keeps WAL while nobody reads it. Fix: "
                 f"restart its consumer or drop it"
             )
-    # a standby's synced copy of a failover slot is exempt from the timeout
     if (
         idle_timeout_s is not None
         and not slot.active
-        and not slot.synced
+        and not (slot.synced and in_recovery)
         and inactive_since is not None
     ):
         idle = now - inactive_since

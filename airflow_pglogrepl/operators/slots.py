@@ -226,6 +226,7 @@ class SlotHealthCheckOperator(TaskBoundary, BaseOperator):
             temp_file_limit=facts.temp_file_limit,
             spill=spill,
             idle_timeout_s=facts.idle_replication_slot_timeout_s,
+            in_recovery=facts.in_recovery,
         )
         record = {
             **slot.to_dict(),

@@ -169,3 +169,19 @@ def test_an_idle_slot_is_reported_before_the_idle_timeout_invalidates_it() -> No
     assert "idle_replication_slot_timeout is 1:00:00" in problem and "0:20:00 more" in problem
     assert problems(dt.timedelta(minutes=20)) == []
     assert problems(dt.timedelta(minutes=40), active=True) == []
+
+
+def test_a_synced_slot_is_exempt_from_the_idle_timeout_only_on_a_standby() -> None:
+    """The server exempts a standby's synchronized copy; once promoted, the copy keeps
+    ``synced = true`` and is invalidated as any other slot. Before, it was exempt anywhere."""
+
+    def problems(in_recovery: bool) -> list[str]:
+        return slot_health(
+            _slot(synced=True), HealthPolicy(), max_slot_wal_keep_size=None,
+            inactive_since=NOW - dt.timedelta(minutes=40), now=NOW, idle_timeout_s=3600,
+            in_recovery=in_recovery,
+        )  # fmt: skip
+
+    assert problems(in_recovery=True) == []
+    (problem,) = problems(in_recovery=False)
+    assert "idle_replication_slot_timeout" in problem
