@@ -161,6 +161,8 @@ class CreateSubscriptionOperator(TaskBoundary, BaseOperator):
                 [str(p) for p in self.publications],
                 consequence="Nothing was created on the subscriber or the publisher",
             )
+        if options.get("failover") and connect:
+            self._publisher_keeps_failover_slots(publisher, slot)
         same_instance = bool(connect) and (
             publisher.instance_identity() == subscriber.instance_identity()
         )
@@ -178,6 +180,16 @@ class CreateSubscriptionOperator(TaskBoundary, BaseOperator):
             options=options,
         )
         return {**result.to_dict(), "slot_name": slot, "same_instance": same_instance}
+
+    def _publisher_keeps_failover_slots(self, publisher: Any, slot: str) -> None:
+        """``failover`` makes the publisher's slot a failover slot: refused, before anything is
+        created, on a publisher that cannot keep one (``FailoverSlotUnsupportedError``)."""
+        from airflow_pglogrepl.conninfo import describe
+        from airflow_pglogrepl.models.failover import wants_failover
+
+        facts = publisher.server_facts()
+        wants_failover(slot, describe(publisher.connection_params()), facts.version_num,
+                       in_hot_standby=facts.in_recovery, requested=True)  # fmt: skip
 
     def _ensure_slot(self, publisher: Any, slot: str, *, failover: bool) -> None:
         """The slot ``CREATE SUBSCRIPTION`` cannot create on its own instance, as the

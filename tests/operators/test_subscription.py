@@ -166,3 +166,39 @@ def test_alter_actions(
     hook.drop_subscription("ops_alter")
     with pytest.raises(Exception, match="does not exist"):
         alter("enable")
+
+
+def test_a_failover_subscription_needs_a_publisher_that_keeps_failover_slots(
+    publisher: PgCluster, subscriber: PgCluster, publisher_conn_id: str, subscriber_conn_id: str
+) -> None:
+    """``failover`` makes the publisher's slot a failover slot: from 17 it is one; before, the
+    task fails naming the publisher's version, and nothing is created on either side."""
+    subscriber.execute("CREATE TABLE IF NOT EXISTS ops_fo_t (id int PRIMARY KEY)")
+    publisher.execute("CREATE TABLE IF NOT EXISTS ops_fo_t (id int PRIMARY KEY)")
+    CreatePublicationOperator(
+        task_id="p", publication="ops_fo_pub", postgres_conn_id=publisher_conn_id,
+        tables=["ops_fo_t"],
+    ).execute(context())  # fmt: skip
+    create = CreateSubscriptionOperator(
+        task_id="s", subscription="ops_fo_sub", publications=["ops_fo_pub"],
+        publisher_conn_id=publisher_conn_id, subscriber_conn_id=subscriber_conn_id,
+        failover=True,
+    )  # fmt: skip
+    slot = "SELECT to_jsonb(s)->>'failover' FROM pg_replication_slots s WHERE slot_name = %s"
+    try:
+        if int(publisher.execute("SHOW server_version_num")[0][0]) < 170000:
+            with pytest.raises(Exception, match=r"FailoverSlotUnsupportedError.*PostgreSQL 17"):
+                create.execute(context())
+            assert publisher.execute(slot, ("ops_fo_sub",)) == []
+            assert subscriber.execute(
+                "SELECT 1 FROM pg_subscription WHERE subname = 'ops_fo_sub'") == []  # fmt: skip
+        else:
+            create.execute(context())
+            assert publisher.execute(slot, ("ops_fo_sub",)) == [("true",)]
+    finally:
+        DropSubscriptionOperator(
+            task_id="d", subscription="ops_fo_sub", subscriber_conn_id=subscriber_conn_id
+        ).execute(context())
+        DropPublicationOperator(
+            task_id="dp", publication="ops_fo_pub", postgres_conn_id=publisher_conn_id
+        ).execute(context())
