@@ -52,9 +52,11 @@ def slot(info: SlotInfo) -> None:
 def failover(slot_name: str, *, ready: bool, standby_lag_bytes: int | None) -> None:
     """Whether a promotion of a standby keeps the slot (``failover.ready``, 1 or 0), and how
     far the nearest ready standby's copy is behind the primary's slot
-    (``failover.standby_lag_bytes``)."""
+    (``failover.standby_lag_bytes``; -1 when no copy is ready, so a gauge never keeps a lag
+    from when one was)."""
     _gauge(metric_name(slot_name, "failover", "ready"), int(ready))
-    _gauge(metric_name(slot_name, "failover", "standby_lag_bytes"), standby_lag_bytes)
+    lag = -1 if standby_lag_bytes is None else standby_lag_bytes
+    _gauge(metric_name(slot_name, "failover", "standby_lag_bytes"), lag)
 
 
 def drain(slot_name: str, result: Mapping[str, Any]) -> None:

@@ -129,6 +129,26 @@ class SlotGoneUnderLakeError(SlotNotFoundError):
         )
 
 
+class StandbyNotConfirmingError(SlotError):
+    """The slot is a failover slot, and a standby ``synchronized_standby_slots`` names is not
+    streaming: every read of the slot would wait for it, silently, holding the lake's lock."""
+
+    retryable = True
+
+    def __init__(self, slot: str, absent: list[str]) -> None:
+        self.absent = absent
+        super().__init__(
+            slot,
+            f"replication slot {slot!r} is a failover slot, and synchronized_standby_slots on "
+            f"its server names {absent}, through which no standby streams now (or which do not "
+            f"exist): every read of the slot would wait until they confirm (wait event "
+            f"WaitForStandbyConfirmation). Nothing was drained. Fix: bring the standby back, so "
+            f"it streams through its physical slot again; or, for as long as it is away, remove "
+            f"the name from synchronized_standby_slots on the primary (a failover in that time "
+            f"may then leave the lake past the promoted server: docs/high-availability.md)",
+        )
+
+
 class FailoverSlotUnsupportedError(SlotError, UnsupportedFeatureError):
     """A failover slot was asked for where the server cannot keep one: before PostgreSQL 17, on
     a standby, or for a temporary slot."""

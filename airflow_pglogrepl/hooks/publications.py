@@ -67,6 +67,13 @@ class PublicationsMixin(PgSessionHook):
         with self.session(replication=True) as conn:
             return switch_points(conn, timeline)
 
+    def absent_standby_slots(self) -> list[str]:
+        """``postgres.failover.absent_standby_slots``: what a failover slot's reads wait for."""
+        from airflow_pglogrepl.postgres.failover import absent_standby_slots
+
+        with self.session() as conn:
+            return absent_standby_slots(conn)
+
     def missing_publications(self, names: Sequence[str]) -> list[str]:
         """The ``names`` no publication of the connected database has."""
         from airflow_pglogrepl.postgres.server import missing_publications

@@ -43,7 +43,7 @@ def wants_failover(slot: str, server: str, version_num: int, *, in_hot_standby: 
         raise FailoverSlotUnsupportedError(
             slot, server,
             f"failover slots need PostgreSQL 17, and it runs {features.major}; a promotion of "
-            f"this server loses the slot, and the lake then needs a new initial snapshot",
+            f"one of its standbys loses the slot, and the lake then needs a new initial snapshot",
             "leave failover unset (or False) on this server, or upgrade it to 17 or later",
         )  # fmt: skip
     if in_hot_standby:
@@ -70,6 +70,8 @@ class FailoverPrimary(Record):
     slot: SlotInfo
     synchronized_standby_slots: tuple[str, ...] = ()
     standby_slots_active: dict[str, bool] | None = None
+    in_recovery: bool = False
+    system_identifier: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ class FailoverStandby(Record):
     primary_slot_name: str | None
     conninfo_has_dbname: bool | None
     copy: SlotInfo | None
+    wal_level: str = "logical"
+    system_identifier: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,10 +105,11 @@ class FailoverReadiness(Record):
     standby_lag_bytes: int | None = None
 
 
-def failover_readiness(primary: FailoverPrimary,
-                       standbys: Sequence[FailoverStandby]) -> FailoverReadiness:  # fmt: skip
+def failover_readiness(primary: FailoverPrimary, standbys: Sequence[FailoverStandby],
+                       unreachable: Sequence[str] = ()) -> FailoverReadiness:  # fmt: skip
     """Judge whether a promotion of one of ``standbys`` keeps ``primary``'s slot (see the
-    module's docstring); no standby given is a problem: the primary cannot see the copies."""
+    module's docstring); no standby checked is a problem: the primary cannot see the copies.
+    ``unreachable``: the problems of standbys that could not be asked."""
     slot, server = primary.slot.name, primary.server
     features = Features.of(primary.version_num)
     if not features.failover_slots:
@@ -113,7 +118,7 @@ def failover_readiness(primary: FailoverPrimary,
             f"{features.major}: a promotion of a standby loses the slot, and the lake then "
             f"needs a new initial snapshot. Fix: upgrade the publisher to 17 or later ({DOCS})",
         ))  # fmt: skip
-    problems = _primary_problems(primary)
+    problems = _primary_problems(primary) + list(unreachable)
     ready: list[str] = []
     lags: list[int] = []
     for standby in standbys:
@@ -122,7 +127,7 @@ def failover_readiness(primary: FailoverPrimary,
         if not found and standby.copy is not None:
             ready.append(standby.server)
             lags.append(_lag(primary.slot, standby.copy))
-    if not standbys:
+    if not standbys and not unreachable:
         problems.append(
             f"slot {slot!r}: no standby was checked, and {server} cannot see whether one holds "
             f"a synchronized copy. Fix: pass the standbys' connections (standby_conn_ids)"
@@ -133,13 +138,17 @@ def failover_readiness(primary: FailoverPrimary,
 
 def _primary_problems(primary: FailoverPrimary) -> list[str]:
     slot, server = primary.slot.name, primary.server
+    if primary.in_recovery:
+        return [f"{server} is a standby (in recovery), not the primary whose slot {slot!r} a "
+                f"promotion would have to keep. Fix: point postgres_conn_id at the "
+                f"primary"]  # fmt: skip
     problems: list[str] = []
     if not primary.slot.failover:
         problems.append(
             f"slot {slot!r} on {server} is not a failover slot: no standby synchronizes it, and "
             f"a promotion loses it. Fix: CreateReplicationSlotOperator(failover=True) makes the "
-            f"existing slot one (or ALTER_REPLICATION_SLOT {slot} ( FAILOVER true ) over a "
-            f"replication connection)"
+            f"existing slot one while no consumer holds it, between two drains (or "
+            f"ALTER_REPLICATION_SLOT {slot} ( FAILOVER true ) over a replication connection)"
         )
     if not primary.synchronized_standby_slots:
         problems.append(
@@ -171,6 +180,13 @@ def _standby_problems(primary: FailoverPrimary, standby: FailoverStandby) -> lis
     if not standby.in_recovery:
         return [f"{where} is not a standby (not in recovery): it cannot take over {slot!r}. Fix: "
                 f"check standby_conn_ids"]  # fmt: skip
+    if standby.system_identifier != primary.system_identifier and None not in (
+        standby.system_identifier,
+        primary.system_identifier,
+    ):
+        return [f"{where} is not a standby of {primary.server} (system identifier "
+                f"{standby.system_identifier}, not {primary.system_identifier}): a promotion of "
+                f"it does not take over {slot!r}. Fix: check standby_conn_ids"]  # fmt: skip
     problems: list[str] = []
     settings = (
         (standby.sync_replication_slots, "sync_replication_slots is off",
@@ -181,6 +197,8 @@ def _standby_problems(primary: FailoverPrimary, standby: FailoverStandby) -> lis
          "primary_slot_name = '<its physical slot on the primary>'"),
         (standby.conninfo_has_dbname is not False, "primary_conninfo names no dbname",
          "a dbname in primary_conninfo (the slot sync worker connects to a database)"),
+        (standby.wal_level == "logical", f"wal_level is {standby.wal_level}",
+         "wal_level = logical (a restart)"),
     )  # fmt: skip
     for ok, what, fix in settings:
         if not ok:
@@ -201,9 +219,10 @@ def _standby_problems(primary: FailoverPrimary, standby: FailoverStandby) -> lis
     if copy is None:
         if not problems:
             problems.append(
-                f"standby {where} holds no copy of slot {slot!r} yet: a promotion now loses it. "
-                f"Fix: wait for the slot sync worker (the standby's log says why it does not "
-                f"sync, e.g. its copy would be ahead of what it replayed)"
+                f"standby {where} holds no copy of slot {slot!r}: a promotion now loses it. "
+                f"Fix: the standby's log says why its slot sync worker does not make one (a "
+                f"standby of a standby cannot; a copy is made only once the standby has replayed "
+                f"past the slot's position, which takes a moment after the slot is created)"
             )
         return problems
     if not copy.synced:

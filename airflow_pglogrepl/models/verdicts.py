@@ -207,12 +207,8 @@ def slot_health(
                 f" more than {policy.max_inactive}; it keeps WAL while nobody reads it. Fix: "
                 f"restart its consumer or drop it"
             )
-    if (
-        idle_timeout_s is not None
-        and not slot.active
-        and not (slot.synced and in_recovery)
-        and inactive_since is not None
-    ):
+    exempt = slot.active or (slot.synced and in_recovery)  # (as the server exempts them)
+    if idle_timeout_s is not None and not exempt and inactive_since is not None:
         idle = now - inactive_since
         limit = dt.timedelta(seconds=idle_timeout_s)
         if idle * 2 >= limit and slot.wal_status != "lost":

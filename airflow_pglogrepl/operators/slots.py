@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,8 +27,10 @@ class CreateReplicationSlotOperator(TaskBoundary, BaseOperator):
     :param plugin: output plugin (``pgoutput`` or ``test_decoding``).
     :param two_phase: decode prepared transactions at PREPARE.
     :param failover: synchronize the slot to standbys, so a promotion keeps it (PostgreSQL 17+;
-        docs/high-availability.md). Default: wherever the server can (a 17+ primary), an
-        existing slot made one too; ``True`` fails where it cannot; ``False`` leaves it as is.
+        docs/high-availability.md). Default: a new slot is one wherever the server can (a 17+
+        primary), an existing one is left as it is; ``True`` also makes an existing slot one
+        (``SlotInUseError``, retried, while a consumer holds it), and fails where the server
+        cannot; ``False``: a new slot is not one.
     :param database: the database the slot belongs to, when not the connection's.
     """
 
@@ -74,29 +75,24 @@ class CreateReplicationSlotOperator(TaskBoundary, BaseOperator):
                 "lsn": str(slot.confirmed_flush_lsn), "failover": failover}  # fmt: skip
 
     def _make_failover(self, hook: Any, now: bool | None) -> bool:
-        """Make the existing slot a failover slot where asked (or, by default, where the server
-        can); True when it is one now."""
+        """Make the existing slot a failover slot when asked (``failover=True``); True when it
+        is one now. Not by default: a failover slot's readers wait for the standbys
+        ``synchronized_standby_slots`` names, which an existing drain did not before."""
         from airflow_pglogrepl.conninfo import describe
-        from airflow_pglogrepl.exceptions import SlotInUseError
         from airflow_pglogrepl.models.failover import wants_failover
 
+        if not self.failover:
+            if self.failover is None and now is False:
+                self.log.info(
+                    "Slot %s is not a failover slot: a promotion of a standby loses it. "
+                    "failover=True makes it one (docs/high-availability.md)", self.slot_name,
+                )  # fmt: skip
+            return False
         facts = hook.server_facts()
         server = describe(hook.connection_params())
-        standby = facts.in_recovery
-        if not wants_failover(self.slot_name, server, facts.version_num, in_hot_standby=standby,
-                              requested=self.failover):  # fmt: skip
-            return False
-        try:
-            hook.make_failover_slot(self.slot_name)
-        except SlotInUseError:
-            if self.failover:
-                raise
-            self.log.warning(
-                "Slot %s is not a failover slot, and could not be made one: a consumer holds "
-                "it. A promotion of the server loses it; run again while it is free, or see "
-                "docs/high-availability.md", self.slot_name,
-            )  # fmt: skip
-            return False
+        wants_failover(self.slot_name, server, facts.version_num,
+                       in_hot_standby=facts.in_recovery, requested=True)  # fmt: skip
+        hook.make_failover_slot(self.slot_name)  # SlotInUseError while a consumer holds it
         self.log.info("Slot %s was made a failover slot (synchronized to standbys)", self.slot_name)
         return True
 
@@ -256,6 +252,8 @@ class SlotHealthCheckOperator(TaskBoundary, BaseOperator):
     def _failover(self, hook: Any) -> FailoverReadiness:
         """``models.failover.failover_readiness`` of the slot over the standbys; a standby
         that cannot be reached is a problem of its own, not a failed check."""
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
         from airflow_pglogrepl.exceptions import ConnectionFailedError
         from airflow_pglogrepl.models.failover import failover_readiness
 
@@ -264,13 +262,14 @@ class SlotHealthCheckOperator(TaskBoundary, BaseOperator):
             try:
                 standby = replication_hook(conn_id, self.database)
                 standbys.append(standby.failover_standby(self.slot_name))
-            except ConnectionFailedError as exc:
+            except ConnectionFailedError as exc:  # (its text has no password)
                 unreachable.append(f"standby {conn_id!r} could not be checked: {exc}")
-        verdict = failover_readiness(hook.failover_primary(self.slot_name), standbys)
-        if not unreachable:
-            return verdict
-        return dataclasses.replace(verdict, ready=False,
-                                   problems=(*verdict.problems, *unreachable))  # fmt: skip
+            except AirflowNotFoundException:
+                unreachable.append(
+                    f"standby {conn_id!r} could not be checked: no Airflow connection has "
+                    f"that id. Fix: check standby_conn_ids"
+                )
+        return failover_readiness(hook.failover_primary(self.slot_name), standbys, unreachable)
 
     def _first_seen_inactive(
         self, context: Context, active: bool, now: dt.datetime

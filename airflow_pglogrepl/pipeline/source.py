@@ -10,7 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from airflow_pglogrepl.exceptions import SlotGoneUnderLakeError, SlotNotFoundError
+from airflow_pglogrepl.exceptions import (
+    SlotGoneUnderLakeError,
+    SlotNotFoundError,
+    StandbyNotConfirmingError,
+)
 from airflow_pglogrepl.lsn import LSN
 
 if TYPE_CHECKING:
@@ -27,6 +31,9 @@ class DrainSource(Protocol):
     hook, which has the same methods): read, peek and advance the slot, and the flush LSN."""
 
     def get_slot(self, name: str, *, plugin: str | None = None) -> SlotInfo: ...
+
+    # the physical slots synchronized_standby_slots names that no standby streams through
+    def absent_standby_slots(self) -> list[str]: ...
 
     def advance_slot(self, name: str, upto: LSN | str) -> LSN: ...
 
@@ -68,7 +75,8 @@ class DrainSource(Protocol):
 
 def check_slot(source: DrainSource, slot_name: str, lake: Lake | None = None) -> SlotInfo:
     """The slot, if it can be drained now: exists (``missing_slot`` says why not, for ``lake``),
-    pgoutput, and ``verdicts.drain_refusal``."""
+    pgoutput, no standby it must wait for is away (a failover slot), and
+    ``verdicts.drain_refusal``."""
     from airflow_pglogrepl.models.verdicts import drain_refusal
 
     try:
@@ -77,6 +85,10 @@ def check_slot(source: DrainSource, slot_name: str, lake: Lake | None = None) ->
         if lake is None:
             raise
         raise missing_slot(lake, source, slot_name) from None
+    if slot.failover:  # its readers would wait, silently, for a standby that is not there
+        absent = source.absent_standby_slots()
+        if absent:
+            raise StandbyNotConfirmingError(slot_name, absent)
     refusal = drain_refusal(slot)
     if refusal is not None:
         raise refusal

@@ -15,7 +15,15 @@ from typing import Any
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import ColumnOrigins, SlotInfo
-from airflow_pglogrepl.postgres import arrow_peek, columns, locks, server, slots, timelines
+from airflow_pglogrepl.postgres import (
+    arrow_peek,
+    columns,
+    failover,
+    locks,
+    server,
+    slots,
+    timelines,
+)
 from airflow_pglogrepl.postgres.connect import Conn, connect, dsn_params
 from airflow_pglogrepl.postgres.coverage import SourceCoverage, publication_coverage
 from airflow_pglogrepl.postgres.slot_stream import SlotStream
@@ -60,6 +68,10 @@ class PgSource:
         left it (``postgres.timelines``)."""
         with connect(self._params, label=self.label, replication=True) as conn:
             return timelines.switch_points(conn, timeline)
+
+    def absent_standby_slots(self) -> list[str]:
+        with self.session() as conn:  # (what a failover slot's reads would wait for)
+            return failover.absent_standby_slots(conn)
 
     def missing_publications(self, names: Sequence[str]) -> list[str]:
         with self.session() as conn:

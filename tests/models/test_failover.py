@@ -33,11 +33,12 @@ def _slot(**kw: object) -> SlotInfo:
 
 PRIMARY = FailoverPrimary(server="p:5432", version_num=170005, slot=_slot(),
                           synchronized_standby_slots=("sb1",),
-                          standby_slots_active={"sb1": True})  # fmt: skip
+                          standby_slots_active={"sb1": True}, system_identifier="7")  # fmt: skip
 STANDBY = FailoverStandby(server="s:5432", in_recovery=True, sync_replication_slots=True,
                           hot_standby_feedback=True, primary_slot_name="sb1",
                           conninfo_has_dbname=True,
-                          copy=_slot(synced=True, confirmed_flush_lsn=LSN("0/2800")))  # fmt: skip
+                          copy=_slot(synced=True, confirmed_flush_lsn=LSN("0/2800")),
+                          system_identifier="7")  # fmt: skip
 
 
 def test_a_new_slot_is_a_failover_slot_wherever_the_server_can_keep_one() -> None:
@@ -103,6 +104,8 @@ def test_before_17_the_check_says_failover_slots_need_17() -> None:
         ({}, {"copy": _slot(synced=True, temporary=True)}, "not ready yet"),
         ({}, {"copy": _slot(synced=True, invalidation_reason="rows_removed")},
          "invalidated \\(rows_removed\\)"),
+        ({}, {"wal_level": "replica"}, "wal_level is replica"),
+        ({}, {"system_identifier": "8"}, "is not a standby of p:5432"),
     ],
 )  # fmt: skip
 def test_each_thing_that_would_lose_the_slot_in_a_promotion_is_named_with_its_fix(
@@ -120,6 +123,18 @@ def test_each_thing_that_would_lose_the_slot_in_a_promotion_is_named_with_its_fi
 def test_no_standby_checked_is_not_ready() -> None:
     verdict = failover_readiness(PRIMARY, [])
     assert not verdict.ready and "standby_conn_ids" in verdict.problems[0]
+
+
+def test_a_standby_that_could_not_be_asked_is_named_as_such() -> None:
+    """Before, the verdict also said that no standby was given, which was not so."""
+    verdict = failover_readiness(PRIMARY, [], ["standby 'sb' could not be checked: refused"])
+    assert not verdict.ready and verdict.problems == ("standby 'sb' could not be checked: "
+                                                      "refused",)  # fmt: skip
+
+
+def test_a_primary_that_is_a_standby_itself_is_named() -> None:
+    verdict = failover_readiness(dataclasses.replace(PRIMARY, in_recovery=True), [STANDBY])
+    assert not verdict.ready and "point postgres_conn_id at the primary" in verdict.problems[0]
 
 
 def test_a_primary_conninfo_the_role_may_not_read_is_not_a_problem() -> None:

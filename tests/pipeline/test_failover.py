@@ -19,7 +19,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from airflow_pglogrepl.exceptions import LakePastFailoverError, SlotGoneUnderLakeError
+from airflow_pglogrepl.exceptions import (
+    LakePastFailoverError,
+    SlotGoneUnderLakeError,
+    StandbyNotConfirmingError,
+)
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.merge.materialize import materialize
 from airflow_pglogrepl.operators.slots import SlotHealthCheckOperator
@@ -244,3 +248,34 @@ def test_a_promotion_that_lost_the_slot_fails_naming_a_new_snapshot(
         drain_only(new, lake, window=WINDOW)
     assert Lake(lake, SLOT).position() == position
     assert new.sql("SELECT slot_name FROM pg_replication_slots") == []
+
+
+def test_a_drain_whose_standby_is_away_is_refused_instead_of_waiting(
+    pair: tuple[PgCluster, PgCluster], tmp_path: Path
+) -> None:
+    """A failover slot's reads wait for the standbys ``synchronized_standby_slots`` names.
+    Before, a run with the standby stopped hung in WaitForStandbyConfirmation, silently, with
+    the lake's lock held. Now it fails at once, naming the standby's slot and the fix; the
+    health check names it too, and an upper-case name in the setting is the same slot."""
+    primary, standby = pair
+    lake = str(tmp_path / "lake")
+    primary.execute("ALTER SYSTEM SET synchronized_standby_slots = 'STANDBY_1'")
+    primary.execute("SELECT pg_reload_conf()")
+    wait_until(lambda: primary.execute("SHOW synchronized_standby_slots") == [("STANDBY_1",)],
+               what="the primary's reload")  # fmt: skip
+    assert failover_check(primary, standby)["ready"] is True
+    standby.stop("fast")
+    verdict = failover_check(primary, standby)
+    assert any("no standby streams through 'standby_1'" in p for p in verdict["problems"])
+    assert any("could not be checked" in p for p in verdict["problems"])
+    assert not any("no standby was checked" in p for p in verdict["problems"]), verdict
+    with Writer(primary, seed=49) as writer:
+        wait_until(lambda: writer.commits >= 20, what="commits while the standby is away")
+    new = Source(primary, "postgres", SLOT, PUBLICATION)
+    before = new.sql("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                     (SLOT,))  # fmt: skip
+    with pytest.raises(StandbyNotConfirmingError, match=r"\['standby_1'\]"):
+        drain_only(new, lake, window=WINDOW)
+    after = new.sql("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                    (SLOT,))  # fmt: skip
+    assert after == before and Lake(lake, SLOT).position() is None

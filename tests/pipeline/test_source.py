@@ -14,6 +14,7 @@ from airflow_pglogrepl.exceptions import (
     SlotInUseError,
     SlotLostError,
     SlotNotFoundError,
+    StandbyNotConfirmingError,
 )
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lsn import LSN
@@ -63,3 +64,17 @@ def test_a_slot_missing_under_a_drained_lake_names_a_new_snapshot(
     text = str(info.value)
     assert "0/1300" in text and "new initial snapshot into a new lake path" in text
     assert "failover slot" in text and lake.position() == LSN(0x1300)
+
+
+@pytest.mark.unit
+def test_a_failover_slot_whose_standby_is_away_is_refused_before_any_read() -> None:
+    """Its reads would wait for the standby (WaitForStandbyConfirmation), silently, holding
+    the lake's lock. Before, the run hung there. A slot that is no failover slot never waits."""
+    source = FakeSource([], confirmed=0x10, flush=0x10)
+    source.absent = ["standby_1"]
+    assert check_slot(source, "s") is source.slot  # not a failover slot: not asked
+    source.slot = dataclasses.replace(source.slot, failover=True)
+    with pytest.raises(StandbyNotConfirmingError, match=r"\['standby_1'\].*Nothing was drained"):
+        check_slot(source, "s")
+    source.absent = []
+    assert check_slot(source, "s") is source.slot

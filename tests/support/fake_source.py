@@ -68,6 +68,11 @@ class FakeSource:
     # the current timeline's ancestors, each with where its history left it (a promotion's)
     switches: dict[int, LSN] = {}
 
+    absent: list[str] = []  # synchronized_standby_slots no standby streams through
+
+    def absent_standby_slots(self) -> list[str]:
+        return list(self.absent)
+
     def switch_points(self, timeline: int) -> dict[int, LSN]:
         assert timeline == self.identity["timeline"], "asked of the current timeline"
         return dict(self.switches)
