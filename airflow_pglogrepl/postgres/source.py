@@ -122,9 +122,9 @@ class PgSource:
 
     def create_slot_with_snapshot(
         self, name: str, *, plugin: str = "pgoutput", temporary: bool = False,
-        wait_s: float | None = None,
+        wait_s: float | None = None, failover: bool | None = False,
     ) -> ExportedSnapshot:  # fmt: skip
         return create_slot_with_snapshot(
             self._params, name, plugin=plugin, temporary=temporary, label=self.label,
-            wait_s=wait_s,
+            wait_s=wait_s, failover=failover,
         )  # fmt: skip

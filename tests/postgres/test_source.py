@@ -63,3 +63,20 @@ def test_errors_name_the_label_and_never_the_password(database: Database) -> Non
         source.flush_lsn()
     assert "(PGLOGREPL_SOURCE_DSN of the drain)" in str(caught.value)
     assert "wr0ng-pw" not in str(caught.value)
+
+
+@pytest.mark.pgversion
+def test_a_slot_created_with_a_snapshot_is_a_failover_slot_where_the_server_can_keep_one(
+    database: Database, slot_name: str
+) -> None:
+    """What ``snapshot_app --failover`` asks of it. Before, the source took no ``failover``,
+    and every standalone snapshot failed with a TypeError."""
+    source = PgSource(database.cluster.dsn(database.name), label="SRC")
+    can = int(database.sql("SHOW server_version_num")[0][0]) >= 170000
+    with source.create_slot_with_snapshot(slot_name, failover=None) as exported:
+        assert exported.failover is can
+    (failover,) = database.sql(
+        "SELECT coalesce(to_jsonb(s)->>'failover', 'false') FROM pg_replication_slots s"
+        " WHERE slot_name = %s", (slot_name,))[0]  # fmt: skip
+    assert (failover == "true") is can
+    assert source.drop_slot(slot_name)
