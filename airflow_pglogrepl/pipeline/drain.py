@@ -164,7 +164,8 @@ class Drain:
         # from their start, and a run that peeks never needs them (``lake.in_progress``).
         InProgressTransactions(self.lake).clear()
         start = reconcile(self.lake, self.source, self.slot, before,
-                          accept_source_change=self.accept_source_change)  # fmt: skip
+                          accept_source_change=self.accept_source_change,
+                          publications=self.publications)  # fmt: skip
         self.held.clear()  # (a Drain run again: what is held now, not what was)
         self.held.update(held(self.lake))
         if self.held:

@@ -27,6 +27,7 @@ from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.window import Window
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pipeline.source import DrainSource
+from airflow_pglogrepl.pipeline.upgrade import carried_over
 
 __all__ = ["claim", "reconcile"]
 
@@ -87,12 +88,13 @@ def _backfills_begin_again(lake: Lake) -> None:
     going = sorted(backfill.read(lake).plans.items())
     for table, _plan in going:
         backfill.forget(lake, table)
-    asked = [table for table, plan in going if plan.why == "resync"]
+    asked = [f"{table} ({plan.why})" for table, plan in going if plan.why in ("resync", "parity")]
     if going:
         log.warning(
-            "backfills in progress begin again on the promoted server: %s%s",
-            [table for table, _plan in going],
-            f"; the resync of {asked} does only when asked again (resync=)" if asked else "",
+            "backfills in progress were dropped on the promoted server: %s. A gap's begins "
+            "again in this run%s", [table for table, _plan in going],
+            f"; these were asked for and begin again only when asked again (resync=, "
+            f"parity=): {asked}" if asked else "",
         )  # fmt: skip
 
 
@@ -110,9 +112,10 @@ def _reach(lake: Lake, position: LSN) -> tuple[LSN, str | None]:
 
 
 def reconcile(lake: Lake, source: DrainSource, slot: str, slot_lsn: LSN, *,
-              accept_source_change: bool) -> LSN:  # fmt: skip
+              accept_source_change: bool, publications: Sequence[str] = ()) -> LSN:  # fmt: skip
     """Where the run starts: the slot's ``slot_lsn``, or the lake's position when the slot's
-    last advance was lost (the slot is moved up to it first)."""
+    last advance was lost (the slot is moved up to it first); after ``pg_upgrade``, when asked,
+    the slot it carried over (``pipeline.upgrade``)."""
     lake_lsn = lake.position()
     recorded = lake.recorded_source()
     current = lake.source or {}
@@ -154,7 +157,10 @@ def reconcile(lake: Lake, source: DrainSource, slot: str, slot_lsn: LSN, *,
         source.advance_slot(slot, lake_lsn)
         return lake_lsn
     if slot_lsn > lake_lsn:
-        if other_system and accept_source_change and _upgraded(recorded or {}, current):
+        why_not = "the source is the lake's own server"
+        if other_system and accept_source_change:
+            why_not = carried_over(lake, source, publications, recorded or {}, current) or ""
+        if not why_not:
             log.warning(
                 "slot %s starts at %s, past lake %s's position %s, on a server of a later major "
                 "version with the lake's database (a pg_upgrade, as accept_source_change says): "
@@ -166,20 +172,8 @@ def reconcile(lake: Lake, source: DrainSource, slot: str, slot_lsn: LSN, *,
             # even when nothing follows, so the next run needs no asking
             Window(lake, lake_lsn).commit(slot_lsn, transactions=0, changes=0)
             return slot_lsn
+        if other_system and accept_source_change:
+            log.warning("lake %s: the source is not taken for its server after pg_upgrade: %s",
+                        lake.root, why_not)  # fmt: skip
         raise SlotAheadOfLakeError(slot, slot_lsn, lake_lsn, lake.root)
     return slot_lsn
-
-
-def _upgraded(recorded: dict[str, object], current: dict[str, object]) -> bool:
-    """Whether the source looks like the lake's server after ``pg_upgrade``: the same database
-    (its OID, which pg_upgrade keeps) on a later major version (when the lake recorded one).
-    Only asked with ``accept_source_change``: nothing on a server proves it was upgraded."""
-    oid = recorded.get("database_oid")
-    if oid is None or oid != current.get("database_oid"):
-        return False
-    if recorded.get("database") != current.get("database"):
-        return False
-    old, new = recorded.get("server_version_num"), current.get("server_version_num")
-    if isinstance(old, int) and isinstance(new, int):
-        return new // 10000 > old // 10000
-    return True

@@ -239,42 +239,66 @@ def test_a_drain_refuses_a_lake_whose_initial_snapshot_never_committed(tmp_path:
     assert source.advances == [] and lake.position() is None and lake.changes_tables() == []
 
 
+def _relation(oid: int, created: int, name: str = "items") -> Any:
+    from airflow_pglogrepl.postgres.coverage import PublishedRelation
+    from airflow_pglogrepl.tables import TableRef
+
+    return PublishedRelation(oid=oid, table=TableRef("public", name), created=created,
+                             created_raw=created, published=None, membership=(created + 1,),
+                             linked_then=True, leaves={})  # fmt: skip
+
+
+IDENTITY = {"system_identifier": "7", "timeline": 1, "database": "db", "database_oid": 16384,
+            "server_version_num": 170011}  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    ("change", "goes_on"),
+    ("before", "change", "relation", "refused_for"),
     [
-        ({"server_version_num": 180001}, True),  # pg_upgrade: the same database, a later major
-        ({"server_version_num": 170012}, False),  # the same major: not an upgrade
-        ({"server_version_num": 180001, "database_oid": 16390}, False),  # another database
-        ({"server_version_num": 180001, "database": "other"}, False),
+        ({}, {"server_version_num": 180001}, (16400, "items"), None),  # pg_upgrade
+        ({}, {"server_version_num": 170012}, (16400, "items"), "not a later major"),
+        ({"server_version_num": 160009}, {"server_version_num": 170002}, (16400, "items"),
+         "keeps logical slots only from 17"),
+        ({"server_version_num": None}, {"server_version_num": 180001}, (16400, "items"),
+         "no server version"),
+        ({}, {"server_version_num": 180001, "database_oid": 16390}, (16400, "items"),
+         "database_oid"),
+        ({}, {"server_version_num": 180001}, (16999, "items"), "not published there"),
+        ({}, {"server_version_num": 180001}, (16400, "other"), "not published there"),
     ],
-)
+)  # fmt: skip
 def test_a_slot_ahead_after_pg_upgrade_is_drained_from_when_asked(
-    tmp_path: Path, change: dict[str, object], goes_on: bool
-) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, before: dict[str, object],
+    change: dict[str, object], relation: tuple[int, str], refused_for: str | None,
+) -> None:  # fmt: skip
     """``pg_upgrade`` creates the slot again at the new cluster's position, past the lake's;
-    with ``accept_source_change`` the run goes on from there when the server looks upgraded.
-    Before, it was refused as a slot consumed by someone else, whatever was asked."""
-    identity = {"system_identifier": "7", "timeline": 1, "database": "db",
-                "database_oid": 16384, "server_version_num": 170011}  # fmt: skip
+    with ``accept_source_change`` the run goes on from there when everything an upgrade keeps
+    is there: a later major from 17, the database, every relation's OID and name. Before, the
+    run was refused as a slot consumed by someone else, whatever was asked; then a server of a
+    later major with the same database OID (5 for ``postgres`` in every cluster) was enough."""
     lake = Lake(str(tmp_path / "lake"), "s")
     source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1300)
-    source.identity = identity
+    source.identity = {**IDENTITY, **before}
+    source.relations = [_relation(16400, 700)]
     Drain(source=source, lake=lake, slot="s", publications=["p"],
           max_window_bytes=1024).run(time.monotonic())  # fmt: skip
     upgraded = FakeSource([], confirmed=0x8000, flush=0x8000)
-    upgraded.identity = {**identity, "system_identifier": "9", "timeline": 1, **change}
+    upgraded.identity = {**IDENTITY, "system_identifier": "9", **change}
+    upgraded.relations = [_relation(relation[0], 9100, relation[1])]  # (restored anew)
     drain = Drain(source=upgraded, lake=lake, slot="s", publications=["p"], max_window_bytes=1024,
                   accept_source_change=True)  # fmt: skip
-    if goes_on:
-        drain.run(time.monotonic())
+    if refused_for is None:
+        assert drain.run(time.monotonic()).incomplete == {}
         assert upgraded.advances == [] and lake.position() == LSN(0x8000)
         assert lake.recorded_source() == upgraded.identity  # so the next run needs no asking
-        Drain(source=upgraded, lake=lake, slot="s", publications=["p"],
-              max_window_bytes=1024).run(time.monotonic())  # fmt: skip
+        again = Drain(source=upgraded, lake=lake, slot="s", publications=["p"],
+                      max_window_bytes=1024).run(time.monotonic())  # fmt: skip
+        assert again.incomplete == {}  # the record carried over: nothing "removed" or "added"
     else:
         with pytest.raises(SlotAheadOfLakeError):
             drain.run(time.monotonic())
         assert lake.position() == LSN(0x1300)
+        assert refused_for in caplog.text
 
 
 def test_a_promotion_begins_the_backfills_in_progress_again(tmp_path: Path) -> None:

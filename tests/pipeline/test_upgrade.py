@@ -55,10 +55,12 @@ def test_a_drain_goes_on_after_pg_upgrade_once_asked(
             drain_only(upgraded, lake, window=WINDOW)
         assert Lake(lake, SLOT).position() == position
         # asked once, right after the upgrade, with nothing to drain yet
-        drain_only(upgraded, lake, window=WINDOW, accept_source_change=True)
+        accepted = drain_only(upgraded, lake, window=WINDOW, accept_source_change=True)
+        assert accepted.incomplete == {}  # (the lake's record of its relations carried over)
         with Writer(new, seed=18) as writer:  # the new cluster's own changes
             wait_until(lambda: writer.commits >= 40, what="commits on the upgraded cluster")
-        assert drain_only(upgraded, lake, window=WINDOW).to_dict()["changes"] > 0  # unasked
+        after = drain_only(upgraded, lake, window=WINDOW)  # unasked
+        assert after.to_dict()["changes"] > 0 and after.incomplete == {}
         materialize(no_spark, Lake(lake, SLOT))
         assert_state_equals_source(upgraded, lake, TableRef("public", TABLE))
     finally:
@@ -71,16 +73,20 @@ def test_a_drain_goes_on_after_pg_upgrade_once_asked(
 def test_another_server_with_a_slot_ahead_is_refused_even_when_asked(
     pg_bindir_of: Callable[[int], Path], tmp_path: Path
 ) -> None:
-    """Not an upgrade: another cluster of the same major, whose slot of the same name starts
-    past the lake. ``accept_source_change`` does not make the changes it never saw appear."""
+    """Not an upgrade: another cluster of a later major, with the same database (``postgres``,
+    OID 5 in every cluster) and a table of the same name, whose slot of the same name starts
+    past the lake. ``accept_source_change`` does not make the changes it never saw appear.
+    Before, the database's OID and the later major were enough to drain on."""
     base = Path(tempfile.mkdtemp(prefix="pglogrepl-upgrade-"))
     os.chmod(base, 0o755)
     clusters: list[PgCluster] = []
     lake = str(tmp_path / "lake")
     try:
-        for name in ("first", "other"):
-            cluster = start_cluster(name, base / name, LOGICAL_SETTINGS, pg_bindir_of(18))
+        for name, major in (("first", 17), ("other", 18)):
+            cluster = start_cluster(name, base / name, LOGICAL_SETTINGS, pg_bindir_of(major))
             clusters.append(cluster)
+            if name == "other":  # (so its table's OID differs, as it would)
+                cluster.execute("CREATE TABLE before_it (x int)")
             cluster.execute(TYPED_TABLE.format(name=TABLE))
             cluster.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE}")
         first, other = clusters

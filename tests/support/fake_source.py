@@ -59,7 +59,9 @@ class FakeSource:
     def publication_coverage(self, names: Sequence[str], *, known: Any = None) -> Any:
         from airflow_pglogrepl.postgres.coverage import SourceCoverage
 
-        return SourceCoverage(horizon=0, relations=[])
+        return SourceCoverage(horizon=0, relations=list(self.relations))
+
+    relations: list[Any] = []  # what publication_coverage finds published (none by default)
 
     def source_identity(self) -> dict[str, object]:
         return dict(self.identity)
