@@ -60,6 +60,9 @@ class Plan:
     chunks: int = 0
     gap: str | None = None  # the gap's ``since`` it repairs: a new gap begins a new backfill
     repair: bool = False  # a parity check's: replace the state found different
+    # the source's timeline when it began: on a later one (a promotion) it begins again, since
+    # its chunks were read from the old primary, which nothing held back to what the standby had
+    timeline: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "in_progress": list(self.in_progress),

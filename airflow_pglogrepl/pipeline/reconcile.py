@@ -74,28 +74,7 @@ def _promoted(lake: Lake, source: DrainSource, slot: str, recorded: dict[str, ob
         "it): draining on%s", slot, new, lake.root, old, old, switch, lake_lsn,
         ", from the lake's position (the synchronized slot is behind it)" if ahead else "",
     )  # fmt: skip
-    _backfills_begin_again(lake)
     return True
-
-
-def _backfills_begin_again(lake: Lake) -> None:
-    """Drop the backfills in progress: their chunks were read from the old primary in plain
-    snapshots, which nothing held back to what the standby had, so they may hold rows the
-    promoted server never had. A gap a backfill repaired is still recorded, and the coverage
-    check of this same run begins its backfill again, on the new primary."""
-    from airflow_pglogrepl.lake import backfill
-
-    going = sorted(backfill.read(lake).plans.items())
-    for table, _plan in going:
-        backfill.forget(lake, table)
-    asked = [f"{table} ({plan.why})" for table, plan in going if plan.why in ("resync", "parity")]
-    if going:
-        log.warning(
-            "backfills in progress were dropped on the promoted server: %s. A gap's begins "
-            "again in this run%s", [table for table, _plan in going],
-            f"; these were asked for and begin again only when asked again (resync=, "
-            f"parity=): {asked}" if asked else "",
-        )  # fmt: skip
 
 
 def _reach(lake: Lake, position: LSN) -> tuple[LSN, str | None]:

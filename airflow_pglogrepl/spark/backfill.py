@@ -125,6 +125,7 @@ class OnlineBackfill(Repair):
         if self.on_gaps == "backfill":
             wanted = {t: g.reason for t, g in gaps.items() if g.reason in REPAIRED}
         self._since = {t: g.since for t, g in gaps.items()}
+        self._begin_again_if_promoted()
         wanted.update(dict.fromkeys(self.parity, "parity"))
         wanted.update(dict.fromkeys(self.resync, "resync"))
         cannot: dict[str, str] = {}  # gaps a backfill could not begin for: re-snapshotted
@@ -239,6 +240,22 @@ class OnlineBackfill(Repair):
         assert self._backfills is not None
         record.write(self.lake, self._backfills)
 
+    def _timeline(self) -> int:
+        """The source's timeline now (a promotion starts a new one)."""
+        return int(str(self.source.source_identity()["timeline"]))
+
+    def _begin_again_if_promoted(self) -> None:
+        """Begin again, for what asked for it, each backfill begun on an earlier timeline: its
+        chunks were read from the old primary in plain snapshots, which may hold rows the
+        promoted standby never received."""
+        now = None
+        for plan in sorted(self._plans().values(), key=lambda p: p.table):
+            now = self._timeline() if now is None else now
+            if plan.timeline is not None and plan.timeline != now:
+                why = (f"the server was promoted (timeline {plan.timeline}, now {now}): its "
+                       f"chunks were read from the old primary")  # fmt: skip
+                self._restart(plan, why)
+
     def _start(self, table: str, why: str, *, whole: bool = False) -> bool:
         """A backfill of ``table`` begun (or one going on); False: it cannot be backfilled."""
         going = self._plans().get(table)
@@ -264,7 +281,7 @@ class OnlineBackfill(Repair):
             in_progress=start.in_progress, files=heap_files(params, described.relid),
             columns=tuple(c.name for c in described.columns), step=step,
             began=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), gap=since,
-            repair=why == "parity" and self.parity_repair,
+            repair=why == "parity" and self.parity_repair, timeline=self._timeline(),
         )  # fmt: skip
         self._plans()[table] = plan
         self._save()

@@ -299,27 +299,3 @@ def test_a_slot_ahead_after_pg_upgrade_is_drained_from_when_asked(
             drain.run(time.monotonic())
         assert lake.position() == LSN(0x1300)
         assert refused_for in caplog.text
-
-
-def test_a_promotion_begins_the_backfills_in_progress_again(tmp_path: Path) -> None:
-    """A backfill's chunks were read from the old primary in plain snapshots, which nothing held
-    back to what the standby had: on the promoted server they are dropped, and the gap's
-    backfill begins again there. Before, the chunks stayed and built the state."""
-    from airflow_pglogrepl.lake import backfill
-    from tests.lake.test_backfill import PLAN
-
-    lake = Lake(str(tmp_path / "lake"), "s")
-    source = FakeSource(two_transactions().rows, confirmed=0x1000, flush=0x1300)
-    Drain(source=source, lake=lake, slot="s", publications=["p"],
-          max_window_bytes=1024).run(time.monotonic())  # fmt: skip
-    backfill.write(lake, backfill.Backfills({PLAN.table: PLAN}))
-    same = FakeSource([], confirmed=0x1300, flush=0x1400)  # not promoted: kept
-    Drain(source=same, lake=lake, slot="s", publications=["p"],
-          max_window_bytes=1024).run(time.monotonic())  # fmt: skip
-    assert list(backfill.read(lake).plans) == [PLAN.table]
-    promoted = FakeSource([], confirmed=0x1400, flush=0x2000)
-    promoted.identity = {**source.identity, "timeline": 2}
-    promoted.switches = {1: LSN(0x1400)}
-    Drain(source=promoted, lake=lake, slot="s", publications=["p"],
-          max_window_bytes=1024).run(time.monotonic())  # fmt: skip
-    assert backfill.read(lake).plans == {}

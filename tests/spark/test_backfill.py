@@ -646,3 +646,39 @@ def test_a_table_created_filled_and_attached_in_one_transaction_is_backfilled(
     result = _drain(spark, source, lake_root)
     assert result["incomplete"] == {} and result["backfills"] == {"public.parted": {"built": True}}
     assert_state_equals_source(source, lake_root, root)
+
+
+def test_a_promotion_begins_a_backfill_again_for_what_asked_for_it(
+    spark: Any,
+    source: Source,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A backfill begun on one timeline, found on a later one (a promotion): its chunks were read
+    from the old primary, which nothing held back to what the standby had, so it begins again,
+    keeping what asked for it (here a resync). Before, the chunks stayed and built the state;
+    then the drain dropped them on a promotion, and a resync was lost."""
+    from airflow_pglogrepl.spark import backfill, backfill_state
+
+    lake_root = str(tmp_path / "lake")
+    _first_lake(spark, source, lake_root)
+    source.sql("CREATE TABLE b (id int PRIMARY KEY, v text, pad text);"
+               f"ALTER PUBLICATION {source.publication} ADD TABLE b")  # fmt: skip
+    source.sql("INSERT INTO b SELECT g, 'b', 'p' FROM generate_series(1, 100) g")
+    _drain(spark, source, lake_root)
+
+    def failing(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("an executor was lost")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(backfill_state, "build_state", failing)
+        _drain(spark, source, lake_root, resync=["public.b"])
+    first = record.read(Lake(lake_root, source.slot)).plans["public.b"]
+    assert first.why == "resync" and first.timeline == 1
+    source.sql("UPDATE b SET v = 'after' WHERE id <= 10")
+    monkeypatch.setattr(backfill.OnlineBackfill, "_timeline", lambda self: 2)
+    result = _drain(spark, source, lake_root)  # (the resync is not asked again)
+    assert result["backfills"] == {"public.b": {"built": True}}, result
+    assert "public.b: the backfill begins again: the server was promoted (timeline 1" in caplog.text
+    assert_state_equals_source(source, lake_root, B)
