@@ -135,14 +135,16 @@ class StandbyNotConfirmingError(SlotError):
 
     retryable = True
 
-    def __init__(self, slot: str, absent: list[str]) -> None:
+    def __init__(self, slot: str, absent: list[str], *, committed: int = 0) -> None:
         self.absent = absent
+        done = (f"The {committed} windows committed before stay; nothing more was drained"
+                if committed else "Nothing was drained")  # fmt: skip
         super().__init__(
             slot,
             f"replication slot {slot!r} is a failover slot, and synchronized_standby_slots on "
             f"its server names {absent}, through which no standby streams now (or which do not "
             f"exist): every read of the slot would wait until they confirm (wait event "
-            f"WaitForStandbyConfirmation). Nothing was drained. Fix: bring the standby back, so "
+            f"WaitForStandbyConfirmation). {done}. Fix: bring the standby back, so "
             f"it streams through its physical slot again; or, for as long as it is away, remove "
             f"the name from synchronized_standby_slots on the primary (a failover in that time "
             f"may then leave the lake past the promoted server: docs/high-availability.md)",

@@ -59,7 +59,7 @@ from airflow_pglogrepl.pipeline.results import (
     fold_older,
     log_window,
 )
-from airflow_pglogrepl.pipeline.source import DrainSource, check_slot
+from airflow_pglogrepl.pipeline.source import DrainSource, check_slot, standbys_streaming
 from airflow_pglogrepl.pipeline.stream_phase import StreamPhase
 from airflow_pglogrepl.pipeline.windows import ColumnarWindows
 from airflow_pglogrepl.tables import TableRef
@@ -140,6 +140,7 @@ class Drain:
         self._messages = MessageWindows(self.committer, self.options, held=self.held,
                                         quarantine=quarantine)  # fmt: skip
         self._peek = PeekReader(source, slot, self.options)
+        self._failover = False  # the slot is a failover slot (``run`` reads it)
 
     @property
     def run_end(self) -> LSN:
@@ -153,6 +154,7 @@ class Drain:
         if self.columnar:
             _preload()
         slot = check_slot(self.source, self.slot, self.lake)
+        self._failover = bool(slot.failover)
         self.committer.require_publications()
         before = slot.confirmed_flush_lsn
         assert before is not None, "a logical slot always has confirmed_flush_lsn"
@@ -274,6 +276,8 @@ class Drain:
             and (self.max_windows is None or committed(windows) < self.max_windows)
             and not (self.follow is not None and self.follow.over())
         ):
+            if self._failover:  # (a window's read waits for the standbys as it begins)
+                standbys_streaming(self.source, self.slot, committed(windows))
             if self.columnar and not next_commit and not self.held:
                 room = PEEK_WINDOWS
                 if self.max_windows is not None:

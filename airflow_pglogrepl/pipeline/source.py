@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from airflow_pglogrepl.postgres.coverage import SourceCoverage
     from airflow_pglogrepl.postgres.slot_stream import SlotStream
 
-__all__ = ["DrainSource", "check_slot", "missing_slot"]
+__all__ = ["DrainSource", "check_slot", "missing_slot", "standbys_streaming"]
 
 
 class DrainSource(Protocol):
@@ -86,9 +86,7 @@ def check_slot(source: DrainSource, slot_name: str, lake: Lake | None = None) ->
             raise
         raise missing_slot(lake, source, slot_name) from None
     if slot.failover:  # its readers would wait, silently, for a standby that is not there
-        absent = source.absent_standby_slots()
-        if absent:
-            raise StandbyNotConfirmingError(slot_name, absent)
+        standbys_streaming(source, slot_name)
     refusal = drain_refusal(slot)
     if refusal is not None:
         raise refusal
@@ -110,3 +108,12 @@ def missing_slot(lake: Lake, source: DrainSource, slot: str) -> SlotNotFoundErro
         and isinstance(old, int) and isinstance(new, int) and new > old
     )  # fmt: skip
     return SlotGoneUnderLakeError(slot, lake.root, position, timeline=new, promoted=promoted)
+
+
+def standbys_streaming(source: DrainSource, slot: str, committed: int = 0) -> None:
+    """Refuse to read a failover slot while a standby its server waits for is away
+    (``StandbyNotConfirmingError``; ``committed``: the run's windows before): the read would
+    wait for it, silently, with the lake's lock held."""
+    absent = source.absent_standby_slots()
+    if absent:
+        raise StandbyNotConfirmingError(slot, absent, committed=committed)

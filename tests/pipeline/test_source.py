@@ -78,3 +78,29 @@ def test_a_failover_slot_whose_standby_is_away_is_refused_before_any_read() -> N
         check_slot(source, "s")
     source.absent = []
     assert check_slot(source, "s") is source.slot
+
+
+@pytest.mark.unit
+def test_a_standby_that_goes_away_between_windows_stops_the_run_before_the_next_read(
+    tmp_path: Path,
+) -> None:
+    """A read of a failover slot waits for the standbys as it begins: the run asks before each
+    read (one peek reads a few windows). Before, only the run's start was asked, and a standby
+    lost after it made the next read wait, silently, with the lake's lock held."""
+
+    class Leaving(FakeSource):
+        asked = 0
+
+        def absent_standby_slots(self) -> list[str]:
+            self.asked += 1
+            return [] if self.asked <= 2 else ["standby_1"]  # the run's start, its first read
+
+    source = Leaving(two_transactions().rows, confirmed=0x1000, flush=0x2000)
+    source.slot = dataclasses.replace(source.slot, failover=True)
+    lake = Lake(str(tmp_path / "lake"), "s")
+    drain = Drain(source=source, lake=lake, slot="s", publications=["p"], max_window_bytes=0x180)
+    with pytest.raises(StandbyNotConfirmingError, match=r"The \d windows committed before stay"):
+        drain.run(time.monotonic())
+    position = lake.position()
+    assert position is not None and position < LSN(0x2000)
+    assert source.advances[-1] == position  # what was committed, and nothing more
