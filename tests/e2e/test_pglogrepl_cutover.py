@@ -217,6 +217,8 @@ def test_cutover_under_write_load(
     assert (f"{move.db}_sub",) not in subs
     slots = move.publisher.execute("SELECT slot_name FROM pg_replication_slots")
     assert all(not name.startswith(f"{move.db}_sub") for (name,) in slots), slots
+    # and every other slot (a lake's drain, here the test's own) is left as it was
+    assert (move.db,) in slots, slots
 
 
 @pytest.mark.pgversion
