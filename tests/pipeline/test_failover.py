@@ -124,6 +124,22 @@ class Writer:
                          (self.rng.randrange(1, self.keys),))  # fmt: skip
 
 
+class BothServers(Source):
+    """The pair through one multi-host connection string that goes to whichever is the
+    primary (``target_session_attrs=read-write``): the drain's connection never changes."""
+
+    def __init__(self, cluster: PgCluster, pair: tuple[PgCluster, PgCluster]) -> None:
+        super().__init__(cluster, "postgres", SLOT, PUBLICATION)
+        self.pair = pair
+
+    @property
+    def dsn(self) -> str:
+        primary, standby = self.pair
+        return (f"postgresql://{primary.superuser}:{primary.password}@{primary.host}:"
+                f"{primary.port},{standby.host}:{standby.port}/postgres"
+                f"?target_session_attrs=read-write")  # fmt: skip
+
+
 def drain_and_merge(source: Source, lake_root: str) -> dict[str, Any]:
     result = drain_only(source, lake_root, window=WINDOW).to_dict()
     materialize(no_spark, Lake(lake_root, SLOT))
@@ -174,7 +190,7 @@ def test_a_drain_goes_on_through_a_promotion_exactly_once(
     standby.execute("SELECT pg_reload_conf()")
     with Writer(primary, seed=45) as writer:
         wait_until(lambda: writer.commits >= 50, what="the writer's first commits")
-        drain_and_merge(Source(primary, "postgres", SLOT, PUBLICATION), lake)
+        drain_and_merge(BothServers(primary, pair), lake)
         wait_until(lambda: writer.commits >= 100, what="more commits after the drain")
         primary.stop("immediate")  # mid-workload
     (behind,) = standby.execute(
@@ -182,7 +198,7 @@ def test_a_drain_goes_on_through_a_promotion_exactly_once(
         " WHERE slot_name = %s AND synced", (str(Lake(lake, SLOT).position()), SLOT))  # fmt: skip
     assert behind == (True,)
     promote(standby)
-    new = Source(standby, "postgres", SLOT, PUBLICATION)
+    new = BothServers(standby, pair)  # the same connection string, now reaching the standby
     result = drain_and_merge(new, lake)  # no accept_source_change, no person
     assert result["changes"] > 0
     assert_state_equals_source(new, lake, TableRef("public", TABLE))
