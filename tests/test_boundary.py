@@ -148,6 +148,8 @@ def test_every_error_says_whether_a_retry_can_help() -> None:
         "LakeStoreUnreachableError",
         # a replication stream ended by the server (a terminated walsender, a restart)
         "SlotStreamError",
+        # a standby a failover slot's reads wait for, away: back by itself, or by its DBA
+        "StandbyNotConfirmingError",
         # a Spark merge cancelled for making no progress, and a split whose bucket files were
         # removed under it: nothing was committed, the next run merges again
         "MergeStalledError",
