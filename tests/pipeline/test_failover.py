@@ -140,6 +140,12 @@ class BothServers(Source):
                 f"?target_session_attrs=read-write")  # fmt: skip
 
 
+def confirmed(source: Source) -> list[tuple[Any, ...]]:
+    """The drain's slot's confirmed position on ``source``: what a refused run must not move."""
+    return source.sql("SELECT confirmed_flush_lsn FROM pg_replication_slots"
+                      " WHERE slot_name = %s", (SLOT,))  # fmt: skip
+
+
 def drain_and_merge(source: Source, lake_root: str) -> dict[str, Any]:
     result = drain_only(source, lake_root, window=WINDOW).to_dict()
     materialize(no_spark, Lake(lake_root, SLOT))
@@ -229,12 +235,10 @@ def test_a_promotion_that_lost_what_the_lake_holds_fails_naming_the_fix(
     standby.start()
     promote(standby)
     new = Source(standby, "postgres", SLOT, PUBLICATION)
-    before = new.sql("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
-                     (SLOT,))  # fmt: skip
+    before = confirmed(new)
     with pytest.raises(LakePastFailoverError, match=r"new initial snapshot.*synchronized_standby"):
         drain_only(new, lake, window=WINDOW)
-    after = new.sql("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
-                    (SLOT,))  # fmt: skip
+    after = confirmed(new)
     assert after == before and Lake(lake, SLOT).position() == position
 
 
@@ -288,10 +292,8 @@ def test_a_drain_whose_standby_is_away_is_refused_instead_of_waiting(
     with Writer(primary, seed=49) as writer:
         wait_until(lambda: writer.commits >= 20, what="commits while the standby is away")
     new = Source(primary, "postgres", SLOT, PUBLICATION)
-    before = new.sql("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
-                     (SLOT,))  # fmt: skip
+    before = confirmed(new)
     with pytest.raises(StandbyNotConfirmingError, match=r"\['standby_1'\]"):
         drain_only(new, lake, window=WINDOW)
-    after = new.sql("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
-                    (SLOT,))  # fmt: skip
+    after = confirmed(new)
     assert after == before and Lake(lake, SLOT).position() is None

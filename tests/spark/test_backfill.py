@@ -422,16 +422,13 @@ def test_a_resync_that_cannot_be_done_fails_the_run_naming_it(
     assert_state_equals_source(source, lake_root, TableRef("public", "nokey"))
 
 
-def test_a_gap_found_while_a_resync_goes_on_begins_it_again(
-    spark: Any, source: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def _resync_left_unbuilt(
+    spark: Any, source: Source, lake_root: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The table leaves the publication and comes back while its resync waits to be built:
-    what changed meanwhile is in no changelog, so the chunks copied before are not enough.
-    Before (a second review found it): the old resync took the new gap over, and the update
-    made while the table was out was lost."""
+    """A lake with table ``b`` drained, and a resync of it whose chunks are copied but whose
+    state could not be built (an executor lost): the backfill stays in progress."""
     from airflow_pglogrepl.spark import backfill_state
 
-    lake_root = str(tmp_path / "lake")
     _first_lake(spark, source, lake_root)
     source.sql("CREATE TABLE b (id int PRIMARY KEY, v text, pad text);"
                f"ALTER PUBLICATION {source.publication} ADD TABLE b")  # fmt: skip
@@ -444,6 +441,17 @@ def test_a_gap_found_while_a_resync_goes_on_begins_it_again(
     with monkeypatch.context() as patched:
         patched.setattr(backfill_state, "build_state", failing)
         _drain(spark, source, lake_root, resync=["public.b"])
+
+
+def test_a_gap_found_while_a_resync_goes_on_begins_it_again(
+    spark: Any, source: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table leaves the publication and comes back while its resync waits to be built:
+    what changed meanwhile is in no changelog, so the chunks copied before are not enough.
+    Before (a second review found it): the old resync took the new gap over, and the update
+    made while the table was out was lost."""
+    lake_root = str(tmp_path / "lake")
+    _resync_left_unbuilt(spark, source, lake_root, monkeypatch)
     assert record.read(Lake(lake_root, source.slot)).plans["public.b"].why == "resync"
     source.sql(f"ALTER PUBLICATION {source.publication} DROP TABLE b")
     source.sql("UPDATE b SET v = 'while out' WHERE id <= 10")
@@ -659,21 +667,10 @@ def test_a_promotion_begins_a_backfill_again_for_what_asked_for_it(
     from the old primary, which nothing held back to what the standby had, so it begins again,
     keeping what asked for it (here a resync). Before, the chunks stayed and built the state;
     then the drain dropped them on a promotion, and a resync was lost."""
-    from airflow_pglogrepl.spark import backfill, backfill_state
+    from airflow_pglogrepl.spark import backfill
 
     lake_root = str(tmp_path / "lake")
-    _first_lake(spark, source, lake_root)
-    source.sql("CREATE TABLE b (id int PRIMARY KEY, v text, pad text);"
-               f"ALTER PUBLICATION {source.publication} ADD TABLE b")  # fmt: skip
-    source.sql("INSERT INTO b SELECT g, 'b', 'p' FROM generate_series(1, 100) g")
-    _drain(spark, source, lake_root)
-
-    def failing(*args: Any, **kwargs: Any) -> None:
-        raise RuntimeError("an executor was lost")
-
-    with monkeypatch.context() as patched:
-        patched.setattr(backfill_state, "build_state", failing)
-        _drain(spark, source, lake_root, resync=["public.b"])
+    _resync_left_unbuilt(spark, source, lake_root, monkeypatch)
     first = record.read(Lake(lake_root, source.slot)).plans["public.b"]
     assert first.why == "resync" and first.timeline == 1
     source.sql("UPDATE b SET v = 'after' WHERE id <= 10")
