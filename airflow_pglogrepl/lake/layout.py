@@ -108,6 +108,10 @@ class LakePaths:
     def state(self, table: TableRef | str) -> str:
         return self._join("state", table if isinstance(table, str) else table_dir(table))
 
+    def history(self, table: TableRef | str) -> str:
+        """Every version of the table's rows (``merge.history``)."""
+        return self._join("history", table if isinstance(table, str) else table_dir(table))
+
     def windows(self) -> str:
         return self._join("_pglogrepl", "windows")
 

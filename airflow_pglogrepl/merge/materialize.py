@@ -81,7 +81,7 @@ def pending_tables(lake: Lake) -> list[str]:
     end = lake.position()
     if end is None:
         return []
-    stuck = _held_tables(lake)
+    stuck = held_tables(lake)
     seen = SeenVersions(lake.root, lake.app)
     names = [name for name in seen.tables("changes") if name not in stuck]
     seen.still([f"{part}/{name}" for name in names for part in ("changes", "state")])
@@ -99,7 +99,7 @@ def _lsn(seen: SeenVersions, name: str) -> LSN | None:
     return None if found is None else LSN(found)
 
 
-def _held_tables(lake: Lake) -> set[str]:
+def held_tables(lake: Lake) -> set[str]:
     """The directory names of the tables in the lake's quarantine: never merged while held (a
     merge would make the state claim the changes the quarantine holds); and of the tables being
     backfilled (``lake.backfill``: the backfill builds their state whole, from the changes)."""
@@ -141,7 +141,7 @@ def materialize(
         return {}
     names = pending_tables(lake) if tables is None else tables
     if tables is not None and names:
-        stuck = _held_tables(lake)
+        stuck = held_tables(lake)
         names = [name for name in names if name not in stuck]
     if not names:
         return {}

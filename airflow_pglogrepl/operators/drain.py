@@ -57,6 +57,9 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     :param max_window_bytes: WAL bytes per window.
     :param max_windows: stop after this many windows (default: up to the WAL at start).
     :param materialize: merge committed changes into ``state/``.
+    :param history: keep ``history/<table>`` beside ``state/``: every version of each row with
+        its validity interval (SCD type 2; docs/history.md). ``True`` for every table, or a
+        list of ``schema.table`` names (one string of names split by commas when templated).
     :param small_merge_rows: a table's batch of at most this many changes is merged without a
         JVM when it can be (keyed, no TRUNCATE or key change: ``merge.arrow``); 0 merges
         every table with Spark. A run whose batches are all merged so starts no Spark at all.
@@ -151,7 +154,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         "max_window_bytes", "max_windows", "small_merge_rows", "merge_stall_seconds",
         "idle_wal_bytes", "spark_log_level",
         "lake_conn_id", "reader", "window_seconds", "follow_seconds", "accept_incomplete",
-        "resync", "parity", "parity_repair",
+        "resync", "parity", "parity_repair", "history",
     )  # fmt: skip
     ui_color = "#fdebd0"
     IN_WORKER_MODULE = "airflow_pglogrepl.spark.drain_app"
@@ -166,6 +169,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         max_window_bytes: int = 64 * 1024 * 1024,
         max_windows: int | None = None,
         materialize: bool = True,
+        history: bool | Sequence[str] | str = False,
         small_merge_rows: int = 100_000,
         merge_stall_seconds: float | None = 600.0,
         database: str | None = None,
@@ -200,6 +204,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         self.max_window_bytes = max_window_bytes
         self.max_windows = max_windows
         self.materialize = materialize
+        self.history = history
         self.small_merge_rows = small_merge_rows
         self.merge_stall_seconds = merge_stall_seconds
         self.database = database
@@ -224,6 +229,13 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     def _resync(self) -> list[str]:
         """The tables to resync, as rendered."""
         return _names(self.resync)
+
+    def _history(self) -> list[str]:
+        """The tables to keep history of, as rendered ('*': every table)."""
+        given = self.history
+        if isinstance(given, bool) or str(given).strip().lower() in ("true", "false", ""):
+            return ["*"] if str(given).strip().lower() == "true" else []
+        return _names(given)
 
     def _parity(self) -> list[str]:
         """The tables to check, as rendered."""
@@ -252,7 +264,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
 
             started = time.monotonic()
             idle = IdleCheck(hook, lake_root=str(self.lake), publications=self.publications,
-                             materialize=self.materialize,
+                             materialize=self.materialize, history=self._history(),
                              max_wal_bytes=int(str(self.idle_wal_bytes))).run(slot)  # fmt: skip
             if idle is not None:
                 metrics.slot(slot)
@@ -346,6 +358,8 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         accepted = self.accept_incomplete
         for table in [accepted] if isinstance(accepted, str) else accepted:
             args += ["--accept-incomplete", str(table)]
+        for table in self._history():
+            args += ["--history", table]
         for table in self._resync():
             args += ["--resync", table]
         for table in self._parity():

@@ -9,7 +9,8 @@ slot while that run's drain needs it):
    credentials) and its position is the slot's ``confirmed_flush_lsn`` (an empty lake, a lake
    ahead of the slot after a lost advance, or one behind it is the application's to handle);
 2. no committed change waits for its merge into ``state/`` (``pending_tables``; only when the
-   run merges), and no backfill is in progress (``lake.backfill``);
+   run merges) or into a history the run keeps (``merge.history.histories_behind``), and no
+   backfill is in progress (``lake.backfill``);
 3. nothing the publications produce was committed after ``confirmed_flush_lsn``, and the WAL
    the slot holds (from its ``restart_lsn``, where every peek decodes from) stays within
    ``max_wal_bytes``, and the slot is not within ``max_wal_bytes`` of being lost to
@@ -76,6 +77,7 @@ class IdleCheck:
     publications: Sequence[str]
     materialize: bool
     max_wal_bytes: int
+    history: Sequence[str] = ()  # tables whose history the run keeps ('*': every table)
 
     def run(self, slot: SlotInfo) -> Idle | None:
         """The run's ``Idle`` when it has nothing to drain or merge, else None (with the reason
@@ -158,6 +160,11 @@ class IdleCheck:
             log.info("%d table(s) wait for their merge (%s): Spark submitted",
                      len(pending), ", ".join(pending[:5]))  # fmt: skip
             return None
+        behind = self._histories_behind(lake)
+        if behind:
+            log.info("%d table(s) wait for their history (%s): Spark submitted",
+                     len(behind), ", ".join(behind[:5]))  # fmt: skip
+            return None
         from airflow_pglogrepl.lake import backfill
 
         going = sorted(backfill.read(lake).plans)
@@ -173,6 +180,13 @@ class IdleCheck:
                      "submitted")  # fmt: skip
             return None
         return recorded
+
+    def _histories_behind(self, lake: Any) -> list[str]:
+        from airflow_pglogrepl.merge.history import histories_behind
+
+        if not self.history:
+            return []
+        return histories_behind(lake, True if "*" in self.history else list(self.history))
 
     def _coverage_moved(self, recorded: Coverage) -> bool:
         """The publications cover other relations or partitions than the lake records: a

@@ -106,6 +106,11 @@ def _add_repair_arguments(parser: argparse.ArgumentParser) -> None:
         "role needs REPLICATION), or only name it (report)",
     )  # fmt: skip
     parser.add_argument(
+        "--history", action="append", default=[], metavar="TABLE", help="keep history/<table>,"
+        " every version of each row (SCD type 2), for this table ('*': every table; repeat "
+        "for several)",
+    )  # fmt: skip
+    parser.add_argument(
         "--resync", action="append", default=[], metavar="TABLE", help="copy this table again "
         "while the drain goes on, and replace its state whole when done: rows the lake holds "
         "that the source has not are removed (repeat for several)",
@@ -230,6 +235,8 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                 result["materialized"] = merged
                 result["materialize_s"] = round(time.monotonic() - began, 3)
                 result["peak_rss_mb"] = peak_rss_mb()  # a merge without a JVM holds its batch
+            if args.history:
+                result.update(_history(args, lake))
         result.update(spark.summary())
         _report_incomplete(args, result)
         _report_drift(args, result)
@@ -245,6 +252,16 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
         return result
     finally:
         spark.stop()
+
+
+def _history(args: argparse.Namespace, lake: Any) -> dict[str, Any]:
+    """Each history asked for brought up to the lake's position, after the states."""
+    from airflow_pglogrepl.merge.history import history_tables, merge_history
+
+    began = time.monotonic()
+    wanted: bool | list[str] = True if "*" in args.history else list(args.history)
+    merged = merge_history(lake, history_tables(lake, wanted))
+    return {"history": merged, "history_s": round(time.monotonic() - began, 3)}
 
 
 def _repair(args: argparse.Namespace, spark: Any, source: Any, lake: Any) -> Any:
