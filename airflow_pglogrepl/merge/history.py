@@ -333,7 +333,7 @@ def _merge(lake: Lake, uri: str, target: Any, have: int | None, end: LSN, made: 
     flags = [True] * opened.num_rows + [False] * closes.num_rows
     source = source.append_column(NEW, pa.array(flags, type=pa.bool_()))
     if made.match == (VALID_FROM_LSN, VALID_FROM_SEQ):
-        on = [f"t.{quote(m)} IS NOT DISTINCT FROM s.{quote(m)}" for m in made.match]
+        on = [f"(t.{quote(m)} IS NOT DISTINCT FROM s.{quote(m)})" for m in made.match]
     else:
         on = [f"t.{quote(m)} = s.{quote(m)}" for m in made.match]
     on += [f"t.{quote(IS_CURRENT)}", f"NOT s.{quote(NEW)}"]

@@ -45,6 +45,7 @@ def copies_versions(batch: pa.Table, columns: list[str], prior: Prior,
     ends the oldest current version equal to its old row; a TRUNCATE ends every one."""
     import pyarrow.compute as pc
 
+    batch = batch.sort_by([(COMMIT_LSN, "ascending"), (SEQ, "ascending")])
     ops = batch.column(OP).to_pylist()
     if all(op == INSERT for op in ops):
         earlier: pa.Table | None = None  # inserts end nothing: the history is not read

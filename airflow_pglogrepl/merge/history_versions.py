@@ -196,7 +196,8 @@ class _Keyed:
         orphans = int(np.count_nonzero(~after_open & ~to_prior))
         opened = self._opened(end_row, ended, close_pred, to_prior)
         closed = self._closed(to_prior)
-        return Versions(opened, closed, tuple(self.keys), orphans)
+        match = tuple(self.keys) or (VALID_FROM_LSN, VALID_FROM_SEQ)
+        return Versions(opened, closed, match, orphans)
 
     def _opened(self, end_row: np.ndarray, ended: np.ndarray, close_pred: np.ndarray,
                 to_prior: np.ndarray) -> pa.Table:  # fmt: skip

@@ -29,15 +29,15 @@ def test_a_keyed_history_over_random_batches_is_the_sequential_models(seed: int)
 
 
 def test_a_table_without_identity_has_a_version_per_insert_ended_by_truncate() -> None:
-    changes = [change("I", 0x10, 0, 1, 1), change("I", 0x10, 1, 1, 1), change("T", 0x20, 0),
-               change("I", 0x30, 0, 2, 2)]  # fmt: skip
+    changes = [change("I", 0x10, 0, 1, 1), change("I", 0x10, 1, 1, 1), change("I", 0x18, 0, 1, 1),
+               change("T", 0x20, 0), change("I", 0x30, 0, 2, 2)]  # fmt: skip
     history = History(keyed=False)
-    history.merge(changes[:1], keys=[])
-    history.merge(changes[1:], keys=[])
+    history.merge(changes[:2], keys=[])  # two equal rows, each a version of its own
+    history.merge(changes[2:], keys=[])
     ends = sorted((r[VALID_FROM_SEQ], r[VALID_FROM_LSN], r[VALID_TO_LSN], r[ENDED_BY])
                   for r in history.rows)  # fmt: skip
-    assert ends == [(0, 0x10, 0x20, "truncate"), (0, 0x30, None, None),
-                    (1, 0x10, 0x20, "truncate")]  # fmt: skip
+    assert ends == [(0, 0x10, 0x20, "truncate"), (0, 0x18, 0x20, "truncate"),
+                    (0, 0x30, None, None), (1, 0x10, 0x20, "truncate")]  # fmt: skip
 
 
 def test_changes_to_one_row_in_one_transaction_are_versions_never_visible() -> None:

@@ -75,7 +75,8 @@ class History:
         self.rows += made.opened.to_pylist()
 
     def merge(self, batch: list[dict[str, Any]], *, keys: list[str], full: bool = False) -> int:
-        rows = pa.Table.from_pylist(batch, schema=CHANGES)
+        # in no particular order, as a changelog's files are read
+        rows = pa.Table.from_pylist(batch[::-1], schema=CHANGES)
         if full:
             made = copies_versions(rows, COLUMNS, self.current, TYPES)
         else:
