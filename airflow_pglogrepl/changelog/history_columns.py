@@ -17,7 +17,8 @@ _valid_to       timestamp(UTC) that change's commit time
 _is_current     boolean        the version is the row as it is now (``_valid_to_lsn`` is NULL)
 _ended_by       string         what ended it: ``update``, ``delete``, ``key_change`` (an update
                                that gave the row another key: the row goes on under the new
-                               key), ``truncate``; NULL while current
+                               key), ``truncate``, ``resync`` (the table was copied from the
+                               source again: see below); NULL while current
 =============== ============== =================================================================
 
 The rows of the table at a lake position P (what ``state/`` held there) are the versions with
@@ -26,6 +27,12 @@ The rows of the table at a lake position P (what ``state/`` held there) are the 
 transaction (several changes to one row) has ``_valid_from_lsn = _valid_to_lsn`` and was never
 visible to any other transaction: no position shows it, ``(_valid_from_seq, _valid_to_seq)``
 order it among its transaction's.
+
+When the lake copies a table from the source again (a re-snapshot, an online backfill or a
+resync: the changelog could not keep it equal to the source), the history cannot know what
+happened to its rows in between. At the copy's position C every current version ends with
+``resync``, and each row of the copy begins a version at C (``_valid_from_lsn = C``, negative
+``_valid_from_seq`` numbering them, ``_valid_from`` NULL): never a silent jump.
 
 Unchanged TOAST values are never NULL here: a version holds the value its row had, carried from
 the version before it.
@@ -61,6 +68,7 @@ HISTORY_COLUMNS = (
 ENDING_COLUMNS = (VALID_TO_LSN, VALID_TO_SEQ, VALID_TO, IS_CURRENT, ENDED_BY)
 
 UPDATE, DELETE, KEY_CHANGE, TRUNCATE = "update", "delete", "key_change", "truncate"
+RESYNC = "resync"
 
 
 def history_fields() -> list[pa.Field]:

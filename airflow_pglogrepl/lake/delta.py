@@ -304,6 +304,7 @@ def commit_files(
     configuration: Mapping[str, str] | None = None,
     name: str | None = None,
     mapping: MappedSchema | None = None,
+    metadata: Mapping[str, str] | None = None,
 ) -> None:
     """One Delta commit adding ``files`` with the app transaction ``(app, version)``, made only
     if the table's log holds ``expected`` for ``app`` (None: no table, or none of ``app``) and
@@ -326,7 +327,8 @@ def commit_files(
 
     from airflow_pglogrepl.exceptions import LakeCommitConflictError
 
-    commit = CommitProperties(app_transactions=[Transaction(app, version)])
+    commit = CommitProperties(app_transactions=[Transaction(app, version)],
+                              custom_metadata=dict(metadata) if metadata else None)  # fmt: skip
     actions = [f.add_action() for f in files]
     table = open_table(uri)
     if table is None and mapping is not None:
@@ -334,7 +336,8 @@ def commit_files(
             raise LakeCommitConflictError(uri, app, expected, None, version)
         check_physical(uri, mapping, files)
         create_table(uri, schema, files, app=app, version=version,
-                     configuration=dict(configuration or {}), mapping=mapping)  # fmt: skip
+                     configuration=dict(configuration or {}), mapping=mapping,
+                     metadata=metadata)  # fmt: skip
         if is_local(uri):
             durability.make_log_durable(uri)
         return
@@ -402,6 +405,9 @@ KEEP_LOGS = {"delta.enableExpiredLogCleanup": "false"}
 # A state table's by default: deletion vectors on, so merges by Spark mark rows instead of
 # rewriting files. A lake created with ``state_deletion_vectors=False`` turns them off for its new
 # state tables (``Lake.state_config``), for readers that cannot apply them.
+# The ``userMetadata`` of a commit that replaced a state whole from a copy of the source (a
+# re-snapshot, a backfill's build), not from the changelog: what a history must begin again at.
+REWRITTEN = "pglogrepl:state-rewritten"
 STATE_CONFIG = {**KEEP_LOGS, "delta.enableDeletionVectors": "true"}
 
 
@@ -414,6 +420,7 @@ def create_table(
     version: int,
     configuration: Mapping[str, str],
     mapping: MappedSchema | None = None,
+    metadata: Mapping[str, str] | None = None,
 ) -> None:
     """Create the table at ``uri`` as version 0 holding ``files``, with the app transaction
     ``(app, version)``, put only if no table is there (``LakeCommitConflictError`` otherwise).
@@ -449,7 +456,8 @@ def create_table(
     schema_string = mapping.to_json() if mapping else Schema.from_arrow(schema).to_json()
     actions: list[dict[str, Any]] = [
         {"commitInfo": {"timestamp": now, "txnId": str(uuid.uuid4()), "operation": "CREATE TABLE",
-                        "operationParameters": {}, "engineInfo": "airflow-pglogrepl"}},
+                        "operationParameters": {}, "engineInfo": "airflow-pglogrepl",
+                        **(metadata or {})}},
         {"protocol": protocol},
         {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
                       "schemaString": schema_string, "partitionColumns": [],

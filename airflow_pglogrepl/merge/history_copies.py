@@ -26,6 +26,7 @@ from airflow_pglogrepl.changelog.columns import (
     UPDATE,
 )
 from airflow_pglogrepl.changelog.history_columns import DELETE as ENDED_DELETE
+from airflow_pglogrepl.changelog.history_columns import RESYNC as ENDED_RESYNC
 from airflow_pglogrepl.changelog.history_columns import TRUNCATE as ENDED_TRUNCATE
 from airflow_pglogrepl.changelog.history_columns import UPDATE as ENDED_UPDATE
 from airflow_pglogrepl.changelog.history_columns import (
@@ -33,7 +34,13 @@ from airflow_pglogrepl.changelog.history_columns import (
     VALID_FROM_SEQ,
     history_fields,
 )
-from airflow_pglogrepl.merge.history_versions import Prior, Versions, history_field, with_ending
+from airflow_pglogrepl.merge.history_versions import (
+    RESYNC_OP,
+    Prior,
+    Versions,
+    history_field,
+    with_ending,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -42,7 +49,8 @@ if TYPE_CHECKING:
 def copies_versions(batch: pa.Table, columns: list[str], prior: Prior,
                     types: pa.Schema) -> Versions:  # fmt: skip
     """REPLICA IDENTITY FULL: rows are their values, equal rows are copies. An update or delete
-    ends the oldest current version equal to its old row; a TRUNCATE ends every one."""
+    ends the oldest current version equal to its old row; a TRUNCATE (or a resync) ends every
+    one."""
     import pyarrow.compute as pc
 
     batch = batch.sort_by([(COMMIT_LSN, "ascending"), (SEQ, "ascending")])
@@ -78,11 +86,12 @@ def copies_versions(batch: pa.Table, columns: list[str], prior: Prior,
 
     opened_rows: list[int] = []
     for row, op in enumerate(ops):
-        if op == TRUNCATE:
+        if op in (TRUNCATE, RESYNC_OP):
+            why = ENDED_TRUNCATE if op == TRUNCATE else ENDED_RESYNC
             for copies in open_by_value.values():
                 for version in copies:
                     target = ends if version >= 0 else prior_ends
-                    target[version if version >= 0 else -1 - version] = (row, ENDED_TRUNCATE)
+                    target[version if version >= 0 else -1 - version] = (row, why)
             open_by_value.clear()
             continue
         new = news[row]

@@ -54,6 +54,9 @@ from airflow_pglogrepl.changelog.history_columns import (
     history_fields,
 )
 from airflow_pglogrepl.changelog.history_columns import (
+    RESYNC as ENDED_RESYNC,
+)
+from airflow_pglogrepl.changelog.history_columns import (
     TRUNCATE as ENDED_TRUNCATE,
 )
 from airflow_pglogrepl.changelog.history_columns import (
@@ -64,6 +67,9 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
+# Not a changelog operation: the table copied from the source again at this point (a
+# re-snapshot, a backfill): every current version ends, the copy's rows follow as inserts.
+RESYNC_OP = "S"
 # The history's current versions of the given keys (a table of key columns), or all of them
 # (None): the table's columns and the history columns.
 Prior = Callable[["pa.Table | None"], "pa.Table"]
@@ -101,7 +107,7 @@ def versions(batch: pa.Table, columns: Sequence[str], keys: Sequence[str], *, pr
     batch = batch.sort_by([(COMMIT_LSN, "ascending"), (SEQ, "ascending")])
     if not keys:
         ops = set(pc.unique(batch.column(OP)).to_pylist())
-        if ops - {INSERT, TRUNCATE}:
+        if ops - {INSERT, TRUNCATE, RESYNC_OP}:
             raise ValueError(f"a table without a replica identity has changes {sorted(ops)}")
     return _Keyed(batch, list(columns), list(keys), prior, types).versions()
 
@@ -123,7 +129,9 @@ class _Keyed:
         updates, deletes = op == UPDATE, op == DELETE
         self.close_rows = rows[updates | deletes]
         self.open_rows = rows[(op == INSERT) | updates]
-        self.truncate_rows = rows[op == TRUNCATE]
+        ends_all = (op == TRUNCATE) | (op == RESYNC_OP)
+        self.truncate_rows = rows[ends_all]
+        self.truncate_why = np.where(op[ends_all] == RESYNC_OP, ENDED_RESYNC, ENDED_TRUNCATE)
         self.ended_by = np.where(deletes, ENDED_DELETE, ENDED_UPDATE).astype(object)
         if keys:
             old, moved = self._old_keys(updates)
@@ -185,7 +193,7 @@ class _Keyed:
         open_epoch = epoch[n_close:]
         by_truncate = ~by_close & (open_epoch < len(truncates))
         end_row[by_truncate] = self.truncate_rows[open_epoch[by_truncate]]
-        ended[by_truncate] = ENDED_TRUNCATE
+        ended[by_truncate] = self.truncate_why[open_epoch[by_truncate]]
         # a close ends the open before it, or the history's current version (its key's first
         # event, before any TRUNCATE), or nothing the history holds
         cat = where[:n_close]
@@ -314,7 +322,7 @@ class _Keyed:
             rest = every.select(match)
             keys = rest if keys is None else pa.concat_tables([keys.cast(rest.schema), rest])
             ends += [int(self.truncate_rows[0])] * rest.num_rows
-            ended += [ENDED_TRUNCATE] * rest.num_rows
+            ended += [str(self.truncate_why[0])] * rest.num_rows
         match = self.keys or [VALID_FROM_LSN, VALID_FROM_SEQ]
         if keys is None:
             keys = pa.schema([self.types.field(k) if k in self.types.names else

@@ -89,6 +89,7 @@ def put_in_place(spark: Any, lake: Lake, plan: record.Plan, build_uri: str, end:
         spark.newSession().read.format("delta").load(build_uri).write.format("delta")
         .mode("overwrite").option("overwriteSchema", "true")
         .options(**lake.state_config(ref, mapped=mapped))
+        .option("userMetadata", delta.REWRITTEN)  # (a history begins again here)
     )  # fmt: skip
     have = lake.state_version(name)
     creates = delta.open_table(lake.paths.state(name)) is None

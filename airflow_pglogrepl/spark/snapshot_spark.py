@@ -11,6 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from airflow_pglogrepl.lake.delta import REWRITTEN
 from airflow_pglogrepl.lake.schema_commits import spell_out_mapping
 from airflow_pglogrepl.spark.range_copy import CopyTask, plain_schema, plan_ranges, table_info
 from airflow_pglogrepl.spark.snapshot_target import CopyTarget, Written, column_metadata
@@ -62,6 +63,7 @@ def copy_on_spark(spark: Any, table: SnapshotTable, target: CopyTarget, *,
         .options(**target.configuration)
         .option("txnAppId", target.app)
         .option("txnVersion", str(target.version))
+        .option("userMetadata", REWRITTEN)  # (a history begins again here)
         .save(target.uri)
     )
     if target.resnapshot and target.mapped:  # (a state Spark just created: not staged)

@@ -224,3 +224,42 @@ def agree_with_state_as_of(lake: Lake) -> int:
             assert ours == theirs, (table, lsn)
         answered += found_all
     return answered
+
+
+def test_a_table_copied_again_begins_its_history_again_and_says_so(
+    spark: Any, source: Source, tmp_path: Path
+) -> None:
+    """A table added to the publication holding rows (backfilled: no change brought them) and a
+    resync of another: the history takes each copy, never a silent jump."""
+    source.sql("CREATE TABLE k (id int PRIMARY KEY, v int, big text)")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE k")
+    source.sql("INSERT INTO k SELECT g, g, 'x' FROM generate_series(1, 30) g")
+    lake_root = str(tmp_path / "lake")
+    drain_in_process(spark, source, lake_root, window=1 << 20)
+    lake = Lake(lake_root, source.slot)
+    merge_history(lake, history_tables(lake, True))
+    source.sql("CREATE TABLE b (id int PRIMARY KEY, v text)")
+    source.sql("INSERT INTO b SELECT g, 'b' FROM generate_series(1, 200) g")
+    source.sql(f"ALTER PUBLICATION {source.publication} ADD TABLE b")
+    source.sql("UPDATE b SET v = 'changed' WHERE id <= 10")
+    source.sql("UPDATE k SET v = -v WHERE id <= 5")
+    result = drain_in_process(spark, source, lake_root, window=1 << 20, backfill_rows=100)
+    assert result["backfills"]["public.b"] == {"built": True}, result["backfills"]
+    merge_history(lake, history_tables(lake, True))
+    b = delta.scan(lake.paths.history(TableRef("public", "b"))).to_pylist()
+    assert len(b) == 200 and all(r[IS_CURRENT] and r[VALID_FROM_LSN] is None for r in b)
+    assert sorted((r["id"], r["v"]) for r in b) == sorted(source.sql("SELECT id, v FROM b"))
+    source.sql("UPDATE k SET v = 0 WHERE id = 7")
+    result = drain_in_process(spark, source, lake_root, window=1 << 20, resync=["public.k"],
+                              backfill_rows=100)  # fmt: skip
+    assert result["backfills"]["public.k"] == {"built": True}, result["backfills"]
+    merge_history(lake, history_tables(lake, True))
+    rows = delta.scan(lake.paths.history(TableRef("public", "k"))).to_pylist()
+    now = sorted((r["id"], r["v"], r["big"]) for r in rows if r[IS_CURRENT])
+    assert now == sorted(source.sql("SELECT id, v, big FROM k"))
+    resynced = [r for r in rows if r[ENDED_BY] == "resync"]
+    assert len(resynced) == 30  # every version current at the copy, each once
+    assert all(r[VALID_FROM_SEQ] < 0 for r in rows if r[IS_CURRENT] and r["id"] != 7)
+    merge_history(lake, history_tables(lake, True))  # taken once
+    again = delta.scan(lake.paths.history(TableRef("public", "k"))).num_rows
+    assert again == len(rows)
