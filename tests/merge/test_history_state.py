@@ -29,8 +29,9 @@ def replace_state(lake: Lake, rows: list[dict[str, Any]], at: int, *, marked: bo
     table = pa.Table.from_pylist(rows, schema=pa.schema(
         [("id", pa.int64()), ("v", pa.int64()), ("big", pa.string())]))  # fmt: skip
     metadata = {"userMetadata": delta.REWRITTEN} if marked else None
-    write_deltalake(lake.paths.state(T), table, mode="overwrite", commit_properties=CommitProperties(
-        app_transactions=[Transaction(lake.app, at)], custom_metadata=metadata))  # fmt: skip
+    commit = CommitProperties(app_transactions=[Transaction(lake.app, at)],
+                              custom_metadata=metadata)  # fmt: skip
+    write_deltalake(lake.paths.state(T), table, mode="overwrite", commit_properties=commit)
 
 
 def versions(lake: Lake) -> list[tuple[Any, ...]]:
