@@ -74,6 +74,16 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_pglogrepl.triggers.replication"],
             }
         ],
+        "asset-uris": [
+            {
+                "schemes": ["pglogrepl+file", "pglogrepl+s3"],
+                "handler": "airflow_pglogrepl.operators.assets.sanitize_uri",
+                "factory": "airflow_pglogrepl.operators.assets.create_asset",
+                "to_openlineage_converter": (
+                    "airflow_pglogrepl.operators.assets.convert_asset_to_openlineage"
+                ),
+            }
+        ],
         "connection-types": [
             {
                 "hook-class-name": "airflow_pglogrepl.hooks.replication.PgLogicalReplicationHook",

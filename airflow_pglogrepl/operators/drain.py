@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import Context
+from airflow.sdk import AssetAlias, Context
 
 from airflow_pglogrepl import metrics
 from airflow_pglogrepl.hooks.for_connection import replication_hook
+from airflow_pglogrepl.operators.assets import table_events
 from airflow_pglogrepl.operators.spark_submit import (
     PACKAGE_DIR,
     PackageSparkSubmitOperator,
@@ -288,7 +289,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
             "idle": False,
         }
         self._publish(context, str(after.confirmed_flush_lsn), summary.get("changes", 0),
-                      idle=False)  # fmt: skip
+                      idle=False, result=result)  # fmt: skip
         metrics.slot(after)
         metrics.drain(str(self.slot_name), result)
         self.log.info("%s", drain_paragraph(result, lake_root=str(self.lake)))
@@ -320,20 +321,25 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
             "spark-submit skipped (skip_when_idle): %s", idle.reason,
         )  # fmt: skip
         summary = idle_summary(str(self.slot_name), idle, materialize=self.materialize,
-                               started=started)  # fmt: skip
+                               started=started, history=bool(self._history()))  # fmt: skip
         result = {**summary, "lake": self.lake, "idle": True}
         self._publish(context, confirmed, 0, idle=True)
         metrics.drain(str(self.slot_name), result)
         self.log.info("%s", drain_paragraph(result, lake_root=str(self.lake)))
         return result
 
-    def _publish(self, context: Context, confirmed: str, changes: int, *, idle: bool) -> None:
+    def _publish(self, context: Context, confirmed: str, changes: int, *, idle: bool,
+                 result: dict[str, Any] | None = None) -> None:  # fmt: skip
         """``confirmed_flush_lsn`` to XCom and the lake's Asset event. Airflow emits the event
         on every success; ``idle`` in its extra lets a DAG scheduled on the lake tell a run
         that changed nothing (a condition on ``triggering_asset_events``)."""
         context["ti"].xcom_push(key="confirmed_flush_lsn", value=confirmed)
-        for asset in self.outlets or []:
-            context["outlet_events"][asset].extra = {
+        for outlet in self.outlets or []:
+            if isinstance(outlet, AssetAlias):  # the tables the run changed (operators.assets)
+                for asset, extra in table_events(result or {}, str(self.lake)):
+                    context["outlet_events"][outlet].add(asset, extra=extra)
+                continue
+            context["outlet_events"][outlet].extra = {
                 "slot": self.slot_name,
                 "confirmed_flush_lsn": confirmed,
                 "changes": changes,

@@ -33,7 +33,7 @@ from airflow.sdk import Context
 from airflow_pglogrepl.boundary import TaskBoundary
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV, SUBMITTED_ENV
 from airflow_pglogrepl.exceptions import SparkApplicationError
-from airflow_pglogrepl.operators.assets import lake_asset
+from airflow_pglogrepl.operators.assets import lake_asset, lake_tables_alias
 from airflow_pglogrepl.spark.submit_output import QuietSubmitOutput
 
 if TYPE_CHECKING:
@@ -119,7 +119,9 @@ class PackageSparkSubmitOperator(TaskBoundary, SparkSubmitOperator):
                  **kwargs: Any) -> None:  # fmt: skip
         from airflow_pglogrepl.spark.log4j import spark_log_level as log4j_level
 
-        kwargs.setdefault("outlets", [lake_asset(lake)] if "{{" not in lake else [])
+        if "{{" not in lake:
+            kwargs.setdefault("outlets", [lake_asset(lake), lake_tables_alias(lake)])
+        kwargs.setdefault("outlets", [])
         super().__init__(**kwargs)
         self.postgres_conn_id = postgres_conn_id
         self.slot_name = slot_name

@@ -223,7 +223,8 @@ class IdleCheck:
         return True
 
 
-def idle_summary(slot: str, idle: Idle, *, materialize: bool, started: float) -> dict[str, Any]:
+def idle_summary(slot: str, idle: Idle, *, materialize: bool, started: float,
+                 history: bool = False) -> dict[str, Any]:  # fmt: skip
     """The summary an idle run reports: the application's keys, with nothing drained or merged
     and no Spark started."""
     from airflow_pglogrepl.pipeline.results import DrainResult
@@ -241,5 +242,9 @@ def idle_summary(slot: str, idle: Idle, *, materialize: bool, started: float) ->
         result["drain_peak_rss_mb"] = result.get("peak_rss_mb")
         result["materialized"] = {}
         result["materialize_s"] = 0.0
+    if history:
+        result["history"] = {}
+        result["history_s"] = 0.0
+    result["table_versions"] = {}
     result["spark_start_s"] = None
     return result

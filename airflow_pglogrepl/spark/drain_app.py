@@ -237,6 +237,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                 result["peak_rss_mb"] = peak_rss_mb()  # a merge without a JVM holds its batch
             if args.history:
                 result.update(_history(args, lake))
+            result["table_versions"] = _table_versions(lake, result)
         result.update(spark.summary())
         _report_incomplete(args, result)
         _report_drift(args, result)
@@ -262,6 +263,24 @@ def _history(args: argparse.Namespace, lake: Any) -> dict[str, Any]:
     wanted: bool | list[str] = True if "*" in args.history else list(args.history)
     merged = merge_history(lake, history_tables(lake, wanted))
     return {"history": merged, "history_s": round(time.monotonic() - began, 3)}
+
+
+def _table_versions(lake: Any, result: dict[str, Any]) -> dict[str, int]:
+    """``kind/table`` -> the Delta version the run left each table it changed at: what the
+    table's Asset event says (``operators.assets.table_events``)."""
+    from airflow_pglogrepl.lake import delta
+    from airflow_pglogrepl.lake.layout import table_dir
+    from airflow_pglogrepl.tables import TableRef
+
+    names = set(result.get("tables") or {}) | set(result.get("backfills") or {})
+    found = {}
+    for name in sorted(table_dir(TableRef.parse(n)) for n in names):
+        for kind, uri in (("changes", lake.paths.changes(name)), ("state", lake.paths.state(name)),
+                          ("history", lake.paths.history(name))):  # fmt: skip
+            table = delta.open_table(uri)
+            if table is not None:
+                found[f"{kind}/{name}"] = int(table.version())
+    return found
 
 
 def _repair(args: argparse.Namespace, spark: Any, source: Any, lake: Any) -> Any:

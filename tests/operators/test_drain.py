@@ -57,6 +57,7 @@ def test_an_idle_run_starts_no_spark_submit_and_returns_what_a_run_would(drains:
         "asset": [
             {"slot": drains.src.slot, "confirmed_flush_lsn": confirmed, "changes": 0, "idle": True}
         ],
+        "table_assets": {},  # no table changed
     }
     assert drains.confirmed() == confirmed  # the slot did not move
 
@@ -84,6 +85,30 @@ def test_a_published_change_is_submitted_and_drained(drains: Drains) -> None:
     result, pushed = drains.run()
     assert drains.submits() == 2 and result["idle"] is False and result["changes"] == 1, result
     assert pushed["confirmed_flush_lsn"] == drains.confirmed()
+
+
+def test_a_run_emits_the_assets_of_exactly_the_tables_it_changed(drains: Drains) -> None:
+    """Through the alias among the drain's outlets, each with what the run did in its extra:
+    a DAG scheduled on one table's Asset runs after the runs that changed that table."""
+    from airflow_pglogrepl.operators.assets import lake_table_asset
+
+    drains.src.sql("CREATE TABLE u (id int PRIMARY KEY, v text)")
+    drains.src.sql(f"ALTER PUBLICATION {drains.src.publication} ADD TABLE u")
+    drains.src.sql("INSERT INTO u VALUES (1, 'u'), (2, 'u')")
+    result, pushed = drains.run(history=["public.u"])
+    lake = drains.lake_root
+    uris = {lake_table_asset(lake, "public.u", kind).uri: kind
+            for kind in ("changes", "state", "history")}  # fmt: skip
+    assert set(pushed["table_assets"]) == set(uris), pushed["table_assets"]
+    for uri, kind in uris.items():
+        extra = pushed["table_assets"][uri]
+        assert extra["table"] == "public.u" and extra["kind"] == kind and extra["changes"] == 2
+        assert extra["lsn"] == result["confirmed_flush_lsn_after"] == drains.confirmed()
+        assert isinstance(extra["delta_version"], int)
+    drains.src.sql("UPDATE t SET v = 'changed' WHERE id = 2")
+    _, pushed = drains.run(history=["public.u"])  # t has no history: its changes and state
+    assert set(pushed["table_assets"]) == {lake_table_asset(lake, "public.t", kind).uri
+                                           for kind in ("changes", "state")}  # fmt: skip
 
 
 def test_changes_waiting_for_their_merge_are_submitted(drains: Drains) -> None:

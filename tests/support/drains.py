@@ -8,7 +8,6 @@ import json
 import sys
 from collections import defaultdict
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from airflow_pglogrepl.lsn import LSN
@@ -25,6 +24,17 @@ app = next(i for i, a in enumerate(sys.argv) if a.endswith("drain_app.py"))
 env = {{**os.environ, "PYTHONPATH": {repo!r}}}
 sys.exit(subprocess.run([sys.executable, *sys.argv[app:]], env=env).returncode)
 """
+
+
+class OutletEvents:
+    """An outlet's events as a task sees them: an Asset's ``extra``, an alias's ``add``."""
+
+    def __init__(self) -> None:
+        self.extra: Any = None
+        self.added: list[tuple[Any, Any]] = []
+
+    def add(self, asset: Any, extra: Any = None) -> None:
+        self.added.append((asset, extra))
 
 
 class Drains:
@@ -68,8 +78,9 @@ class Drains:
             **kwargs,
         )  # fmt: skip
         ti = FakeTI()
-        events: defaultdict[Any, SimpleNamespace] = defaultdict(SimpleNamespace)
+        events: defaultdict[Any, OutletEvents] = defaultdict(OutletEvents)
         context: Any = {"ti": ti, "outlet_events": events}
         result = task.execute(context)
-        extras = [vars(event)["extra"] for event in events.values()]
-        return result, {**ti.pushed, "asset": extras}
+        extras = [event.extra for event in events.values() if event.extra is not None]
+        tables = {asset.uri: extra for event in events.values() for asset, extra in event.added}
+        return result, {**ti.pushed, "asset": extras, "table_assets": tables}
