@@ -32,6 +32,22 @@ def get_provider_info() -> dict[str, Any]:
                 "tags": ["software"],
             }
         ],
+        **_modules(),
+        "asset-uris": _asset_uris(),
+        "connection-types": [
+            {
+                "hook-class-name": "airflow_pglogrepl.hooks.replication.PgLogicalReplicationHook",
+                "hook-name": "PostgreSQL logical replication",
+                "connection-type": "pglogrepl",
+                "ui-field-behaviour": {"relabeling": {"schema": "Database"}},
+            }
+        ],
+    }
+
+
+def _modules() -> dict[str, Any]:
+    """The hooks, operators, sensors and triggers, by module."""
+    return {
         "hooks": [
             {
                 "integration-name": INTEGRATION,
@@ -71,25 +87,24 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["airflow_pglogrepl.triggers.replication"],
-            }
-        ],
-        "asset-uris": [
-            {
-                "schemes": ["pglogrepl+file", "pglogrepl+s3"],
-                "handler": "airflow_pglogrepl.operators.assets.sanitize_uri",
-                "factory": "airflow_pglogrepl.operators.assets.create_asset",
-                "to_openlineage_converter": (
-                    "airflow_pglogrepl.operators.assets.convert_asset_to_openlineage"
-                ),
-            }
-        ],
-        "connection-types": [
-            {
-                "hook-class-name": "airflow_pglogrepl.hooks.replication.PgLogicalReplicationHook",
-                "hook-name": "PostgreSQL logical replication",
-                "connection-type": "pglogrepl",
-                "ui-field-behaviour": {"relabeling": {"schema": "Database"}},
+                "python-modules": [
+                    "airflow_pglogrepl.triggers.replication",
+                    "airflow_pglogrepl.triggers.slot_changes",
+                ],
             }
         ],
     }
+
+
+def _asset_uris() -> list[dict[str, Any]]:
+    """The lake tables' Asset URI schemes (``operators.assets``)."""
+    return [
+        {
+            "schemes": ["pglogrepl+file", "pglogrepl+s3"],
+            "handler": "airflow_pglogrepl.operators.assets.sanitize_uri",
+            "factory": "airflow_pglogrepl.operators.assets.create_asset",
+            "to_openlineage_converter": (
+                "airflow_pglogrepl.operators.assets.convert_asset_to_openlineage"
+            ),
+        }
+    ]

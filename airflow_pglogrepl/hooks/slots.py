@@ -6,7 +6,7 @@ hook's own short one, or ``conn=``) and the hook's logger.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from airflow_pglogrepl.hooks.base import Conn, PgSessionHook
@@ -89,6 +89,13 @@ class SlotsMixin(PgSessionHook):
         validate_slot_name(name)  # a bad name fails before a connection is tried
         async with self.asession() as conn:
             return await slots.find_slot(conn, name)
+
+    async def ahas_published_change(self, name: str, publications: Sequence[str], *,
+                                    upto: LSN) -> bool:  # fmt: skip
+        """Whether the slot holds a published change before ``upto``, for triggers
+        (``postgres.slots.has_published_change``; the slot does not move)."""
+        async with self.asession() as conn:
+            return await slots.has_published_change(conn, name, publications, upto)
 
     def list_slots(self, *, logical_only: bool = True, conn: Conn | None = None) -> list[SlotInfo]:
         """All slots on the server (logical ones only by default), ordered by name."""

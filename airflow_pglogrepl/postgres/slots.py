@@ -19,7 +19,11 @@ from airflow_pglogrepl.exceptions import (
     SlotNotFoundError,
     WrongPluginError,
 )
-from airflow_pglogrepl.identifiers import publication_list, validate_slot_name
+from airflow_pglogrepl.identifiers import (
+    publication_list,
+    publication_names_option,
+    validate_slot_name,
+)
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.models.records import SlotCreated, SlotInfo, SlotSpill
 from airflow_pglogrepl.postgres import server
@@ -169,6 +173,21 @@ async def find_slot(conn: AsyncConn, name: str) -> SlotInfo | None:
     validate_slot_name(name)
     row = await (await conn.execute(SLOT_BY_NAME, (name,))).fetchone()
     return None if row is None else slot_info(row)
+
+
+async def has_published_change(conn: AsyncConn, slot: str, publications: Sequence[str],
+                               upto: LSN) -> bool:  # fmt: skip
+    """Whether the pgoutput slot holds a change of ``publications`` committed before ``upto``:
+    a peek for one change (pgoutput sends nothing for a transaction without one), which never
+    moves the slot. It decodes from the slot's ``restart_lsn`` up to the first such change."""
+    validate_slot_name(slot)
+    options = ["proto_version", "1", "publication_names", publication_names_option(publications),
+               "messages", "false"]  # fmt: skip
+    query = sql.SQL(
+        "SELECT 1 FROM pg_logical_slot_peek_binary_changes(%s, %s, 1, VARIADIC %s::text[]) LIMIT 1"
+    )
+    row = await (await conn.execute(query, (slot, upto, options))).fetchone()
+    return row is not None
 
 
 def list_slots(conn: Conn, *, logical_only: bool = True) -> list[SlotInfo]:
