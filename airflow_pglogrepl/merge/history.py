@@ -19,22 +19,31 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_pglogrepl.changelog.history_columns import IS_CURRENT
-from airflow_pglogrepl.exceptions import LakeError
+from airflow_pglogrepl.changelog.history_columns import HISTORY_COLUMNS, IS_CURRENT
+from airflow_pglogrepl.exceptions import (
+    LakeCommitConflictError,
+    LakeError,
+    LakeWriterBusyError,
+    WriterLockLostError,
+)
 from airflow_pglogrepl.faults import fault
 from airflow_pglogrepl.lake import delta
+from airflow_pglogrepl.lake.column_names import former_names
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge import history_writes as writes
 from airflow_pglogrepl.merge.history_changes import TableChanges, conformed
 from airflow_pglogrepl.merge.history_state import (
     STATE_VERSION,
+    Copy,
     beginning,
     copies_since,
     resync_rows,
     seen_state_version,
+    state_ahead,
     state_version,
 )
 from airflow_pglogrepl.merge.history_versions import MissingVersionError, Prior
+from airflow_pglogrepl.merge.lineage import INTERNAL
 from airflow_pglogrepl.merge.net_upserts import quote
 
 if TYPE_CHECKING:
@@ -63,14 +72,33 @@ def history_tables(lake: Lake, wanted: bool | Sequence[str]) -> list[str]:
 
 def merge_history(lake: Lake, tables: Sequence[str]) -> dict[str, str]:
     """Bring the history of each of ``tables`` up to the lake's position; table -> the LSN its
-    history includes now."""
+    history includes now. A table whose history fails does not stop the others: each is
+    tried, then one error names every table that failed (the lake's own refusals, a lost lock
+    or a commit another writer made, stop the run at once)."""
     end = lake.position()
     if end is None:
         return {}
-    done = {}
+    done: dict[str, str] = {}
+    failed: dict[str, BaseException] = {}
     for name in tables:
-        if _merge_table(lake, name, end):
-            done[name] = str(end)
+        try:
+            if _merge_table(lake, name, end):
+                done[name] = str(end)
+        except (LakeCommitConflictError, LakeWriterBusyError, WriterLockLostError):
+            raise
+        except Exception as exc:  # (delta-rs raises its own classes: one table's, not the run's)
+            failed[name] = exc
+            log.error("history of %s not merged: %s: %s", name, type(exc).__name__, exc)
+        except BaseException as exc:  # delta-rs' panics derive from BaseException
+            if type(exc).__name__ != "PanicException":
+                raise
+            failed[name] = exc
+            log.error("history of %s not merged: %s: %s", name, type(exc).__name__, exc)
+    if failed:
+        named = "; ".join(f"{n}: {type(e).__name__}: {e}" for n, e in failed.items())
+        raise LakeError(f"the history of {len(failed)} table(s) could not be merged ({named}). "
+                        f"The others were; the windows and states are committed. Fix: as each "
+                        f"error says, or leave the table out of history=[...]")  # fmt: skip
     return done
 
 
@@ -96,34 +124,70 @@ def history_position(lake: Lake, name: str) -> LSN | None:
 
 def _merge_table(lake: Lake, name: str, end: LSN) -> bool:
     """One table's history up to ``end``; whether it is there now."""
-    import pyarrow as pa
-
-    uri = lake.paths.history(name)
     changes = delta.open_table(lake.paths.changes(name))
     if changes is None:
         return False
     table = TableChanges(changes)
-    seen = {STATE_VERSION: str(state_version(lake, name))}  # read first: what this commit saw
-    target = delta.open_table(uri)
-    if target is None:
-        begun = beginning(lake, name, table, end)
-        if begun is not None:
-            state_seen = {STATE_VERSION: str(begun.state_version)}
-            writes.create(lake, uri, begun.rows, begun.at, state_seen)
-            log.info("history of %s begun at the state's position %s: %d versions (%s)", name,
-                     begun.at, begun.rows.num_rows, begun.how)  # fmt: skip
-            target = delta.open_table(uri)
-    elif any(c not in delta.schema_of(target).names for c in table.columns):
-        delta.evolve_schema(uri, table.types)
-        target = delta.open_table(uri)
+    _refuse_clashes(name, table)
+    seen = state_version(lake, name)  # read first: what this commit saw
+    target = _opened(lake, name, table, end)
+    if target is _WAIT:
+        return False
     have = None if target is None else target.transaction_version(lake.app)
-    copies = [] if target is None else copies_since(lake, name, seen_state_version(target))
+    copies = [] if target is None else copies_since(lake, name, seen_state_version(target), have)
+    later = [c for c in copies if c.at > end]  # taken once the lake gets there
+    if later:
+        copies, seen = [c for c in copies if c.at <= end], later[0].version - 1
     if have is not None and int(have) >= int(end) and not copies:
         return True
+    return _merge_batch(lake, name, table, target, have, end, copies,
+                        {STATE_VERSION: str(seen)})  # fmt: skip
+
+
+_WAIT = object()  # a history not to begin yet
+
+
+def _opened(lake: Lake, name: str, table: TableChanges, end: LSN) -> Any:
+    """The history table, begun from the state if there is none yet, its columns brought to
+    the changelog's; None: none (it begins with the changelog); ``_WAIT``: the state is past the
+    lake's position (a re-snapshot ahead of the drain), where the history begins later."""
+    uri = lake.paths.history(name)
+    target = delta.open_table(uri)
+    if target is None:
+        if state_ahead(lake, name, end):
+            log.info("history of %s begins once the lake reaches its state's position", name)
+            return _WAIT
+        begun = beginning(lake, name, table, end)
+        if begun is None:
+            return None
+        writes.create(lake, uri, begun.rows, begun.at, {STATE_VERSION: str(begun.state_version)})
+        log.info("history of %s begun at the state's position %s: %d versions (%s)", name,
+                 begun.at, begun.rows.num_rows, begun.how)  # fmt: skip
+        return delta.open_table(uri)
+    stored = delta.unmapped(delta.schema_of(target)).names
+    renames = {former: now for former, now in former_names(table.schema).items()
+               if former in stored and now not in stored}  # fmt: skip
+    if renames:
+        writes.rename(lake, uri, target, renames, seen_state_version(target))
+        target = delta.open_table(uri)
+    if any(c not in delta.schema_of(target).names for c in table.columns):
+        lake.check_writer()
+        delta.evolve_schema(uri, table.types)
+        target = delta.open_table(uri)
+    return target
+
+
+def _merge_batch(lake: Lake, name: str, table: TableChanges, target: Any | None,
+                 have: int | None, end: LSN, copies: list[Copy],
+                 seen: dict[str, str]) -> bool:  # fmt: skip
+    """The changes in ``[have, end)`` and the copies taken meanwhile, as one commit."""
+    import pyarrow as pa
+
+    uri = lake.paths.history(name)
     stored = table.types if target is None else delta.unmapped(delta.schema_of(target))
     batch = table.read(None if have is None else int(have), int(end))
     for copy in copies:
-        resync = resync_rows(lake, name, table, copy, have, batch.schema)
+        resync = resync_rows(lake, name, table, copy, batch.schema)
         batch = pa.concat_tables([batch, resync.cast(batch.schema)])
     at = end if have is None else max(end, LSN(int(have)))
     if batch.num_rows == 0:  # the position recorded all the same: the history is not behind
@@ -156,6 +220,19 @@ def _merge_table(lake: Lake, name: str, end: LSN) -> bool:
     log.info("history of %s up to %s: %d versions opened, %d earlier ones ended", name, at,
              made.opened.num_rows, made.closed.num_rows)  # fmt: skip
     return True
+
+
+def _refuse_clashes(name: str, table: TableChanges) -> None:
+    """A column named like a history column, or like the merge's own, is refused: the history
+    could not hold both."""
+    clashes = [c for c in table.columns if c in HISTORY_COLUMNS or c.startswith(INTERNAL)]
+    if clashes:
+        raise LakeError(
+            f"history/{name} cannot be kept: the table has column(s) {clashes}, named like "
+            f"the history's own ({', '.join(HISTORY_COLUMNS)}, {INTERNAL}...). Nothing was "
+            f"written. Fix: rename the column at the source, or leave the table out of "
+            f"history=[...]"
+        )
 
 
 def _prior(uri: str, target: Any | None, keys: Sequence[str], types: pa.Schema) -> Prior:

@@ -11,6 +11,7 @@ commit order: such tables are rarely big, and a copy's match depends on every ch
 from __future__ import annotations
 
 from collections import deque
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.changelog.columns import (
@@ -68,7 +69,7 @@ def copies_versions(batch: pa.Table, columns: list[str], prior: Prior,
     prior_ends: dict[int, tuple[int, str]] = {}  # prior row -> (row, why)
     if earlier is not None:
         for index, row in enumerate(earlier.select(columns).to_pylist()):
-            open_by_value.setdefault(tuple(row.values()), deque()).append(-1 - index)
+            open_by_value.setdefault(_key(row.values()), deque()).append(-1 - index)
     news = batch.select(columns).to_pylist()
     olds = batch.column(OLD).to_pylist()
     unchanged = batch.column(UNCHANGED).to_pylist()
@@ -97,13 +98,13 @@ def copies_versions(batch: pa.Table, columns: list[str], prior: Prior,
         new = news[row]
         if op in (UPDATE, DELETE):
             old = olds[row] if op == UPDATE and olds[row] is not None else new
-            old_value = tuple(old[c] for c in columns)
+            old_value = _key(old[c] for c in columns)
             end(old_value, row, ENDED_DELETE if op == DELETE else ENDED_UPDATE)
             for column in unchanged[row] or ():
                 new[column] = old[column]
         if op in (INSERT, UPDATE):
             value = tuple(new[c] for c in columns)
-            open_by_value.setdefault(value, deque()).append(len(values))
+            open_by_value.setdefault(_key(value), deque()).append(len(values))
             values.append(value)
             opened_rows.append(row)
     return _multiset_result(batch, columns, types, values, opened_rows, ends, earlier,
@@ -150,3 +151,24 @@ def _multiset_result(batch: pa.Table, columns: list[str], types: pa.Schema,
                                                 dtype=np.int64),
                           [prior_ends[i][1] for i in chosen])  # fmt: skip
     return Versions(opened, closed, match, orphans)
+
+
+_NAN = ("NaN",)  # a NaN is equal to itself here, as PostgreSQL's float and numeric compare it
+
+
+def _key(values: Any) -> tuple[Any, ...]:
+    """Values as one hashable key that is equal where PostgreSQL's row values are: lists and
+    structs (arrays, intervals, ranges) as tuples, NaN as one value."""
+    return tuple(_canonical(v) for v in values)
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, float) and value != value:
+        return _NAN
+    if isinstance(value, Decimal) and value.is_nan():
+        return _NAN
+    if isinstance(value, list):
+        return tuple(_canonical(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _canonical(v)) for k, v in value.items()))
+    return value

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.changelog.columns import COMMIT_LSN, OP, SEQ, UNCHANGED
 from airflow_pglogrepl.changelog.history_columns import IS_CURRENT, VALID_FROM_SEQ
+from airflow_pglogrepl.exceptions import LakeError
 from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge.history_changes import TableChanges, conformed
@@ -73,42 +74,69 @@ def beginning(lake: Lake, name: str, table: TableChanges, end: LSN) -> Beginning
                      "one version per row, beginning unknown")  # fmt: skip
 
 
+def state_ahead(lake: Lake, name: str, end: LSN) -> bool:
+    """Whether the state holds changes past ``end`` (re-snapshotted ahead of the drain)."""
+    state = delta.open_table(lake.paths.state(name))
+    at = None if state is None else state.transaction_version(lake.app)
+    return at is not None and int(at) > int(end)
+
+
 def state_version(lake: Lake, name: str) -> int:
     """The state's Delta version now (-1: no state yet: whatever makes it comes after)."""
     state = delta.open_table(lake.paths.state(name))
     return -1 if state is None else int(state.version())
 
 
-def seen_state_version(history: Any) -> int | None:
-    """The state version the history's last commit recorded it had seen."""
-    found = history.history(limit=1)
-    value = found[0].get(STATE_VERSION) if found else None
-    return None if value is None else int(value)
+def seen_state_version(history: Any) -> int:
+    """The state version the history's newest commit that says one had seen; -1 when none
+    says (every copy of the state is then still to take). Commits that are not the history's
+    own merges (a column added, a compaction by hand) say none: the ones before them do."""
+    newest = int(history.version())
+    for limit in (8, newest + 1):
+        for entry in history.history(limit=limit):
+            value = entry.get(STATE_VERSION)
+            if value is not None:
+                return int(value)
+        if limit > newest:
+            break
+    return -1
 
 
-def copies_since(lake: Lake, name: str, seen: int | None) -> list[Copy]:
-    """The state's versions after ``seen`` that replaced it from a copy, oldest first."""
+def copies_since(lake: Lake, name: str, seen: int, have: int | None) -> list[Copy]:
+    """The state's versions after ``seen`` that replaced it from a copy, oldest first, each at
+    the point its rows begin in the history (the copy's, or the history's position if past
+    it). Of copies at one point only the newest counts: the ones before it were never the
+    table at any position."""
     state = delta.open_table(lake.paths.state(name))
-    if state is None or seen is None:
+    if state is None:
         return []
-    found = []
+    by_point: dict[int, Copy] = {}
     for version in _copies(state, seen + 1):
         at = delta.open_table(lake.paths.state(name), version=version)
         txn = None if at is None else at.transaction_version(lake.app)
         if txn is not None:
-            found.append(Copy(version, LSN(int(txn))))
-    return found
+            point = max(int(txn), -1 if have is None else int(have))
+            by_point[point] = Copy(version, LSN(point))  # (versions ascend: the newest stays)
+    return [by_point[point] for point in sorted(by_point)]
 
 
-def resync_rows(lake: Lake, name: str, table: TableChanges, copy: Copy, have: int | None,
+def resync_rows(lake: Lake, name: str, table: TableChanges, copy: Copy,
                 schema: pa.Schema) -> pa.Table:  # fmt: skip
     """A copy as changelog rows (``schema``'s): one ``RESYNC_OP`` that ends every current
-    version, then an insert per row of the copy, at the copy's point (or the history's
-    position, if past it), numbered below every real change there."""
+    version, then an insert per row of the copy, at the copy's point, numbered below every
+    real change there."""
     import pyarrow as pa
 
-    rows = _state_rows(lake, name, copy.version, table)
-    at = max(int(copy.at), -1 if have is None else int(have))
+    try:
+        rows = _state_rows(lake, name, copy.version, table)
+    except Exception as exc:  # (its files vacuumed, its log entry cleaned up)
+        raise LakeError(
+            f"history of {name} cannot take the copy the state was replaced with at its "
+            f"version {copy.version} ({type(exc).__name__}: {exc}): the lake no longer holds "
+            f"it. Nothing was written to history/{name}. Fix: delete the directory "
+            f"history/{name}; the next run begins the history again from the state"
+        ) from exc
+    at = int(copy.at)
     count = rows.num_rows
     ops = [RESYNC_OP] + ["I"] * count
     columns = {}
@@ -163,8 +191,8 @@ def _replayed(table: TableChanges, at: int, state: pa.Table) -> pa.Table | None:
         made = table.reduce(batch, lambda _: table.types.empty_table())
         current = made.opened.filter(made.opened.column(IS_CURRENT))
         columns = [c for c in table.columns if c in state.column_names]
-        if len(columns) != len(table.columns) or made.orphans:
-            return None
+        if len(columns) != len(table.columns) or made.orphans or made.closed.num_rows:
+            return None  # (a change of a row the replay never began: not the whole story)
         wanted = pa.schema([table.types.field(c) for c in columns])
         order = [(c, "ascending") for c in columns]
         ours = current.select(columns).cast(wanted).sort_by(order)

@@ -24,6 +24,7 @@ from airflow_pglogrepl.changelog.history_columns import (
 from airflow_pglogrepl.exceptions import LakeCommitConflictError
 from airflow_pglogrepl.lake import delta, durability
 from airflow_pglogrepl.lake.layout import is_local
+from airflow_pglogrepl.lake.storage import delta_options
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge.history_changes import conformed
 from airflow_pglogrepl.merge.history_versions import Versions
@@ -117,3 +118,27 @@ def record(lake: Lake, uri: str, stored: pa.Schema, end: LSN, have: int | None,
     lake.check_writer()
     delta.commit_files(uri, stored, [], app=lake.app, version=int(end),
                        expected=None if have is None else int(have), metadata=seen)  # fmt: skip
+
+
+def rename(lake: Lake, uri: str, target: Any, renames: Mapping[str, str], seen: int) -> None:
+    """Columns renamed at the source renamed in the history: its rows written again under the
+    new names, one version at the same position (readers see it whole, or the one before). A
+    history is never under column mapping (delta-rs writes it), so a rename is a rewrite."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from airflow_pglogrepl.merge.history_state import STATE_VERSION
+
+    version = int(target.version())
+    rows = delta.scan(uri, version=version)
+    rows = rows.rename_columns([renames.get(c, c) for c in rows.column_names])
+    have = target.transaction_version(lake.app)
+    commit = CommitProperties(
+        app_transactions=[Transaction(lake.app, int(have))] if have is not None else None,
+        custom_metadata={STATE_VERSION: str(seen)},
+    )
+    lake.check_writer()
+    write_deltalake(uri, rows, mode="overwrite", schema_mode="overwrite",
+                    commit_properties=commit, storage_options=delta_options(uri))  # fmt: skip
+    if is_local(uri):
+        durability.make_log_durable(uri, after=version)
+    log.info("history at %s: columns renamed %s, every version kept", uri, dict(renames))

@@ -17,7 +17,7 @@ from airflow_pglogrepl.changelog.history_columns import (
     VALID_FROM_SEQ,
     VALID_TO_LSN,
 )
-from airflow_pglogrepl.exceptions import LakeError
+from airflow_pglogrepl.exceptions import LakeError, WriterLockLostError
 from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.lake import Lake
 from airflow_pglogrepl.lake.window import Window
@@ -136,10 +136,10 @@ def test_a_writer_that_lost_its_lock_commits_nothing_and_the_next_run_does_it(
     before, version = history(lake), delta.open_table(lake.paths.history(T)).version()
 
     def lost() -> None:
-        raise RuntimeError("the writer lock is gone")
+        raise WriterLockLostError("s", "the lock is gone")
 
     monkeypatch.setattr(lake, "check_writer", lost)
-    with pytest.raises(RuntimeError, match="lock is gone"):
+    with pytest.raises(WriterLockLostError, match="lock is gone"):
         merge_history(lake, [NAME])
     assert history(lake) == before and history_position(lake, NAME) == end
     assert delta.open_table(lake.paths.history(T)).version() == version
@@ -195,3 +195,32 @@ def test_a_history_turned_on_later_replays_the_changelog_that_made_the_state(
     merge_history(lake, [NAME])
     assert history(lake) == [(1, 1, None, 0x110, 0x120, "update", False),
                              (1, 2, None, 0x120, None, None, True)]  # fmt: skip
+
+
+def test_a_table_whose_history_fails_stops_no_other_and_is_named(tmp_path: Path) -> None:
+    """A column named like the history's own is refused cleanly; the other tables' histories
+    are merged all the same, and one error names the table, the column and the fix."""
+    lake = Lake(str(tmp_path / "lake"), "s")
+    other = TableRef("public", "other")
+    own = [
+        pa.field("id", pa.int64(), metadata={KEY_META: "0"}),
+        pa.field("_is_current", pa.string()),
+    ]
+    meta = [f for f in schema() if f.name in ("_op", "_commit_lsn", "_seq", "_commit_ts",
+                                              "_unchanged")]  # fmt: skip
+    clash = pa.schema([*own, *meta, pa.field("_old", pa.struct(own))])
+    batch = Window(lake, LSN(0x100))
+    batch.write(
+        other,
+        pa.Table.from_pylist(
+            [{"id": 1, "_is_current": "x", "_op": "I", "_commit_lsn": 0x110, "_seq": 0}],
+            schema=clash,
+        ),
+    )
+    batch.write(T, pa.Table.from_pylist([{"id": 1, "v": 1, "_op": "I", "_commit_lsn": 0x120,
+                                          "_seq": 1}], schema=schema()))  # fmt: skip
+    batch.commit(LSN(0x200), transactions=2, changes=2)
+    with pytest.raises(LakeError, match=r"public.other: .*\['_is_current'\].*history=\[\.\.\.\]"):
+        merge_history(lake, history_tables(lake, True))
+    assert history(lake) == [(1, 1, None, 0x120, None, None, True)]
+    assert delta.open_table(lake.paths.history(other)) is None

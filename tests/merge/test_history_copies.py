@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pyarrow as pa
 import pytest
 
 from airflow_pglogrepl.changelog.history_columns import (
@@ -39,3 +40,46 @@ def test_a_begun_history_with_copies_ends_the_oldest_copy_first() -> None:
     history.merge(batch, keys=[], full=True)
     assert ordered(history.rows) == ordered(model(batch, keyed=False, full=True, start=start))
     assert [r[VALID_FROM_SEQ] for r in history.rows if r[IS_CURRENT]] == [0]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "kind"),
+    [
+        (float("nan"), 1.0, pa.float64()),
+        (["a"], ["b"], pa.list_(pa.string())),
+        ({"months": 0, "days": 1}, {"months": 0, "days": 2},
+         pa.struct([("months", pa.int32()), ("days", pa.int32())])),
+    ],
+)  # fmt: skip
+def test_copies_of_any_value_are_matched_as_postgresql_compares_them(
+    before: object, after: object, kind: pa.DataType
+) -> None:
+    """A NaN equals itself (PostgreSQL's floats and numerics say so), an array or an interval
+    is a value like any other."""
+    from airflow_pglogrepl.changelog.history_columns import history_schema
+    from airflow_pglogrepl.merge.history_copies import copies_versions
+
+    table = pa.schema([("x", kind)])
+    changes = pa.schema(
+        [
+            *table,
+            ("_op", pa.string()),
+            ("_commit_lsn", pa.int64()),
+            ("_seq", pa.int64()),
+            ("_commit_ts", pa.timestamp("us", tz="UTC")),
+            ("_unchanged", pa.list_(pa.string())),
+            ("_old", pa.struct(table)),
+        ]
+    )
+    batch = pa.Table.from_pylist([
+        {"x": before, "_op": "I", "_commit_lsn": 16, "_seq": 0, "_unchanged": []},
+        {"x": after, "_op": "U", "_commit_lsn": 32, "_seq": 0, "_unchanged": [],
+         "_old": {"x": before}},
+    ], schema=changes)  # fmt: skip
+    types = history_schema(table)
+    made = copies_versions(batch, ["x"], lambda _: types.empty_table(), types)
+    assert made.orphans == 0
+    assert [(r[IS_CURRENT], r[ENDED_BY]) for r in made.opened.to_pylist()] == [
+        (False, "update"),
+        (True, None),
+    ]

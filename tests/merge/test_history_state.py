@@ -16,7 +16,7 @@ from airflow_pglogrepl.changelog.history_columns import (
 )
 from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.lake import Lake
-from airflow_pglogrepl.merge.history import merge_history
+from airflow_pglogrepl.merge.history import history_position, merge_history
 from airflow_pglogrepl.merge.history_state import STATE_VERSION, seen_state_version
 from tests.merge.test_history import NAME, T, window
 
@@ -94,3 +94,60 @@ def test_every_history_commit_records_the_state_version_it_saw(tmp_path: Path) -
     window(lake, int(end), [{"_op": "D", "id": 1}])
     merge_history(lake, [NAME])
     assert seen_state_version(delta.open_table(lake.paths.history(T))) == 0
+
+
+def test_a_copy_after_a_commit_that_says_no_state_version_is_still_taken(tmp_path: Path) -> None:
+    """A column added to the history (its own commit, with no metadata) does not hide the
+    copy made before the next merge."""
+    lake = Lake(str(tmp_path / "lake"), "s")
+    end = window(lake, 0x100, [{"_op": "I", "id": 1, "v": 1}, {"_op": "I", "id": 2, "v": 2}])
+    replace_state(lake, [{"id": 1, "v": 1, "big": None}, {"id": 2, "v": 2, "big": None}],
+                  int(end), marked=False)  # fmt: skip
+    merge_history(lake, [NAME])
+    delta.evolve_schema(lake.paths.history(T), delta.schema_of(
+        delta.open_table(lake.paths.history(T))).append(pa.field("x", pa.int64())))  # fmt: skip
+    replace_state(lake, [{"id": 1, "v": 1, "big": None}, {"id": 3, "v": 3, "big": None}],
+                  int(end), marked=True)  # fmt: skip
+    later = window(lake, int(end), [{"_op": "U", "id": 1, "v": 9}])
+    merge_history(lake, [NAME])
+    assert history_position(lake, NAME) == later
+    assert sorted((r[0], r[1]) for r in versions(lake) if r[6]) == [(1, 9), (3, 3)]
+
+
+def test_a_history_waits_for_a_state_copied_ahead_of_the_lake(tmp_path: Path) -> None:
+    """A re-snapshot ahead of the drain: the history begins once the lake gets there, from the
+    copy, and never misses its rows."""
+    lake = Lake(str(tmp_path / "lake"), "s")
+    end = window(lake, 0x100, [{"_op": "I", "id": 1, "v": 1}])
+    replace_state(lake, [{"id": 1, "v": 1, "big": None}, {"id": 3, "v": 3, "big": None}],
+                  int(end) + 0x100, marked=True)  # fmt: skip
+    assert merge_history(lake, [NAME]) == {}
+    assert delta.open_table(lake.paths.history(T)) is None
+    window(lake, int(end), [{"_op": "U", "id": 1, "v": 2}])  # (below the copy: in it already)
+    later = window(lake, int(end) + 0x100, [{"_op": "U", "id": 3, "v": 4}])
+    assert merge_history(lake, [NAME]) == {NAME: str(later)}
+    assert sorted((r[0], r[1]) for r in versions(lake) if r[6]) == [(1, 1), (3, 4)]
+
+
+def test_of_copies_at_one_point_the_newest_is_the_table(tmp_path: Path) -> None:
+    lake = Lake(str(tmp_path / "lake"), "s")
+    end = window(lake, 0x100, [{"_op": "I", "id": 1, "v": 1}])
+    merge_history(lake, [NAME])
+    for value in (100, 200):  # two copies at the history's own position, none taken between
+        keys = (1, value // 100 + 1)  # (1, 2), then (1, 3)
+        replace_state(lake, [{"id": k, "v": value, "big": None} for k in keys], int(end),
+                      marked=True)  # fmt: skip
+    merge_history(lake, [NAME])
+    assert sorted((r[0], r[1]) for r in versions(lake) if r[6]) == [(1, 200), (3, 200)]
+
+
+def test_a_changelog_that_ends_rows_it_never_began_is_no_replay(tmp_path: Path) -> None:
+    """A state snapshotted with no mark (whose rows the changelog does not begin): one version
+    per state row, no beginning invented for a row the changelog only updated."""
+    lake = Lake(str(tmp_path / "lake"), "s")
+    end = window(lake, 0x100, [{"_op": "U", "id": 1, "v": 10}, {"_op": "D", "id": 2},
+                               {"_op": "I", "id": 3, "v": 3}])  # fmt: skip
+    replace_state(lake, [{"id": 1, "v": 10, "big": None}, {"id": 3, "v": 3, "big": None}],
+                  int(end), marked=False)  # fmt: skip
+    merge_history(lake, [NAME])
+    assert [(r[0], r[2]) for r in versions(lake)] == [(1, None), (3, None)]

@@ -47,3 +47,50 @@ def test_a_position_is_recorded_with_no_rows_and_never_backwards(tmp_path: Path)
     assert delta.txn_version(uri, lake.app) == int(end) + 0x10
     with pytest.raises(LakeCommitConflictError):
         writes.record(lake, uri, stored, end, int(end) + 0x10, SEEN)
+
+
+@pytest.mark.parametrize("renamed", ["big", "id"])
+def test_a_column_renamed_at_the_source_is_renamed_in_every_version(
+    tmp_path: Path, renamed: str
+) -> None:
+    """An unchanged TOAST value of the renamed column is still carried; a renamed key still
+    ends its row's version (the changelog renames in place, the history rewrites its rows)."""
+    import datetime
+
+    import pyarrow as pa
+
+    from airflow_pglogrepl.changelog.columns import IDENTITY_META, KEY_META
+    from airflow_pglogrepl.lake.window import Window
+    from tests.support.lake_batches import origins_stub
+
+    def schema(names: dict[str, str]) -> pa.Schema:
+        table = [pa.field(names["id"], pa.int64(), metadata={KEY_META: "0"}),
+                 pa.field("v", pa.int64()), pa.field(names["big"], pa.string())]  # fmt: skip
+        return pa.schema([*table, pa.field("_op", pa.string(), metadata={IDENTITY_META: "d"}),
+                          pa.field("_commit_lsn", pa.int64()), pa.field("_seq", pa.int64()),
+                          pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
+                          pa.field("_unchanged", pa.list_(pa.string())),
+                          pa.field("_old", pa.struct(table))])  # fmt: skip
+
+    def commit(lake: Lake, start: int, row: dict[str, object], names: dict[str, str]) -> LSN:
+        stamp = datetime.datetime.fromtimestamp(start, datetime.UTC)
+        full = {names["big"]: None, "_unchanged": [], "_old": None, **row,
+                "_commit_lsn": start + 0x10, "_seq": 0, "_commit_ts": stamp}  # fmt: skip
+        window = Window(lake, LSN(start))
+        window.write(T, pa.Table.from_pylist([full], schema=schema(names)))
+        window.commit(LSN(start + 0x20), transactions=1, changes=1)
+        return LSN(start + 0x20)
+
+    attnums = {"id": 1, "v": 2, "big": 3, "payload": 3, "ident": 1}
+    lake = Lake(str(tmp_path / "lake"), "s", origins=origins_stub(natts=3, attnums=attnums))
+    old = {"id": "id", "big": "big"}
+    end = commit(lake, 0x100, {"_op": "I", "id": 1, "v": 1, "big": "TOASTED"}, old)
+    merge_history(lake, [NAME])
+    new = dict(old, **{renamed: {"big": "payload", "id": "ident"}[renamed]})
+    commit(lake, int(end), {"_op": "U", new["id"]: 1, "v": 5, "_unchanged": [new["big"]]}, new)
+    merge_history(lake, [NAME])
+    rows = delta.scan(lake.paths.history(T)).to_pylist()
+    assert sorted(rows[0]) == sorted(delta.schema_of(delta.open_table(lake.paths.history(T))).names)
+    assert new[renamed] in rows[0] and renamed not in rows[0]
+    got = sorted((r[new["id"]], r["v"], r[new["big"]], r["_is_current"]) for r in rows)
+    assert got == [(1, 1, "TOASTED", False), (1, 5, "TOASTED", True)]
