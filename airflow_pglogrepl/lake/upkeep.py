@@ -109,8 +109,8 @@ def upkeep(
     writer_check: Callable[[], None] | None = None,
 ) -> UpkeepReport:
     """Compact, vacuum and checkpoint every table of the lake at ``root`` drained from
-    ``slot`` (``changes/``, ``state/``, ``_pglogrepl/windows``). The caller holds the lake's
-    writer lock; ``writer_check`` proves it before each commit. Refuses
+    ``slot`` (``changes/``, ``state/``, ``history/``, ``_pglogrepl/windows``). The caller holds
+    the lake's writer lock; ``writer_check`` proves it before each commit. Refuses
     (``UnsafeRetentionError``) a kept-hours below a table's retention floor before anything is
     done, and a lake another slot owns (``LakeOfAnotherSlotError``)."""
     from airflow_pglogrepl.lake.lake import Lake
@@ -123,6 +123,7 @@ def upkeep(
     seen = SeenVersions(paths.root, app_id(slot))
     targets = [(f"changes/{n}", paths.changes(n)) for n in seen.tables("changes")]
     targets += [(f"state/{n}", paths.state(n)) for n in seen.tables("state")]
+    targets += [(f"history/{n}", paths.history(n)) for n in seen.tables("history")]
     for name, uri in ((WINDOWS, paths.windows()), (QUARANTINE, paths.quarantine())):
         if seen.knows(name) or delta.open_table(uri) is not None:
             targets.append((name, uri))

@@ -398,3 +398,26 @@ def test_an_upkeep_noted_in_the_future_does_not_rest_the_table(tmp_path: Path) -
     done = upkeep(built.root, SLOT, keep=keep)
     assert not any(t.skipped and t.skipped[0].startswith("upkeep: no commit since")
                    for t in done.tables)  # fmt: skip
+
+
+def test_a_history_is_maintained_and_goes_on_after_it(tmp_path: Path) -> None:
+    """Each merge of a history rewrites the files holding the versions it ends: the upkeep
+    removes the files no kept version reads, and the history goes on after its commits (which
+    say no state version: the ones before them do)."""
+    from airflow_pglogrepl.merge.history import merge_history
+    from tests.merge.test_history import NAME, T, history, window
+
+    lake = Lake(str(tmp_path / "lake"), "s")
+    end = window(lake, 0x100, [{"_op": "I", "id": k, "v": 0} for k in range(1, 4)])
+    merge_history(lake, [NAME])
+    for value in range(1, 6):
+        end = window(lake, int(end), [{"_op": "U", "id": 1 + value % 3, "v": value}])
+        merge_history(lake, [NAME])
+    before = history(lake)
+    report = upkeep(str(tmp_path / "lake"), "s", keep=Keep(lsn=None, **BY_LSN), thresholds=EAGER)
+    found = {t.table: t for t in report.tables}[f"history/{NAME}"]
+    assert found.files_removed >= 5 and found.files_after == 1  # every MERGE rewrote the one
+    assert history(lake) == before
+    later = window(lake, int(end), [{"_op": "D", "id": 2}])
+    assert merge_history(lake, [NAME]) == {NAME: str(later)}
+    assert sorted(r[0] for r in history(lake) if r[-1]) == [1, 3]
