@@ -405,7 +405,7 @@ def test_a_history_is_maintained_and_goes_on_after_it(tmp_path: Path) -> None:
     removes the files no kept version reads, and the history goes on after its commits (which
     say no state version: the ones before them do)."""
     from airflow_pglogrepl.merge.history import merge_history
-    from tests.merge.test_history import NAME, T, history, window
+    from tests.merge.test_history import NAME, history, window
 
     lake = Lake(str(tmp_path / "lake"), "s")
     end = window(lake, 0x100, [{"_op": "I", "id": k, "v": 0} for k in range(1, 4)])
