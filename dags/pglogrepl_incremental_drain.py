@@ -19,6 +19,19 @@ publication holding rows, a partition attached or detached) is copied again onli
 (docs/drain.md, "Online backfill"); a manual trigger with ``resync`` names tables to copy again
 the same way, and one with ``parity`` tables to check against the source.
 
+Two ways to start it. ``PGLOGREPL_DRAIN_SCHEDULE`` is a cron expression or preset (``@hourly`` by
+default), or ``changes``: the DAG is then scheduled on an Asset watched by the slot's event
+trigger (``SlotChangesTrigger`` in an ``AssetWatcher``, run by the triggerer), and a run starts
+once per burst of published changes, none while the database is idle. The watcher reads the
+publisher's connection, the slot and the publications from ``PGLOGREPL_PUBLISHER_CONN_ID``,
+``PGLOGREPL_SLOT`` and ``PGLOGREPL_PUBLICATIONS`` (comma-separated), with the params' defaults.
+
+``history`` (a param: tables, or ``["*"]`` for all) keeps ``history/<table>`` beside ``state/``:
+every version of each row (docs/history.md). The drain emits an Asset event of each lake table it
+changed; ``pglogrepl_table_report`` below is scheduled on one of them
+(``PGLOGREPL_REPORT_TABLE``, ``public.pgbench_accounts`` by default) and runs only after drains
+that changed that table, reading what each did from its event's ``extra``.
+
 After the drain, ``upkeep`` compacts, vacuums and checkpoints the lake (``LakeUpkeepOperator``)
 under the same writer lock, so it never runs beside a drain or snapshot (it is skipped, not
 failed, if one holds the lock: the next run maintains the lake). VACUUM keeps every version of
@@ -32,8 +45,9 @@ import datetime as dt
 import os
 from typing import Any
 
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
 
+from airflow_pglogrepl.operators.assets import lake_table_asset
 from airflow_pglogrepl.operators.drain import SlotDrainOperator
 from airflow_pglogrepl.operators.slots import SlotHealthCheckOperator
 from airflow_pglogrepl.operators.snapshot import InitialSnapshotOperator
@@ -41,18 +55,40 @@ from airflow_pglogrepl.operators.upkeep import LakeUpkeepOperator
 
 LAKE_ROOT = os.environ.get("PGLOGREPL_LAKE") or "/tmp/pglogrepl-lake"
 LAKE_CONN_ID = os.environ.get("PGLOGREPL_LAKE_CONN_ID") or None
+PUBLISHER = os.environ.get("PGLOGREPL_PUBLISHER_CONN_ID") or "pglogrepl_publisher"
+SLOT = os.environ.get("PGLOGREPL_SLOT") or "pglogrepl_lake"
+PUBLICATIONS = (os.environ.get("PGLOGREPL_PUBLICATIONS") or "pglogrepl_lake").split(",")
+REPORT_TABLE = os.environ.get("PGLOGREPL_REPORT_TABLE") or "public.pgbench_accounts"
+
+
+def _schedule() -> Any:
+    """The cron schedule, or (``changes``) an Asset the slot's event trigger watches."""
+    wanted = os.environ.get("PGLOGREPL_DRAIN_SCHEDULE", "@hourly")
+    if wanted != "changes":
+        return wanted
+    from airflow_pglogrepl.triggers.slot_changes import SlotChangesTrigger
+
+    trigger = SlotChangesTrigger(postgres_conn_id=PUBLISHER, slot_name=SLOT,
+                                 publications=PUBLICATIONS, poll_interval=10.0)  # fmt: skip
+    watched = Asset(
+        f"pglogrepl-slot-{SLOT}", watchers=[AssetWatcher(name=f"{SLOT}-changes", trigger=trigger)]
+    )
+    return [watched]
+
 
 with DAG(
     dag_id="pglogrepl_incremental_drain",
-    schedule=os.environ.get("PGLOGREPL_DRAIN_SCHEDULE", "@hourly"),
+    schedule=_schedule(),
     start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
     catchup=False,
     max_active_runs=1,
     render_template_as_native_obj=True,
     params={
-        "postgres_conn_id": Param("pglogrepl_publisher", type="string"),
-        "slot": Param("pglogrepl_lake", type="string"),
-        "publications": Param(["pglogrepl_lake"], type="array"),
+        "postgres_conn_id": Param(PUBLISHER, type="string"),
+        "slot": Param(SLOT, type="string"),
+        "publications": Param(PUBLICATIONS, type="array"),
+        # tables whose history/ the drain keeps (every version of each row); ["*"]: all
+        "history": Param([], type="array"),
         "max_window_bytes": Param(64 * 1024 * 1024, type="integer", minimum=1),
         "max_windows": Param(None, type=["null", "integer"]),
         "small_merge_rows": Param(100_000, type="integer", minimum=0),
@@ -108,6 +144,7 @@ with DAG(
         resync="{{ params.resync }}",
         parity="{{ params.parity }}",
         parity_repair="{{ params.parity_repair }}",
+        history="{{ params.history }}",
     )
 
     @task
@@ -139,3 +176,24 @@ with DAG(
     )
 
     snapshot >> health >> drain >> [lag_report(), upkeep]
+
+
+with DAG(
+    dag_id="pglogrepl_table_report",
+    schedule=[lake_table_asset(LAKE_ROOT, REPORT_TABLE, "state")],
+    start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+    catchup=False,
+    tags=["pglogrepl"],
+) as report_dag:
+
+    @task
+    def changed(triggering_asset_events: Any = None) -> list[dict[str, Any]]:
+        """What each drain that changed the table did: its extra (table, kind, lsn, Delta
+        version, changes): where a downstream job would start reading."""
+        extras = [dict(event.extra) for events in (triggering_asset_events or {}).values()
+                  for event in events]  # fmt: skip
+        for extra in extras:
+            print(f"{extra.get('table')} changed: {extra}")
+        return extras
+
+    changed()

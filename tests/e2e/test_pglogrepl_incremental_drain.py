@@ -73,6 +73,28 @@ def latest_xcom(task_id: str, key: str = "return_value") -> Any:
     return row[0]
 
 
+def asset_events(uri: str) -> list[dict[str, Any]]:
+    """The extra of each event of the Asset ``uri`` in the metadata database, oldest first."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(AssetEvent.extra).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            .where(AssetModel.uri == uri).order_by(AssetEvent.id)
+        ).all()  # fmt: skip
+    return [dict(row[0]) for row in rows]
+
+
+def delta_scan_current(uri: str) -> list[tuple[Any, ...]]:
+    """The current versions of a history, as the source's rows."""
+    from airflow_pglogrepl.lake.delta import scan
+
+    rows = scan(uri, where='"_is_current"').to_pylist()
+    return [(r["id"], r["amount"], r["note"]) for r in rows]
+
+
 @pytest.fixture
 def drain_source(publisher: PgCluster) -> str:
     """A database with a published table (no slot: the DAG's snapshot creates it); returns the
@@ -179,7 +201,7 @@ def test_drain_dag_end_to_end_with_spark_submit(
     )
     publisher.execute("UPDATE orders SET note = 'upd' WHERE id % 7 = 0", dbname=db)
     publisher.execute("DELETE FROM orders WHERE id % 11 = 0", dbname=db)
-    second = dags_test(conf, env)
+    second = dags_test({**conf, "history": ["public.orders"]}, env)
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
     assert latest_xcom("initial_snapshot")["status"] == "exists"
     result = latest_xcom("drain")
@@ -196,6 +218,17 @@ def test_drain_dag_end_to_end_with_spark_submit(
     report = latest_xcom("lag_report")
     assert report["confirmed_flush_lsn"] == confirmed and report["wal_status"] == "reserved"
     assert lake_rows(str(lake_root), orders) == source_rows(publisher, db, "orders")
+    # the drain emitted an Asset event of each lake table it changed, saying what it did; the
+    # idle first run emitted none
+    from airflow_pglogrepl.operators.assets import lake_table_asset
+
+    for kind in ("changes", "state", "history"):
+        (extra,) = asset_events(lake_table_asset(str(lake_root), orders, kind).uri)
+        assert extra["table"] == "public.orders" and extra["kind"] == kind, extra
+        assert extra["changes"] == expected and extra["lsn"] == confirmed, extra
+        assert isinstance(extra["delta_version"], int), extra
+    current = delta_scan_current(str(lake_root / "history" / "public.orders"))
+    assert sorted(current) == source_rows(publisher, db, "orders")
     # the upkeep ran after the drain: the windows' changelog files packed into one, the windows
     # table compacted, every table checkpointed; rows (above) and the position unchanged
     upkeep = {t["table"]: t for t in latest_xcom("upkeep")["tables"]}
@@ -374,7 +407,7 @@ def test_drain_dag_keeps_its_lake_on_s3_and_its_secret_out_of_sight(
     assert latest_xcom("drain")["idle"] is True
     publisher.execute("UPDATE orders SET note = 'upd' WHERE id % 7 = 0", dbname=db)
     publisher.execute("DELETE FROM orders WHERE id % 11 = 0", dbname=db)
-    second = dags_test(conf, env)
+    second = dags_test({**conf, "history": ["public.orders"]}, env)
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
     result = latest_xcom("drain")
     assert result["changes"] == 71 + 45 and result["idle"] is False, result

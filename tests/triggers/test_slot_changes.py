@@ -131,3 +131,28 @@ def test_a_slot_that_is_gone_or_unreachable_fires_nothing_and_the_watch_goes_on(
     missing = SlotChangesTrigger(postgres_conn_id=watched.postgres_conn_id, slot_name="nope",
                                  publications=watched.publications)  # fmt: skip
     assert asyncio.run(missing.check(None)) is None
+
+
+def test_the_example_drain_dag_is_scheduled_on_the_slots_changes_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``PGLOGREPL_DRAIN_SCHEDULE=changes``: the drain DAG runs on an Asset this trigger
+    watches; the report DAG on the state Asset of one table."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from tests.support.paths import REPO
+
+    monkeypatch.setenv("PGLOGREPL_DRAIN_SCHEDULE", "changes")
+    monkeypatch.setenv("PGLOGREPL_SLOT", "my_slot")
+    bag = DagBag(dag_folder=str(REPO / "dags" / "pglogrepl_incremental_drain.py"))
+    assert not bag.import_errors, bag.import_errors
+    drain = bag.dags["pglogrepl_incremental_drain"]
+    (asset,) = drain.timetable.asset_condition.objects
+    (watcher,) = asset.watchers
+    assert isinstance(watcher.trigger, SlotChangesTrigger)
+    assert watcher.trigger.slot_name == "my_slot"
+    report = bag.dags["pglogrepl_table_report"]
+    (watched,) = report.timetable.asset_condition.objects
+    assert watched.uri.startswith("pglogrepl+file:") and watched.uri.endswith(
+        "/state/public.pgbench_accounts"
+    )
