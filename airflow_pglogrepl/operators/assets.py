@@ -128,6 +128,20 @@ def table_events(result: Mapping[str, Any], lake_root: str) -> list[tuple[Asset,
     return events
 
 
+def snapshot_events(result: Mapping[str, Any],
+                    lake_root: str) -> list[tuple[Asset, dict[str, Any]]]:  # fmt: skip
+    """The ``state/`` Asset of each table a snapshot copied, with the copy in its ``extra``:
+    the table, the kind, the consistent point its rows are as of, and the rows copied."""
+    if not result.get("committed", True):
+        return []
+    events = []
+    for table, copied in sorted((result.get("tables") or {}).items()):
+        extra = {"table": table, "kind": "state", "lsn": result.get("consistent_point"),
+                 "rows": (copied or {}).get("rows"), "slot": result.get("slot")}  # fmt: skip
+        events.append((lake_table_asset(lake_root, table, "state"), extra))
+    return events
+
+
 def _location(lake_root: str) -> str:
     """A lake's URI: ``file://`` + its absolute path, or its object store URI (one spelling)."""
     from airflow_pglogrepl.hooks.object_store import check_lake_uri

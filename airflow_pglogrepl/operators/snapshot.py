@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import Context
+from airflow.sdk import AssetAlias, Context
 
 from airflow_pglogrepl import metrics
 from airflow_pglogrepl.hooks.for_connection import replication_hook
+from airflow_pglogrepl.operators.assets import snapshot_events
 from airflow_pglogrepl.operators.spark_submit import (
     PACKAGE_DIR,
     PackageSparkSubmitOperator,
@@ -169,7 +170,10 @@ class InitialSnapshotOperator(PackageSparkSubmitOperator):
         context["ti"].xcom_push(key="consistent_point", value=result["consistent_point"])
         outlet_events = context.get("outlet_events")
         for asset in self.outlets or []:
-            if outlet_events is not None:
+            if outlet_events is not None and isinstance(asset, AssetAlias):
+                for table, extra in snapshot_events(result, str(self.lake)):  # each table copied
+                    outlet_events[asset].add(table, extra=extra)
+            elif outlet_events is not None:
                 outlet_events[asset].extra = {
                     "slot": self.slot_name,
                     "consistent_point": result["consistent_point"],

@@ -223,10 +223,13 @@ def test_drain_dag_end_to_end_with_spark_submit(
     from airflow_pglogrepl.operators.assets import lake_table_asset
 
     for kind in ("changes", "state", "history"):
-        (extra,) = asset_events(lake_table_asset(str(lake_root), orders, kind).uri)
+        *before, extra = asset_events(lake_table_asset(str(lake_root), orders, kind).uri)
+        assert len(before) == (kind == "state"), before  # (the snapshot's copy: below)
         assert extra["table"] == "public.orders" and extra["kind"] == kind, extra
         assert extra["changes"] == expected and extra["lsn"] == confirmed, extra
         assert isinstance(extra["delta_version"], int), extra
+    (copied, _) = asset_events(lake_table_asset(str(lake_root), orders, "state").uri)
+    assert copied["rows"] == snapshot["rows"] and copied["lsn"] == snapshot["consistent_point"]
     current = delta_scan_current(str(lake_root / "history" / "public.orders"))
     assert sorted(current) == source_rows(publisher, db, "orders")
     # the upkeep ran after the drain: the windows' changelog files packed into one, the windows

@@ -89,3 +89,16 @@ def test_the_events_of_a_run_are_exactly_the_tables_it_changed(tmp_path: Path) -
         "table": "public.a", "kind": "state", "lsn": "0/100", "changes": 3, "delta_version": 7,
         "slot": "s"}  # fmt: skip
     assert table_events({"slot": "s", "tables": {}}, lake) == []  # an idle run: none
+
+
+def test_a_snapshot_changes_the_state_of_each_table_it_copied(tmp_path: Path) -> None:
+    from airflow_pglogrepl.operators.assets import lake_table_asset, snapshot_events
+
+    lake = str(tmp_path / "lake")
+    result = {"slot": "s", "consistent_point": "0/50", "committed": True,
+              "tables": {"public.a": {"rows": 5}, "public.b": {"rows": 0}}}  # fmt: skip
+    events = {asset.uri: extra for asset, extra in snapshot_events(result, lake)}
+    assert events == {lake_table_asset(lake, t).uri: {"table": t, "kind": "state", "lsn": "0/50",
+                                                      "rows": n, "slot": "s"}
+                      for t, n in (("public.a", 5), ("public.b", 0))}  # fmt: skip
+    assert snapshot_events({**result, "committed": False}, lake) == []
