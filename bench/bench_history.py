@@ -141,7 +141,9 @@ def sizes(lake: Lake, kind: str, names: list[str]) -> dict[str, int]:
 def last_commit(lake: Lake, name: str) -> dict[str, Any]:
     """The history's newest commit: its operation, and for a MERGE the files it rewrote and the
     rows it copied into them unchanged (copy-on-write)."""
-    entry = delta.open_table(lake.paths.history(name)).history(limit=1)[0]
+    history = delta.open_table(lake.paths.history(name))
+    assert history is not None, name
+    entry = history.history(limit=1)[0]
     metrics = entry.get("operationMetrics") or {}
     return {
         "operation": entry.get("operation"),
