@@ -55,7 +55,7 @@ from airflow_pglogrepl.operators.upkeep import LakeUpkeepOperator
 
 LAKE_ROOT = os.environ.get("PGLOGREPL_LAKE") or "/tmp/pglogrepl-lake"
 LAKE_CONN_ID = os.environ.get("PGLOGREPL_LAKE_CONN_ID") or None
-PUBLISHER = os.environ.get("PGLOGREPL_PUBLISHER_CONN_ID") or "pglogrepl_publisher"
+PUBLISHER = os.environ.get("PGLOGREPL_PUBLISHER_CONN_ID", "pglogrepl_publisher")
 SLOT = os.environ.get("PGLOGREPL_SLOT") or "pglogrepl_lake"
 PUBLICATIONS = (os.environ.get("PGLOGREPL_PUBLICATIONS") or "pglogrepl_lake").split(",")
 REPORT_TABLE = os.environ.get("PGLOGREPL_REPORT_TABLE") or "public.pgbench_accounts"
