@@ -67,6 +67,13 @@ def history_tables(lake: Lake, wanted: bool | Sequence[str]) -> list[str]:
     have = delta.list_tables(lake.paths.changes("").rstrip("/"))
     names = have if wanted is True else [table_dir(TableRef.parse(t)) for t in wanted]
     held = held_tables(lake)
+    missing = [name for name in names if name not in have]
+    if missing:  # (a typo, or a table no change of has reached the lake yet)
+        log.warning("history asked for %s, which the lake holds no changelog of (yet): check "
+                    "the names (schema.table)", ", ".join(missing))  # fmt: skip
+    waiting = [name for name in names if name in have and name in held]
+    if waiting:
+        log.info("history of %s waits: quarantined or being backfilled", ", ".join(waiting))
     return [name for name in names if name in have and name not in held]
 
 

@@ -55,6 +55,10 @@ class TableChanges:
         wanted = [*self.columns, OP, COMMIT_LSN, SEQ, COMMIT_TS, UNCHANGED, OLD]
         return [c for c in wanted if c in self.schema.names]
 
+    def size_bytes(self, have: int | None, end: int) -> int:
+        """About how many Arrow bytes ``read`` would hold (``InRange.size_bytes``)."""
+        return InRange(self.changes, self.schema, have, end).size_bytes(self.read_columns)
+
     def read(self, have: int | None, end: int) -> pa.Table:
         """The changelog's rows with ``have <= _commit_lsn < end``, columns by today's names."""
         import pyarrow as pa

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("airflow_pglogrepl.lake")
 
+# A history begun from a changelog of more Arrow bytes than this begins from the state's rows
+# instead: the replay holds the whole changelog in memory at once.
+REPLAY_BYTES = 512 << 20
 # In each history commit's metadata: the state's Delta version the history had seen.
 STATE_VERSION = "pglogrepl.state_version"
 
@@ -184,6 +187,8 @@ def _replayed(table: TableChanges, at: int, state: pa.Table) -> pa.Table | None:
     rows (as multisets); else None."""
     import pyarrow as pa
 
+    if table.size_bytes(None, at) > REPLAY_BYTES:  # (a replay that would not fit in memory)
+        return None
     batch = table.read(None, at)
     if batch.num_rows == 0:
         return None

@@ -224,3 +224,13 @@ def test_a_table_whose_history_fails_stops_no_other_and_is_named(tmp_path: Path)
         merge_history(lake, history_tables(lake, True))
     assert history(lake) == [(1, 1, None, 0x120, None, None, True)]
     assert delta.open_table(lake.paths.history(other)) is None
+
+
+def test_a_history_asked_for_a_table_the_lake_lacks_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    lake = Lake(str(tmp_path / "lake"), "s")
+    window(lake, 0x100, [{"_op": "I", "id": 1, "v": 1}])
+    with caplog.at_level("WARNING", logger="airflow_pglogrepl.lake"):
+        assert history_tables(lake, ["public.t", "public.typo"]) == [NAME]
+    assert "public.typo, which the lake holds no changelog of" in caplog.text

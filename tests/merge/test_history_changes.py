@@ -30,3 +30,11 @@ def test_conformed_rows_take_the_storeds_order_and_null_what_they_lack() -> None
     rows = conformed(pa.table({"a": pa.array([1], pa.int32()), "b": ["x"]}), stored)
     assert rows.schema == stored
     assert rows.to_pylist() == [{"b": "x", "a": 1, "gone": None}]
+
+
+def test_a_range_is_sized_before_it_is_read(tmp_path: Path) -> None:
+    lake = Lake(str(tmp_path / "lake"), "s")
+    end = window(lake, 0x100, [{"_op": "I", "id": k, "v": k} for k in range(1, 50)])
+    table = TableChanges(delta.open_table(lake.paths.changes(T)))
+    size = table.size_bytes(None, int(end))
+    assert size >= table.read(None, int(end)).nbytes // 2 > 0

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 
 from airflow_pglogrepl.changelog.history_columns import (
     ENDED_BY,
@@ -151,3 +152,16 @@ def test_a_changelog_that_ends_rows_it_never_began_is_no_replay(tmp_path: Path) 
                   int(end), marked=False)  # fmt: skip
     merge_history(lake, [NAME])
     assert [(r[0], r[2]) for r in versions(lake)] == [(1, None), (3, None)]
+
+
+def test_a_changelog_too_big_to_replay_in_memory_begins_from_the_states_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_pglogrepl.merge import history_state
+
+    lake = Lake(str(tmp_path / "lake"), "s")
+    end = window(lake, 0x100, [{"_op": "I", "id": 1, "v": 1}])
+    replace_state(lake, [{"id": 1, "v": 1, "big": None}], int(end), marked=False)
+    monkeypatch.setattr(history_state, "REPLAY_BYTES", 0)
+    merge_history(lake, [NAME])
+    assert [(r[0], r[2]) for r in versions(lake)] == [(1, None)]  # no replay: no beginning
