@@ -1,10 +1,12 @@
 """Continuous mode benchmark: a following drain (``--follow``) under a steady pgbench write load,
-its freshness (commit on the source to readable in ``changes/``) and its CPU per change.
+its freshness (commit on the source to readable in ``changes/``, and with ``--merge-seconds`` in
+``state/`` too) and its CPU per change.
 
 pgbench's TPC-B-like script runs at a fixed rate (``--rate``, transactions per second) for
 ``--seconds``; each of its transactions updates three tables and inserts into a fourth, all
 published. The drain follows the slot with a window every ``--window-seconds`` (local lake,
-``--no-materialize``) and ends once pgbench has finished and it has caught up. CPU is read
+``--no-materialize``; with ``--merge-seconds``, the states merged that often while it follows)
+and ends once pgbench has finished and it has caught up. CPU is read
 from the kernel: the drain's own (its summary) and its walsender's (``/proc``), both over the
 changes it stored. Not a test: ``python -m bench.bench_follow``; the result goes to
 docs/benchmarks.md.
@@ -35,6 +37,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=60, help="how long pgbench writes")
     parser.add_argument("--window-seconds", default="1", help="the drain's --window-seconds")
     parser.add_argument("--scale", type=int, default=10, help="pgbench -i scale")
+    parser.add_argument("--merge-seconds", default=None, help="merge state/ this often while "
+                        "following (default: no merge; changes/ alone)")  # fmt: skip
     args = parser.parse_args()
     with local_cluster("bench-follow", dict(LOGICAL_SETTINGS)) as cluster:
         pgbench = cluster.bindir / "pgbench"
@@ -48,7 +52,8 @@ def main() -> None:
             conn.execute(f"CREATE PUBLICATION bench FOR TABLE {', '.join(TABLES)}")
             conn.execute("SELECT pg_create_logical_replication_slot('bench', 'pgoutput')")
         with tempfile.TemporaryDirectory(prefix="bench-follow-") as lake_root:
-            run = follow(cluster, lake_root, args.window_seconds, args.seconds)
+            run = follow(cluster, lake_root, args.window_seconds, args.seconds,
+                         args.merge_seconds)  # fmt: skip
             walsender = wait_until(lambda: _walsender_pid(cluster), what="the walsender")
             assert walsender is not None
             server_cpu = process_cpu_s(walsender)
@@ -82,13 +87,23 @@ def main() -> None:
           f"{fresh['p50_s']} s | {fresh['p99_s']} s | {fresh['max_s']} s | "
           f"{result['follow']['cpu_s'] / max(changes, 1) * 1e6:.0f} µs | "
           f"{server_cpu / max(changes, 1) * 1e6:.0f} µs |")  # fmt: skip
+    state = result["follow"].get("state_freshness") or {}
+    if args.merge_seconds is not None:
+        print(f"\nstate/ merged every {args.merge_seconds} s while following: "
+              f"{result['follow']['merges']} merges")  # fmt: skip
+        print("\n| transactions | state freshness p50 | p99 | max |")
+        print("|---:|---:|---:|---:|")
+        print(f"| {state.get('transactions', 0):,} | {state.get('p50_s')} s | "
+              f"{state.get('p99_s')} s | {state.get('max_s')} s |")  # fmt: skip
 
 
-def follow(cluster: PgCluster, lake_root: str, window_s: str, seconds: int) -> Any:
+def follow(cluster: PgCluster, lake_root: str, window_s: str, seconds: int,
+           merge_s: str | None) -> Any:  # fmt: skip
     """The drain application following slot ``bench``, started and reading."""
+    merging = ["--merge-seconds", merge_s] if merge_s is not None else ["--no-materialize"]
     command = [
         sys.executable, "-m", "airflow_pglogrepl.spark.drain_app", "--slot", "bench",
-        "--publication", "bench", "--lake", lake_root, "--no-materialize", "--follow",
+        "--publication", "bench", "--lake", lake_root, *merging, "--follow",
         "--window-seconds", window_s, "--follow-for", str(seconds * 20),
     ]  # fmt: skip
     return subprocess.Popen(command, env={**os.environ, DSN_ENV: cluster.dsn()},

@@ -139,6 +139,9 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         ``skip_when_idle`` does not apply: a following run waits for changes.
     :param window_seconds: with ``follow``: seconds between window commits.
     :param follow_seconds: with ``follow``: end the run after this long (None: until killed).
+    :param merge_seconds: with ``follow``: merge ``state/`` (and the histories kept) every this
+        many seconds while following, so the current rows are that fresh too, not only when
+        the run ends; the summary's ``follow.state_freshness`` says how fresh (p50, p99).
     :param database: the slot's database, when not the connection's.
     :param conn_id: the Spark connection; it must exist (the provider would otherwise silently
         submit to YARN).
@@ -154,7 +157,8 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         "postgres_conn_id", "slot_name", "publications", "lake", "database",
         "max_window_bytes", "max_windows", "small_merge_rows", "merge_stall_seconds",
         "idle_wal_bytes", "spark_log_level",
-        "lake_conn_id", "reader", "window_seconds", "follow_seconds", "accept_incomplete",
+        "lake_conn_id", "reader", "window_seconds", "follow_seconds", "merge_seconds",
+        "accept_incomplete",
         "resync", "parity", "parity_repair", "history",
     )  # fmt: skip
     ui_color = "#fdebd0"
@@ -184,6 +188,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         follow: bool = False,
         window_seconds: float = 5.0,
         follow_seconds: float | None = None,
+        merge_seconds: float = 30.0,
         accept_incomplete: Sequence[str] = (),
         on_incomplete: str = "backfill",
         resync: Sequence[str] | str = (),
@@ -218,6 +223,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         self.follow = follow
         self.window_seconds = window_seconds
         self.follow_seconds = follow_seconds
+        self.merge_seconds = merge_seconds
         self.accept_incomplete = accept_incomplete
         self.on_incomplete = on_incomplete
         self.resync = resync
@@ -381,6 +387,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
                                                               self.window_seconds)]  # fmt: skip
             if str(self.follow_seconds) not in ("None", ""):
                 args += ["--follow-for", _seconds("follow_seconds", self.follow_seconds)]
+            args += ["--merge-seconds", _seconds("merge_seconds", self.merge_seconds)]
         return args + state_vectors_args(self.state_deletion_vectors)
 
 

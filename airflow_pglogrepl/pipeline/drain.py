@@ -410,6 +410,7 @@ class Drain:
         had opened is opened again after ``follow.reopen_s`` (a run of days outlives a dropped
         connection). A stream refused (a role without REPLICATION) is not asked for again."""
         follow.cpu_at_start = cpu_s()
+        self.committer.after_commit = follow.after(self.committer.after_commit)
         streams = self.reader != "peek"
         reopen_s, reopen_at = follow.reopen_s, 0.0
         if streams:
@@ -443,6 +444,7 @@ class Drain:
                 fold_older(windows)
             follow.wait(began + follow.window_s)
         self._following_ends(follow)
+        follow.merge_now()  # what the last windows brought, counted in the state's freshness
 
     def _following_ends(self, follow: Follow) -> bool:
         """``follow.over``, or a table put in quarantine when that ends the run."""

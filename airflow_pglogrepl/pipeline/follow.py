@@ -10,11 +10,19 @@ quarantine), it drains in passes, one every ``window_s``.
 Freshness is the time from a transaction's commit on the source to the moment its rows are
 readable in ``changes/`` (the window's commit returned). It is measured across two clocks, the
 source's (``_commit_ts``) and this host's: their offset is in every figure.
+
+The current rows (``state/``, and the histories the run keeps) are merged while it follows, not
+only when it ends: after a window's commit, once ``merge_s`` seconds passed since the last merge
+(``merge``, the application's; small batches merge without a JVM). Their freshness is measured
+the same way, from commit to the merge that made the rows readable in ``state/``
+(``state_freshness``).
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +41,8 @@ REOPEN_S = 30.0
 REOPEN_MAX_S = 600.0
 _BUCKET_S = 0.01  # the freshness histogram's resolution
 _BUCKETS = 60_000  # 10 ms buckets up to 10 minutes; anything later falls in the last
+
+log = logging.getLogger("airflow_pglogrepl.drain")
 
 
 class Freshness:
@@ -104,6 +114,14 @@ class Follow:
     # twice as long each time a stream ends before it has lasted that long, up to REOPEN_MAX_S)
     reopen_s: float = REOPEN_S
     reopens: int = 0  # streams opened again after one ended (refused attempts not counted)
+    # merges of state/ (and history/) while following: ``merge`` (None: only at the run's end)
+    # after a window's commit, once ``merge_s`` passed since the last one
+    merge: Callable[[], Any] | None = None
+    merge_s: float = 30.0
+    merges: int = 0
+    state_freshness: Freshness = field(default_factory=Freshness)
+    _unmerged: list[Any] = field(default_factory=list)  # commit times not in state/ yet
+    _merged_at: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         if not self.window_s > 0:
@@ -112,6 +130,9 @@ class Follow:
         if not self.reopen_s > 0:
             raise ValueError(f"the wait before a stream is opened again must be a positive "
                              f"number of seconds, got {self.reopen_s!r}")  # fmt: skip
+        if not self.merge_s > 0:
+            raise ValueError(f"the seconds between merges while following must be positive, "
+                             f"got {self.merge_s!r}")  # fmt: skip
         if self.seconds is not None and not self.seconds > 0:
             raise ValueError(f"a follow bound must be a positive number of seconds, got "
                              f"{self.seconds!r}")  # fmt: skip
@@ -126,6 +147,48 @@ class Follow:
             elif self.max_windows is not None and self.windows >= self.max_windows:
                 self.stopped_by = "windows"
         return self.stopped_by is not None
+
+    def committed(self, commit_times: Any, readable_at: float) -> None:
+        """A window's transactions (their commit times) became readable in ``changes/``: their
+        freshness, and they wait for the next merge."""
+        self.windows += 1
+        self.freshness.add(freshness_of(commit_times, readable_at))
+        if self.merge is not None and len(commit_times):
+            self._unmerged.append(commit_times)
+
+    def after(self, step: Callable[[Any], None] | None) -> Callable[[Any], None]:
+        """What follows each window's commit: ``step`` (the repair's), then ``after_window``."""
+
+        def after_commit(end: Any) -> None:
+            if step is not None:
+                step(end)
+            self.after_window()
+
+        return after_commit
+
+    def after_window(self) -> None:
+        """After a window's commit: merge the states (and histories) when ``merge_s`` passed
+        since the last merge; the transactions it made readable in ``state/`` are counted in
+        ``state_freshness``."""
+        if self.merge is None or time.monotonic() - self._merged_at < self.merge_s:
+            return
+        self.merge_now()
+
+    def merge_now(self) -> None:
+        """Merge now (the run's end merges once more, after the following)."""
+        import numpy as np
+
+        if self.merge is None:
+            return
+        waiting, self._unmerged = self._unmerged, []
+        began = time.monotonic()
+        self.merge()
+        self._merged_at = time.monotonic()
+        self.merges += 1
+        if waiting:
+            self.state_freshness.add(freshness_of(np.concatenate(waiting), time.time()))
+        log.info("states merged while following (%d transactions, %.2f s)",
+                 sum(len(w) for w in waiting), self._merged_at - began)  # fmt: skip
 
     def request_stop(self) -> None:
         """End the run after the window in hand (a signal's handler calls this)."""
@@ -155,6 +218,10 @@ class Follow:
             "stopped_by": self.stopped_by,
             "stream_reopens": self.reopens,
             "freshness": self.freshness.to_dict(),
+            # from commit to readable in state/ (merged while following; None: only at the end)
+            "merge_s": self.merge_s if self.merge is not None else None,
+            "merges": self.merges,
+            "state_freshness": self.state_freshness.to_dict(),
         }
 
 

@@ -18,7 +18,7 @@ from airflow_pglogrepl.lake.in_progress import InProgressTransactions
 from airflow_pglogrepl.lake.window import at_or_after
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.pgoutput.transaction_blocks import StreamAbort
-from airflow_pglogrepl.pipeline.follow import Follow, freshness_of
+from airflow_pglogrepl.pipeline.follow import Follow
 from airflow_pglogrepl.pipeline.overlap import Behind
 from airflow_pglogrepl.pipeline.results import WindowStats, fold_older, log_window
 from airflow_pglogrepl.tables import TableRef
@@ -310,8 +310,7 @@ class OpenWindow:
         self.stats.end = LSN(self.boundary)
         stats = self.committer.commit(self.window, self.stats, self.began)
         if self.follow is not None:
-            self.follow.windows += 1
-            self.follow.freshness.add(_freshness(self.commits, time.time()))
+            self.follow.committed(_first_commit_times(self.commits), time.time())
         log_window(stats, self.committer.run_end)
         return stats
 
@@ -333,16 +332,16 @@ def _commit_times(rows: Any) -> tuple[Any, Any]:
     return lsns[firsts], rows.column(COMMIT_TS).to_numpy()[firsts]
 
 
-def _freshness(commits: list[tuple[Any, Any]], readable_at: float) -> Any:
-    """Each transaction's freshness (once, though its rows span tables and batches)."""
+def _first_commit_times(commits: list[tuple[Any, Any]]) -> Any:
+    """Each transaction's commit time, once (though its rows span tables and batches)."""
     import numpy as np
 
     if not commits:
-        return np.zeros(0)
+        return np.zeros(0, dtype="datetime64[us]")
     lsns = np.concatenate([c[0] for c in commits])
     times = np.concatenate([c[1] for c in commits])
     _, firsts = np.unique(lsns, return_index=True)
-    return freshness_of(times[firsts], readable_at)
+    return times[firsts]
 
 
 def through_first_commit(data: Any, wal_end: LSN | None) -> tuple[Any, LSN | None]:

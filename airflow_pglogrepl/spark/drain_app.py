@@ -85,6 +85,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "between window commits, the changes' freshness in changes/ (default 5)",
     )  # fmt: skip
     parser.add_argument(
+        "--merge-seconds", type=_positive_seconds, default=30.0, help="with --follow: merge "
+        "state/ (and the histories kept) every this many seconds while following, after a "
+        "window's commit (the run's end merges once more)",
+    )  # fmt: skip
+    parser.add_argument(
         "--follow-for", type=_positive_seconds, default=None, metavar="SECONDS",
         help="with --follow: end the run after this long (default: until stopped)",
     )  # fmt: skip
@@ -186,7 +191,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
     follow = None
     if args.follow:
         follow = Follow(window_s=args.window_seconds, seconds=args.follow_for,
-                        max_windows=args.max_windows,
+                        max_windows=args.max_windows, merge_s=args.merge_seconds,
                         stop_on_quarantine=args.on_quarantine == "fail")  # fmt: skip
         _stop_on_signals(follow)
 
@@ -204,6 +209,8 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                 state_deletion_vectors=args.state_deletion_vectors,
             )  # fmt: skip
             check_slot(source, args.slot, lake)
+            if follow is not None and not args.no_materialize:  # state/ fresh while following
+                follow.merge = lambda: _merge_states(args, spark, lake)
             repair = _repair(args, spark, source, lake)
             drain = Drain(
                 source=source,
@@ -221,18 +228,9 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
             )
             result = drain.run(started).to_dict()
             if not args.no_materialize:
-                from airflow_pglogrepl.merge.materialize import materialize, pending_tables
-
                 began = time.monotonic()
                 result["drain_peak_rss_mb"] = result.get("peak_rss_mb")  # before the merge
-                tables = pending_tables(lake)  # Spark starts only if some state is behind
-                merged = {}
-                if tables:  # Spark starts only for a table the JVM-free merge declines
-                    merged = materialize(spark.get, lake, tables=tables,
-                                         parallelism=args.merge_parallelism,
-                                         small_rows=args.small_merge_rows,
-                                         stall_seconds=args.merge_stall_seconds)  # fmt: skip
-                result["materialized"] = merged
+                result["materialized"] = _materialized(args, spark, lake)
                 result["materialize_s"] = round(time.monotonic() - began, 3)
                 result["peak_rss_mb"] = peak_rss_mb()  # a merge without a JVM holds its batch
             if args.history:
@@ -253,6 +251,25 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
         return result
     finally:
         spark.stop()
+
+
+def _materialized(args: argparse.Namespace, spark: Any, lake: Any) -> dict[str, str]:
+    """Every state behind the lake's position merged: table -> the LSN it includes now."""
+    from airflow_pglogrepl.merge.materialize import materialize, pending_tables
+
+    tables = pending_tables(lake)  # Spark starts only if some state is behind
+    if not tables:
+        return {}
+    return materialize(spark.get, lake, tables=tables, parallelism=args.merge_parallelism,
+                       small_rows=args.small_merge_rows,
+                       stall_seconds=args.merge_stall_seconds)  # fmt: skip
+
+
+def _merge_states(args: argparse.Namespace, spark: Any, lake: Any) -> None:
+    """A following run's merge between windows: the states, then the histories it keeps."""
+    _materialized(args, spark, lake)
+    if args.history:
+        _history(args, lake)
 
 
 def _history(args: argparse.Namespace, lake: Any) -> dict[str, Any]:

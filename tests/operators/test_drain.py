@@ -420,9 +420,11 @@ def test_a_following_runs_arguments_reach_the_application() -> None:
 
     task = SlotDrainOperator(task_id="drain", postgres_conn_id="pg", slot_name="s",
                              publications=["p"], lake="/tmp/lake", follow=True,
-                             window_seconds="1.5", follow_seconds=60)  # type: ignore[arg-type]  # fmt: skip
+                             window_seconds="1.5", follow_seconds=60,
+                             merge_seconds="12")  # type: ignore[arg-type]  # fmt: skip
     args = parse_args(task._app_args())
     assert args.follow and args.window_seconds == 1.5 and args.follow_for == 60.0
+    assert args.merge_seconds == 12.0
     plain = parse_args(SlotDrainOperator(task_id="d", postgres_conn_id="pg", slot_name="s",
                                          publications=["p"], lake="/l")._app_args())  # fmt: skip
     assert not plain.follow and plain.follow_for is None
@@ -450,3 +452,22 @@ def test_resync_and_parity_tables_reach_the_application(
     args = parse_args(task._app_args())
     assert (args.resync or args.parity) == tables
     assert args.parity_repair is repaired and args.on_incomplete == "backfill"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("given", "sent"),
+    [
+        (True, ["*"]),
+        (False, []),
+        ("True", ["*"]),
+        (["public.a", "public.b"], ["public.a", "public.b"]),
+        ("public.a, public.b", ["public.a", "public.b"]),
+    ],
+)
+def test_history_tables_reach_the_application(given: object, sent: list[str]) -> None:
+    from airflow_pglogrepl.spark.drain_app import parse_args
+
+    task = SlotDrainOperator(task_id="d", postgres_conn_id="pg", slot_name="s",
+                             publications=["p"], lake="/l", history=given)  # type: ignore[arg-type]  # fmt: skip
+    assert parse_args(task._app_args()).history == sent

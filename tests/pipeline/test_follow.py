@@ -235,3 +235,61 @@ def test_a_following_run_that_folds_its_windows_still_counts_them_all(
             read_table(lake.paths.changes(TableRef("public", "items"))).to_pylist()
         ]
     )
+
+
+@pytest.mark.unit
+def test_a_follow_merges_on_its_clock_and_counts_what_each_merge_made_readable() -> None:
+    merged: list[float] = []
+    follow = Follow(window_s=1.0, merge_s=0.05, merge=lambda: merged.append(time.monotonic()))
+    now = np.datetime64(int(time.time() * 1e6), "us")
+    follow.committed(np.array([now, now]), time.time())
+    follow.after_window()  # too soon after the start
+    assert merged == [] and follow.windows == 1
+    wait_until(lambda: time.monotonic() - follow._merged_at >= 0.05, what="merge_s to pass")
+    follow.after_window()
+    assert len(merged) == 1 and follow.state_freshness.transactions == 2
+    follow.merge_now()  # nothing new: a merge, nothing counted
+    summary = follow.to_dict()
+    assert summary["merges"] == 2 and summary["merge_s"] == 0.05
+    assert summary["state_freshness"]["transactions"] == 2
+    assert Follow(window_s=1.0).to_dict()["merge_s"] is None  # (no merge while following)
+    with pytest.raises(ValueError, match="between merges"):
+        Follow(window_s=1.0, merge_s=0)
+
+
+def test_a_following_run_merges_the_state_while_it_follows(source: Source, tmp_path: Path) -> None:
+    """``state/`` becomes readable while the run goes on, not only at its end, and the summary
+    says how fresh it was."""
+    source.sql("CREATE TABLE f (id int PRIMARY KEY, v text)")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE f")
+    lake_root = str(tmp_path / "lake")
+    run = start_drain_app(source, lake_root, "--follow", "--window-seconds", "0.2",
+                          "--merge-seconds", "0.5")  # fmt: skip
+    try:
+        for step in range(2):
+            source.sql("INSERT INTO f SELECT g, 'x' FROM generate_series(%s::int, %s) g",
+                       (step * 10, step * 10 + 9))  # fmt: skip
+            wait_until(lambda n=step: state_ids(lake_root)[-1:] == [n * 10 + 9],
+                       what=f"rows of step {step} in state/ while the run follows",
+                       timeout=120)  # fmt: skip
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        run.send_signal(signal.SIGTERM)
+        out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, err[-3000:]
+    import json
+
+    follow = json.loads(out.strip().splitlines()[-1])["follow"]
+    assert follow["merges"] >= 2 and follow["state_freshness"]["transactions"] == 2, follow
+    assert follow["state_freshness"]["p99_s"] < 60, follow
+
+
+def state_ids(lake_root: str) -> list[int]:
+    from airflow_pglogrepl.lake.delta import open_table
+
+    uri = f"{lake_root}/state/public.f"
+    if open_table(uri) is None:
+        return []
+    return sorted(r["id"] for r in read_table(uri).to_pylist())
