@@ -179,8 +179,10 @@ def test_the_tables_of_a_re_snapshot_are_read_from_a_templated_value(
 
 
 def test_a_templated_lake_declares_no_asset_until_it_is_rendered() -> None:
+    from airflow_pglogrepl.operators.assets import lake_asset, lake_tables_alias
+
     plain = InitialSnapshotOperator(task_id="a", lake="/data/lake", **COMMON)
-    assert len(plain.outlets) == 1
+    assert plain.outlets == [lake_asset("/data/lake"), lake_tables_alias("/data/lake")]
     templated = InitialSnapshotOperator(task_id="b", lake="{{ var.value.lake }}", **COMMON)
     assert templated.outlets == []
 
