@@ -180,28 +180,9 @@ def test_the_application_follows_until_sigterm_then_ends_well_with_all_committed
     """Rows become readable in changes/ while the run goes on, window after window; SIGTERM
     then ends it with exit 0, its summary saying so, the slot confirmed at the lake's
     position and every row there once."""
-    source.sql("CREATE TABLE f (id int PRIMARY KEY, v text)")
-    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE f")
     lake_root = str(tmp_path / "lake")
-    run = start_drain_app(source, lake_root, "--no-materialize", "--follow", "--window-seconds",
-                          "0.2", "--reader", reader)  # fmt: skip
-    try:
-        for step in range(3):
-            source.sql("INSERT INTO f SELECT g, 'x' FROM generate_series(%s::int, %s) g",
-                       (step * 10, step * 10 + 9))  # fmt: skip
-            wait_until(lambda n=step: lake_ids(lake_root)[-1:] == [n * 10 + 9],
-                       what=f"rows of step {step} readable while the run follows",
-                       timeout=120)  # fmt: skip
-        assert run.poll() is None, run.communicate()[1][-3000:]
-        run.send_signal(signal.SIGTERM)
-        out, err = run.communicate(timeout=120)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    assert run.returncode == 0, err[-3000:]
-    import json
-
-    result = json.loads(out.strip().splitlines()[-1])
+    result = follow_then_stop(source, lake_root, lake_ids, 3, "--no-materialize", "--reader",
+                              reader)  # fmt: skip
     assert result["follow"]["stopped_by"] == "signal" and result["reader"] == reader
     assert result["windows"] >= 3 and result["changes"] == 30
     assert lake_ids(lake_root) == list(range(30))
@@ -260,28 +241,8 @@ def test_a_follow_merges_on_its_clock_and_counts_what_each_merge_made_readable()
 def test_a_following_run_merges_the_state_while_it_follows(source: Source, tmp_path: Path) -> None:
     """``state/`` becomes readable while the run goes on, not only at its end, and the summary
     says how fresh it was."""
-    source.sql("CREATE TABLE f (id int PRIMARY KEY, v text)")
-    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE f")
     lake_root = str(tmp_path / "lake")
-    run = start_drain_app(source, lake_root, "--follow", "--window-seconds", "0.2",
-                          "--merge-seconds", "0.5")  # fmt: skip
-    try:
-        for step in range(2):
-            source.sql("INSERT INTO f SELECT g, 'x' FROM generate_series(%s::int, %s) g",
-                       (step * 10, step * 10 + 9))  # fmt: skip
-            wait_until(lambda n=step: state_ids(lake_root)[-1:] == [n * 10 + 9],
-                       what=f"rows of step {step} in state/ while the run follows",
-                       timeout=120)  # fmt: skip
-        assert run.poll() is None, run.communicate()[1][-3000:]
-        run.send_signal(signal.SIGTERM)
-        out, err = run.communicate(timeout=120)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    assert run.returncode == 0, err[-3000:]
-    import json
-
-    follow = json.loads(out.strip().splitlines()[-1])["follow"]
+    follow = follow_then_stop(source, lake_root, state_ids, 2, "--merge-seconds", "0.5")["follow"]
     assert follow["merges"] >= 2 and follow["state_freshness"]["transactions"] == 2, follow
     assert follow["state_freshness"]["p99_s"] < 60, follow
 
@@ -293,3 +254,31 @@ def state_ids(lake_root: str) -> list[int]:
     if open_table(uri) is None:
         return []
     return sorted(r["id"] for r in read_table(uri).to_pylist())
+
+
+def follow_then_stop(source: Source, lake_root: str, readable: Any, steps: int,
+                     *args: str) -> dict[str, Any]:  # fmt: skip
+    """A following application on a new published table ``f``: ``steps`` inserts of ten rows,
+    each waited for until ``readable(lake_root)`` shows it while the run goes on, then SIGTERM;
+    its summary (it must end with exit 0)."""
+    import json
+
+    source.sql("CREATE TABLE f (id int PRIMARY KEY, v text)")
+    source.sql(f"CREATE PUBLICATION {source.publication} FOR TABLE f")
+    run = start_drain_app(source, lake_root, "--follow", "--window-seconds", "0.2", *args)
+    try:
+        for step in range(steps):
+            source.sql("INSERT INTO f SELECT g, 'x' FROM generate_series(%s::int, %s) g",
+                       (step * 10, step * 10 + 9))  # fmt: skip
+            wait_until(lambda n=step: readable(lake_root)[-1:] == [n * 10 + 9],
+                       what=f"rows of step {step} readable while the run follows",
+                       timeout=120)  # fmt: skip
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        run.send_signal(signal.SIGTERM)
+        out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, err[-3000:]
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
