@@ -168,6 +168,9 @@ SLOWEST_MODULES = (
     "tests/operators/test_snapshot.py",
     "tests/changelog/test_types.py",
     "tests/operators/test_drain_in_worker.py",
+    "tests/merge/test_history_spark.py",
+    "tests/merge/test_history_drained.py",
+    "tests/e2e/test_pglogrepl_drain_on_changes.py",
 )
 
 

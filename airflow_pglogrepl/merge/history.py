@@ -9,14 +9,17 @@ the history at its old position, and the next run makes the same versions again.
 Where a history begins, and where it begins again after the table was copied from the source
 once more, is the state's (``merge.history_state``).
 
-History is merged without a JVM: its batches are the state's batches, and its MERGE touches only
-the files holding the versions it ends.
+A batch is reduced without a JVM, and held in memory: a history far behind (turned on over a
+long changelog, an initial load through the slot) catches up in steps of bounded size, each its
+own commit (``merge.history_steps``). The MERGE runs on delta-rs, which writes again the files
+holding the versions it ends; once the history is big, on Spark (``merge.history_spark``), which
+marks them in deletion vectors.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_pglogrepl.changelog.history_columns import HISTORY_COLUMNS, IS_CURRENT
@@ -32,6 +35,7 @@ from airflow_pglogrepl.lake.column_names import former_names
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge import history_writes as writes
 from airflow_pglogrepl.merge.history_changes import TableChanges, conformed
+from airflow_pglogrepl.merge.history_spark import merge_on_spark, on_spark
 from airflow_pglogrepl.merge.history_state import (
     STATE_VERSION,
     Copy,
@@ -42,6 +46,7 @@ from airflow_pglogrepl.merge.history_state import (
     state_ahead,
     state_version,
 )
+from airflow_pglogrepl.merge.history_steps import steps
 from airflow_pglogrepl.merge.history_versions import MissingVersionError, Prior
 from airflow_pglogrepl.merge.lineage import INTERNAL
 from airflow_pglogrepl.merge.net_upserts import quote
@@ -52,6 +57,8 @@ if TYPE_CHECKING:
     from airflow_pglogrepl.lake.lake import Lake
 
 log = logging.getLogger("airflow_pglogrepl.lake")
+
+Spark = Callable[[], Any]  # returns a Spark session: called only when one is needed
 
 
 def history_tables(lake: Lake, wanted: bool | Sequence[str]) -> list[str]:
@@ -77,11 +84,15 @@ def history_tables(lake: Lake, wanted: bool | Sequence[str]) -> list[str]:
     return [name for name in names if name in have and name not in held]
 
 
-def merge_history(lake: Lake, tables: Sequence[str]) -> dict[str, str]:
+def merge_history(lake: Lake, tables: Sequence[str], spark: Spark | None = None,
+                  spark_bytes: int | None = None) -> dict[str, str]:  # fmt: skip
     """Bring the history of each of ``tables`` up to the lake's position; table -> the LSN its
-    history includes now. A table whose history fails does not stop the others: each is
-    tried, then one error names every table that failed (the lake's own refusals, a lost lock
-    or a commit another writer made, stop the run at once)."""
+    history includes now. ``spark``: a function that returns a session, called only when a
+    batch ends versions of a history past ``spark_bytes`` of files (``history_spark``; default
+    ``SPARK_BYTES``); None: delta-rs merges all. A
+    table whose history fails does not stop the others: each is tried, then one error names
+    every table that failed (the lake's own refusals, a lost lock or a commit another writer
+    made, stop the run at once)."""
     end = lake.position()
     if end is None:
         return {}
@@ -89,7 +100,7 @@ def merge_history(lake: Lake, tables: Sequence[str]) -> dict[str, str]:
     failed: dict[str, BaseException] = {}
     for name in tables:
         try:
-            if _merge_table(lake, name, end):
+            if _merge_table(lake, name, end, spark, spark_bytes):
                 done[name] = str(end)
         except (LakeCommitConflictError, LakeWriterBusyError, WriterLockLostError):
             raise
@@ -129,26 +140,36 @@ def history_position(lake: Lake, name: str) -> LSN | None:
     return None if found is None else LSN(found)
 
 
-def _merge_table(lake: Lake, name: str, end: LSN) -> bool:
-    """One table's history up to ``end``; whether it is there now."""
+def _merge_table(lake: Lake, name: str, end: LSN, spark: Spark | None = None,
+                 spark_bytes: int | None = None) -> bool:  # fmt: skip
+    """One table's history up to ``end``, in steps of bounded size (``history_steps``); whether
+    it is there now."""
     changes = delta.open_table(lake.paths.changes(name))
     if changes is None:
         return False
     table = TableChanges(changes)
     _refuse_clashes(name, table)
-    seen = state_version(lake, name)  # read first: what this commit saw
-    target = _opened(lake, name, table, end)
-    if target is _WAIT:
-        return False
-    have = None if target is None else target.transaction_version(lake.app)
-    copies = [] if target is None else copies_since(lake, name, seen_state_version(target), have)
-    later = [c for c in copies if c.at > end]  # taken once the lake gets there
-    if later:
-        copies, seen = [c for c in copies if c.at <= end], later[0].version - 1
-    if have is not None and int(have) >= int(end) and not copies:
-        return True
-    return _merge_batch(lake, name, table, target, have, end, copies,
-                        {STATE_VERSION: str(seen)})  # fmt: skip
+    ends: list[int] | None = None
+    while True:
+        seen = state_version(lake, name)  # read first: what this commit saw
+        target = _opened(lake, name, table, end)
+        if target is _WAIT:
+            return False
+        have = None if target is None else target.transaction_version(lake.app)
+        if ends is None:
+            ends = steps(table, have, int(end))
+        step = LSN(next((e for e in ends if have is None or e > int(have)), int(end)))
+        copies = [] if target is None else copies_since(lake, name, seen_state_version(target),
+                                                        have)  # fmt: skip
+        later = [c for c in copies if c.at > step]  # taken once the history gets there
+        if later:
+            copies, seen = [c for c in copies if c.at <= step], later[0].version - 1
+        if have is None or int(have) < int(step) or copies:
+            _merge_batch(lake, name, table, target, have, step, copies,
+                         {STATE_VERSION: str(seen)}, spark, spark_bytes)  # fmt: skip
+        if step >= end:
+            return True
+        log.info("history of %s up to %s of %s: its catch-up goes on in steps", name, step, end)
 
 
 _WAIT = object()  # a history not to begin yet
@@ -185,8 +206,8 @@ def _opened(lake: Lake, name: str, table: TableChanges, end: LSN) -> Any:
 
 
 def _merge_batch(lake: Lake, name: str, table: TableChanges, target: Any | None,
-                 have: int | None, end: LSN, copies: list[Copy],
-                 seen: dict[str, str]) -> bool:  # fmt: skip
+                 have: int | None, end: LSN, copies: list[Copy], seen: dict[str, str],
+                 spark: Spark | None, spark_bytes: int | None) -> bool:  # fmt: skip
     """The changes in ``[have, end)`` and the copies taken meanwhile, as one commit."""
     import pyarrow as pa
 
@@ -221,6 +242,8 @@ def _merge_batch(lake: Lake, name: str, table: TableChanges, target: Any | None,
         writes.create(lake, uri, opened, at, seen)
     elif made.closed.num_rows == 0 and not copies:
         writes.append(lake, uri, opened, at, have, seen)
+    elif spark is not None and on_spark(target, made, spark_bytes):
+        merge_on_spark(spark().newSession(), lake, uri, target, have, at, made, stored, seen)
     else:  # (a copy taken at the history's position is a MERGE at the same position)
         writes.merge(lake, uri, target, have, at, made, stored, seen)
     fault("history_committed")
@@ -244,18 +267,50 @@ def _refuse_clashes(name: str, table: TableChanges) -> None:
 
 def _prior(uri: str, target: Any | None, keys: Sequence[str], types: pa.Schema) -> Prior:
     """How the reduction reads the history's current versions (all, or those of some keys), at
-    the version the batch is read against."""
+    the version the batch is read against. Those of some keys are read batch by batch, each
+    joined with the keys at once: what is held is the versions wanted, not every current one
+    (a single integer key also skips the files outside the keys' range by their statistics)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     def read(wanted: pa.Table | None) -> pa.Table:
         if target is None:
             return types.empty_table()
-        rows = delta.scan(uri, version=int(target.version()), where=quote(IS_CURRENT))
-        rows = rows.cast(pa.schema([types.field(c) for c in rows.column_names]))
+        version = int(target.version())
         if wanted is None or not keys:
-            return rows
+            rows = delta.scan(uri, version=version, where=quote(IS_CURRENT))
+            return rows.cast(pa.schema([types.field(c) for c in rows.column_names]))
         picked = wanted.select(list(keys)).group_by(list(keys)).aggregate([])
-        return rows.join(picked.cast(rows.select(list(keys)).schema), list(keys),
-                         join_type="left semi")  # fmt: skip
+        picked = picked.cast(pa.schema([types.field(k) for k in keys]))
+        where = quote(IS_CURRENT)
+        if len(keys) == 1 and pa.types.is_integer(types.field(keys[0]).type) and picked.num_rows:
+            low, high = (int(v.as_py()) for v in pc.min_max(picked.column(0)).values())
+            where += f" AND {quote(keys[0])} >= {low} AND {quote(keys[0])} <= {high}"
+        parts = [part.join(picked, list(keys), join_type="left semi")
+                 for part in _scanned(uri, version, where, types)]  # fmt: skip
+        if not parts:
+            return types.empty_table()
+        return pa.concat_tables(parts)
 
     return read
+
+
+def _scanned(uri: str, version: int, where: str, types: pa.Schema) -> Iterator[pa.Table]:
+    """The history's rows at ``version`` matching ``where``, one scanned batch at a time, in
+    the history's types (DataFusion gives strings as views)."""
+    import pyarrow as pa
+
+    from airflow_pglogrepl.lake.storage import delta_options
+
+    opened = delta.open_table(uri, version)
+    table = opened if opened is not None else _delta_table(uri, version, delta_options(uri))
+    reader = pa.RecordBatchReader.from_stream(table.scan(predicate=where))
+    for batch in reader:
+        part = pa.Table.from_batches([batch])
+        yield part.cast(pa.schema([types.field(c) for c in part.column_names]))
+
+
+def _delta_table(uri: str, version: int, options: dict[str, str] | None) -> Any:
+    from deltalake import DeltaTable
+
+    return DeltaTable(uri, version=version, storage_options=options)

@@ -24,6 +24,7 @@ from airflow_pglogrepl.changelog.columns import COMMIT_LSN, OP, SEQ, UNCHANGED
 from airflow_pglogrepl.changelog.history_columns import IS_CURRENT, VALID_FROM_SEQ
 from airflow_pglogrepl.exceptions import LakeError
 from airflow_pglogrepl.lake import delta
+from airflow_pglogrepl.lake.commit_infos import newest_first
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge.history_changes import TableChanges, conformed
 from airflow_pglogrepl.merge.history_versions import RESYNC_OP, MissingVersionError
@@ -94,15 +95,25 @@ def seen_state_version(history: Any) -> int:
     """The state version the history's newest commit that says one had seen; -1 when none
     says (every copy of the state is then still to take). Commits that are not the history's
     own merges (a column added, a compaction by hand) say none: the ones before them do."""
-    newest = int(history.version())
-    for limit in (8, newest + 1):
-        for entry in history.history(limit=limit):
-            value = entry.get(STATE_VERSION)
-            if value is not None:
-                return int(value)
-        if limit > newest:
-            break
+    for entry in newest_first(history.table_uri, int(history.version())):
+        value = entry.get(STATE_VERSION, _in_user_metadata(entry.get("userMetadata")))
+        if value is not None:
+            return int(value)
     return -1
+
+
+def _in_user_metadata(text: Any) -> Any:
+    """The state version a Spark commit says in its ``userMetadata`` (``merge.history_spark``
+    writes the same keys there as JSON); None: it says none."""
+    import json
+
+    if not isinstance(text, str) or not text.startswith("{"):
+        return None
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return None
+    return found.get(STATE_VERSION) if isinstance(found, dict) else None
 
 
 def copies_since(lake: Lake, name: str, seen: int, have: int | None) -> list[Copy]:
@@ -168,11 +179,8 @@ def resync_rows(lake: Lake, name: str, table: TableChanges, copy: Copy,
 def _copies(state: Any, start: int) -> list[int]:
     """The versions from ``start`` on whose commit says they replaced the state from a copy."""
     newest = int(state.version())
-    if start > newest:
-        return []
-    return sorted(int(entry["version"]) for entry in state.history(limit=newest - start + 1)
-                  if entry.get("userMetadata") == delta.REWRITTEN
-                  and int(entry["version"]) >= start)  # fmt: skip
+    return sorted(int(entry["version"]) for entry in newest_first(state.table_uri, newest, start)
+                  if entry.get("userMetadata") == delta.REWRITTEN)  # fmt: skip
 
 
 def _state_rows(lake: Lake, name: str, version: int, table: TableChanges) -> pa.Table:

@@ -61,6 +61,9 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
     :param history: keep ``history/<table>`` beside ``state/``: every version of each row with
         its validity interval (SCD type 2; docs/history.md). ``True`` for every table, or a
         list of ``schema.table`` names (one string of names split by commas when templated).
+    :param history_spark_bytes: a history whose files pass this many bytes ends its versions
+        by a Spark MERGE, in deletion vectors, instead of delta-rs' rewrite of the files
+        holding them (None: 256 MiB; 0: always on Spark). Spark starts only for such a batch.
     :param small_merge_rows: a table's batch of at most this many changes is merged without a
         JVM when it can be (keyed, no TRUNCATE or key change: ``merge.arrow``); 0 merges
         every table with Spark. A run whose batches are all merged so starts no Spark at all.
@@ -159,7 +162,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         "idle_wal_bytes", "spark_log_level",
         "lake_conn_id", "reader", "window_seconds", "follow_seconds", "merge_seconds",
         "accept_incomplete",
-        "resync", "parity", "parity_repair", "history",
+        "resync", "parity", "parity_repair", "history", "history_spark_bytes",
     )  # fmt: skip
     ui_color = "#fdebd0"
     IN_WORKER_MODULE = "airflow_pglogrepl.spark.drain_app"
@@ -175,6 +178,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         max_windows: int | None = None,
         materialize: bool = True,
         history: bool | Sequence[str] | str = False,
+        history_spark_bytes: int | str | None = None,
         small_merge_rows: int = 100_000,
         merge_stall_seconds: float | None = 600.0,
         database: str | None = None,
@@ -211,6 +215,7 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
         self.max_windows = max_windows
         self.materialize = materialize
         self.history = history
+        self.history_spark_bytes = history_spark_bytes
         self.small_merge_rows = small_merge_rows
         self.merge_stall_seconds = merge_stall_seconds
         self.database = database
@@ -372,6 +377,8 @@ class SlotDrainOperator(PackageSparkSubmitOperator):
             args += ["--accept-incomplete", str(table)]
         for table in self._history():
             args += ["--history", table]
+        if self._history() and self.history_spark_bytes not in (None, "", "None"):
+            args += ["--history-spark-bytes", str(int(str(self.history_spark_bytes)))]
         for table in self._resync():
             args += ["--resync", table]
         for table in self._parity():

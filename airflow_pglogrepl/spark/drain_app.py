@@ -116,6 +116,12 @@ def _add_repair_arguments(parser: argparse.ArgumentParser) -> None:
         "for several)",
     )  # fmt: skip
     parser.add_argument(
+        "--history-spark-bytes", type=int, default=None, metavar="BYTES", help="a history "
+        "whose files pass this many bytes ends its versions by a Spark MERGE (deletion vectors"
+        ") instead of delta-rs' rewrite of the files holding them (default 256 MiB; 0: always "
+        "on Spark)",
+    )  # fmt: skip
+    parser.add_argument(
         "--resync", action="append", default=[], metavar="TABLE", help="copy this table again "
         "while the drain goes on, and replace its state whole when done: rows the lake holds "
         "that the source has not are removed (repeat for several)",
@@ -234,7 +240,7 @@ def run(args: argparse.Namespace, dsn: str, started: float) -> dict[str, Any]:
                 result["materialize_s"] = round(time.monotonic() - began, 3)
                 result["peak_rss_mb"] = peak_rss_mb()  # a merge without a JVM holds its batch
             if args.history:
-                result.update(_history(args, lake))
+                result.update(_history(args, spark, lake))
             result["table_versions"] = _table_versions(lake, result)
         result.update(spark.summary())
         _report_incomplete(args, result)
@@ -269,16 +275,18 @@ def _merge_states(args: argparse.Namespace, spark: Any, lake: Any) -> None:
     """A following run's merge between windows: the states, then the histories it keeps."""
     _materialized(args, spark, lake)
     if args.history:
-        _history(args, lake)
+        _history(args, spark, lake)
 
 
-def _history(args: argparse.Namespace, lake: Any) -> dict[str, Any]:
-    """Each history asked for brought up to the lake's position, after the states."""
+def _history(args: argparse.Namespace, spark: Any, lake: Any) -> dict[str, Any]:
+    """Each history asked for brought up to the lake's position, after the states (on Spark,
+    started then, only where a big history's versions end)."""
     from airflow_pglogrepl.merge.history import history_tables, merge_history
 
     began = time.monotonic()
     wanted: bool | list[str] = True if "*" in args.history else list(args.history)
-    merged = merge_history(lake, history_tables(lake, wanted))
+    merged = merge_history(lake, history_tables(lake, wanted), spark=spark.get,
+                           spark_bytes=args.history_spark_bytes)  # fmt: skip
     return {"history": merged, "history_s": round(time.monotonic() - began, 3)}
 
 

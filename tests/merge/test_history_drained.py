@@ -4,7 +4,9 @@ A random workload on three tables (a keyed one whose big column is stored out of
 updates leave it an unchanged TOAST value, some moving the row to another key, deletes and
 TRUNCATEs; one under REPLICA IDENTITY FULL holding copies; one without any identity) is drained
 in rounds with history on. Two runs of the application are killed (SIGKILL's exit, nothing
-cleaned up) in the middle of their history merges. The history must then hold exactly the
+cleaned up) in the middle of their history merges, the second with its MERGEs on Spark (as a
+later round's merge is): the history goes from delta-rs' files to Spark's deletion vectors and
+back. The history must then hold exactly the
 versions the source's log says each row had, and, at every window end, agree with
 ``state_as_of`` wherever that answers.
 """
@@ -67,13 +69,17 @@ def test_history_equals_the_sources_log_through_two_kills(
             workload(source, rng, transactions=25)
             if round_ in (1, 2):  # killed in its history merge: before a write, after a commit
                 fault = "history_created" if round_ == 1 else "history_committed:2"
-                killed = drain_app(source, lake_root, *ARGS, fault=fault)
+                # (the second on Spark: its MERGEs are Spark's, deletion vectors)
+                on_spark = ("--history-spark-bytes", "0") if round_ == 2 else ()
+                killed = drain_app(source, lake_root, *ARGS, *on_spark, fault=fault)
                 assert killed.returncode == 137, killed.stderr[-3000:]
             drain_in_process(spark, source, lake_root, window=16000)
             lake = Lake(lake_root, source.slot)
-            assert sorted(merge_history(lake, history_tables(lake, True))) == [
-                "public.copies", "public.k", "public.notes"]  # fmt: skip
+            merged = merge_history(lake, history_tables(lake, True), spark=lambda: spark,
+                                   spark_bytes=0 if round_ == 3 else None)  # fmt: skip
+            assert sorted(merged) == ["public.copies", "public.k", "public.notes"]
         lake = Lake(lake_root, source.slot)
+        assert spark_merged(lake, "public.k")  # (the rounds on Spark did end versions there)
         assert versions_in_lake(lake_root) == versions_in_log(source, reference)
         answered = agree_with_state_as_of(lake)
         assert answered >= 4, answered  # (at least where each round merged the states)
@@ -83,6 +89,17 @@ def test_history_equals_the_sources_log_through_two_kills(
             assert sorted(map(repr, current(lake_root, table))) == sorted(map(repr, rows))
     finally:
         source.sql("SELECT pg_drop_replication_slot(%s)", (reference,))
+
+
+def spark_merged(lake: Lake, name: str) -> bool:
+    """Whether a commit of ``history/<name>`` is a MERGE that Spark made."""
+    from airflow_pglogrepl.lake.commit_infos import newest_first
+
+    uri = lake.paths.history(name)
+    table = delta.open_table(uri)
+    assert table is not None
+    return any(c.get("operation") == "MERGE" and "Spark" in str(c.get("engineInfo"))
+               for c in newest_first(uri, int(table.version())))  # fmt: skip
 
 
 def workload(source: Source, rng: random.Random, *, transactions: int) -> None:

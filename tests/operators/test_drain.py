@@ -471,3 +471,15 @@ def test_history_tables_reach_the_application(given: object, sent: list[str]) ->
     task = SlotDrainOperator(task_id="d", postgres_conn_id="pg", slot_name="s",
                              publications=["p"], lake="/l", history=given)  # type: ignore[arg-type]  # fmt: skip
     assert parse_args(task._app_args()).history == sent
+
+
+@pytest.mark.parametrize(("given", "sent"), [(None, None), (0, 0), ("1048576", 1 << 20)])
+def test_where_a_history_merges_on_spark_reaches_the_application(
+    given: int | str | None, sent: int | None
+) -> None:
+    from airflow_pglogrepl.spark.drain_app import parse_args
+
+    task = SlotDrainOperator(task_id="d", postgres_conn_id="pg", slot_name="s", publications=["p"],
+                             lake="/l", history=True, history_spark_bytes=given)  # fmt: skip
+    assert parse_args(task._app_args()).history_spark_bytes == sent
+    assert "history_spark_bytes" in SlotDrainOperator.template_fields

@@ -1,0 +1,149 @@
+"""A big history's versions ended on Spark, in deletion vectors, under the same commit rules."""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from airflow_pglogrepl.changelog.columns import IDENTITY_META, KEY_META
+from airflow_pglogrepl.exceptions import LakeCommitConflictError, WriterLockLostError
+from airflow_pglogrepl.lake import delta
+from airflow_pglogrepl.lake.lake import Lake
+from airflow_pglogrepl.lake.window import Window
+from airflow_pglogrepl.lsn import LSN
+from airflow_pglogrepl.merge import history_spark
+from airflow_pglogrepl.merge.history import history_position, merge_history
+from airflow_pglogrepl.merge.history_state import seen_state_version
+from airflow_pglogrepl.tables import TableRef
+from tests.support.history_lake import NAME, T, commit_windows, commits, history_rows
+from tests.support.history_model import model, ordered, random_changes
+
+
+def stages(changes: list[dict[str, Any]], parts: int) -> list[list[dict[str, Any]]]:
+    """``changes`` in ``parts`` runs' worth, cut between transactions."""
+    lsns = sorted({c["_commit_lsn"] for c in changes})
+    cuts = [lsns[len(lsns) * i // parts] for i in range(1, parts)]
+    bounds = [0, *cuts, lsns[-1] + 1]
+    return [[c for c in changes if low <= c["_commit_lsn"] < high]
+            for low, high in itertools.pairwise(bounds)]  # fmt: skip
+
+
+def spark_merges(lake: Lake) -> list[dict[str, Any]]:
+    return [c for c in commits(lake) if c["operation"] == "MERGE" and "Spark" in
+            str(c.get("engineInfo", ""))]  # fmt: skip
+
+
+def test_a_keyed_history_on_spark_and_on_delta_rs_is_the_models(
+    spark: Any, lake_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first run on delta-rs, the next two on Spark (deletion vectors), the last on
+    delta-rs again over the vectors; each run's history is the model's."""
+    alternate(spark, lake_uri, monkeypatch, keyed=True, full=False)
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["full", "no_identity"])
+def test_a_history_without_a_key_on_spark_and_on_delta_rs_is_the_models(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, full: bool
+) -> None:
+    """Copies matched by every column, or versions by their beginning (``<=>``: a version
+    begun from the state has none)."""
+    alternate(spark, str(tmp_path / "lake"), monkeypatch, keyed=False, full=full)
+
+
+def alternate(spark: Any, root: str, monkeypatch: pytest.MonkeyPatch, *, keyed: bool,
+              full: bool) -> None:  # fmt: skip
+    rng = random.Random(5)
+    changes = random_changes(rng, keyed=keyed, full=full, transactions=120)
+    if not keyed and not full:
+        changes = [c for c in changes if c["_op"] in ("I", "T")]
+    lake = Lake(root, "s")
+    start, done = 0x100, []
+    for index, stage in enumerate(stages(changes, 4)):
+        start = int(commit_windows(lake, stage, [], keyed=keyed, full=full, start=start)[-1])
+        monkeypatch.setattr(history_spark, "SPARK_BYTES", 0 if index in (1, 2) else 1 << 40)
+        merge_history(lake, [NAME], spark=lambda: spark)
+        done += stage
+        assert ordered(history_rows(lake)) == ordered(model(done, keyed=keyed, full=full))
+        assert history_position(lake, NAME) == LSN(start)
+    merged = spark_merges(lake)
+    assert merged, [c["operation"] for c in commits(lake)]
+    added = [int(c["operationMetrics"].get("numTargetDeletionVectorsAdded", 0)) for c in merged]
+    assert any(added), merged
+    table = delta.open_table(lake.paths.history(T))
+    assert seen_state_version(table) == -1  # (no state: every Spark commit said so too)
+
+
+def test_a_spark_merge_commits_nothing_without_the_lock_or_at_another_position(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_pglogrepl.merge.history_changes import TableChanges
+    from airflow_pglogrepl.merge.history_versions import versions
+
+    rng = random.Random(2)
+    first, second = stages(random_changes(rng, keyed=True, full=False, transactions=60), 2)
+    lake = Lake(str(tmp_path / "lake"), "s")
+    end = commit_windows(lake, first, [], keyed=True, full=False)[-1]
+    merge_history(lake, [NAME])
+    later = commit_windows(lake, second, [], keyed=True, full=False, start=int(end))[-1]
+    monkeypatch.setattr(history_spark, "SPARK_BYTES", 0)
+    before = delta.open_table(lake.paths.history(T)).version()
+
+    def lost() -> None:
+        raise WriterLockLostError("s", "the lock is gone")
+
+    monkeypatch.setattr(lake, "check_writer", lost)
+    with pytest.raises(WriterLockLostError):
+        merge_history(lake, [NAME], spark=lambda: spark)
+    assert delta.open_table(lake.paths.history(T)).version() == before
+    monkeypatch.undo()
+    table = TableChanges(delta.open_table(lake.paths.changes(T)))
+    target = delta.open_table(lake.paths.history(T))
+    made = versions(table.read(int(end), int(later)), table.columns, table.keys,
+                    prior=lambda _: table.types.empty_table(), types=table.types)  # fmt: skip
+    uri = lake.paths.history(T)
+    with pytest.raises(LakeCommitConflictError):
+        history_spark.merge_on_spark(spark.newSession(), lake, uri, target, 0x50, later, made,
+                                     table.types, {"pglogrepl.state_version": "3"})  # fmt: skip
+    assert delta.open_table(uri).version() == before
+    history_spark.merge_on_spark(spark.newSession(), lake, uri, target, int(end), later, made,
+                                 table.types, {"pglogrepl.state_version": "3"})  # fmt: skip
+    assert history_position(lake, NAME) == later
+    assert seen_state_version(delta.open_table(uri)) == 3
+
+
+def test_hostile_column_names_merge_on_spark(spark: Any, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    key, value = 'i`d "k', "v`al ue"
+    table = [pa.field(key, pa.int64(), metadata={KEY_META: "0"}), pa.field(value, pa.string())]
+    schema = pa.schema([*table, pa.field("_op", pa.string(), metadata={IDENTITY_META: "d"}),
+                        pa.field("_commit_lsn", pa.int64()), pa.field("_seq", pa.int64()),
+                        pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
+                        pa.field("_unchanged", pa.list_(pa.string())),
+                        pa.field("_old", pa.struct(table))])  # fmt: skip
+    lake = Lake(str(tmp_path / "lake"), "s")
+
+    def commit(start: int, rows: list[dict[str, Any]]) -> LSN:
+        stamp = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+        full = [{"_unchanged": [], "_old": None, "_seq": 0, "_commit_ts": stamp, **row,
+                 "_commit_lsn": start + 0x10 * (i + 1)} for i, row in enumerate(rows)]  # fmt: skip
+        window = Window(lake, LSN(start))
+        window.write(T, pa.Table.from_pylist(full, schema=schema))
+        end = LSN(start + 0x10 * (len(rows) + 1))
+        window.commit(end, transactions=len(rows), changes=len(rows))
+        return end
+
+    end = commit(0x100, [{"_op": "I", key: 1, value: "a"}, {"_op": "I", key: 2, value: "b"}])
+    merge_history(lake, [NAME])
+    monkeypatch.setattr(history_spark, "SPARK_BYTES", 0)
+    commit(int(end), [{"_op": "U", key: 1, value: "c"}, {"_op": "D", key: 2}])
+    merge_history(lake, [NAME], spark=lambda: spark)
+    assert spark_merges(lake)
+    rows = delta.scan(lake.paths.history(TableRef("public", "t"))).to_pylist()
+    got = sorted((r[key], r[value], r["_is_current"], r["_ended_by"]) for r in rows)
+    assert got == [(1, "a", False, "update"), (1, "c", True, None), (2, "b", False, "delete")]
