@@ -24,7 +24,13 @@ default), or ``changes``: the DAG is then scheduled on an Asset watched by the s
 trigger (``SlotChangesTrigger`` in an ``AssetWatcher``, run by the triggerer), and a run starts
 once per burst of published changes, none while the database is idle. The watcher reads the
 publisher's connection, the slot and the publications from ``PGLOGREPL_PUBLISHER_CONN_ID``,
-``PGLOGREPL_SLOT`` and ``PGLOGREPL_PUBLICATIONS`` (comma-separated), with the params' defaults.
+``PGLOGREPL_SLOT`` and ``PGLOGREPL_PUBLICATIONS`` (comma-separated), with the params' defaults,
+and polls the slot every ``PGLOGREPL_TRIGGER_POLL_SECONDS`` (10 by default). It also starts a
+run when the slot holds ``PGLOGREPL_TRIGGER_MAX_RETAINED_BYTES`` of WAL (256 MiB by default)
+whatever it holds: writes to tables outside the publications start no burst, yet the slot
+keeps their WAL until a drain moves it. The trigger watches a slot that exists: start the first
+run by hand (it takes the initial snapshot, which creates the slot); until then the triggerer
+logs that the slot does not exist.
 
 ``history`` (a param: tables, or ``["*"]`` for all) keeps ``history/<table>`` beside ``state/``:
 every version of each row (docs/history.md). The drain emits an Asset event of each lake table it
@@ -68,8 +74,13 @@ def _schedule() -> Any:
         return wanted
     from airflow_pglogrepl.triggers.slot_changes import SlotChangesTrigger
 
+    poll_seconds = float(os.environ.get("PGLOGREPL_TRIGGER_POLL_SECONDS") or 10)
+    # WAL the slot holds for changes no drain stores (tables outside the publications, other
+    # databases) starts a drain too, which moves the slot past it
+    retained = int(os.environ.get("PGLOGREPL_TRIGGER_MAX_RETAINED_BYTES") or 256 << 20)
     trigger = SlotChangesTrigger(postgres_conn_id=PUBLISHER, slot_name=SLOT,
-                                 publications=PUBLICATIONS, poll_interval=10.0)  # fmt: skip
+                                 publications=PUBLICATIONS, poll_interval=poll_seconds,
+                                 max_retained_bytes=retained)  # fmt: skip
     watched = Asset(
         f"pglogrepl-slot-{SLOT}", watchers=[AssetWatcher(name=f"{SLOT}-changes", trigger=trigger)]
     )
@@ -178,9 +189,11 @@ with DAG(
     snapshot >> health >> drain >> [lag_report(), upkeep]
 
 
+REPORTED = lake_table_asset(LAKE_ROOT, REPORT_TABLE, "state")
+
 with DAG(
     dag_id="pglogrepl_table_report",
-    schedule=[lake_table_asset(LAKE_ROOT, REPORT_TABLE, "state")],
+    schedule=[REPORTED],
     start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
     catchup=False,
     tags=["pglogrepl"],
@@ -189,9 +202,10 @@ with DAG(
     @task
     def changed(triggering_asset_events: Any = None) -> list[dict[str, Any]]:
         """What each drain that changed the table did: its extra (table, kind, lsn, Delta
-        version, changes): where a downstream job would start reading."""
-        extras = [dict(event.extra) for events in (triggering_asset_events or {}).values()
-                  for event in events]  # fmt: skip
+        version, changes): where a downstream job would start reading. Read under the table's
+        Asset alone: Airflow files each event under the alias it came through too."""
+        extras = [dict(event.extra) for key, events in (triggering_asset_events or {}).items()
+                  if getattr(key, "uri", None) == REPORTED.uri for event in events]  # fmt: skip
         for extra in extras:
             print(f"{extra.get('table')} changed: {extra}")
         return extras

@@ -137,20 +137,22 @@ def test_the_example_drain_dag_is_scheduled_on_the_slots_changes_when_asked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``PGLOGREPL_DRAIN_SCHEDULE=changes``: the drain DAG runs on an Asset this trigger
-    watches; the report DAG on the state Asset of one table."""
+    watches (polling every ``PGLOGREPL_TRIGGER_POLL_SECONDS``); the report DAG on the state
+    Asset of one table."""
     from airflow.dag_processing.dagbag import DagBag
 
     from tests.support.paths import REPO
 
     monkeypatch.setenv("PGLOGREPL_DRAIN_SCHEDULE", "changes")
     monkeypatch.setenv("PGLOGREPL_SLOT", "my_slot")
+    monkeypatch.setenv("PGLOGREPL_TRIGGER_POLL_SECONDS", "1.5")
     bag = DagBag(dag_folder=str(REPO / "dags" / "pglogrepl_incremental_drain.py"))
     assert not bag.import_errors, bag.import_errors
     drain = bag.dags["pglogrepl_incremental_drain"]
     (asset,) = drain.timetable.asset_condition.objects
     (watcher,) = asset.watchers
     assert isinstance(watcher.trigger, SlotChangesTrigger)
-    assert watcher.trigger.slot_name == "my_slot"
+    assert watcher.trigger.slot_name == "my_slot" and watcher.trigger.poll_interval == 1.5
     report = bag.dags["pglogrepl_table_report"]
     (watched,) = report.timetable.asset_condition.objects
     assert watched.uri.startswith("pglogrepl+file:") and watched.uri.endswith(
