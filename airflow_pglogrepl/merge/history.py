@@ -34,7 +34,7 @@ from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.column_names import former_names
 from airflow_pglogrepl.lsn import LSN
 from airflow_pglogrepl.merge import history_writes as writes
-from airflow_pglogrepl.merge.history_changes import TableChanges, conformed
+from airflow_pglogrepl.merge.history_changes import TableChanges, conformed, fills
 from airflow_pglogrepl.merge.history_spark import merge_on_spark, on_spark
 from airflow_pglogrepl.merge.history_state import (
     STATE_VERSION,
@@ -198,7 +198,13 @@ def _opened(lake: Lake, name: str, table: TableChanges, end: LSN) -> Any:
     if renames:
         writes.rename(lake, uri, target, renames, seen_state_version(target))
         target = delta.open_table(uri)
-    if any(c not in delta.schema_of(target).names for c in table.columns):
+    have = delta.schema_of(target).names
+    added = [c for c in table.columns if c not in have]
+    filled = {c: value for c, (_, value) in fills(table.schema).items() if c in added}
+    if filled:  # (its versions all began before the column: they hold its fill)
+        writes.add_filled(lake, uri, target, filled, table.types, seen_state_version(target))
+        target = delta.open_table(uri)
+    elif added:
         lake.check_writer()
         delta.evolve_schema(uri, table.types)
         target = delta.open_table(uri)

@@ -25,6 +25,7 @@ from airflow_pglogrepl.changelog.columns import (
 from airflow_pglogrepl.changelog.history_columns import history_fields, history_schema
 from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.column_names import former_names, with_current_names
+from airflow_pglogrepl.lake.evolve import added_at, base_fields, fill_value
 from airflow_pglogrepl.merge.changes_range import InRange
 from airflow_pglogrepl.merge.history_copies import copies_versions
 from airflow_pglogrepl.merge.history_versions import Prior, Versions, versions
@@ -65,6 +66,7 @@ class TableChanges:
 
         in_range = InRange(self.changes, self.schema, have, end)
         batch = with_current_names(in_range.read(self.read_columns), former_names(self.schema))
+        batch = with_fills(batch, self.schema)
         if COMMIT_TS not in batch.column_names:  # (a changelog from before commit times)
             stamp = history_fields()[2].type
             batch = batch.append_column(COMMIT_TS, pa.nulls(batch.num_rows, stamp))
@@ -76,6 +78,44 @@ class TableChanges:
         if self.full:
             return copies_versions(batch, self.columns, prior, types)
         return versions(batch, self.columns, self.keys, prior=prior, types=types)
+
+
+def fills(schema: pa.Schema) -> dict[str, tuple[tuple[int, int], Any]]:
+    """The columns added with a value for the rows from before them (``ADD COLUMN ... DEFAULT
+    7``): name -> (where the first change carrying it is, the value)."""
+    found = {}
+    for field in base_fields(schema):
+        at, value = added_at(field), fill_value(field)
+        if at is not None and value is not None:
+            found[field.name] = (at, value)
+    return found
+
+
+def with_fills(batch: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Changelog rows from before a column was added hold its fill there (and in their old row),
+    as PostgreSQL's rows do; the state's merge reads them alike (``materialize.with_fills``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for name, ((lsn, seq), value) in fills(schema).items():
+        if name not in batch.column_names or batch.num_rows == 0:
+            continue
+        lsns, seqs = batch.column(COMMIT_LSN), batch.column(SEQ)
+        before = pc.or_(pc.less(lsns, lsn), pc.and_(pc.equal(lsns, lsn), pc.less(seqs, seq)))
+        before = before.combine_chunks()
+        kind = batch.schema.field(name).type
+        filled = pc.if_else(before, pa.scalar(value, kind), batch.column(name).combine_chunks())
+        batch = batch.set_column(batch.column_names.index(name), batch.schema.field(name), filled)
+        if OLD in batch.column_names and name in batch.schema.field(OLD).type.names:
+            old = batch.column(OLD).combine_chunks()
+            children = [pc.if_else(before, pa.scalar(value, child.type), child)
+                        if field.name == name else child
+                        for field, child in zip(old.type, old.flatten(), strict=True)]  # fmt: skip
+            rebuilt = pa.StructArray.from_arrays(children, fields=list(old.type),
+                                                 mask=pc.is_null(old))  # fmt: skip
+            batch = batch.set_column(batch.column_names.index(OLD), batch.schema.field(OLD),
+                                     rebuilt)  # fmt: skip
+    return batch
 
 
 def conformed(rows: pa.Table, stored: pa.Schema) -> pa.Table:

@@ -3,7 +3,10 @@
 The reduction holds a batch whole in memory (each version's end is the next change of its key,
 anywhere in the batch). A history far behind its changelog (turned on over a long changelog, or
 an initial load through the slot) would hold every change at once, so its range is merged in
-steps of about ``BATCH_BYTES`` of Arrow, each one Delta commit at a position of its own.
+steps of about ``BATCH_BYTES`` of Arrow, each one Delta commit at a position of its own. (The
+reduction holds several times its batch's bytes while it works: 64 MiB of changes peaked near
+400 MiB. What bounds the MERGE's own memory is the history's size: delta-rs reads the files it
+rewrites, which is why a big history's MERGE runs on Spark, ``merge.history_spark``.)
 
 A step ends at a commit LSN, never inside a transaction: the history at a step's end includes
 exactly the changes below it, as at any window end, and a crash between steps leaves it there
@@ -24,7 +27,7 @@ if TYPE_CHECKING:
 
     from airflow_pglogrepl.merge.history_changes import TableChanges
 
-BATCH_BYTES = 256 << 20  # Arrow bytes of changes one step reduces, about
+BATCH_BYTES = 64 << 20  # Arrow bytes of changes one step reduces, about
 
 
 def steps(table: TableChanges, have: int | None, end: int, limit: int | None = None) -> list[int]:

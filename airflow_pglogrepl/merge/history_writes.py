@@ -22,7 +22,7 @@ from airflow_pglogrepl.changelog.history_columns import (
     VALID_FROM_SEQ,
 )
 from airflow_pglogrepl.exceptions import LakeCommitConflictError
-from airflow_pglogrepl.lake import delta, durability
+from airflow_pglogrepl.lake import delta, durability, row_groups
 from airflow_pglogrepl.lake.layout import is_local
 from airflow_pglogrepl.lake.storage import delta_options
 from airflow_pglogrepl.lsn import LSN
@@ -96,7 +96,9 @@ def merge(lake: Lake, uri: str, target: Any, have: int | None, end: LSN, made: V
     commit = CommitProperties(app_transactions=[Transaction(lake.app, int(end))],
                               custom_metadata=dict(seen))  # fmt: skip
     lake.check_writer()
+    like = opened if opened.num_rows else source  # (the rows its files hold)
     merger = target.merge(source, " AND ".join(on), source_alias="s", target_alias="t",
+                          writer_properties=writer_properties(like),
                           commit_properties=commit)  # fmt: skip
     merger = merger.when_matched_update(updates={quote(c): f"s.{quote(c)}" for c in ENDING_COLUMNS})
     insert = {quote(f.name): f"s.{quote(f.name)}" for f in stored}
@@ -124,13 +126,38 @@ def rename(lake: Lake, uri: str, target: Any, renames: Mapping[str, str], seen: 
     """Columns renamed at the source renamed in the history: its rows written again under the
     new names, one version at the same position (readers see it whole, or the one before). A
     history is never under column mapping (delta-rs writes it), so a rename is a rewrite."""
+    rows = delta.scan(uri, version=int(target.version()))
+    rows = rows.rename_columns([renames.get(c, c) for c in rows.column_names])
+    _rewrite(lake, uri, target, rows, seen)
+    log.info("history at %s: columns renamed %s, every version kept", uri, dict(renames))
+
+
+def add_filled(lake: Lake, uri: str, target: Any, filled: Mapping[str, Any], types: pa.Schema,
+               seen: int) -> None:  # fmt: skip
+    """Columns added at the source with a value for the rows from before them (``ADD COLUMN
+    ... DEFAULT 7``) added to the history holding it in every version it has (all began before
+    the column): one version at the same position, as ``rename``."""
+    import pyarrow as pa
+
+    rows = delta.scan(uri, version=int(target.version()))
+    for name, value in filled.items():
+        kind = types.field(name).type
+        rows = rows.append_column(types.field(name), pa.array([value] * rows.num_rows, kind))
+    for field in types:  # (other columns added meanwhile, without a fill: NULL)
+        if field.name not in rows.column_names:
+            rows = rows.append_column(field, pa.nulls(rows.num_rows, field.type))
+    _rewrite(lake, uri, target, rows.select(types.names), seen)
+    log.info("history at %s: columns %s added, holding %s in the versions from before them",
+             uri, list(filled), dict(filled))  # fmt: skip
+
+
+def _rewrite(lake: Lake, uri: str, target: Any, rows: pa.Table, seen: int) -> None:
+    """The history's rows replaced by ``rows`` in one version, at the position it has."""
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     from airflow_pglogrepl.merge.history_state import STATE_VERSION
 
     version = int(target.version())
-    rows = delta.scan(uri, version=version)
-    rows = rows.rename_columns([renames.get(c, c) for c in rows.column_names])
     have = target.transaction_version(lake.app)
     commit = CommitProperties(
         app_transactions=[Transaction(lake.app, int(have))] if have is not None else None,
@@ -138,7 +165,18 @@ def rename(lake: Lake, uri: str, target: Any, renames: Mapping[str, str], seen: 
     )
     lake.check_writer()
     write_deltalake(uri, rows, mode="overwrite", schema_mode="overwrite",
-                    commit_properties=commit, storage_options=delta_options(uri))  # fmt: skip
+                    writer_properties=writer_properties(rows), commit_properties=commit,
+                    storage_options=delta_options(uri))  # fmt: skip
     if is_local(uri):
         durability.make_log_durable(uri, after=version)
-    log.info("history at %s: columns renamed %s, every version kept", uri, dict(renames))
+
+
+def writer_properties(rows: pa.Table) -> Any:
+    """delta-rs' Parquet settings for files of rows like ``rows``: row groups of about
+    ``row_groups.ROW_GROUP_BYTES``, as the lake's own writers make them. delta-rs' default (a
+    million rows) made groups of 100 MiB of a wide history, and a reader (Spark's next MERGE)
+    holds a group's column chunk whole."""
+    from deltalake import WriterProperties
+
+    per_row = max(1, rows.nbytes // max(1, rows.num_rows))
+    return WriterProperties(max_row_group_size=max(1024, row_groups.ROW_GROUP_BYTES // per_row))

@@ -95,6 +95,10 @@ LAKE_CONF = {
     # A Delta table's log is replayed in this many partitions; the default (50) costs more in
     # task start-up than it saves on the small logs of a lake's tables.
     "spark.databricks.delta.snapshotPartitions": "2",
+    # Parquet row groups of 32 MiB (``lake.row_groups.ROW_GROUP_BYTES``), as the lake's own
+    # writers make them: a reader holds a group's column chunk whole, and Spark's own 128 MiB
+    # groups of a wide table exhausted a 1 GiB driver when its next MERGE read them back.
+    "spark.hadoop.parquet.block.size": str(32 << 20),
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
 }

@@ -234,3 +234,24 @@ def test_a_history_asked_for_a_table_the_lake_lacks_says_so(
     with caplog.at_level("WARNING", logger="airflow_pglogrepl.lake"):
         assert history_tables(lake, ["public.t", "public.typo"]) == [NAME]
     assert "public.typo, which the lake holds no changelog of" in caplog.text
+
+
+@pytest.mark.parametrize("merges", ["after_each_window", "once_after_both"])
+def test_a_column_added_with_a_default_holds_it_in_the_versions_from_before(
+    tmp_path: Path, merges: str
+) -> None:
+    """``ADD COLUMN extra int DEFAULT 7``: the rows from before hold 7 at the source and in the
+    state, and so in their versions: those in the history already, and those a batch opens
+    from changes made before the column was there."""
+    from tests.support.lake_batches import origins_stub
+
+    extra = pa.field("extra", pa.int64(), metadata={"pglogrepl.type": "20:-1"})
+    lake = Lake(str(tmp_path / "lake"), "s", origins=origins_stub(natts=4, extra="7"))
+    end = window(lake, 0x100, [{"_op": "I", "id": 1, "v": 1}, {"_op": "I", "id": 2, "v": 2}])
+    if merges == "after_each_window":
+        merge_history(lake, [NAME])
+    window(lake, int(end), [{"_op": "U", "id": 1, "v": 10, "extra": 5}], extra=[extra])
+    merge_history(lake, [NAME])
+    rows = delta.scan(lake.paths.history(T)).to_pylist()
+    got = sorted((r["id"], r["v"], r["extra"], r[IS_CURRENT]) for r in rows)
+    assert got == [(1, 1, 7, False), (1, 10, 5, True), (2, 2, 7, True)]

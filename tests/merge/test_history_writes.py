@@ -94,3 +94,28 @@ def test_a_column_renamed_at_the_source_is_renamed_in_every_version(
     assert new[renamed] in rows[0] and renamed not in rows[0]
     got = sorted((r[new["id"]], r["v"], r[new["big"]], r["_is_current"]) for r in rows)
     assert got == [(1, 1, "TOASTED", False), (1, 5, "TOASTED", True)]
+
+
+def test_a_merge_writes_row_groups_of_the_lakes_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """delta-rs' own groups are a million rows: 100 MiB of a wide history, which the next
+    MERGE's reader holds whole. Its files here have groups of about ``ROW_GROUP_BYTES``."""
+    import pyarrow.parquet as pq
+
+    from airflow_pglogrepl.lake import row_groups
+
+    lake = Lake(str(tmp_path / "lake"), "s")
+    rows = [{"_op": "I", "id": i, "v": i, "big": "x" * 200} for i in range(3000)]
+    end = window(lake, 0x100, rows)
+    merge_history(lake, [NAME])
+    monkeypatch.setattr(row_groups, "ROW_GROUP_BYTES", 64 << 10)  # about 250 of these rows
+    window(lake, int(end) + 0x100000, [{"_op": "U", "id": i, "v": -i, "big": "y" * 200}
+                                       for i in range(0, 3000, 2)])  # fmt: skip
+    merge_history(lake, [NAME])
+    table = delta.open_table(lake.paths.history(T))
+    assert table.history(limit=1)[0]["operation"] == "MERGE"
+    groups = [pq.ParquetFile(path).metadata
+              for path in table.file_uris()]  # fmt: skip
+    biggest = max(m.row_group(i).num_rows for m in groups for i in range(m.num_row_groups))
+    assert 1024 <= biggest < 3000, biggest

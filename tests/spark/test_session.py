@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,3 +49,12 @@ def test_a_local_master_puts_the_jars_on_the_drivers_class_path() -> None:
     }
     packages = {"spark.jars.packages": "io.delta:delta-spark_2.13:4.0.0"}
     assert on_class_path(packages) == packages
+
+
+def test_spark_writes_row_groups_of_the_lakes_size(spark: Any) -> None:
+    """Spark's own 128 MiB groups of a wide history exhausted a 1 GiB driver when its next
+    MERGE read them back; the lake's sessions write groups of ``ROW_GROUP_BYTES``."""
+    from airflow_pglogrepl.lake.row_groups import ROW_GROUP_BYTES
+
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+    assert hadoop.get("parquet.block.size") == str(ROW_GROUP_BYTES)
