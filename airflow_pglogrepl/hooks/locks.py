@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from typing import Any
 
 from airflow_pglogrepl.hooks.base import PgSessionHook
 from airflow_pglogrepl.postgres import locks
 
 
 class WriterLockMixin(PgSessionHook):
-    """``writer_lock(slot)``: hold the lake's writer lock while the block runs."""
+    """``writer_lock(slot)``: hold the lake's writer lock while the block runs;
+    ``awriter_lock_holder(slot)``: who holds it, for triggers."""
+
+    async def awriter_lock_holder(self, slot: str) -> dict[str, Any] | None:
+        """The session holding ``slot``'s writer lock (a drain or snapshot running), or None."""
+        async with self.asession() as conn:
+            return await locks.awriter_lock_holder(conn, slot)
 
     def writer_lock(
         self, slot: str, *, role: str = "drain"

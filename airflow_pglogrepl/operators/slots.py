@@ -14,6 +14,7 @@ from airflow_pglogrepl.hooks.for_connection import replication_hook
 
 if TYPE_CHECKING:
     from airflow_pglogrepl.models.failover import FailoverReadiness
+    from airflow_pglogrepl.models.records import SlotInfo
 
 
 class CreateReplicationSlotOperator(TaskBoundary, BaseOperator):
@@ -151,6 +152,9 @@ class SlotHealthCheckOperator(TaskBoundary, BaseOperator):
     :param max_inactive: fail when inactive longer than this.
     :param plugin: fail unless the slot uses this output plugin.
     :param allow_active: when False, fail if another session is consuming the slot.
+    :param active_grace_seconds: with ``allow_active`` False, how long an active slot is given to
+        be let go before that counts: a session that holds it for a moment (the peek of the
+        slot's event trigger, ``SlotChangesTrigger``) is not its consumer. 0: none.
     :param standby_conn_ids: the primary's standbys: with them, the check also fails unless a
         promotion of one keeps the slot (``models.failover``: a failover slot, a ready
         synchronized copy on the standby, ``synchronized_standby_slots`` on the primary; 17+).
@@ -172,6 +176,7 @@ class SlotHealthCheckOperator(TaskBoundary, BaseOperator):
         max_inactive: dt.timedelta | None = None,
         plugin: str | None = None,
         allow_active: bool = True,
+        active_grace_seconds: float = 10.0,
         standby_conn_ids: Sequence[str] = (),
         database: str | None = None,
         **kwargs: Any,
@@ -185,14 +190,32 @@ class SlotHealthCheckOperator(TaskBoundary, BaseOperator):
         self.max_inactive = max_inactive
         self.plugin = plugin
         self.allow_active = allow_active
+        self.active_grace_seconds = active_grace_seconds
         self.database = database
+
+    def _let_go(self, hook: Any, slot: SlotInfo) -> SlotInfo:
+        """The slot once a session holding it for a moment has let go (up to
+        ``active_grace_seconds``), when an active slot would fail the check."""
+        import time
+
+        grace = float(self.active_grace_seconds or 0)
+        if self.allow_active or not slot.active or grace <= 0:
+            return slot
+        self.log.info("slot %s is active (PID %s): waiting up to %.0f s for a session that holds "
+                      "it for a moment (a trigger's peek) to let go", slot.name, slot.active_pid,
+                      grace)  # fmt: skip
+        deadline = time.monotonic() + grace
+        while slot.active and time.monotonic() < deadline:
+            time.sleep(0.2)
+            slot = hook.get_slot(self.slot_name)
+        return slot
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_pglogrepl.exceptions import SlotUnhealthyError
         from airflow_pglogrepl.models.verdicts import HealthPolicy, slot_health
 
         hook = replication_hook(self.postgres_conn_id, self.database)
-        slot = hook.get_slot(self.slot_name)
+        slot = self._let_go(hook, hook.get_slot(self.slot_name))
         metrics.slot(slot)
         facts = hook.server_facts()
         now = dt.datetime.now(dt.UTC)

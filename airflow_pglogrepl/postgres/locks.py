@@ -29,7 +29,13 @@ import psycopg
 
 from airflow_pglogrepl.conninfo import SOURCE_DSN_ENV
 from airflow_pglogrepl.exceptions import LakeWriterBusyError, WriterLockLostError
-from airflow_pglogrepl.postgres.connect import Conn, connect, long_work_settings, set_session
+from airflow_pglogrepl.postgres.connect import (
+    AsyncConn,
+    Conn,
+    connect,
+    long_work_settings,
+    set_session,
+)
 
 # First key of the two-key advisory lock form: 'pglr', so our locks are told apart from others.
 LOCK_NAMESPACE = 0x70676C72
@@ -63,20 +69,26 @@ def try_writer_lock(conn: Conn, slot: str) -> bool:
     return bool(row and row["got"])
 
 
+_HOLDER = """
+SELECT a.pid, a.application_name, a.client_addr::text AS client_addr,
+       a.backend_start::text AS backend_start
+  FROM pg_locks AS l
+  JOIN pg_stat_activity AS a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND l.classid = %s::integer::oid AND l.objid = hashtext(%s)::oid
+"""
+
+
 def writer_lock_holder(conn: Conn, slot: str) -> dict[str, Any] | None:
     """Who holds the lock of ``slot`` (pid, application_name, client_addr, backend_start)."""
-    row = conn.execute(
-        """
-        SELECT a.pid, a.application_name, a.client_addr::text AS client_addr,
-               a.backend_start::text AS backend_start
-          FROM pg_locks AS l
-          JOIN pg_stat_activity AS a ON a.pid = l.pid
-         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-           AND l.classid = %s::integer::oid AND l.objid = hashtext(%s)::oid
-        """,
-        (LOCK_NAMESPACE, slot),
-    ).fetchone()
+    row = conn.execute(_HOLDER, (LOCK_NAMESPACE, slot)).fetchone()
+    return dict(row) if row else None
+
+
+async def awriter_lock_holder(conn: AsyncConn, slot: str) -> dict[str, Any] | None:
+    """``writer_lock_holder`` for triggers (non-blocking)."""
+    row = await (await conn.execute(_HOLDER, (LOCK_NAMESPACE, slot))).fetchone()
     return dict(row) if row else None
 
 

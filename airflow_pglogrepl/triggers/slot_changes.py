@@ -8,7 +8,9 @@ on it, once per burst of changes:
   ``check_changes``, the default) holds a published change: a peek for one change, which never
   consumes the slot (WAL always moves: other databases, tables outside the publications,
   checkpoints; only a change the drain would store is one). A slot a drain is reading
-  (``active``) is left alone: the run takes what arrives.
+  (``active``) is left alone, and so is one whose lake's writer lock is held (a drain or
+  snapshot has started): the run takes what arrives, and a peek would hold the slot it is
+  about to read (PostgreSQL lets one session at a time use a slot).
 * after an event, it waits until the slot has been drained up to where the WAL was when it fired
   before it fires again: the drain that event started takes the burst, and an idle database
   starts nothing. If no drain gets there within ``refire_after_s`` (the run failed, or nothing
@@ -144,6 +146,8 @@ class SlotChangesTrigger(BaseEventTrigger):
             return None
         pinned = reason.startswith("retained")
         if self.check_changes and not pinned:
+            if await hook.awriter_lock_holder(self.slot_name) is not None:
+                return None  # a run is on the slot: its peek would hold the slot the run reads
             if not await hook.ahas_published_change(self.slot_name, self.publications,
                                                     upto=slot.current_lsn):  # fmt: skip
                 return None

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,3 +174,46 @@ def test_the_health_check_with_standbys_says_whether_a_promotion_keeps_the_slot(
         DropReplicationSlotOperator(
             task_id="d", slot_name="ops_fo_check", postgres_conn_id=publisher_conn_id
         ).execute(context())
+
+
+def test_an_active_slot_let_go_within_the_grace_is_healthy(
+    publisher: PgCluster, publisher_conn_id: str, pg_tool: Callable[[str], Path]
+) -> None:
+    """A session that holds the slot for a moment (a trigger's peek) is not its consumer; one
+    that keeps holding it is."""
+    hook = PgLogicalReplicationHook(postgres_conn_id=publisher_conn_id)
+    hook.create_logical_slot("ops_grace")
+
+    def reading() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [str(pg_tool("pg_recvlogical")), "-h", publisher.host, "-p", str(publisher.port),
+             "-U", publisher.superuser, "-d", "postgres", "--slot", "ops_grace", "--start",
+             "--no-loop", "-o", "proto_version=1", "-o", "publication_names=none_yet",
+             "-f", os.devnull],
+            env={**os.environ, "PGPASSWORD": publisher.password},
+        )  # fmt: skip
+        wait_until(lambda: hook.get_slot("ops_grace").active, what="ops_grace active")
+        return proc
+
+    def check(grace: float) -> dict[str, Any]:
+        return SlotHealthCheckOperator(  # type: ignore[no-any-return]
+            task_id="h", slot_name="ops_grace", postgres_conn_id=publisher_conn_id,
+            allow_active=False, active_grace_seconds=grace,
+        ).execute(context())  # fmt: skip
+
+    try:
+        brief = reading()
+        threading.Timer(1.0, brief.terminate).start()
+        assert check(30)["problems"] == []  # (let go after a second)
+        brief.wait(timeout=30)
+        wait_until(lambda: not hook.get_slot("ops_grace").active, what="ops_grace let go")
+        staying = reading()
+        try:
+            with pytest.raises(Exception, match="is active in another session"):
+                check(0.5)
+        finally:
+            staying.terminate()
+            staying.wait(timeout=30)
+    finally:
+        wait_until(lambda: not hook.get_slot("ops_grace").active, what="ops_grace let go")
+        hook.drop_slot("ops_grace")

@@ -158,3 +158,15 @@ def test_the_example_drain_dag_is_scheduled_on_the_slots_changes_when_asked(
     assert watched.uri.startswith("pglogrepl+file:") and watched.uri.endswith(
         "/state/public.pgbench_accounts"
     )
+
+
+def test_a_run_holding_the_lakes_writer_lock_is_left_the_slot(
+    source: Source, watched: SlotChangesTrigger
+) -> None:
+    """A drain or snapshot takes the lake's writer lock before it reads the slot: a peek then
+    would hold the slot it is about to read ('replication slot ... is active for PID')."""
+    source.sql("INSERT INTO t VALUES (1)")
+    with source.hook().writer_lock(source.slot):
+        assert asyncio.run(watched.check(None)) is None
+    payload = asyncio.run(watched.check(None))
+    assert payload is not None and payload["reason"].startswith("a published change waits")
