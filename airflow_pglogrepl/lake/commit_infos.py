@@ -17,9 +17,10 @@ from airflow_pglogrepl.lake.storage import filesystem
 
 
 def commit_info(uri: str, version: int) -> dict[str, Any] | None:
-    """The ``commitInfo`` of ``version`` of the table at ``uri``, with its ``version``; None
-    when that commit file is not there (never written, or removed by log cleanup) or says
-    none."""
+    """The ``commitInfo`` of ``version`` of the table at ``uri`` (the lake's own name of it,
+    not percent-encoded), with its ``version``; ``{"version": version}`` for a commit that has
+    none (the action is optional: another writer may leave it out); None when that commit file
+    is not there (never written, or removed by log cleanup)."""
     system, base = filesystem(uri)
     try:
         with system.open_input_stream(f"{base}/_delta_log/{version:020d}.json") as stream:
@@ -32,12 +33,12 @@ def commit_info(uri: str, version: int) -> dict[str, Any] | None:
         action = json.loads(line)
         if isinstance(action, dict) and isinstance(action.get("commitInfo"), dict):
             return {**action["commitInfo"], "version": version}
-    return None
+    return {"version": version}
 
 
 def newest_first(uri: str, newest: int, oldest: int = 0) -> Iterator[dict[str, Any]]:
     """The commit information of versions ``newest`` down to ``oldest``, as long as their
-    commit files are there (a version without one ends the walk)."""
+    commit files are there (a version whose file is gone ends the walk)."""
     for version in range(newest, oldest - 1, -1):
         found = commit_info(uri, version)
         if found is None:

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_pglogrepl.lake")
 
 Spark = Callable[[], Any]  # returns a Spark session: called only when one is needed
+PRIOR_CHUNK_BYTES = 64 << 20  # current versions scanned before each join with the keys wanted
 
 
 def history_tables(lake: Lake, wanted: bool | Sequence[str]) -> list[str]:
@@ -159,8 +160,12 @@ def _merge_table(lake: Lake, name: str, end: LSN, spark: Spark | None = None,
         if ends is None:
             ends = steps(table, have, int(end))
         step = LSN(next((e for e in ends if have is None or e > int(have)), int(end)))
-        copies = [] if target is None else copies_since(lake, name, seen_state_version(target),
-                                                        have)  # fmt: skip
+        uri = lake.paths.history(name)
+        copies = (
+            []
+            if target is None
+            else copies_since(lake, name, seen_state_version(target, uri), have)
+        )
         later = [c for c in copies if c.at > step]  # taken once the history gets there
         if later:
             copies, seen = [c for c in copies if c.at <= step], later[0].version - 1
@@ -196,13 +201,14 @@ def _opened(lake: Lake, name: str, table: TableChanges, end: LSN) -> Any:
     renames = {former: now for former, now in former_names(table.schema).items()
                if former in stored and now not in stored}  # fmt: skip
     if renames:
-        writes.rename(lake, uri, target, renames, seen_state_version(target))
+        writes.rename(lake, uri, target, renames, seen_state_version(target, uri))
         target = delta.open_table(uri)
     have = delta.schema_of(target).names
     added = [c for c in table.columns if c not in have]
     filled = {c: value for c, (_, value) in fills(table.schema).items() if c in added}
     if filled:  # (its versions all began before the column: they hold its fill)
-        writes.add_filled(lake, uri, target, filled, table.types, seen_state_version(target))
+        writes.add_filled(lake, uri, target, filled, table.types,
+                          seen_state_version(target, uri))  # fmt: skip
         target = delta.open_table(uri)
     elif added:
         lake.check_writer()
@@ -248,7 +254,7 @@ def _merge_batch(lake: Lake, name: str, table: TableChanges, target: Any | None,
         writes.create(lake, uri, opened, at, seen)
     elif made.closed.num_rows == 0 and not copies:
         writes.append(lake, uri, opened, at, have, seen)
-    elif spark is not None and on_spark(target, made, spark_bytes):
+    elif spark is not None and at != have and on_spark(target, made, spark_bytes):
         merge_on_spark(spark().newSession(), lake, uri, target, have, at, made, stored, seen)
     else:  # (a copy taken at the history's position is a MERGE at the same position)
         writes.merge(lake, uri, target, have, at, made, stored, seen)
@@ -274,8 +280,10 @@ def _refuse_clashes(name: str, table: TableChanges) -> None:
 def _prior(uri: str, target: Any | None, keys: Sequence[str], types: pa.Schema) -> Prior:
     """How the reduction reads the history's current versions (all, or those of some keys), at
     the version the batch is read against. Those of some keys are read batch by batch, each
-    joined with the keys at once: what is held is the versions wanted, not every current one
-    (a single integer key also skips the files outside the keys' range by their statistics)."""
+    joined with the keys a chunk of about ``PRIOR_CHUNK_BYTES`` at a time (each join builds its
+    table of the keys again): what is held is the versions wanted and one chunk, not every
+    current one (a single integer key also skips the files outside the keys' range by their
+    statistics)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -292,13 +300,27 @@ def _prior(uri: str, target: Any | None, keys: Sequence[str], types: pa.Schema) 
         if len(keys) == 1 and pa.types.is_integer(types.field(keys[0]).type) and picked.num_rows:
             low, high = (int(v.as_py()) for v in pc.min_max(picked.column(0)).values())
             where += f" AND {quote(keys[0])} >= {low} AND {quote(keys[0])} <= {high}"
-        parts = [part.join(picked, list(keys), join_type="left semi")
-                 for part in _scanned(uri, version, where, types)]  # fmt: skip
+        parts = [chunk.join(picked, list(keys), join_type="left semi")
+                 for chunk in _chunks(_scanned(uri, version, where, types))]  # fmt: skip
         if not parts:
             return types.empty_table()
         return pa.concat_tables(parts)
 
     return read
+
+
+def _chunks(parts: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """``parts`` gathered into tables of about ``PRIOR_CHUNK_BYTES``."""
+    import pyarrow as pa
+
+    held: list[pa.Table] = []
+    for part in parts:
+        held.append(part)
+        if sum(p.nbytes for p in held) >= PRIOR_CHUNK_BYTES:
+            yield pa.concat_tables(held)
+            held = []
+    if held:
+        yield pa.concat_tables(held)
 
 
 def _scanned(uri: str, version: int, where: str, types: pa.Schema) -> Iterator[pa.Table]:

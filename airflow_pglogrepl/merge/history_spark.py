@@ -69,9 +69,6 @@ def merge_on_spark(session: Any, lake: Lake, uri: str, target: Any, have: int | 
     import pyarrow as pa
     from delta.tables import DeltaTable
 
-    found = target.transaction_version(lake.app)
-    if (None if have is None else int(have)) != found:
-        raise LakeCommitConflictError(uri, lake.app, have, found, int(end))
     opened, closes = conformed(made.opened, stored), conformed(made.closed, stored)
     rows = pa.concat_tables([opened, closes])
     flags = [True] * opened.num_rows + [False] * closes.num_rows
@@ -85,6 +82,8 @@ def merge_on_spark(session: Any, lake: Lake, uri: str, target: Any, have: int | 
     for part in on:
         condition = condition & part
     before = int(target.version())
+    if have is not None and int(have) >= int(end):  # (Spark skips a version it has)
+        raise ValueError(f"a Spark MERGE must move the history's position: {have} to {end}")
     settings = {TXN_APP_CONF: lake.app, TXN_VERSION_CONF: str(int(end)),
                 USER_METADATA_CONF: user_metadata(seen)}  # fmt: skip
     for key, value in settings.items():
@@ -96,13 +95,15 @@ def merge_on_spark(session: Any, lake: Lake, uri: str, target: Any, have: int | 
         )
         insert = {_quoted(f.name): _col("s", f.name) for f in stored}
         lake.check_writer()  # the last moment before the merge commits
+        _unmoved(lake, uri, have, before, end)
         result = merger.whenNotMatchedInsert(condition=_col("s", NEW), values=insert).execute()
     finally:
         for key in settings:
             session.conf.unset(key)
     if is_local(uri):
         durability.make_log_durable(uri, after=before)
-    metrics = result.collect()[0].asDict() if result is not None else {}
+    rows = [] if result is None else result.collect()
+    metrics = rows[0].asDict() if rows else {}
     missed = closes.num_rows - int(metrics.get("num_updated_rows", closes.num_rows))
     if missed > 0:
         log.warning("history at %s: %d changes ended a version the history does not hold "
@@ -111,6 +112,15 @@ def merge_on_spark(session: Any, lake: Lake, uri: str, target: Any, have: int | 
         record(lake, uri, stored, end, have, seen)  # (a MERGE that changed nothing commits none)
     log.info("history at %s merged up to %s on Spark: %d versions opened, %d ended", uri, end,
              opened.num_rows, closes.num_rows)  # fmt: skip
+
+
+def _unmoved(lake: Lake, uri: str, have: int | None, before: int, end: LSN) -> None:
+    """The compare-and-set: the history is still at the position and the version the batch
+    was planned on (Spark's MERGE runs on the newest table, whatever it was planned on)."""
+    now = delta.open_table(uri)
+    found = None if now is None else now.transaction_version(lake.app)
+    if found != (None if have is None else int(have)) or now is None or now.version() != before:
+        raise LakeCommitConflictError(uri, lake.app, have, found, int(end))
 
 
 def _quoted(name: str) -> str:

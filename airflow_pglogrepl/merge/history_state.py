@@ -71,7 +71,9 @@ def beginning(lake: Lake, name: str, table: TableChanges, end: LSN) -> Beginning
         return None
     version = int(state.version())
     rows = _state_rows(lake, name, version, table)
-    replayed = None if _copies(state, 0) else _replayed(table, int(at), rows)
+    replayed = (
+        None if _copies(state, lake.paths.state(name), 0) else _replayed(table, int(at), rows)
+    )
     if replayed is not None:
         return Beginning(replayed, LSN(int(at)), version, "replayed from the changelog")
     return Beginning(_begun_rows(rows, table.types), LSN(int(at)), version,
@@ -91,11 +93,13 @@ def state_version(lake: Lake, name: str) -> int:
     return -1 if state is None else int(state.version())
 
 
-def seen_state_version(history: Any) -> int:
-    """The state version the history's newest commit that says one had seen; -1 when none
-    says (every copy of the state is then still to take). Commits that are not the history's
-    own merges (a column added, a compaction by hand) say none: the ones before them do."""
-    for entry in newest_first(history.table_uri, int(history.version())):
+def seen_state_version(history: Any, uri: str) -> int:
+    """The state version the newest commit of ``history`` (the table at ``uri``, as the lake
+    names it: a table's own ``table_uri`` comes percent-encoded) that says one had seen; -1
+    when none says (every copy of the state is then still to take). Commits that are not the
+    history's own merges (a column added, a compaction by hand) say none: the ones before them
+    do."""
+    for entry in newest_first(uri, int(history.version())):
         value = entry.get(STATE_VERSION, _in_user_metadata(entry.get("userMetadata")))
         if value is not None:
             return int(value)
@@ -125,7 +129,7 @@ def copies_since(lake: Lake, name: str, seen: int, have: int | None) -> list[Cop
     if state is None:
         return []
     by_point: dict[int, Copy] = {}
-    for version in _copies(state, seen + 1):
+    for version in _copies(state, lake.paths.state(name), seen + 1):
         at = delta.open_table(lake.paths.state(name), version=version)
         txn = None if at is None else at.transaction_version(lake.app)
         if txn is not None:
@@ -176,10 +180,11 @@ def resync_rows(lake: Lake, name: str, table: TableChanges, copy: Copy,
     return pa.table(columns, schema=schema)
 
 
-def _copies(state: Any, start: int) -> list[int]:
-    """The versions from ``start`` on whose commit says they replaced the state from a copy."""
+def _copies(state: Any, uri: str, start: int) -> list[int]:
+    """The versions from ``start`` on whose commit says they replaced the state (at ``uri``)
+    from a copy."""
     newest = int(state.version())
-    return sorted(int(entry["version"]) for entry in newest_first(state.table_uri, newest, start)
+    return sorted(int(entry["version"]) for entry in newest_first(uri, newest, start)
                   if entry.get("userMetadata") == delta.REWRITTEN)  # fmt: skip
 
 

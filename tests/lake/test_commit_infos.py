@@ -25,7 +25,12 @@ def test_each_commit_says_what_its_writer_put_there_newest_first(lake_uri: str) 
     assert [e["version"] for e in found] == [2, 1, 0]
     assert [e["pglogrepl.state_version"] for e in found] == ["2", "1", "0"]
     assert [e["version"] for e in newest_first(uri, 2, 1)] == [2, 1]
-    assert commit_info(uri, 3) is None
-    if is_local(uri):  # a commit file removed (log cleanup) ends the walk there
-        (Path(local_path(uri)) / "_delta_log" / f"{1:020d}.json").unlink()
-        assert [e["version"] for e in newest_first(uri, 2)] == [2]
+    assert commit_info(uri, 4) is None
+    if is_local(uri):
+        log = Path(local_path(uri)) / "_delta_log"
+        # a commit without commitInfo (optional: another writer's) is walked past, not an end
+        (log / f"{3:020d}.json").write_text('{"txn":{"appId":"other","version":1}}\n')
+        assert [e["version"] for e in newest_first(uri, 3)] == [3, 2, 1, 0]
+        assert commit_info(uri, 3) == {"version": 3}
+        (log / f"{1:020d}.json").unlink()  # a commit file removed (log cleanup) ends it there
+        assert [e["version"] for e in newest_first(uri, 3)] == [3, 2]

@@ -255,3 +255,18 @@ def test_a_column_added_with_a_default_holds_it_in_the_versions_from_before(
     rows = delta.scan(lake.paths.history(T)).to_pylist()
     got = sorted((r["id"], r["v"], r["extra"], r[IS_CURRENT]) for r in rows)
     assert got == [(1, 1, 7, False), (1, 10, 5, True), (2, 2, 7, True)]
+
+
+def test_current_versions_are_joined_with_the_keys_a_chunk_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each join builds its table of the keys again: one per scanned batch of 8,192 rows made
+    a million keys against two million versions take 27 s instead of 0.7."""
+    from airflow_pglogrepl.merge import history
+
+    parts = [pa.table({"id": pa.array(range(i * 100, (i + 1) * 100), pa.int64())})
+             for i in range(10)]  # fmt: skip
+    monkeypatch.setattr(history, "PRIOR_CHUNK_BYTES", 4000)  # five of these parts
+    chunks = list(history._chunks(iter(parts)))
+    assert [c.num_rows for c in chunks] == [500, 500]
+    assert pa.concat_tables(chunks).equals(pa.concat_tables(parts))

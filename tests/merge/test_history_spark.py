@@ -76,7 +76,9 @@ def alternate(spark: Any, root: str, monkeypatch: pytest.MonkeyPatch, *, keyed: 
     added = [int(c["operationMetrics"].get("numTargetDeletionVectorsAdded", 0)) for c in merged]
     assert any(added), merged
     table = delta.open_table(lake.paths.history(T))
-    assert seen_state_version(table) == -1  # (no state: every Spark commit said so too)
+    assert (
+        seen_state_version(table, lake.paths.history(T)) == -1
+    )  # (no state: every Spark commit said so too)
 
 
 def test_a_spark_merge_commits_nothing_without_the_lock_or_at_another_position(
@@ -114,7 +116,17 @@ def test_a_spark_merge_commits_nothing_without_the_lock_or_at_another_position(
     history_spark.merge_on_spark(spark.newSession(), lake, uri, target, int(end), later, made,
                                  table.types, {"pglogrepl.state_version": "3"})  # fmt: skip
     assert history_position(lake, NAME) == later
-    assert seen_state_version(delta.open_table(uri)) == 3
+    assert seen_state_version(delta.open_table(uri), uri) == 3
+    # planned on a version another commit of the app moved on from: Spark's MERGE would run
+    # on the newest table, so the position is checked again right before it
+    from airflow_pglogrepl.merge import history_writes
+
+    stale = delta.open_table(uri)
+    history_writes.record(lake, uri, table.types, LSN(int(later) + 1), int(later), {})
+    with pytest.raises(LakeCommitConflictError):
+        history_spark.merge_on_spark(spark.newSession(), lake, uri, stale, int(later),
+                                     LSN(int(later) + 2), made, table.types, {})  # fmt: skip
+    assert history_position(lake, NAME) == LSN(int(later) + 1)
 
 
 def test_hostile_column_names_merge_on_spark(spark: Any, tmp_path: Path,
@@ -147,3 +159,39 @@ def test_hostile_column_names_merge_on_spark(spark: Any, tmp_path: Path,
     rows = delta.scan(lake.paths.history(TableRef("public", "t"))).to_pylist()
     got = sorted((r[key], r[value], r["_is_current"], r["_ended_by"]) for r in rows)
     assert got == [(1, "a", False, "update"), (1, "c", True, None), (2, "b", False, "delete")]
+
+
+def test_copies_of_the_source_are_taken_on_spark_as_on_delta_rs(spark: Any, tmp_path: Path) -> None:
+    """A copy at the history's own position (a MERGE that keeps the position: Spark would skip
+    a transaction version it has, so delta-rs makes it), then one taken with later changes."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from tests.support.history_model import change
+
+    def copy(lake: Lake, rows: list[tuple[int, int]], at: int) -> None:
+        table = pa.Table.from_pylist([{"id": i, "v": v, "big": None} for i, v in rows],
+                                     schema=pa.schema([("id", pa.int64()), ("v", pa.int64()),
+                                                       ("big", pa.string())]))  # fmt: skip
+        commit = CommitProperties(app_transactions=[Transaction(lake.app, at)],
+                                  custom_metadata={"userMetadata": delta.REWRITTEN})  # fmt: skip
+        write_deltalake(lake.paths.state(T), table, mode="overwrite", commit_properties=commit)
+
+    made = {}
+    for engine in ("delta-rs", "spark"):
+        lake = Lake(str(tmp_path / engine), "s")
+        kw: dict[str, Any] = {"spark": lambda: spark, "spark_bytes": 0} if engine == "spark" else {}
+        first = [change("I", 0x1010, 0, 1, 1), change("I", 0x1020, 0, 2, 2)]
+        end = int(commit_windows(lake, first, [], keyed=True, full=False)[-1])
+        merge_history(lake, [NAME], **kw)
+        copy(lake, [(1, 100), (3, 100)], end)  # at the history's position
+        assert merge_history(lake, [NAME], **kw) == {NAME: str(LSN(end))}
+        later = int(commit_windows(lake, [change("U", end + 0x10, 0, 3, 300)], [], keyed=True,
+                                   full=False, start=end)[-1])  # fmt: skip
+        copy(lake, [(1, 100), (3, 300), (4, 4)], later)  # with a change before it
+        assert merge_history(lake, [NAME], **kw) == {NAME: str(LSN(later))}
+        uri = lake.paths.history(T)
+        assert seen_state_version(delta.open_table(uri), uri) == 2
+        made[engine] = ordered(history_rows(lake))
+    assert made["spark"] == made["delta-rs"]
+    current = [(r[0], r[1]) for r in made["spark"] if r[-2]]  # (id, v) of _is_current
+    assert sorted(current) == [(1, 100), (3, 300), (4, 4)]

@@ -95,3 +95,25 @@ def test_a_run_that_fails_between_steps_leaves_a_step_the_next_run_goes_on_from(
     monkeypatch.setattr(history, "fault", lambda point: None)
     assert merge_history(lake, [NAME]) == {NAME: str(end)}
     assert ordered(history_rows(lake)) == ordered(model(changes, keyed=True, full=False))
+
+
+def test_steps_follow_each_transactions_bytes_not_the_average(tmp_path: Path) -> None:
+    """Many small changes, then a few of 20 kB of text a dictionary cannot shrink: sized by
+    the range's average, their steps held ten times the limit."""
+    import string
+
+    from tests.support.history_model import change
+
+    rng = random.Random(4)
+    small = [change("I", 0x2000 + 0x10 * i, 0, i, i) for i in range(3000)]
+    big = [change("U", 0x40000 + 0x10 * i, 0, i, -i,
+                  "".join(rng.choices(string.ascii_letters, k=20_000)))
+           for i in range(300)]  # fmt: skip
+    lake = Lake(str(tmp_path / "lake"), "s")
+    end = commit_windows(lake, [*small, *big], [0x40000], keyed=True, full=False)[-1]
+    table = TableChanges(delta.open_table(lake.paths.changes(T)))
+    limit = 1 << 20
+    ends = steps(table, None, int(end), limit)
+    held = [table.read(low, high).nbytes for low, high in zip([None, *ends], ends, strict=False)]
+    assert max(held) <= 1.3 * limit, held  # (no transaction here is bigger than a step)
+    assert len(ends) >= 6000 * 1000 // limit  # (the 20 kB rows alone are 6 MB)
