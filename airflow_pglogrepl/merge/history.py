@@ -254,7 +254,7 @@ def _merge_batch(lake: Lake, name: str, table: TableChanges, target: Any | None,
         writes.create(lake, uri, opened, at, seen)
     elif made.closed.num_rows == 0 and not copies:
         writes.append(lake, uri, opened, at, have, seen)
-    elif spark is not None and at != have and on_spark(target, made, spark_bytes):
+    elif spark is not None and int(at) != have and on_spark(target, made, spark_bytes):
         merge_on_spark(spark().newSession(), lake, uri, target, have, at, made, stored, seen)
     else:  # (a copy taken at the history's position is a MERGE at the same position)
         writes.merge(lake, uri, target, have, at, made, stored, seen)

@@ -190,7 +190,7 @@ def test_copies_of_the_source_are_taken_on_spark_as_on_delta_rs(spark: Any, tmp_
         copy(lake, [(1, 100), (3, 300), (4, 4)], later)  # with a change before it
         assert merge_history(lake, [NAME], **kw) == {NAME: str(LSN(later))}
         uri = lake.paths.history(T)
-        assert seen_state_version(delta.open_table(uri), uri) == 2
+        assert seen_state_version(delta.open_table(uri), uri) == 1  # (the state's second)
         made[engine] = ordered(history_rows(lake))
     assert made["spark"] == made["delta-rs"]
     current = [(r[0], r[1]) for r in made["spark"] if r[-2]]  # (id, v) of _is_current
