@@ -27,6 +27,7 @@ from airflow_pglogrepl.exceptions import (
     LakeCommitConflictError,
     LakeError,
     LakeWriterBusyError,
+    PgLogReplError,
     WriterLockLostError,
 )
 from airflow_pglogrepl.faults import fault
@@ -257,7 +258,16 @@ def _merge_batch(lake: Lake, name: str, table: TableChanges, target: Any | None,
     elif spark is not None and int(at) != have and on_spark(target, made, spark_bytes):
         merge_on_spark(spark().newSession(), lake, uri, target, have, at, made, stored, seen)
     else:  # (a copy taken at the history's position is a MERGE at the same position)
-        writes.merge(lake, uri, target, have, at, made, stored, seen)
+        try:
+            writes.merge(lake, uri, target, have, at, made, stored, seen)
+        except PgLogReplError:
+            raise  # the lake's own refusals (a lost lock, a commit moved): not Spark's to redo
+        except Exception as exc:  # delta-rs' own classes: nothing was committed
+            if spark is None or int(at) == have or delta.lost_race(exc):
+                raise
+            log.warning("history of %s: the MERGE without a JVM failed (%s: %s); Spark merges "
+                        "it", name, type(exc).__name__, exc)  # fmt: skip
+            merge_on_spark(spark().newSession(), lake, uri, target, have, at, made, stored, seen)
     fault("history_committed")
     log.info("history of %s up to %s: %d versions opened, %d earlier ones ended", name, at,
              made.opened.num_rows, made.closed.num_rows)  # fmt: skip

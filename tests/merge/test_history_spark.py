@@ -195,3 +195,45 @@ def test_copies_of_the_source_are_taken_on_spark_as_on_delta_rs(spark: Any, tmp_
     assert made["spark"] == made["delta-rs"]
     current = [(r[0], r[1]) for r in made["spark"] if r[-2]]  # (id, v) of _is_current
     assert sorted(current) == [(1, 100), (3, 300), (4, 4)]
+
+
+def test_versions_holding_infinity_dates_are_ended_on_spark_where_delta_rs_fails(
+    spark: Any, tmp_path: Path
+) -> None:
+    """PostgreSQL's 'infinity' date is the storage's extreme value (``changelog.types``), whose
+    statistics delta-rs' MERGE panics on ("NaiveDate + TimeDelta overflowed"): Spark merges
+    that batch, and the history holds the versions every run would otherwise fail on."""
+    table = [pa.field("id", pa.int64(), metadata={KEY_META: "0"}), pa.field("d", pa.date32())]
+    schema = pa.schema([*table, pa.field("_op", pa.string(), metadata={IDENTITY_META: "d"}),
+                        pa.field("_commit_lsn", pa.int64()), pa.field("_seq", pa.int64()),
+                        pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
+                        pa.field("_unchanged", pa.list_(pa.string())),
+                        pa.field("_old", pa.struct(table))])  # fmt: skip
+    lake = Lake(str(tmp_path / "lake"), "s")
+
+    def commit(start: int, ops: list[str], ids: list[int], days: list[int]) -> LSN:
+        n = len(ops)
+        stamp = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+        columns = {
+            "id": pa.array(ids, pa.int64()), "d": pa.array(days, pa.int32()).cast(pa.date32()),
+            "_op": pa.array(ops), "_seq": pa.array([0] * n, pa.int64()),
+            "_commit_lsn": pa.array([start + 0x10 * (i + 1) for i in range(n)], pa.int64()),
+            "_commit_ts": pa.array([stamp] * n, pa.timestamp("us", tz="UTC")),
+            "_unchanged": pa.array([[]] * n, pa.list_(pa.string())),
+            "_old": pa.nulls(n, schema.field("_old").type),
+        }  # fmt: skip
+        window = Window(lake, LSN(start))
+        window.write(T, pa.table(columns, schema=schema))
+        end = LSN(start + 0x10 * (n + 1))
+        window.commit(end, transactions=n, changes=n)
+        return end
+
+    inf, minus = 2**31 - 1, -(2**31)
+    end = commit(0x100, ["I", "I", "I"], [1, 2, 3], [inf, minus, 5])
+    merge_history(lake, [NAME])
+    later = commit(int(end), ["U", "U"], [1, 2], [5, inf])
+    assert merge_history(lake, [NAME], spark=lambda: spark) == {NAME: str(later)}
+    rows = delta.scan(lake.paths.history(T))
+    got = sorted(zip(rows.column("id").to_pylist(), rows.column("d").cast(pa.int32()).to_pylist(),
+                     rows.column("_is_current").to_pylist(), strict=True))  # fmt: skip
+    assert got == [(1, 5, True), (1, inf, False), (2, minus, False), (2, inf, True), (3, 5, True)]
