@@ -442,6 +442,7 @@ class Drain:
                 start = self.peeked(start, run_end, windows)
                 follow.windows += committed(windows) - count
                 fold_older(windows)
+            follow.merge_if_due()
             follow.wait(began + follow.window_s)
         self._following_ends(follow)
         follow.merge_now()  # what the last windows brought, counted in the state's freshness

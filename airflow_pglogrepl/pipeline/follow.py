@@ -13,7 +13,8 @@ source's (``_commit_ts``) and this host's: their offset is in every figure.
 
 The current rows (``state/``, and the histories the run keeps) are merged while it follows, not
 only when it ends: after a window's commit, once ``merge_s`` seconds passed since the last merge
-(``merge``, the application's; small batches merge without a JVM). Their freshness is measured
+(``merge``, the application's; small batches merge without a JVM), and while nothing comes,
+once ``merge_s`` passed since the merge before the last window. Their freshness is measured
 the same way, from commit to the merge that made the rows readable in ``state/``
 (``state_freshness``).
 """
@@ -173,6 +174,13 @@ class Follow:
         if self.merge is None or time.monotonic() - self._merged_at < self.merge_s:
             return
         self.merge_now()
+
+    def merge_if_due(self) -> None:
+        """While nothing comes: merge what committed windows brought once ``merge_s`` passed
+        since the last merge. A burst's last window may commit just after a merge, and no window
+        after it comes to merge it (``after_window``) until the source writes again."""
+        if self._unmerged and time.monotonic() - self._merged_at >= self.merge_s:
+            self.merge_now()
 
     def merge_now(self) -> None:
         """Merge now (the run's end merges once more, after the following)."""

@@ -223,6 +223,8 @@ class ColumnarWindows:
             if over and not current.stats.changes:
                 current.abandon()  # nothing of it was read
                 return True
+        if not current.stats.changes:  # (nothing in hand: the windows before wait for a merge)
+            follow.merge_if_due()
         return False
 
     def _finish(self) -> None:

@@ -238,6 +238,25 @@ def test_a_follow_merges_on_its_clock_and_counts_what_each_merge_made_readable()
         Follow(window_s=1.0, merge_s=0)
 
 
+def test_a_bursts_last_window_is_merged_while_nothing_more_comes() -> None:
+    """The last window of a burst committed just after a merge: no window after it comes to
+    merge it, so the quiet itself does, once ``merge_s`` passed (a test of a following run
+    waited 120 s for rows no merge brought)."""
+    merged: list[float] = []
+    follow = Follow(window_s=1.0, merge_s=0.05, merge=lambda: merged.append(time.monotonic()))
+    follow.merge_if_due()  # nothing committed: no merge however long it is quiet
+    now = np.datetime64(int(time.time() * 1e6), "us")
+    follow.committed(np.array([now]), time.time())
+    follow.after_window()  # too soon after the last merge (the start)
+    follow.merge_if_due()
+    assert merged == []
+    wait_until(lambda: time.monotonic() - follow._merged_at >= 0.05, what="merge_s to pass")
+    follow.merge_if_due()
+    assert len(merged) == 1 and follow.state_freshness.transactions == 1
+    follow.merge_if_due()  # merged already: none again
+    assert len(merged) == 1
+
+
 def test_a_following_run_merges_the_state_while_it_follows(source: Source, tmp_path: Path) -> None:
     """``state/`` becomes readable while the run goes on, not only at its end, and the summary
     says how fresh it was."""
