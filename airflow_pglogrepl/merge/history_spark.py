@@ -43,8 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_pglogrepl.lake")
 
 SPARK_BYTES = 256 << 20  # a history past this many bytes of files ends its versions on Spark
-TXN_APP_CONF = "spark.databricks.delta.write.txnAppId"
-TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 
@@ -68,6 +66,8 @@ def merge_on_spark(session: Any, lake: Lake, uri: str, target: Any, have: int | 
     (``spark.newSession()``), whose configuration carries the commit's transaction."""
     import pyarrow as pa
     from delta.tables import DeltaTable
+
+    from airflow_pglogrepl.merge.materialize import TXN_APP_CONF, TXN_VERSION_CONF
 
     opened, closes = conformed(made.opened, stored), conformed(made.closed, stored)
     rows = pa.concat_tables([opened, closes])

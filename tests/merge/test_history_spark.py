@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from airflow_pglogrepl.changelog.columns import IDENTITY_META, KEY_META
+from airflow_pglogrepl.changelog.columns import KEY_META
 from airflow_pglogrepl.exceptions import LakeCommitConflictError, WriterLockLostError
 from airflow_pglogrepl.lake import delta
 from airflow_pglogrepl.lake.lake import Lake
@@ -21,7 +21,14 @@ from airflow_pglogrepl.merge import history_spark
 from airflow_pglogrepl.merge.history import history_position, merge_history
 from airflow_pglogrepl.merge.history_state import seen_state_version
 from airflow_pglogrepl.tables import TableRef
-from tests.support.history_lake import NAME, T, commit_windows, commits, history_rows
+from tests.support.history_lake import (
+    NAME,
+    T,
+    changes_of,
+    commit_windows,
+    commits,
+    history_rows,
+)
 from tests.support.history_model import model, ordered, random_changes
 
 
@@ -133,11 +140,7 @@ def test_hostile_column_names_merge_on_spark(spark: Any, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     key, value = 'i`d "k', "v`al ue"
     table = [pa.field(key, pa.int64(), metadata={KEY_META: "0"}), pa.field(value, pa.string())]
-    schema = pa.schema([*table, pa.field("_op", pa.string(), metadata={IDENTITY_META: "d"}),
-                        pa.field("_commit_lsn", pa.int64()), pa.field("_seq", pa.int64()),
-                        pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
-                        pa.field("_unchanged", pa.list_(pa.string())),
-                        pa.field("_old", pa.struct(table))])  # fmt: skip
+    schema = changes_of(table)
     lake = Lake(str(tmp_path / "lake"), "s")
 
     def commit(start: int, rows: list[dict[str, Any]]) -> LSN:
@@ -204,11 +207,7 @@ def test_versions_holding_infinity_dates_are_ended_on_spark_where_delta_rs_fails
     statistics delta-rs' MERGE panics on ("NaiveDate + TimeDelta overflowed"): Spark merges
     that batch, and the history holds the versions every run would otherwise fail on."""
     table = [pa.field("id", pa.int64(), metadata={KEY_META: "0"}), pa.field("d", pa.date32())]
-    schema = pa.schema([*table, pa.field("_op", pa.string(), metadata={IDENTITY_META: "d"}),
-                        pa.field("_commit_lsn", pa.int64()), pa.field("_seq", pa.int64()),
-                        pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
-                        pa.field("_unchanged", pa.list_(pa.string())),
-                        pa.field("_old", pa.struct(table))])  # fmt: skip
+    schema = changes_of(table)
     lake = Lake(str(tmp_path / "lake"), "s")
 
     def commit(start: int, ops: list[str], ids: list[int], days: list[int]) -> LSN:

@@ -38,6 +38,20 @@ def changes_schema(keyed: bool, full: bool) -> pa.Schema:
     return pa.schema(fields)
 
 
+def changes_of(table: list[pa.Field], identity: str = "d") -> pa.Schema:
+    """A changelog schema of ``table``'s own fields (its key marked on them) and the meta
+    columns, the replica identity marked."""
+    return pa.schema([
+        *table,
+        pa.field("_op", pa.string(), metadata={IDENTITY_META: identity}),
+        pa.field("_commit_lsn", pa.int64()),
+        pa.field("_seq", pa.int64()),
+        pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
+        pa.field("_unchanged", pa.list_(pa.string())),
+        pa.field("_old", pa.struct(table)),
+    ])  # fmt: skip
+
+
 def commit_windows(lake: Lake, changes: Sequence[dict[str, Any]], cuts: Sequence[int], *,
                    keyed: bool, full: bool, start: int = 0x100) -> list[LSN]:  # fmt: skip
     """``changes`` (ascending commit LSNs above ``start``) as windows ending at each of
